@@ -1,0 +1,34 @@
+"""Shared fixtures. Everything is built here, offline, from gguf_trainer.tiny.
+
+Tiers: `pytest` runs unit + e2e (the README's test command); `-m browser` needs Chromium;
+`-m gpu` needs CUDA and is skipped without it.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+# Two cores on CI: keep torch from oversubscribing them in every test process.
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer_dir():
+    from gguf_trainer.tiny import qwen_tokenizer_dir
+
+    return qwen_tokenizer_dir()
+
+
+def pytest_collection_modifyitems(config, items):
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except ImportError:
+        has_cuda = False
+    skip_gpu = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords and not has_cuda:
+            item.add_marker(skip_gpu)
