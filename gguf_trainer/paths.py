@@ -1,0 +1,115 @@
+"""Every file name inside a project folder, in one place (style.md §2).
+
+Other modules never spell these names as literals; they ask a `ProjectPaths`.
+Importing this module is cheap: no torch, no pydantic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+PROJECT_JSON = "project.json"
+STATE_JSON = "state.json"
+PIPELINE_LOG = "pipeline.log"
+METRICS_JSONL = "metrics.jsonl"
+LOCK_FILE = "pipeline.lock"
+STOP_REQUEST = "stop.request"
+SNAPSHOT_REQUEST = "snapshot.request"
+SNAPSHOTS_JSON = "snapshots.json"
+EXPORTS_JSON = "exports.json"
+EVAL_JSON = "eval.json"
+SNAPSHOT_JOB_JSON = "snapshot-job.json"
+SNAPSHOT_LOG = "snapshot.log"
+SNAPSHOT_LOCK = "snapshot.lock"
+MANIFEST_JSON = "manifest.json"
+
+DATA_DIR = "data"
+SHARDS_DIR = "shards"
+CHECKPOINTS_DIR = "checkpoints"
+MATERIALS_DIR = "materials"
+STALE_PREFIX = "checkpoints.stale-"
+
+
+@dataclass(frozen=True)
+class ProjectPaths:
+    """Where each file of the project at `root` lives."""
+
+    root: Path
+
+    def __post_init__(self):
+        object.__setattr__(self, "root", Path(self.root).expanduser().resolve())
+
+    @property
+    def project_json(self) -> Path:
+        return self.root / PROJECT_JSON
+
+    @property
+    def state_json(self) -> Path:
+        return self.root / STATE_JSON
+
+    @property
+    def pipeline_log(self) -> Path:
+        return self.root / PIPELINE_LOG
+
+    @property
+    def metrics_jsonl(self) -> Path:
+        return self.root / METRICS_JSONL
+
+    @property
+    def lock(self) -> Path:
+        return self.root / LOCK_FILE
+
+    @property
+    def stop_request(self) -> Path:
+        return self.root / STOP_REQUEST
+
+    @property
+    def snapshot_request(self) -> Path:
+        return self.root / SNAPSHOT_REQUEST
+
+    @property
+    def snapshots_json(self) -> Path:
+        return self.root / SNAPSHOTS_JSON
+
+    @property
+    def exports_json(self) -> Path:
+        return self.root / EXPORTS_JSON
+
+    @property
+    def eval_json(self) -> Path:
+        return self.root / EVAL_JSON
+
+    @property
+    def snapshot_job_json(self) -> Path:
+        return self.root / SNAPSHOT_JOB_JSON
+
+    @property
+    def snapshot_log(self) -> Path:
+        return self.root / SNAPSHOT_LOG
+
+    @property
+    def snapshot_lock(self) -> Path:
+        return self.root / SNAPSHOT_LOCK
+
+    @property
+    def data(self) -> Path:
+        return self.root / DATA_DIR
+
+    @property
+    def shards(self) -> Path:
+        return self.root / SHARDS_DIR
+
+    def shard_dir(self, split: str) -> Path:
+        return self.root / SHARDS_DIR / split
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / CHECKPOINTS_DIR
+
+    @property
+    def materials(self) -> Path:
+        return self.root / MATERIALS_DIR
+
+    def exists(self) -> bool:
+        return self.project_json.is_file()
