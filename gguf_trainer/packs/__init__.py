@@ -1,0 +1,37 @@
+"""The pack registry. Packs register here; everything else asks `get_pack(id)`."""
+
+from __future__ import annotations
+
+from ..errors import UserError
+from .base import ADAPTER_KINDS, TrainerPack
+
+_PACKS: dict[str, TrainerPack] = {}
+
+
+def register(pack: TrainerPack) -> TrainerPack:
+    """Add a pack (also from outside the package, e.g. a plugin or a test module)."""
+    if pack.adapter_kind not in ADAPTER_KINDS:
+        raise ValueError(f"pack {pack.id!r}: adapter_kind must be one of {ADAPTER_KINDS}")
+    _PACKS[pack.id] = pack
+    return pack
+
+
+def pack_ids() -> list[str]:
+    return list(_PACKS)
+
+
+def get_pack(pack_id: str) -> TrainerPack:
+    try:
+        return _PACKS[pack_id]
+    except KeyError:
+        raise UserError(f"unknown pack {pack_id!r}; choose one of {', '.join(_PACKS)}.") from None
+
+
+def _register_builtin() -> None:
+    from . import llada_image, qwen3vl_mageflow, t5xxl_pixart
+
+    for module in (t5xxl_pixart, qwen3vl_mageflow, llada_image):
+        register(module.PACK)
+
+
+_register_builtin()

@@ -1,0 +1,157 @@
+"""What a trainer pack is: the declarative description of one distillation recipe.
+
+A pack names its adapter kind and dimensions, the materials it needs, its config
+defaults and GUI hints, the student prompt template, its teacher (real and mock), the
+headline metric and the export key/values. Pipeline, CLI and GUI read everything
+pack-specific from here. Packs hold no loops and do no I/O; torch is imported only
+inside the teacher hooks.
+
+Adding a pack: subclass `TrainerPack`, fill the class attributes, implement
+`format_prompt`, `build_teacher` and `build_mock_teacher`, and register an instance
+with `gguf_trainer.packs.register`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+ADAPTER_KINDS = ("resampler", "seeded_resampler", "token_aligned_vision")
+
+
+@dataclass(frozen=True)
+class Material:
+    """Something a pack needs on disk: a Hugging Face snapshot or a local file."""
+
+    id: str
+    title: str
+    kind: str  # "hf_snapshot" | "local_file"
+    repo: str = ""
+    patterns: tuple[str, ...] = ()
+    subdir: str = ""
+    required: bool = True
+    size_gb: float = 0.0
+    repo_type: str = "model"
+    suffixes: tuple[str, ...] = ()
+    hint: str = ""
+
+
+# Shared by every pack: the student GGUF and its tokenizer/config snapshot.
+STUDENT_MATERIALS = (
+    Material("student", "Student: pig_clip GGUF", "local_file", suffixes=(".gguf",),
+             hint="pig_clip-f16.gguf: every recipe trains against the f16 file"),
+    Material("student_tokenizer", "Student tokenizer + config", "hf_snapshot",
+             repo="callgg/pig-clip-tokenizer", subdir="pig-clip-tokenizer", size_gb=0.011,
+             patterns=("config.json", "generation_config.json", "tokenizer.json",
+                       "tokenizer_config.json", "vocab.json", "merges.txt")),
+)
+
+
+@dataclass
+class TargetRows:
+    """A teacher's output for one sample: only the rows that must be stored.
+
+    rows      [n, out_dim]: resampler = all queries; seeded = the real slots (incl. EOS);
+              token-aligned = one row per student token.
+    seed_ids  [num_queries] ints (seeded only): the T5 window ids, pad 0.
+    sup_start first supervised-for-the-DiT position (token-aligned: 64 edit / 34 t2i).
+    """
+
+    rows: "torch.Tensor"
+    seed_ids: list[int] | None = None
+    sup_start: int = 0
+
+
+class Teacher(Protocol):
+    """What precompute needs from a teacher (real or mock)."""
+
+    identity: dict  # part of the shard fingerprint: snapshot revision or config hash, or "mock"
+    is_mock: bool
+
+    def lengths(self, texts: Sequence[str], student_ids: Sequence[Sequence[int]]) -> list[int]:
+        """Tokens each sample costs the teacher, for length-sorted budget batching."""
+
+    def targets(self, texts: Sequence[str], student_ids: Sequence[Sequence[int]]) -> list[TargetRows]:
+        """One TargetRows per sample, in order. `texts` are the corpus strings."""
+
+
+class TrainerPack:
+    """Base class; a pack module defines a subclass and registers one instance."""
+
+    id: str = ""
+    title: str = ""
+    description: str = ""
+    adapter_kind: str = ""
+    in_dim: int = 1024  # pig_clip's hidden size; the adapter takes the student's actual size
+    out_dim: int = 0
+    num_queries: int = 0
+    seed_vocab: int = 0
+    vis_dim: int = 0
+    default_name: str = ""
+    shard_contract: str = ""  # bump when stored rows change meaning: old shards are recomputed
+    max_len_student: int = 512
+    headline: str = "cos"  # RowMetrics key that is `val_cos`
+    centered: bool = False  # headline over rows centred by the train mean
+    standardized: bool = False  # train on (t-mu)/sigma_f and fold at export
+    eval_keys: tuple[str, ...] = ()
+    teacher_materials: tuple[Material, ...] = ()
+    defaults: dict[str, Any] = {}
+    hints: dict[str, str] = {}
+    teacher_memory_gib: float = 0.0
+    min_ggk: str = ""
+    engine_command_template: str = ""
+    export_kv: dict[str, Any] = {}
+    bytes_per_sample: int = 0  # shard bytes per sample at the reference corpus
+
+    @property
+    def materials(self) -> tuple[Material, ...]:
+        return STUDENT_MATERIALS + self.teacher_materials
+
+    def format_prompt(self, text: str) -> str:
+        """The exact string the student tokenizes for a corpus prompt (no template = raw)."""
+        return text
+
+    def build_teacher(self, project, device) -> Teacher:
+        raise NotImplementedError
+
+    def build_mock_teacher(self, project, tokenizer) -> Teacher:
+        raise NotImplementedError
+
+    def engine_command(self, student: str = "<pig_clip.gguf>", adapter: str = "<adapter.gguf>",
+                       extras: dict[str, str] | None = None) -> str:
+        return self.engine_command_template.format(student=student, adapter=adapter, **(extras or {}))
+
+    def adapter_config(self, train, in_dim: int):
+        """The AdapterConfig for these train settings and the student's hidden size."""
+        from ..adapters import AdapterConfig
+
+        return AdapterConfig(kind=self.adapter_kind, in_dim=in_dim, out_dim=self.out_dim,
+                             width=train.width, depth=train.depth, num_queries=self.num_queries,
+                             seed_vocab=self.seed_vocab, vis_dim=self.vis_dim)
+
+    def describe(self) -> dict:
+        return {
+            "id": self.id, "title": self.title, "description": self.description,
+            "adapter_kind": self.adapter_kind, "in_dim": self.in_dim, "out_dim": self.out_dim,
+            "num_queries": self.num_queries, "seed_vocab": self.seed_vocab, "vis_dim": self.vis_dim,
+            "default_name": self.default_name, "headline": self.headline,
+            "eval_keys": list(self.eval_keys), "hints": dict(self.hints),
+            "materials": [m.__dict__ for m in self.materials], "min_ggk": self.min_ggk,
+            "teacher_memory_gib": self.teacher_memory_gib, "bytes_per_sample": self.bytes_per_sample,
+            "engine_command": self.engine_command(),
+        }
+
+
+@dataclass
+class MockIdentity:
+    """Fingerprint part of a mock teacher: its pack and version of the mock function."""
+
+    pack: str
+    version: int = 1
+    extra: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"mock": self.pack, "version": self.version, **self.extra}
