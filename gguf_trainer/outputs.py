@@ -1,0 +1,99 @@
+"""The project's output files: the final export, step-tagged snapshots, and the manifest
+that names them.
+
+Every GGUF this project writes is recorded by exact path in `exports.json`, so the
+"output" reset and the Output tab touch this project's files only — never another
+project's that merely shares a name prefix in the same folder (`pig_llada` vs
+`pig_llada_v2`). The snapshot manifest `snapshots.json` lists step, planned steps,
+validation score and optional eval of each snapshot.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from pathlib import Path
+
+from . import __version__, atomic
+from .errors import UserError
+
+log = logging.getLogger(__name__)
+
+
+def _checkpoint(project, which: str) -> Path:
+    from .train import checkpoint_path
+
+    path = checkpoint_path(project.paths.checkpoints, which)
+    if not path.exists():
+        raise UserError(f"there is no {which}.pt checkpoint yet; train first (gguf-trainer start).")
+    return path
+
+
+def export_metadata(project, ck: dict, which: str, is_snapshot: bool) -> dict:
+    pack = project.pack
+    meta = {
+        "adapter.trained_steps": int(ck["step"]), "adapter.planned_steps": int(ck["planned_steps"]),
+        "adapter.checkpoint": which, "adapter.snapshot": is_snapshot, "adapter.pack": pack.id,
+        "adapter.trainer": f"gguf-trainer {__version__}", "adapter.mock_teacher": bool(ck.get("mock")),
+        **pack.export_kv,
+    }
+    if ck.get("val_cos") is not None:
+        meta["adapter.val_cos"] = float(ck["val_cos"])
+    if ck.get("best_val_cos", -1.0) > -1.0:
+        meta["adapter.best_val_cos"] = float(ck["best_val_cos"])
+    return meta
+
+
+def export_checkpoint(project, which: str, dest: Path, is_snapshot: bool) -> dict:
+    """Write checkpoint `which` (last|best) as an engine-ready f16 GGUF at `dest`."""
+    from .adapters import AdapterConfig
+    from .export import write_adapter_gguf
+    from .train import load_checkpoint
+
+    ck = load_checkpoint(_checkpoint(project, which))
+    cfg = AdapterConfig.from_dict(ck["config"])
+    fold = {"mu": ck["mu"], "sigma_f": ck["sigma_f"]} if ck.get("standardized") else {}
+    info = write_adapter_gguf(dest, ck["model"], cfg, metadata=export_metadata(project, ck, which, is_snapshot),
+                              name=project.settings.name, **fold)
+    record_export(project, dest, kind="snapshot" if is_snapshot else "final")
+    log.info("export: wrote %s: %d f16 + %d f32 tensors (%s.pt, step %d/%d, val cos %s)%s", dest,
+             info["n_f16"], info["n_f32"], which, ck["step"], ck["planned_steps"], ck.get("val_cos"),
+             " [MOCK teacher]" if ck.get("mock") else "")
+    return {**info, "step": int(ck["step"]), "planned_steps": int(ck["planned_steps"]),
+            "val_cos": ck.get("val_cos"), "best_val_cos": ck.get("best_val_cos"), "mock": bool(ck.get("mock"))}
+
+
+def record_export(project, path: Path, kind: str) -> None:
+    man = atomic.read_json(project.paths.exports_json, {"files": {}}) or {"files": {}}
+    man["files"][str(Path(path).resolve())] = {"kind": kind, "time": time.time()}
+    atomic.write_json(project.paths.exports_json, man)
+
+
+def exported_files(project) -> list[Path]:
+    """This project's GGUFs that still exist, by the exact paths it recorded."""
+    man = atomic.read_json(project.paths.exports_json, {"files": {}}) or {"files": {}}
+    return [Path(p) for p in sorted(man["files"]) if Path(p).exists()]
+
+
+def run_export(project, report) -> None:
+    """Export stage: best.pt -> <output_dir>/<name>-f16.gguf, then the optional copy."""
+    project.output_dir.mkdir(parents=True, exist_ok=True)
+    info = export_checkpoint(project, "best", project.final_gguf, is_snapshot=False)
+    copy_to = project.settings.export.copy_to
+    if copy_to:
+        dest = Path(copy_to).expanduser() / project.final_gguf.name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with atomic.atomic_path(dest) as tmp:
+            shutil.copyfile(project.final_gguf, tmp)
+        record_export(project, dest, kind="copy")
+        log.info("export: copied to %s", dest)
+    report.progress(1, 1, "files", path=str(project.final_gguf), step=info["step"])
+
+
+def record_snapshot(project, entry: dict) -> None:
+    """Add or replace (same path) an entry of snapshots.json, sorted by step."""
+    man = atomic.read_json(project.paths.snapshots_json, {"snapshots": []}) or {"snapshots": []}
+    items = [e for e in man["snapshots"] if e.get("path") != entry["path"]] + [entry]
+    man["snapshots"] = sorted(items, key=lambda e: (e["step"], e["time"]))
+    atomic.write_json(project.paths.snapshots_json, man)

@@ -1,0 +1,254 @@
+"""Shard format, train statistics and the deterministic, resumable batch stream.
+
+A shard is one safetensors file (no pickle) holding only the rows that must be stored,
+in bf16, concatenated over its samples:
+
+    student_rows [Ts, in_dim] bf16   final-norm states of the real student tokens
+    student_ids  [Ts] int32          their token ids
+    student_len  [S] int32
+    target_rows  [Tt, out_dim] bf16  teacher rows: all queries / real slots / every token
+    target_len   [S] int32
+    seed_ids     [S, Q] int32        seeded resampler only: the T5 window
+    sup_start    [S] int32           token-aligned only: first row the DiT consumes
+    sample_index [S] int64           line of the corpus file
+    moment_sum, moment_sq [out_dim] f64, moment_n [1] i64   per-dimension target moments
+
+Metadata carries the inputs fingerprint, the pack contract, the mock flag and a sha256
+over all tensor bytes: a truncated or corrupted shard fails `verify_shard` and is
+recomputed, never trained on. Library code: knows nothing of projects or packs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file, save_file
+
+from . import atomic
+
+log = logging.getLogger(__name__)
+
+FORMAT = "gguf-trainer-shard/1"
+SUFFIX = ".safetensors"
+
+
+def shard_name(split: str, index: int) -> str:
+    return f"{split}-{index:05d}{SUFFIX}"
+
+
+def _checksum(tensors: dict[str, torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].contiguous()
+        h.update(name.encode())
+        h.update(str(tuple(t.shape)).encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def write_shard(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> None:
+    """Atomically write a shard with its checksum."""
+    metadata = {**meta, "format": FORMAT, "checksum": _checksum(tensors)}
+    with atomic.atomic_path(path, suffix=SUFFIX) as tmp:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata)
+
+
+def read_meta(path: Path) -> dict[str, str] | None:
+    """The shard's metadata, or None when the file cannot be parsed (truncated, not a shard)."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return dict(f.metadata() or {})
+    except (SafetensorError, OSError, ValueError):
+        return None
+
+
+def verify_shard(path: Path, fingerprint: str) -> str | None:
+    """None when the shard is whole and made from `fingerprint`; else the reason it is not."""
+    meta = read_meta(path)
+    if meta is None or meta.get("format") != FORMAT:
+        return "unreadable or truncated"
+    if meta.get("fingerprint") != fingerprint:
+        return "made from other inputs"
+    try:
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError, ValueError):
+        return "unreadable or truncated"
+    if _checksum(tensors) != meta.get("checksum"):
+        return "checksum mismatch (corrupted)"
+    return None
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Per-dimension target statistics over the train split. sigma_f = max(sigma, floor) is
+    the one scale used for whitening in training AND folded at export."""
+
+    mu: torch.Tensor  # [D] float32
+    sigma: torch.Tensor  # [D] float32, unfloored
+    sigma_f: torch.Tensor  # [D] float32, floored
+    n: int
+
+    @property
+    def n_floored(self) -> int:
+        return int((self.sigma < self.sigma_f).sum())
+
+
+def load_stats(files: list[Path], sigma_floor: float) -> Stats:
+    s = s2 = None
+    n = 0
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            a, b = f.get_tensor("moment_sum"), f.get_tensor("moment_sq")
+            n += int(f.get_tensor("moment_n")[0])
+        s, s2 = (a, b) if s is None else (s + a, s2 + b)
+    mu = s / n
+    var = (s2 / n - mu * mu).clamp_min(0.0)
+    sigma = var.sqrt()
+    return Stats(mu.float(), sigma.float(), sigma.clamp_min(sigma_floor).float(), n)
+
+
+class Shard:
+    """A shard loaded into memory, with per-sample row offsets."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.t = load_file(str(path))
+        self.n = int(self.t["student_len"].shape[0])
+        self.s_off = _offsets(self.t["student_len"])
+        self.t_off = _offsets(self.t["target_len"])
+
+    def student(self, i: int) -> torch.Tensor:
+        return self.t["student_rows"][self.s_off[i]: self.s_off[i + 1]]
+
+    def target(self, i: int) -> torch.Tensor:
+        return self.t["target_rows"][self.t_off[i]: self.t_off[i + 1]]
+
+
+def _offsets(lengths: torch.Tensor) -> list[int]:
+    return [0] + torch.cumsum(lengths.long(), 0).tolist()
+
+
+@dataclass
+class Batch:
+    """A padded training/validation batch (float32, batch-first).
+
+    hidden [B, L, in], mask [B, L] (real student tokens); target [B, R, out] with
+    row_mask [B, R] (rows that are supervised); seed_ids [B, Q] or None; sup_start [B] or None.
+    For token-aligned kinds R == L and row_mask == mask.
+    """
+
+    hidden: torch.Tensor
+    mask: torch.Tensor
+    target: torch.Tensor
+    row_mask: torch.Tensor
+    seed_ids: torch.Tensor | None
+    sup_start: torch.Tensor | None
+    samples: list[tuple[int, int]]  # (shard file index, row) per sample, for bookkeeping
+
+    def to(self, device) -> "Batch":
+        move = lambda x: None if x is None else x.to(device, non_blocking=True)  # noqa: E731
+        return Batch(move(self.hidden), move(self.mask), move(self.target), move(self.row_mask),
+                     move(self.seed_ids), move(self.sup_start), self.samples)
+
+
+def _pad(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    n, width = max(r.shape[0] for r in rows), rows[0].shape[1]
+    out = torch.zeros(len(rows), n, width, dtype=torch.float32)
+    mask = torch.zeros(len(rows), n, dtype=torch.bool)
+    for b, r in enumerate(rows):
+        out[b, : r.shape[0]] = r
+        mask[b, : r.shape[0]] = True
+    return out, mask
+
+
+def collate(shard: Shard, rows: list[int], file_index: int, fixed_rows: int = 0) -> Batch:
+    """Gather samples `rows` of `shard` into a padded Batch. `fixed_rows` pads targets to a
+    fixed window (seeded resampler: the num_queries slots)."""
+    hidden, mask = _pad([shard.student(i) for i in rows])
+    target, row_mask = _pad([shard.target(i) for i in rows])
+    if fixed_rows and target.shape[1] < fixed_rows:
+        extra = fixed_rows - target.shape[1]
+        target = torch.nn.functional.pad(target, (0, 0, 0, extra))
+        row_mask = torch.nn.functional.pad(row_mask, (0, extra))
+    seed = shard.t.get("seed_ids")
+    sup = shard.t.get("sup_start")
+    return Batch(hidden, mask, target, row_mask,
+                 None if seed is None else seed[rows].long(),
+                 None if sup is None else sup[rows].long(),
+                 [(file_index, i) for i in rows])
+
+
+@dataclass
+class StreamPos:
+    """Where the stream is: the next batch to yield. Saved in checkpoints for exact resume."""
+
+    epoch: int = 0
+    shard_i: int = 0
+    batch_i: int = 0
+
+    def as_dict(self) -> dict:
+        return {"epoch": self.epoch, "shard_i": self.shard_i, "batch_i": self.batch_i}
+
+
+class ShardStream:
+    """Endless, seeded stream of batches over the train shards.
+
+    Per epoch the shard order is a permutation seeded by (seed, epoch) and the rows of
+    shard f a permutation seeded by (seed, epoch, f); batches are consecutive slices, so
+    the sequence depends only on the seed and the shard files, and `pos` restores it
+    exactly. A shard is loaded when the stream reaches it (one safetensors read);
+    benchmarks/bench_pipeline.py measures what that costs per step.
+    """
+
+    def __init__(self, files: list[Path], seed: int, batch_size: int, fixed_rows: int = 0,
+                 pos: StreamPos | None = None):
+        self.files, self.seed, self.batch_size, self.fixed_rows = files, seed, batch_size, fixed_rows
+        self.pos = pos or StreamPos()
+        self._cache: tuple[int, Shard] | None = None
+
+    def _shard(self, file_index: int) -> Shard:
+        if self._cache is None or self._cache[0] != file_index:
+            self._cache = (file_index, Shard(self.files[file_index]))
+        return self._cache[1]
+
+    def next_batch(self) -> Batch:
+        while True:
+            p = self.pos
+            order = np.random.default_rng([self.seed, p.epoch]).permutation(len(self.files))
+            f = int(order[p.shard_i])
+            shard = self._shard(f)
+            perm = np.random.default_rng([self.seed, p.epoch, f]).permutation(shard.n)
+            rows = perm[p.batch_i * self.batch_size: (p.batch_i + 1) * self.batch_size].tolist()
+            if rows:
+                self.pos = StreamPos(p.epoch, p.shard_i, p.batch_i + 1)
+                return collate(shard, rows, f, self.fixed_rows)
+            last = p.shard_i + 1 >= len(self.files)
+            self.pos = StreamPos(p.epoch + 1, 0, 0) if last else StreamPos(p.epoch, p.shard_i + 1, 0)
+
+    def __iter__(self) -> Iterator[Batch]:
+        while True:
+            yield self.next_batch()
+
+
+def iter_batches(files: list[Path], batch_size: int, fixed_rows: int = 0) -> Iterator[Batch]:
+    """Every sample of `files` once, in file order (validation / eval), one shard in RAM at a time."""
+    for fi, path in enumerate(files):
+        shard = Shard(path)
+        for start in range(0, shard.n, batch_size):
+            yield collate(shard, list(range(start, min(start + batch_size, shard.n))), fi, fixed_rows)
+
+
+def shard_files(folder: Path) -> list[Path]:
+    return sorted(folder.glob(f"*{SUFFIX}"))
+
+
+def meta_json(obj) -> str:
+    return json.dumps(obj, sort_keys=True)
