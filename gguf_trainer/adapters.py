@@ -1,0 +1,283 @@
+"""The three adapter modules the ggk engine can run, and `load_gguf` to rebuild one from a file.
+
+Owns: `AdapterConfig`, the module layout and parameter names of engine-contract §1.4 (they are
+the GGUF tensor names after `adapter.`), and the forward math of §2. Must not know about
+projects, packs or files other than the adapter GGUF (style.md §1: built from numbers).
+
+    cfg = AdapterConfig(kind="seeded_resampler", in_dim=1024, out_dim=4096, width=1024,
+                        depth=6, num_queries=120, seed_vocab=32128)
+    out = build_adapter(cfg)(hidden, mask, seed_ids=ids)          # (B, 120, 4096)
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass, fields
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gguf_trainer.adapter_file import read_adapter, read_adapter_arrays, trainer_kind
+from gguf_trainer.errors import UserError
+
+log = logging.getLogger(__name__)
+
+KINDS = ("resampler", "seeded_resampler", "token_aligned_vision")
+HEAD_DIM = 64  # hard-coded in the engine: heads = width / 64
+LN_EPS = 1e-5
+INIT_STD = 0.02  # query and t5_embed
+
+
+@dataclass(frozen=True)
+class AdapterConfig:
+    kind: str
+    in_dim: int
+    out_dim: int
+    width: int
+    depth: int
+    num_queries: int = 0  # resampler kinds
+    seed_vocab: int = 0  # seeded_resampler (T5 v1.1: 32128)
+    vis_dim: int = 0  # token_aligned_vision
+    mlp_hidden: int = 0  # 0 -> 4 * width
+
+    @property
+    def hidden_dim(self) -> int:
+        """The MLP hidden size actually built."""
+        return self.mlp_hidden or 4 * self.width
+
+    @property
+    def heads(self) -> int:
+        return self.width // HEAD_DIM
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> AdapterConfig:
+        unknown = set(d) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown AdapterConfig keys: {sorted(unknown)}")
+        return cls(**d)
+
+    def validate(self) -> list[str]:
+        """Every reason this config cannot be built or run by the engine, one sentence each."""
+        p = []
+        if self.kind not in KINDS:
+            return [f"adapter kind {self.kind!r} is unknown; use one of {', '.join(KINDS)}."]
+        for name in ("in_dim", "out_dim", "width", "depth"):
+            if getattr(self, name) <= 0:
+                p.append(f"adapter {name} must be positive, got {getattr(self, name)}.")
+        for name in ("num_queries", "seed_vocab", "vis_dim", "mlp_hidden"):
+            if getattr(self, name) < 0:
+                p.append(f"adapter {name} must not be negative, got {getattr(self, name)}.")
+        if self.width % HEAD_DIM:
+            p.append(
+                f"adapter width {self.width} must be a multiple of {HEAD_DIM} (the engine's head size)."
+            )
+        resampler = self.kind != "token_aligned_vision"
+        if resampler and self.num_queries <= 0:
+            p.append(f"a {self.kind} needs num_queries > 0.")
+        if self.kind == "seeded_resampler" and self.seed_vocab <= 0:
+            p.append("a seeded_resampler needs seed_vocab > 0 (32128 for T5 v1.1).")
+        if self.kind == "resampler" and self.seed_vocab:
+            p.append("a resampler has no seed table; set seed_vocab to 0 or use seeded_resampler.")
+        if not resampler and (self.num_queries or self.seed_vocab):
+            p.append("a token_aligned_vision adapter has no queries or seed table; set both to 0.")
+        if not resampler and self.vis_dim <= 0:
+            p.append("a token_aligned_vision adapter needs vis_dim > 0 (the mmproj width).")
+        if resampler and self.vis_dim:
+            p.append("vis_dim is only for token_aligned_vision; set it to 0 for a resampler.")
+        return p
+
+
+class Attention(nn.Module):
+    """Separate q/k/v/o Linears with bias, 64-wide contiguous heads, scale 1/8, no positions."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.heads = width // HEAD_DIM
+        self.q, self.k, self.v, self.o = (nn.Linear(width, width) for _ in range(4))
+
+    def forward(
+        self, xq: torch.Tensor, xkv: torch.Tensor, key_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        b, lq, w = xq.shape
+        lk = xkv.shape[1]
+        q = self.q(xq).view(b, lq, self.heads, HEAD_DIM).transpose(1, 2)  # (B, H, Lq, 64)
+        k = self.k(xkv).view(b, lk, self.heads, HEAD_DIM).transpose(1, 2)
+        v = self.v(xkv).view(b, lk, self.heads, HEAD_DIM).transpose(1, 2)
+        # (B, 1, 1, Lk) True = attend. A row with no True key would be NaN; right-padded
+        # batches always keep >= 1 real key per sample.
+        mask = None if key_mask is None else key_mask[:, None, None, :]
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=HEAD_DIM**-0.5)
+        return self.o(y.transpose(1, 2).reshape(b, lq, w))
+
+
+def _mlp(width: int, hidden: int) -> nn.Sequential:
+    # Sequential so the engine's names are mlp.0 / mlp.2; exact-erf GELU.
+    return nn.Sequential(nn.Linear(width, hidden), nn.GELU(), nn.Linear(hidden, width))
+
+
+class ResamplerBlock(nn.Module):
+    def __init__(self, width: int, hidden: int):
+        super().__init__()
+        self.ln_self = nn.LayerNorm(width, eps=LN_EPS)
+        self.self_attn = Attention(width)
+        self.ln_q = nn.LayerNorm(width, eps=LN_EPS)
+        self.ln_kv = nn.LayerNorm(width, eps=LN_EPS)
+        self.cross_attn = Attention(width)
+        self.ln_mlp = nn.LayerNorm(width, eps=LN_EPS)
+        self.mlp = _mlp(width, hidden)
+
+    def forward(self, q, kv, kv_mask=None):
+        x = self.ln_self(q)
+        q = q + self.self_attn(x, x)  # all queries, no query mask (the engine has none)
+        q = q + self.cross_attn(self.ln_q(q), self.ln_kv(kv), kv_mask)
+        return q + self.mlp(self.ln_mlp(q))
+
+
+class TokenBlock(nn.Module):
+    def __init__(self, width: int, hidden: int):
+        super().__init__()
+        self.ln_self = nn.LayerNorm(width, eps=LN_EPS)
+        self.self_attn = Attention(width)
+        self.ln_mlp = nn.LayerNorm(width, eps=LN_EPS)
+        self.mlp = _mlp(width, hidden)
+
+    def forward(self, x, mask=None):
+        y = self.ln_self(x)
+        x = x + self.self_attn(y, y, mask)
+        return x + self.mlp(self.ln_mlp(x))
+
+
+class ResamplerAdapter(nn.Module):
+    """`resampler` (seedless) and `seeded_resampler`: learned queries read the student states."""
+
+    def __init__(self, cfg: AdapterConfig):
+        super().__init__()
+        self.config = cfg
+        self.query = nn.Parameter(torch.randn(cfg.num_queries, cfg.width) * INIT_STD)  # (Q, W)
+        if cfg.kind == "seeded_resampler":
+            self.t5_embed = nn.Embedding(cfg.seed_vocab, cfg.width)
+            nn.init.normal_(self.t5_embed.weight, std=INIT_STD)
+        self.in_proj = nn.Linear(cfg.in_dim, cfg.width)
+        self.blocks = nn.ModuleList(
+            ResamplerBlock(cfg.width, cfg.hidden_dim) for _ in range(cfg.depth)
+        )
+        self.ln_out = nn.LayerNorm(cfg.width, eps=LN_EPS)
+        self.out_proj = nn.Linear(cfg.width, cfg.out_dim)
+
+    def forward(self, hidden, mask=None, seed_ids=None, vis=None):
+        """hidden (B, L, in_dim), mask (B, L) True = real, seed_ids (B, Q) -> (B, Q, out_dim)."""
+        if vis is not None:
+            raise ValueError("a resampler takes no vision embeds")
+        seeded = self.config.kind == "seeded_resampler"
+        if seeded != (seed_ids is not None):
+            raise ValueError(f"{self.config.kind} {'needs' if seeded else 'takes no'} seed_ids")
+        kv = self.in_proj(hidden)  # (B, L, W), shared by all blocks
+        q = self.query.unsqueeze(0).expand(hidden.shape[0], -1, -1)  # (B, Q, W)
+        if seeded:
+            q = q + self.t5_embed(seed_ids)
+        mask = None if mask is None else mask.to(torch.bool)
+        for block in self.blocks:
+            q = block(q, kv, mask)
+        return self.out_proj(self.ln_out(q))
+
+
+class TokenAlignedVisionAdapter(nn.Module):
+    """`token_aligned_vision`: one output row per student token, plus skip and vision inputs."""
+
+    def __init__(self, cfg: AdapterConfig):
+        super().__init__()
+        self.config = cfg
+        # Applied by the engine to mmproj embeds before the student, never in forward().
+        self.vision_proj = nn.Linear(cfg.vis_dim, cfg.in_dim, bias=False)
+        self.vision_proj.weight.requires_grad_(False)
+        self.in_proj = nn.Linear(cfg.in_dim, cfg.width)
+        self.vis_in = nn.Linear(cfg.vis_dim, cfg.width, bias=False)
+        self.blocks = nn.ModuleList(TokenBlock(cfg.width, cfg.hidden_dim) for _ in range(cfg.depth))
+        self.ln_out = nn.LayerNorm(cfg.width, eps=LN_EPS)
+        self.out_proj = nn.Linear(cfg.width, cfg.out_dim)
+        nn.init.zeros_(self.out_proj.weight)  # starts as the skip path alone
+        nn.init.zeros_(self.out_proj.bias)
+        self.skip = nn.Linear(cfg.in_dim, cfg.out_dim)
+
+    def forward(self, hidden, mask=None, seed_ids=None, vis=None):
+        """hidden (B, L, in_dim), mask (B, L), vis (B, L, vis_dim) raw embeds, zeros off-image
+        -> (B, L, out_dim). Pad rows are computed but meaningless."""
+        if seed_ids is not None:
+            raise ValueError("a token-aligned adapter takes no seed_ids")
+        x = self.in_proj(hidden)  # (B, L, W)
+        if vis is not None:
+            x = x + self.vis_in(vis)
+        mask = None if mask is None else mask.to(torch.bool)
+        for block in self.blocks:
+            x = block(x, mask)
+        return self.out_proj(self.ln_out(x)) + self.skip(hidden)  # skip reads the raw states
+
+
+def build_adapter(cfg: AdapterConfig) -> nn.Module:
+    """A fresh module; deterministic given torch's global RNG. UserError for a bad config."""
+    problems = cfg.validate()
+    if problems:
+        raise UserError("adapter settings are invalid: " + " ".join(problems))
+    if cfg.kind == "token_aligned_vision":
+        return TokenAlignedVisionAdapter(cfg)
+    return ResamplerAdapter(cfg)
+
+
+def trainable_parameters(module: nn.Module) -> list[nn.Parameter]:
+    """Everything except the frozen vision_proj."""
+    return [p for n, p in module.named_parameters() if not n.startswith("vision_proj.")]
+
+
+def set_vision_proj(module: nn.Module, weight) -> None:
+    """Install the frozen vis_dim -> in_dim map (weight (in_dim, vis_dim)) used to build the
+    student's training states; the engine applies the same map to mmproj embeds."""
+    w = torch.as_tensor(weight)
+    target = module.vision_proj.weight
+    if tuple(w.shape) != tuple(target.shape):
+        raise ValueError(f"vision_proj weight must be {tuple(target.shape)}, got {tuple(w.shape)}")
+    with torch.no_grad():
+        target.copy_(w.to(target.dtype))
+    target.requires_grad_(False)
+
+
+def load_gguf(path, device="cpu") -> nn.Module:
+    """Rebuild the module the way the engine reads the file: variant from tensor names,
+    geometry from shapes, float32 weights. Sets `.config` and `.metadata` (the GGUF KVs).
+    UserError for a file the engine would refuse or gguf-trainer cannot rebuild."""
+    view = read_adapter(path)
+    if view.refusals:
+        raise UserError(
+            f"{path} would be refused by the engine: {view.refusals[0]} "
+            f"(run `gguf-trainer inspect {path}` for all {len(view.refusals)} problem(s))."
+        )
+    kind = trainer_kind(view)
+    if kind is None:
+        raise UserError(
+            f"{path} is a {view.kind} adapter that gguf-trainer cannot rebuild; only resampler, "
+            "seeded_resampler and token-aligned files with skip, vision_proj and vis_in load."
+        )
+    for problem in view.problems:  # dtype policy only: the engine converts and still runs the file
+        log.warning("%s: %s", path, problem)
+    mlp_hidden = 0 if view.mlp_hidden == 4 * view.width else view.mlp_hidden  # 0 = the default 4W
+    cfg = AdapterConfig(
+        kind=kind,
+        in_dim=view.in_dim,
+        out_dim=view.out_dim,
+        width=view.width,
+        depth=view.depth,
+        num_queries=view.num_queries,
+        seed_vocab=view.t5_vocab,
+        vis_dim=view.vis_dim,
+        mlp_hidden=mlp_hidden,
+    )
+    with torch.random.fork_rng(devices=[]):  # loading must not move the caller's RNG
+        module = build_adapter(cfg)
+    arrays = read_adapter_arrays(path)
+    state = {k: torch.from_numpy(arrays[k]) for k in module.state_dict()}
+    module.load_state_dict(state, strict=True)
+    module.metadata = dict(view.metadata)
+    return module.to(device).eval()

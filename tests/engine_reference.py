@@ -1,0 +1,167 @@
+"""An engine-faithful NumPy forward of an adapter GGUF, written from engine-contract §1.3–§2.
+
+Independent of gguf_trainer.adapters and gguf_trainer.adapter_file on purpose: it has its own
+reader (gguf.GGUFReader), its own variant detection (the §1.3 table, with the engine's
+defaults for absent tensors) and its own math, so the tests compare two implementations.
+Data is read the way the engine converts it on load (f16 -> f32, quants dequantized) and the
+forward then runs in float64 so that the reference itself adds no visible error.
+
+    out = engine_forward("adapter.gguf", hidden)   # hidden (L, in_dim), one unpadded prompt
+"""
+
+from __future__ import annotations
+
+import math
+
+import gguf
+import numpy as np
+
+ENGINE_PREFIX = "text_encoders.llm_adapter."
+HEAD_DIM = 64
+EPS = 1e-5
+DEFAULTS = {
+    "in_dim": 1024,
+    "out_dim": 4096,
+    "width": 1024,
+    "depth": 6,
+    "num_queries": 120,
+    "t5_vocab": 32128,
+    "mlp_hidden": 4096,
+}
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def read_engine_tensors(path) -> dict[str, np.ndarray]:
+    """`rest` names (under text_encoders.llm_adapter.adapter.) -> float64 arrays, torch order."""
+    reader = gguf.GGUFReader(path)
+    out = {}
+    for t in reader.tensors:
+        name = t.name if t.name.startswith(ENGINE_PREFIX) else ENGINE_PREFIX + t.name
+        rest = name[len(ENGINE_PREFIX) :]
+        if not rest.startswith("adapter."):
+            continue  # loaded into the map, never used
+        torch_shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+        if t.tensor_type == gguf.GGMLQuantizationType.F16:
+            data = np.asarray(t.data).astype(np.float32)  # the engine's f16 -> f32
+        elif t.tensor_type == gguf.GGMLQuantizationType.F32:
+            data = np.asarray(t.data, dtype=np.float32)
+        else:
+            data = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32)
+        out[rest[len("adapter.") :]] = data.reshape(torch_shape).astype(np.float64)
+    return out
+
+
+def detect(t: dict[str, np.ndarray]) -> dict:
+    """§1.3 `detect_from_weights`; ne[i] of a tensor is torch shape[-1 - i]."""
+
+    def ne(name, i):
+        return t[name].shape[::-1][i] if name in t and t[name].ndim == 2 else None
+
+    c = dict(DEFAULTS)
+    c["resampler"] = "query" in t
+    c["factorized"] = "t5_embed_a.weight" in t
+    c["has_skip"] = "skip.weight" in t
+    c["has_vis_in"] = "vis_in.weight" in t
+    if c["resampler"]:
+        c["width"], c["num_queries"] = ne("query", 0), ne("query", 1)
+    if "in_proj.weight" in t:
+        c["in_dim"] = ne("in_proj.weight", 0)
+        if not c["resampler"]:
+            c["width"] = ne("in_proj.weight", 1)
+    if "out_proj.weight" in t:
+        c["out_dim"] = ne("out_proj.weight", 1)
+    if "blocks.0.mlp.0.weight" in t:
+        c["mlp_hidden"] = ne("blocks.0.mlp.0.weight", 1)
+    idx = [int(n.split(".")[1]) for n in t if n.startswith("blocks.")]
+    if idx:
+        c["depth"] = max(idx) + 1
+    if not c["resampler"]:
+        c["num_queries"] = c["t5_vocab"] = 0
+    c["heads"] = c["width"] // HEAD_DIM
+    return c
+
+
+def _lin(t, name, x, bias=True):
+    y = x @ t[name + ".weight"].T
+    return y + t[name + ".bias"] if bias else y
+
+
+def _ln(t, name, x):
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + EPS) * t[name + ".weight"] + t[name + ".bias"]
+
+
+def _gelu(x):
+    return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)))
+
+
+def _mha(t, name, xq, xkv, heads, key_mask=None):
+    """§1.5: contiguous 64-wide heads, scores * 0.125, additive [Lk] mask, softmax over keys."""
+    q, k, v = (_lin(t, f"{name}.{p}", x) for p, x in (("q", xq), ("k", xkv), ("v", xkv)))
+    add = 0.0 if key_mask is None else np.where(key_mask, 0.0, -1e30)[None, :]
+    heads_out = []
+    for h in range(heads):
+        s = slice(HEAD_DIM * h, HEAD_DIM * (h + 1))
+        scores = q[:, s] @ k[:, s].T * 0.125 + add
+        scores = np.exp(scores - scores.max(-1, keepdims=True))
+        heads_out.append((scores / scores.sum(-1, keepdims=True)) @ v[:, s])
+    return _lin(t, f"{name}.o", np.concatenate(heads_out, axis=-1))
+
+
+def _mlp(t, b, x):
+    return _lin(t, f"{b}.mlp.2", _gelu(_lin(t, f"{b}.mlp.0", _ln(t, f"{b}.ln_mlp", x))))
+
+
+def _tensors(path_or_tensors):
+    return (
+        path_or_tensors
+        if isinstance(path_or_tensors, dict)
+        else read_engine_tensors(path_or_tensors)
+    )
+
+
+def engine_forward(path_or_tensors, hidden, seed_ids=None, vis=None, key_mask=None) -> np.ndarray:
+    """One prompt: hidden (L, in_dim) -> (Q, out_dim) or (L, out_dim), per §2.
+    seed_ids (Q,) for seeded files; vis (L, vis_dim) raw embeds with zeros off-image."""
+    t = _tensors(path_or_tensors)
+    c = detect(t)
+    h = np.asarray(hidden, dtype=np.float64)
+    if c["resampler"]:
+        kv = _lin(t, "in_proj", h)  # computed once, shared by all blocks
+        q = t["query"].copy()
+        if c["factorized"]:
+            q = q + t["t5_embed_a.weight"][seed_ids] @ t["t5_embed_b.weight"].T
+        elif "t5_embed.weight" in t:
+            q = q + t["t5_embed.weight"][seed_ids]
+        for i in range(c["depth"]):
+            b = f"blocks.{i}"
+            x = _ln(t, f"{b}.ln_self", q)
+            q = q + _mha(t, f"{b}.self_attn", x, x, c["heads"])
+            q = q + _mha(
+                t,
+                f"{b}.cross_attn",
+                _ln(t, f"{b}.ln_q", q),
+                _ln(t, f"{b}.ln_kv", kv),
+                c["heads"],
+                key_mask,
+            )
+            q = q + _mlp(t, b, q)
+        return _lin(t, "out_proj", _ln(t, "ln_out", q))
+    x = _lin(t, "in_proj", h)
+    if vis is not None and c["has_vis_in"]:
+        x = x + _lin(t, "vis_in", np.asarray(vis, dtype=np.float64), bias=False)
+    for i in range(c["depth"]):
+        b = f"blocks.{i}"
+        y = _ln(t, f"{b}.ln_self", x)
+        x = x + _mha(t, f"{b}.self_attn", y, y, c["heads"], key_mask)
+        x = x + _mlp(t, b, x)
+    out = _lin(t, "out_proj", _ln(t, "ln_out", x))
+    if c["has_skip"]:
+        out = out + _lin(t, "skip", h)  # skip reads the raw student states
+    return out
+
+
+def vision_project(path_or_tensors, e_raw) -> np.ndarray:
+    """The engine's splice map, run outside the adapter: (n, vis_dim) -> (n, in_dim), no bias."""
+    return np.asarray(e_raw, dtype=np.float64) @ _tensors(path_or_tensors)["vision_proj.weight"].T

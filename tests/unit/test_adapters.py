@@ -1,0 +1,205 @@
+"""Adapter modules: names and shapes per engine-contract §1.4, init, masking, config checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gguf_trainer.adapter_file import expected_tensors
+from gguf_trainer.adapters import (
+    HEAD_DIM,
+    KINDS,
+    AdapterConfig,
+    build_adapter,
+    load_gguf,
+    set_vision_proj,
+    trainable_parameters,
+)
+from gguf_trainer.errors import UserError
+from gguf_trainer.export import write_adapter_gguf
+
+IN, WIDTH, DEPTH, OUT, QUERIES, VOCAB, VIS = 32, 128, 2, 48, 8, 50, 24
+SEED = 0
+CFGS = {
+    "resampler": AdapterConfig("resampler", IN, OUT, WIDTH, DEPTH, num_queries=QUERIES),
+    "seeded_resampler": AdapterConfig(
+        "seeded_resampler", IN, OUT, WIDTH, DEPTH, num_queries=QUERIES, seed_vocab=VOCAB
+    ),
+    "token_aligned_vision": AdapterConfig(
+        "token_aligned_vision", IN, OUT, WIDTH, DEPTH, vis_dim=VIS
+    ),
+}
+FILE_KIND = {
+    "resampler": "resampler",
+    "seeded_resampler": "seeded_resampler",
+    "token_aligned_vision": "token_aligned",
+}
+
+
+def engine_inventory(cfg: AdapterConfig) -> dict:
+    """§1.4 for this config, in torch shape order (ne reversed)."""
+    ta = cfg.kind == "token_aligned_vision"
+    ne = expected_tensors(
+        FILE_KIND[cfg.kind],
+        in_dim=cfg.in_dim,
+        out_dim=cfg.out_dim,
+        width=cfg.width,
+        depth=cfg.depth,
+        mlp_hidden=cfg.hidden_dim,
+        num_queries=cfg.num_queries,
+        t5_vocab=cfg.seed_vocab,
+        vis_dim=cfg.vis_dim,
+        has_skip=ta,
+        has_vision_proj=ta,
+        has_vis_in=ta,
+    )
+    return {k: tuple(reversed(v)) for k, v in ne.items()}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_state_dict_is_the_engine_inventory(kind):
+    m = build_adapter(CFGS[kind])
+    got = {k: tuple(v.shape) for k, v in m.state_dict().items()}
+    assert got == engine_inventory(CFGS[kind])
+    assert m.config == CFGS[kind]
+    assert (
+        isinstance(m.blocks[0].mlp[1], torch.nn.GELU) and m.blocks[0].mlp[1].approximate == "none"
+    )
+    assert m.blocks[0].ln_self.eps == 1e-5
+
+
+@pytest.mark.parametrize(
+    "kind,depth,count",
+    [("seeded_resampler", 6, 176), ("resampler", 6, 175), ("token_aligned_vision", 4, 74)],
+)
+def test_reference_tensor_counts(kind, depth, count):
+    """The shipped files' counts (contract §1.4, anchor §3.5); the count does not depend on width."""
+    small = AdapterConfig(**{**CFGS[kind].to_dict(), "width": HEAD_DIM, "depth": depth})
+    assert len(build_adapter(small).state_dict()) == count
+    per_block = 16 if kind == "token_aligned_vision" else 28
+    top = {"seeded_resampler": 8, "resampler": 7, "token_aligned_vision": 10}[kind]
+    assert per_block * depth + top == count
+    big = AdapterConfig(**{**small.to_dict(), "width": 1024, "in_dim": 1024})
+    assert len(engine_inventory(big)) == count  # shapes only, no width-1024 model built
+
+
+def test_init():
+    torch.manual_seed(SEED)
+    s = build_adapter(
+        AdapterConfig("seeded_resampler", IN, OUT, 256, 1, num_queries=64, seed_vocab=500)
+    )
+    assert (
+        abs(s.query.std().item() - 0.02) < 0.002
+        and abs(s.t5_embed.weight.std().item() - 0.02) < 0.002
+    )
+    t = build_adapter(CFGS["token_aligned_vision"])
+    assert not t.out_proj.weight.any() and not t.out_proj.bias.any()
+    assert t.skip.bias is not None and t.vis_in.bias is None and t.vision_proj.bias is None
+    assert not t.vision_proj.weight.requires_grad
+    names = {id(p) for p in trainable_parameters(t)}
+    assert id(t.vision_proj.weight) not in names
+    assert len(names) == len(list(t.parameters())) - 1
+    w = torch.randn(IN, VIS)
+    set_vision_proj(t, w)
+    assert torch.equal(t.vision_proj.weight, w) and not t.vision_proj.weight.requires_grad
+    with pytest.raises(ValueError):
+        set_vision_proj(t, torch.randn(VIS, IN))
+    h = torch.randn(1, 5, IN)
+    with torch.no_grad():  # zero out_proj: the adapter starts as its skip path
+        assert torch.allclose(t(h), t.skip(h))
+
+
+def test_deterministic_given_seed():
+    for cfg in CFGS.values():
+        torch.manual_seed(SEED)
+        a = build_adapter(cfg).state_dict()
+        torch.manual_seed(SEED)
+        b = build_adapter(cfg).state_dict()
+        assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _randomize(m, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) / (p.shape[-1] ** 0.5 if p.ndim == 2 else 5))
+    return m
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_padded_batch_equals_unpadded_runs(kind):
+    cfg = CFGS[kind]
+    torch.manual_seed(SEED)
+    m = _randomize(build_adapter(cfg)).eval()
+    lengths = [5, 9, 1]
+    g = torch.Generator().manual_seed(2)
+    samples = [torch.randn(1, n, IN, generator=g) for n in lengths]
+    vis = [torch.randn(1, n, VIS, generator=g) for n in lengths]
+    seeds = torch.randint(0, VOCAB, (len(lengths), QUERIES), generator=g)
+    L = max(lengths)
+    hidden = torch.zeros(len(lengths), L, IN).normal_(generator=g)  # garbage in pads on purpose
+    v = torch.zeros(len(lengths), L, VIS)
+    mask = torch.zeros(len(lengths), L, dtype=torch.bool)
+    for i, n in enumerate(lengths):
+        hidden[i, :n], v[i, :n], mask[i, :n] = samples[i][0], vis[i][0], True
+    kw = {"seed_ids": seeds} if kind == "seeded_resampler" else {}
+    if kind == "token_aligned_vision":
+        kw["vis"] = v
+    with torch.no_grad():
+        batch = m(hidden, mask, **kw)
+        for i, n in enumerate(lengths):
+            one_kw = {"seed_ids": seeds[i : i + 1]} if kind == "seeded_resampler" else {}
+            if kind == "token_aligned_vision":
+                one_kw["vis"] = vis[i]
+            alone = m(samples[i], **one_kw)[0]
+            got = batch[i, :n] if kind == "token_aligned_vision" else batch[i]
+            torch.testing.assert_close(got, alone, rtol=1e-5, atol=1e-5)
+    assert batch.shape == (len(lengths), L if kind == "token_aligned_vision" else QUERIES, OUT)
+    assert torch.isfinite(batch).all()
+
+
+def test_forward_argument_errors():
+    h = torch.randn(1, 3, IN)
+    with pytest.raises(ValueError):
+        build_adapter(CFGS["seeded_resampler"])(h)
+    with pytest.raises(ValueError):
+        build_adapter(CFGS["resampler"])(h, seed_ids=torch.zeros(1, QUERIES, dtype=torch.long))
+    with pytest.raises(ValueError):
+        build_adapter(CFGS["token_aligned_vision"])(h, seed_ids=torch.zeros(1, 3, dtype=torch.long))
+
+
+def test_config_round_trip_and_validate():
+    for cfg in CFGS.values():
+        assert AdapterConfig.from_dict(cfg.to_dict()) == cfg and cfg.validate() == []
+    with pytest.raises(ValueError):
+        AdapterConfig.from_dict({**CFGS["resampler"].to_dict(), "bogus": 1})
+    bad = AdapterConfig("resampler", IN, OUT, 96, DEPTH, num_queries=0, seed_vocab=5)
+    problems = bad.validate()
+    assert len(problems) == 3 and any("multiple of 64" in p for p in problems)
+    assert AdapterConfig("token_aligned_vision", IN, OUT, WIDTH, DEPTH).validate()  # needs vis_dim
+    assert AdapterConfig("seeded_resampler", IN, OUT, WIDTH, DEPTH, num_queries=4).validate()
+    assert AdapterConfig("nope", IN, OUT, WIDTH, DEPTH).validate()
+    with pytest.raises(UserError, match="multiple of 64"):
+        build_adapter(bad)
+    assert CFGS["resampler"].hidden_dim == 4 * WIDTH and CFGS["resampler"].heads == 2
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_load_gguf_rebuilds_config_and_keeps_rng(kind, tmp_path):
+    cfg = AdapterConfig(**{**CFGS[kind].to_dict(), "mlp_hidden": 3 * WIDTH})
+    m = build_adapter(cfg)
+    path = tmp_path / "a.gguf"
+    write_adapter_gguf(path, m.state_dict(), cfg, metadata={"adapter.pack": "p"})
+    torch.manual_seed(SEED)
+    expected_next = torch.rand(1)
+    torch.manual_seed(SEED)
+    loaded = load_gguf(path)
+    assert torch.equal(torch.rand(1), expected_next)  # loading does not consume the caller's RNG
+    assert loaded.config == cfg
+    assert loaded.metadata["adapter.pack"] == "p" and loaded.metadata["general.name"] == "a"
+    for k, v in loaded.state_dict().items():
+        assert v.dtype == torch.float32
+        assert torch.equal(v, m.state_dict()[k].half().float()) or torch.equal(v, m.state_dict()[k])
+    assert trainable_parameters(loaded)
+    if kind == "token_aligned_vision":
+        assert not loaded.vision_proj.weight.requires_grad

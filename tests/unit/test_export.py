@@ -1,0 +1,253 @@
+"""Export: the GGUF the engine reads computes what the torch module computes.
+
+The expected numbers come from tests/engine_reference.py, a NumPy forward written from the
+engine contract and reading the file with its own reader, not from gguf_trainer.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from engine_reference import engine_forward, read_engine_tensors, vision_project
+
+from gguf_trainer.adapter_file import read_adapter
+from gguf_trainer.adapters import AdapterConfig, build_adapter, load_gguf, set_vision_proj
+from gguf_trainer.errors import UserError
+from gguf_trainer.export import fold_standardization, write_adapter_gguf
+
+IN, WIDTH, DEPTH, OUT, QUERIES, VOCAB, VIS = 32, 128, 2, 48, 8, 50, 24  # width 128 = 2 heads
+LEN = 7
+SEED = 1234
+RTOL = 1e-5
+CFGS = {
+    "resampler": AdapterConfig("resampler", IN, OUT, WIDTH, DEPTH, num_queries=QUERIES),
+    "seeded_resampler": AdapterConfig(
+        "seeded_resampler", IN, OUT, WIDTH, DEPTH, num_queries=QUERIES, seed_vocab=VOCAB
+    ),
+    "token_aligned_vision": AdapterConfig(
+        "token_aligned_vision", IN, OUT, WIDTH, DEPTH, vis_dim=VIS
+    ),
+}
+
+
+def kept_f32(name: str, ndim: int) -> bool:
+    """The contract's f32 list (§1.2, §6.3), written here independently of export.py."""
+    return ndim == 1 or name in ("query", "vision_proj.weight", "layer_map") or ".ln_" in "." + name
+
+
+def randomized(cfg: AdapterConfig, seed: int = SEED) -> torch.nn.Module:
+    """A module whose every weight matters (the zero-init out_proj would hide the blocks)."""
+    torch.manual_seed(seed)
+    m = build_adapter(cfg)
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            r = torch.randn(p.shape, generator=g)
+            if p.ndim == 1:
+                p.copy_(1 + 0.2 * r if name.endswith("weight") else 0.2 * r)
+            elif name in ("query", "t5_embed.weight"):
+                p.copy_(r)
+            else:
+                p.copy_(r / p.shape[1] ** 0.5)
+    if cfg.kind == "token_aligned_vision":
+        set_vision_proj(m, torch.randn(IN, VIS, generator=g) / VIS**0.5)
+    return m.eval()
+
+
+def rounded(m: torch.nn.Module) -> torch.nn.Module:
+    """The module as the engine holds it: f16 weights rounded, the f32 ones kept."""
+    r = copy.deepcopy(m)
+    with torch.no_grad():
+        for name, p in r.named_parameters():
+            if not kept_f32(name, p.ndim):
+                p.copy_(p.half().float())
+    return r
+
+
+def inputs(cfg: AdapterConfig, length: int = LEN, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(1, length, IN, generator=g)
+    kw = {}
+    if cfg.kind == "seeded_resampler":
+        kw["seed_ids"] = torch.randint(0, VOCAB, (1, QUERIES), generator=g)
+    if cfg.kind == "token_aligned_vision":
+        vis = torch.randn(1, length, VIS, generator=g)
+        vis[:, : length // 2] = 0  # image rows only in the second half
+        kw["vis"] = vis
+    return hidden, kw
+
+
+def reference(path, hidden, kw) -> np.ndarray:
+    seed_ids = kw["seed_ids"][0].numpy() if "seed_ids" in kw else None
+    vis = kw["vis"][0].numpy() if "vis" in kw else None
+    return engine_forward(path, hidden[0].numpy(), seed_ids=seed_ids, vis=vis)
+
+
+def rel_err(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+@pytest.mark.parametrize("kind", list(CFGS))
+def test_engine_forward_matches_module(kind, tmp_path):
+    cfg = CFGS[kind]
+    m = randomized(cfg)
+    path = tmp_path / f"{kind}-f16.gguf"
+    info = write_adapter_gguf(path, m.state_dict(), cfg, metadata={"adapter.pack": "test"})
+    assert info["n_tensors"] == len(m.state_dict()) == info["n_f16"] + info["n_f32"]
+    hidden, kw = inputs(cfg)
+    ref = reference(path, hidden, kw)
+    with torch.no_grad():
+        torch_out = rounded(m)(hidden, **kw)[0].numpy()
+        loaded_out = load_gguf(path)(hidden, **kw)[0].numpy()
+    err, err_loaded = rel_err(torch_out, ref), rel_err(loaded_out, ref)
+    print(f"{kind}: engine vs f16-rounded torch rel err {err:.2e}; load_gguf {err_loaded:.2e}")
+    assert ref.shape == ((QUERIES if kind != "token_aligned_vision" else LEN), OUT)
+    assert err < RTOL and err_loaded < RTOL
+    # and the f16 rounding is real: the unrounded module differs by far more than the tolerance
+    with torch.no_grad():
+        assert rel_err(m(hidden, **kw)[0].numpy(), ref) > 10 * err
+
+
+def test_vision_proj_is_exported_exactly(tmp_path):
+    cfg = CFGS["token_aligned_vision"]
+    m = randomized(cfg)
+    path = tmp_path / "v.gguf"
+    write_adapter_gguf(path, m.state_dict(), cfg, metadata={})
+    e_raw = np.random.default_rng(0).normal(size=(5, VIS))
+    want = e_raw @ m.vision_proj.weight.detach().double().numpy().T
+    np.testing.assert_allclose(vision_project(path, e_raw), want, rtol=1e-12, atol=0)
+
+
+def test_fold_emits_teacher_scale_rows(tmp_path):
+    cfg = CFGS["resampler"]
+    m = randomized(cfg)
+    rng = np.random.default_rng(3)
+    mu = rng.normal(0, 2, OUT)
+    sigma = rng.uniform(0.5, 3.0, OUT)
+    sigma[5] = 1e-6  # a near-constant target dimension
+    floor = 1e-2
+    sigma_f = np.maximum(sigma, floor)
+    assert sigma_f[5] == floor
+    hidden, kw = inputs(cfg)
+    with torch.no_grad():
+        std_out = m(hidden)[0].double().numpy()  # the model predicts (t - mu) / sigma_f
+        folded = build_adapter(cfg)
+        folded.load_state_dict(fold_standardization(m.state_dict(), mu, sigma_f))
+        folded_out = folded(hidden)[0].double().numpy()
+    teacher_scale = sigma_f * std_out + mu
+    assert rel_err(folded_out, teacher_scale) < 1e-6  # the fold itself is exact math
+    path = tmp_path / "folded.gguf"
+    write_adapter_gguf(path, m.state_dict(), cfg, metadata={}, mu=mu, sigma_f=sigma_f)
+    ref = reference(path, hidden, kw)
+    with torch.no_grad():
+        err = rel_err(rounded(folded)(hidden)[0].numpy(), ref)
+    coarse = rel_err(ref, teacher_scale)
+    print(
+        f"fold: engine vs folded f16-rounded torch rel err {err:.2e}; vs sigma_f*out+mu {coarse:.2e}"
+    )
+    assert err < RTOL
+    assert coarse < 5e-3  # only the f16 rounding of the folded weights separates them
+    np.testing.assert_allclose(
+        ref[:, 5], floor * std_out[:, 5] + mu[5], rtol=0, atol=1e-3 * abs(mu[5]) + 1e-6
+    )
+
+
+def test_fold_rejects_bad_sigma():
+    sd = build_adapter(CFGS["resampler"]).state_dict()
+    with pytest.raises(ValueError):
+        fold_standardization(sd, np.zeros(OUT), np.zeros(OUT))
+    with pytest.raises(ValueError):
+        fold_standardization(sd, np.zeros(OUT - 1), np.ones(OUT - 1))
+
+
+def test_dtypes_and_kv(tmp_path):
+    cfg = CFGS["seeded_resampler"]
+    m = randomized(cfg)
+    path = tmp_path / "run-f16.gguf"
+    meta = {
+        "adapter.trained_steps": 12,
+        "adapter.offset": -3,
+        "adapter.snapshot": False,
+        "adapter.val_cos": 0.875,
+        "adapter.best_val_cos": float("nan"),
+        "adapter.pack": "t5xxl_pixart",
+        "adapter.big": 2**40,
+    }
+    info = write_adapter_gguf(path, m.state_dict(), cfg, metadata=meta)
+    reader = gguf.GGUFReader(path)
+    types = {t.name: t.tensor_type for t in reader.tensors}
+    for name, p in m.state_dict().items():
+        want = (
+            gguf.GGMLQuantizationType.F32
+            if kept_f32(name, p.ndim)
+            else gguf.GGMLQuantizationType.F16
+        )
+        assert types["adapter." + name] == want, name
+    assert types["adapter.t5_embed.weight"] == gguf.GGMLQuantizationType.F16
+    assert info["n_f32"] == sum(t == gguf.GGMLQuantizationType.F32 for t in types.values())
+    assert info["bytes"] == path.stat().st_size
+    V = gguf.GGUFValueType
+    want_kv = {
+        "general.name": ("run-f16", V.STRING),
+        "adapter.in_dim": (IN, V.UINT32),
+        "adapter.out_dim": (OUT, V.UINT32),
+        "adapter.width": (WIDTH, V.UINT32),
+        "adapter.depth": (DEPTH, V.UINT32),
+        "adapter.heads": (2, V.UINT32),
+        "adapter.num_queries": (QUERIES, V.UINT32),
+        "adapter.t5_vocab": (VOCAB, V.UINT32),
+        "adapter.trained_steps": (12, V.UINT32),
+        "adapter.offset": (-3, V.INT32),
+        "adapter.snapshot": (False, V.BOOL),
+        "adapter.pack": ("t5xxl_pixart", V.STRING),
+        "adapter.big": (2**40, V.UINT64),
+    }
+    for key, (value, vtype) in want_kv.items():
+        field = reader.fields[key]
+        assert field.types == [vtype] and field.contents() == value, key
+    assert reader.fields["adapter.val_cos"].types == [V.FLOAT32]
+    assert "adapter.best_val_cos" not in reader.fields  # non-finite floats are skipped
+    assert "adapter.vis_dim" not in reader.fields
+    # tensors are stored untransposed: torch (out, in) shows up as ne = [in, out]
+    assert read_adapter(path).tensors["adapter.in_proj.weight"] == ((IN, WIDTH), "f16")
+    assert read_engine_tensors(path)["query"].shape == (QUERIES, WIDTH)
+
+
+def test_name_overrides_stem(tmp_path):
+    cfg = CFGS["token_aligned_vision"]
+    path = tmp_path / "x.gguf"
+    write_adapter_gguf(path, build_adapter(cfg).state_dict(), cfg, metadata={}, name="pig_mageflow")
+    r = gguf.GGUFReader(path)
+    assert r.fields["general.name"].contents() == "pig_mageflow"
+    assert r.fields["adapter.vis_dim"].contents() == VIS and "adapter.num_queries" not in r.fields
+
+
+def test_failed_verification_leaves_nothing(tmp_path):
+    cfg = CFGS["resampler"]
+    sd = build_adapter(cfg).state_dict()
+    path = tmp_path / "bad.gguf"
+    wrong = AdapterConfig("resampler", IN, OUT, WIDTH, DEPTH + 1, num_queries=QUERIES)
+    with pytest.raises(RuntimeError):
+        write_adapter_gguf(path, sd, wrong, metadata={})
+    with pytest.raises(RuntimeError, match="ignores"):
+        write_adapter_gguf(path, {**sd, "stray.weight": torch.zeros(2, 2)}, cfg, metadata={})
+    del sd["blocks.1.mlp.2.bias"]
+    with pytest.raises(RuntimeError, match="missing"):
+        write_adapter_gguf(path, sd, cfg, metadata={})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_rejects_nonfinite_and_clashing_keys(tmp_path):
+    cfg = CFGS["resampler"]
+    sd = build_adapter(cfg).state_dict()
+    with pytest.raises(ValueError, match="structural"):
+        write_adapter_gguf(tmp_path / "a.gguf", sd, cfg, metadata={"adapter.width": 64})
+    sd["blocks.0.mlp.0.weight"][0, 0] = 1e6  # overflows f16
+    with pytest.raises(UserError, match="blocks.0.mlp.0.weight"):
+        write_adapter_gguf(tmp_path / "a.gguf", sd, cfg, metadata={})
+    assert list(tmp_path.iterdir()) == []
