@@ -23,14 +23,15 @@ log = logging.getLogger(__name__)
 MOCK_NOTE = "MOCK teacher: synthetic targets; a smoke test of the machinery, never a usable adapter"
 
 
-def evaluate_gguf(project, gguf: Path, which: str = "best", device: str | torch.device = "cpu") -> dict:
-    """Score `gguf` and checkpoint `which` on the val shards; returns the eval record."""
+def evaluate_gguf(project, gguf: Path, which: str = "best", device: str | torch.device = "cpu",
+                  ck: dict | None = None) -> dict:
+    """Score `gguf` and checkpoint `which` (or the already loaded `ck`) on the val shards."""
     from .adapters import load_gguf
     from .train import checkpoint_path, forward, load_checkpoint, model_from_checkpoint, raw_prediction, score_batches
 
     pack = project.pack
     device = torch.device(device)
-    ck = load_checkpoint(checkpoint_path(project.paths.checkpoints, which))
+    ck = ck or load_checkpoint(checkpoint_path(project.paths.checkpoints, which))
     stats = Stats(ck["mu"].to(device), ck["sigma_f"].to(device), ck["sigma_f"].to(device), 0)
     ckpt_model = model_from_checkpoint(ck).to(device)
     gguf_model = load_gguf(gguf, device=device).eval()

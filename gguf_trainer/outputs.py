@@ -45,13 +45,16 @@ def export_metadata(project, ck: dict, which: str, is_snapshot: bool) -> dict:
     return meta
 
 
-def export_checkpoint(project, which: str, dest: Path, is_snapshot: bool) -> dict:
-    """Write checkpoint `which` (last|best) as an engine-ready f16 GGUF at `dest`."""
+def export_checkpoint(project, which: str, dest, is_snapshot: bool, ck: dict | None = None) -> dict:
+    """Write checkpoint `which` (last|best) as an engine-ready f16 GGUF at `dest` (a path, or
+    a function of the checkpoint's step: the trainer may replace last.pt at any moment, so
+    the step is read from the checkpoint actually loaded)."""
     from .adapters import AdapterConfig
     from .export import write_adapter_gguf
     from .train import load_checkpoint
 
-    ck = load_checkpoint(_checkpoint(project, which))
+    ck = ck or load_checkpoint(_checkpoint(project, which))
+    dest = Path(dest(int(ck["step"])) if callable(dest) else dest)
     cfg = AdapterConfig.from_dict(ck["config"])
     fold = {"mu": ck["mu"], "sigma_f": ck["sigma_f"]} if ck.get("standardized") else {}
     info = write_adapter_gguf(dest, ck["model"], cfg, metadata=export_metadata(project, ck, which, is_snapshot),
@@ -60,7 +63,7 @@ def export_checkpoint(project, which: str, dest: Path, is_snapshot: bool) -> dic
     log.info("export: wrote %s: %d f16 + %d f32 tensors (%s.pt, step %d/%d, val cos %s)%s", dest,
              info["n_f16"], info["n_f32"], which, ck["step"], ck["planned_steps"], ck.get("val_cos"),
              " [MOCK teacher]" if ck.get("mock") else "")
-    return {**info, "step": int(ck["step"]), "planned_steps": int(ck["planned_steps"]),
+    return {**info, "path": str(dest), "step": int(ck["step"]), "planned_steps": int(ck["planned_steps"]),
             "val_cos": ck.get("val_cos"), "best_val_cos": ck.get("best_val_cos"), "mock": bool(ck.get("mock"))}
 
 

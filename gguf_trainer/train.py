@@ -23,7 +23,7 @@ import torch
 
 from . import atomic
 from .errors import UserError
-from .metrics import RowMetrics, masked_rows, row_cos
+from .metrics import RowMetrics, masked_rows
 from .project import read_steps
 from .shards import Batch, ShardStream, Stats, StreamPos, iter_batches, load_stats, shard_files
 
@@ -55,7 +55,7 @@ def compute_loss(pred, batch: Batch, stats: Stats, standardized: bool, cos_weigh
     err = (pred - t) if standardized else (pred - t) / stats.sigma_f
     n_rows = m.sum().clamp_min(1)
     mse = (err.pow(2).sum(-1) * m).sum() / (n_rows * pred.shape[-1])
-    cos = (row_cos(pred.float(), t.float()).to(pred.dtype) * m).sum() / n_rows
+    cos = (torch.nn.functional.cosine_similarity(pred, t, dim=-1, eps=1e-8) * m).sum() / n_rows
     return mse + cos_weight * (1.0 - cos), {"mse": float(mse.detach()), "cos": float(cos.detach())}
 
 
@@ -146,11 +146,18 @@ def _finite(d: dict) -> dict:
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
 
 
-def build_model(pack, cfg, seed: int, vision_proj=None):
+def build_model(pack, cfg, seed: int, stats: Stats, vision_proj=None):
+    """A fresh adapter. Kinds trained on raw targets start with out_proj = (0, train mean),
+    so step 0 predicts exactly the per-dimension mean baseline and training improves on it
+    instead of first having to find it (standardized kinds already start near 0 = the mean)."""
     from .adapters import build_adapter, set_vision_proj
 
     torch.manual_seed(seed)
     model = build_adapter(cfg)
+    if not pack.standardized:
+        with torch.no_grad():
+            model.out_proj.weight.zero_()
+            model.out_proj.bias.copy_(stats.mu)
     if vision_proj is not None:
         set_vision_proj(model, vision_proj)
     return model
@@ -200,10 +207,11 @@ def run_train(project, report, train_fp: str) -> str:
     s, pack, paths = project.settings.train, project.pack, project.paths
     device = resolve_device(s.device)
     train_files, val_files = shard_files(paths.shard_dir("train")), shard_files(paths.shard_dir("val"))
-    stats = _stats_to(load_stats(train_files, s.sigma_floor), device)
+    stats = load_stats(train_files, s.sigma_floor)
     in_dim = int(next(iter(iter_batches(val_files[:1], 1))).hidden.shape[-1])
     cfg = pack.adapter_config(s, in_dim)
-    model = build_model(pack, cfg, s.seed).to(device)
+    model = build_model(pack, cfg, s.seed, stats).to(device)
+    stats = _stats_to(stats, device)
     if _use_grad_checkpointing(s.grad_checkpoint, device):
         _enable_grad_checkpointing(model)
     opt = torch.optim.AdamW(trainable_parameters(model), lr=s.lr, betas=(0.9, 0.95), weight_decay=s.weight_decay)
@@ -252,14 +260,14 @@ def run_train(project, report, train_fp: str) -> str:
         if prog.step % s.log_every == 0:
             rate = (prog.step - step_last) / max(time.monotonic() - t_last, 1e-9)
             t_last, step_last = time.monotonic(), prog.step
-            report.metrics(prog.step, {"loss": float(loss), "mse": parts["mse"], "cos": parts["cos"],
+            report.metrics(prog.step, {"loss": float(loss.detach()), "mse": parts["mse"], "cos": parts["cos"],
                                        "lr": lr, "steps_per_s": round(rate, 3)})
             new = read_steps(paths)
             if new is not None and new != steps:
                 log.info("planned steps changed: %d -> %d%s", steps, new,
                          " (finishing at this step)" if new <= prog.step else "")
                 steps = max(new, prog.step)
-            report.progress(prog.step, steps, "steps", step=prog.step, steps=steps, loss=float(loss), lr=lr)
+            report.progress(prog.step, steps, "steps", step=prog.step, steps=steps, loss=float(loss.detach()), lr=lr)
         is_snapshot = snapshot.requested()
         is_scheduled = prog.step % s.val_every == 0 or prog.step == steps
         val = None

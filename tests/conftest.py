@@ -32,3 +32,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not has_cuda:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def tiny_materials(tmp_path_factory):
+    """A tiny pig_clip-layout student GGUF, its tokenizer/config folder and a prompt file."""
+    from gguf_trainer.demo import demo_prompts
+    from gguf_trainer.tiny.student import tiny_qwen3_config, write_tiny_student, write_tiny_tokenizer_dir
+
+    root = tmp_path_factory.mktemp("materials")
+    prompts = root / "prompts.txt"
+    prompts.write_text("\n".join(demo_prompts(120)) + "\n", encoding="utf-8")
+    return {
+        "student": write_tiny_student(root / "pig_clip-tiny-f16.gguf"),
+        "tokenizer": write_tiny_tokenizer_dir(root / "pig-clip-tokenizer", tiny_qwen3_config()),
+        "prompts": prompts,
+    }

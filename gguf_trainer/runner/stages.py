@@ -254,6 +254,8 @@ def run_stages(paths: ProjectPaths, report, only=None, force: bool = False) -> s
             report.begin_stage(stage)
             report.end_stage(stage, "skipped", skipped=True, detail="export.run_eval is off")
             continue
+        if stage.startswith("precompute_"):  # only whole, current shards count as done
+            verify_split(project, stage.removeprefix("precompute_"), _digest(inputs[stage]))
         forced = force and stage in ("export", "eval")
         if not forced and is_done(project, stage, inputs):
             report.begin_stage(stage)
@@ -294,7 +296,6 @@ def _run_one(project, stage: str, inputs: dict, report, ctx: dict) -> str:
         fp = _digest(inputs[stage])
         if read_manifest(paths, stage) is None:
             write_manifest(paths, stage, inputs[stage], complete=False)
-        verify_split(project, split, fp)
         run_precompute(project, report, split, ctx, fp)
         write_manifest(paths, stage, inputs[stage], complete=True)
     elif stage == "train":
