@@ -46,10 +46,13 @@ def _read_source(path: Path) -> list[str]:
             if not line.strip():
                 continue
             try:
-                prompts.append(str(json.loads(line)["text"]))
+                text = json.loads(line)["text"]
             except (json.JSONDecodeError, KeyError, TypeError):
-                raise UserError(f"{path} line {n} is not a JSON object with a \"text\" field; "
-                                "fix or remove that line.") from None
+                text = None
+            if not isinstance(text, str):
+                raise UserError(f"{path} line {n} is not a JSON object with a \"text\" string; "
+                                "fix or remove that line.")
+            prompts.append(text)
         return prompts
     if path.suffix.lower() == ".txt":
         return path.read_text(encoding="utf-8").splitlines()

@@ -49,16 +49,26 @@ def choose_budgets(pc, device: torch.device) -> Budgets:
     return Budgets(*(g or a for g, a in zip(given, auto)))
 
 
+MIN_BATCH_EFFICIENCY = 0.9  # real ÷ processed tokens each batch keeps...
+PAD_SLACK_TOKENS = 32  # ...unless it pads fewer tokens than this (tiny prompts: fewer calls)
+
+
 def budget_batches(lengths: Sequence[int], max_batch: int, max_tokens: int) -> list[list[int]]:
-    """Indices grouped into batches, sorted by length ascending; a batch costs count × its
-    longest member (that is what padding processes), kept ≤ max_tokens (≥ 1 item each)."""
+    """Indices grouped into batches, sorted by length ascending. A batch costs count × its
+    longest member (that is what padding processes): it is kept ≤ max_tokens, and closed
+    before a longer member would push its real ÷ processed tokens under 0.9 (big budgets
+    would otherwise pad hundreds of short prompts to a long one). ≥ 1 item per batch."""
     order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
-    batches, cur = [], []
+    batches, cur, real = [], [], 0
     for i in order:
-        if cur and (len(cur) >= max_batch or (len(cur) + 1) * lengths[i] > max_tokens):
+        n, length = len(cur) + 1, lengths[i]
+        padding = n * length - real - length
+        if cur and (n > max_batch or n * length > max_tokens
+                    or (padding > PAD_SLACK_TOKENS and real + length < MIN_BATCH_EFFICIENCY * n * length)):
             batches.append(cur)
-            cur = []
+            cur, real = [], 0
         cur.append(i)
+        real += lengths[i]
     if cur:
         batches.append(cur)
     return batches

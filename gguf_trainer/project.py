@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -42,7 +43,7 @@ def parse_steps(value: Any) -> int:
             number = float(text) * scale
         except ValueError:
             raise UserError(f"steps must be a positive whole number like 12000 or 40k, not {value!r}.") from None
-    if number != int(number) or number < 1:
+    if not math.isfinite(number) or number != int(number) or number < 1:
         raise UserError(f"steps must be a positive whole number like 12000 or 40k, not {value!r}.")
     return int(number)
 

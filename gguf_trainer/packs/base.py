@@ -117,7 +117,7 @@ class TrainerPack:
     def build_teacher(self, project, device) -> Teacher:
         raise NotImplementedError
 
-    def build_mock_teacher(self, project, tokenizer) -> Teacher:
+    def build_mock_teacher(self, project) -> Teacher:
         raise NotImplementedError
 
     def engine_command(self, student: str = "<pig_clip.gguf>", adapter: str = "<adapter.gguf>",
