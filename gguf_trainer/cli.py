@@ -1,0 +1,413 @@
+"""`gguf-trainer`: every subcommand; each calls the functions the GUI calls (runner.supervisor).
+
+Owns the terminal: argument parsing, progress bars, one line of output per command, and the
+mapping of errors to exit codes. Must not: import torch/transformers/datasets/gguf at module
+level (`--help`, `status`, `stop`, `set`, `kill` stay light), run torch work except in the
+foreground `run`/`demo`, or show a traceback for anything a user caused.
+
+Usage:
+    gguf-trainer run    --project DIR [--only STAGE ...] [--force] [--steps N]
+    gguf-trainer start  --project DIR [--only STAGE ...] [--force] [--steps N]
+    gguf-trainer stop   --project DIR [--timeout S]
+    gguf-trainer kill   --project DIR
+    gguf-trainer status --project DIR [--json]
+    gguf-trainer set    --project DIR [--steps N]
+    gguf-trainer snapshot --project DIR [--checkpoint last|best] [--eval] [--no-fresh] [--device D]
+    gguf-trainer reset  --project DIR corpus|shards|train|output
+    gguf-trainer inspect FILE [--json]
+    gguf-trainer demo   [--pack ID] [--dir DIR] [--steps N] [--no-run]
+    gguf-trainer --auto-resume | --version | --help
+
+Exit codes:
+    | code | meaning                                                                  |
+    | ---- | ------------------------------------------------------------------------ |
+    | 0    | ok: done, stopped on request, or nothing to do (`stop` when nothing runs) |
+    | 1    | error: a bad value or usage, a broken project.json, already running,      |
+    |      | snapshot with no checkpoint, unknown pack, or the run failed              |
+    | 2    | no such project (the folder has no project.json)                         |
+    | 3    | `stop`: still finishing its step when the timeout ran out                |
+    | 130  | interrupted (Ctrl-C)                                                     |
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+from gguf_trainer import __version__
+from gguf_trainer.errors import NoProjectError, UserError
+from gguf_trainer.runner import supervisor
+from gguf_trainer.runner.state import STAGES, format_eta
+
+EXIT_OK, EXIT_ERROR, EXIT_NO_PROJECT, EXIT_STILL_STOPPING, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+RESET_TARGETS = ("corpus", "shards", "train", "output")
+SHOWN_FIELDS = ("step", "loss", "val_cos", "best_val_cos", "prompts_per_s", "detail")
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors are user errors: exit 1 (2 means "no such project" here)."""
+
+    def error(self, message):
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_ERROR, f"{self.prog}: error: {message}\n")
+
+
+def _out(text: str) -> None:
+    print(text, flush=True)
+
+
+# ---- commands -------------------------------------------------------------------------
+def cmd_run(args) -> int:
+    from gguf_trainer.project import load_project  # lazy: pydantic
+
+    paths = supervisor.project_paths(args.project)
+    load_project(paths.root)  # a broken project.json is refused before anything runs
+    _apply_steps(paths.root, args.steps, refuse_if_running=True)
+    supervisor.remember_project(paths.root)
+    return _run_in_foreground(paths, args.only, args.force)
+
+
+def cmd_start(args) -> int:
+    paths = supervisor.project_paths(args.project)
+    _apply_steps(paths.root, args.steps, refuse_if_running=True)
+    pid = supervisor.start(paths.root, only=args.only, force=args.force)
+    _out(f"pipeline started (pid {pid}), logging to {paths.pipeline_log}; "
+         f"follow it with: gguf-trainer status --project {paths.root}")
+    return EXIT_OK
+
+
+def cmd_stop(args) -> int:
+    outcome = supervisor.stop(args.project, timeout_s=args.timeout)
+    if outcome == "not running":
+        _out("not running; nothing to stop")
+    elif outcome == "stopping":
+        _out("stop requested; the pipeline finishes its current step, then exits")
+    else:
+        _out(f"stopped; resume with: gguf-trainer start --project {Path(args.project)}")
+    return EXIT_OK
+
+
+def cmd_kill(args) -> int:
+    outcome = supervisor.kill(args.project)
+    if outcome == "not running":
+        _out("not running; nothing to kill")
+    else:
+        _out("killed; the run resumes from its last checkpoint with: "
+             f"gguf-trainer start --project {Path(args.project)}")
+    return EXIT_OK
+
+
+def cmd_status(args) -> int:
+    info = supervisor.status(args.project)
+    if args.json:
+        _out(json.dumps(info, indent=2, sort_keys=True))
+    else:
+        _out(format_status(info))
+    return EXIT_OK
+
+
+def cmd_set(args) -> int:
+    from gguf_trainer import project  # lazy: pydantic (still no torch)
+
+    paths = supervisor.project_paths(args.project)
+    train = project.load_project(paths.root).settings.train
+    if args.steps is None:
+        _out(f"train.steps = {train.steps}")
+        return EXIT_OK
+    steps = project.set_steps(paths.root, project.parse_steps(args.steps))
+    if supervisor.is_active(supervisor.status(paths.root)):
+        hint = f"the running pipeline picks it up within {train.log_every} steps (log_every)"
+    else:
+        hint = f"`gguf-trainer start --project {paths.root}` continues from the last checkpoint"
+    _out(f"train.steps = {steps}; {hint}")
+    return EXIT_OK
+
+
+def cmd_snapshot(args) -> int:
+    from gguf_trainer.runner.snapshot import run_snapshot_cli  # lazy: the lead's job module
+
+    paths = supervisor.project_paths(args.project)
+    return run_snapshot_cli(paths.root, args.checkpoint, args.eval, not args.no_fresh, args.device)
+
+
+def cmd_reset(args) -> int:
+    from gguf_trainer.runner.reset import reset_project  # lazy
+
+    paths = supervisor.project_paths(args.project)
+    info = supervisor.status(paths.root)
+    if supervisor.is_active(info):
+        raise UserError(f"the pipeline is running (pid {info['pid']}); stop it first with "
+                        f"gguf-trainer stop --project {paths.root}")
+    removed = reset_project(paths.root, args.target)
+    _out(f"reset {args.target}: removed {len(removed)} path(s)"
+         + "".join(f"\n  {p}" for p in removed))
+    return EXIT_OK
+
+
+def cmd_inspect(args) -> int:
+    from gguf_trainer.adapter_file import inspect_main  # lazy: reads GGUF
+
+    return inspect_main(args.file, args.json)
+
+
+def cmd_demo(args) -> int:
+    from gguf_trainer import demo  # lazy
+    from gguf_trainer.runner.pipeline import EXIT_OK as PIPELINE_OK
+
+    steps = None
+    if args.steps is not None:
+        from gguf_trainer.project import parse_steps
+
+        steps = parse_steps(args.steps)
+    root = demo.prepare_demo(args.pack, Path(args.dir) if args.dir else None, steps)
+    _out(f"demo project ready: {root}")
+    if args.no_run:
+        _out(f"run it with: gguf-trainer run --project {root}")
+        return EXIT_OK
+    paths = supervisor.project_paths(root)
+    supervisor.remember_project(paths.root)
+    code = _run_in_foreground(paths, None, False)
+    if code == PIPELINE_OK and supervisor.status(paths.root)["status"] == "done":
+        # LEAD: gguf_trainer.demo.describe_result(dir) -> str: where the GGUF, eval.json
+        # and the ggk command are.
+        _out(demo.describe_result(paths.root))
+    return code
+
+
+# ---- helpers --------------------------------------------------------------------------
+def _apply_steps(root: Path, steps_text: str | None, refuse_if_running: bool) -> None:
+    if steps_text is None:
+        return
+    from gguf_trainer import project  # lazy
+    from gguf_trainer.runner import lock
+
+    steps = project.parse_steps(steps_text)
+    info = supervisor.status(root)
+    if refuse_if_running and supervisor.is_active(info):
+        raise lock.LockHeld(info["pid"])
+    project.set_steps(root, steps)
+    _out(f"train.steps = {steps}")
+
+
+def _run_in_foreground(paths, only, force) -> int:
+    from gguf_trainer.runner.pipeline import EXIT_OK as PIPELINE_OK
+    from gguf_trainer.runner.pipeline import run_foreground
+
+    bars = _ProgressBars()
+    console = _console_log_handler()
+    try:
+        code = run_foreground(paths, only, force, bars)
+    finally:
+        bars.close()
+        logging.getLogger().removeHandler(console)
+    info = supervisor.status(paths.root)
+    if code == PIPELINE_OK and info["status"] == "stopped":
+        _out(f"stopped; resume with: gguf-trainer run --project {paths.root}")
+    elif code == PIPELINE_OK:
+        _out(f"{info['status']}: {paths.root}")
+    else:
+        print(f"failed: {info.get('error') or 'see ' + str(paths.pipeline_log)}", file=sys.stderr)
+    return EXIT_OK if code == PIPELINE_OK else EXIT_ERROR
+
+
+def _console_log_handler() -> logging.Handler:
+    """Warnings from stage code on the terminal (above the bars); the shell's own lines
+    ("pipeline failed" ...) stay in pipeline.log, since the CLI prints the outcome itself."""
+    handler = _TqdmHandler(logging.WARNING)
+    handler.addFilter(lambda record: not record.name.startswith("gguf_trainer.pipeline"))
+    logging.getLogger().addHandler(handler)
+    return handler
+
+
+class _TqdmHandler(logging.Handler):
+    def emit(self, record):
+        from tqdm import tqdm
+
+        try:
+            tqdm.write(f"{record.levelname.lower()}: {record.getMessage()}", file=sys.stderr)
+        except OSError:  # the terminal is gone (SIGHUP); the log file still has the line
+            pass
+
+
+class _ProgressBars:
+    """One tqdm bar per stage, fed by Report's on_change callback (pipeline thread)."""
+
+    def __init__(self):
+        self.bars: dict = {}
+        self.last_draw: dict[str, float] = {}
+        self.enabled = True
+
+    def __call__(self, name: str, stage: dict) -> None:
+        if not self.enabled:
+            return
+        try:
+            self._draw(name, stage)
+        except OSError:  # the terminal went away (SIGHUP): keep training, stop drawing
+            self.enabled = False
+
+    def _draw(self, name: str, stage: dict) -> None:
+        from tqdm import tqdm
+
+        bar = self.bars.get(name)
+        if stage["status"] != "running":
+            if bar is None:
+                how = "done (already done)" if stage.get("skipped") else stage["status"]
+                tqdm.write(f"{name:<17} {how}", file=sys.stderr)
+                return
+            bar.set_postfix_str(stage["status"], refresh=False)
+            if stage.get("done") is not None:
+                bar.n = stage["done"]
+            bar.close()
+            del self.bars[name]
+            return
+        if bar is None and stage.get("total") is None:
+            return  # nothing to draw before the stage knows its size
+        if bar is None:
+            bar = self.bars[name] = tqdm(desc=f"{name:<16}", total=stage.get("total"),
+                                         unit=stage.get("unit") or "it", file=sys.stderr,
+                                         dynamic_ncols=True, leave=True,
+                                         bar_format="{desc} {percentage:3.0f}%|{bar}| "
+                                                    "{n_fmt}/{total_fmt} {unit}{postfix}")
+        now = time.monotonic()
+        last = stage.get("total") is not None and stage.get("done") == stage.get("total")
+        if not last and now - self.last_draw.get(name, 0.0) < 0.2:
+            return
+        self.last_draw[name] = now
+        if stage.get("total") is not None and bar.total != stage["total"]:
+            bar.total = stage["total"]
+        if stage.get("unit"):
+            bar.unit = stage["unit"]
+        if stage.get("done") is not None:
+            bar.n = stage["done"]
+        extra = " ".join(f"{k}={_short(stage[k])}" for k in SHOWN_FIELDS
+                         if stage.get(k) is not None)
+        bar.set_postfix_str(f"ETA {format_eta(stage.get('eta_s'))} {extra}".rstrip(),
+                            refresh=False)
+        bar.refresh()
+
+    def close(self) -> None:
+        for bar in self.bars.values():
+            try:
+                bar.close()
+            except OSError:  # terminal gone
+                pass
+        self.bars.clear()
+
+
+def _short(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def format_status(info: dict) -> str:
+    """The text `gguf-trainer status` prints: the message, then one line per stage."""
+    lines = [f"{info['project']}: {info['message']}"]
+    if info["status"] == "interrupted":
+        lines[0] += f"; resume with: gguf-trainer start --project {info['project']}"
+    stages = info.get("stages") or {}
+    order = [s for s in STAGES if s in stages] + [s for s in stages if s not in STAGES]
+    for name in order:
+        st = stages[name]
+        text = f"  {name:<17} {st.get('status')}"
+        if st.get("skipped"):
+            text += " (already done)"
+        if st.get("total") is not None:
+            text += f"  {st.get('done')}/{st['total']} {st.get('unit') or ''}".rstrip()
+        if st.get("status") == "running":
+            text += f"  ETA {format_eta(st.get('eta_s'))}"
+        extra = " ".join(f"{k}={_short(st[k])}" for k in SHOWN_FIELDS
+                         if k != "step" and st.get(k) is not None)
+        lines.append(f"{text}  {extra}".rstrip())
+    if info.get("mock"):
+        lines.append("  (mock teacher: numbers are not meaningful)")
+    return "\n".join(lines)
+
+
+# ---- parser ---------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="gguf-trainer",
+                     description="Train pig_clip adapters for the ggk engine.")
+    parser.add_argument("--version", action="version", version=f"gguf-trainer {__version__}")
+    parser.add_argument("--auto-resume", action="store_true",
+                        help="relaunch the last project if its run was interrupted")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    def command(name, func, help_, project=True):
+        p = sub.add_parser(name, help=help_, description=help_)
+        if project:
+            p.add_argument("--project", required=True, metavar="DIR", help="the project folder")
+        p.set_defaults(func=func)
+        return p
+
+    def stage_args(p):
+        p.add_argument("--only", nargs="+", choices=STAGES, metavar="STAGE",
+                       help=f"run only these stages ({', '.join(STAGES)})")
+        p.add_argument("--force", action="store_true", help="redo export/eval even if done")
+        p.add_argument("--steps", metavar="N", help="set train.steps first (12000, 12_000, 40k)")
+
+    stage_args(command("run", cmd_run, "run the pipeline in this terminal, with progress bars"))
+    stage_args(command("start", cmd_start, "start the pipeline detached (survives logout)"))
+    p = command("stop", cmd_stop, "stop after the current step (saves; resumable)")
+    p.add_argument("--timeout", type=float, default=supervisor.STOP_TIMEOUT_S, metavar="S",
+                   help="seconds to wait (0: do not wait); exit 3 if still stopping")
+    command("kill", cmd_kill, "kill the pipeline now (resumes from its last checkpoint)")
+    p = command("status", cmd_status, "show the run status")
+    p.add_argument("--json", action="store_true", help="the full status as JSON")
+    p = command("set", cmd_set, "show or change settings, also while running")
+    p.add_argument("--steps", metavar="N", help="planned training steps (12000, 12_000, 40k)")
+    p = command("snapshot", cmd_snapshot, "export a GGUF of the adapter as it is now")
+    p.add_argument("--checkpoint", choices=("last", "best"), default="last")
+    p.add_argument("--eval", action="store_true", help="also evaluate it on the val shards")
+    p.add_argument("--no-fresh", action="store_true",
+                   help="use the checkpoint on disk instead of asking the trainer to save")
+    p.add_argument("--device", metavar="D", help="device for the eval (default: cpu while training)")
+    p = command("reset", cmd_reset, "delete a stage's outputs so it runs again")
+    p.add_argument("target", choices=RESET_TARGETS)
+    p = command("inspect", cmd_inspect, "describe an adapter GGUF file", project=False)
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("--json", action="store_true")
+    p = command("demo", cmd_demo, "build an offline demo project and train it", project=False)
+    p.add_argument("--pack", metavar="ID", help="trainer pack (default: the demo's default)")
+    p.add_argument("--dir", metavar="DIR", help="where to create it")
+    p.add_argument("--steps", metavar="N")
+    p.add_argument("--no-run", action="store_true", help="only prepare the project")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    except SystemExit as e:  # --help/--version (0) or a usage error (1)
+        return e.code if isinstance(e.code, int) else EXIT_ERROR
+    try:
+        if args.auto_resume:
+            _out(supervisor.auto_resume())
+        if args.command is None:
+            if not args.auto_resume:
+                parser.print_help()
+            return EXIT_OK
+        return args.func(args)
+    except NoProjectError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_NO_PROJECT
+    except supervisor.StopTimeout as e:
+        print(str(e), file=sys.stderr)
+        return EXIT_STILL_STOPPING
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `gguf-trainer status | head`: the reader left; not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,398 @@
+"""The supervisor: the one place the CLI and the GUI start, stop, kill and watch pipelines.
+
+Owns: launching detached jobs (`spawn_detached`), the launch monitor (records how a job
+process ended in exit.json, since nobody can record its own SIGKILL), signalling VERIFIED
+processes only, and ~/.gguf-trainer/settings.json. Must not: import torch, write
+state.json (the pipeline's), or signal a pid it has not just matched to the lock holder's
+start time (pids are reused; the earlier trainer SIGTERMed strangers after a reboot).
+
+Process tree of a detached run (one session, no controlling terminal):
+    monitor   python -m gguf_trainer.runner.supervisor monitor --exit-file exit.json -- ...
+      └ pipeline  python -m gguf_trainer.runner.pipeline --project DIR ...   (lock holder)
+`status()["pid"]` is always the lock holder, never the monitor.
+
+Usage:
+    pid = supervisor.start(project_dir)          # UserError "already running (pid N)"
+    supervisor.status(project_dir)["status"]     # idle|running|stalled|interrupted|stopped|failed|done
+    supervisor.stop(project_dir)                 # "stopped" | "not running"; StopTimeout
+    supervisor.kill(project_dir)                 # "killed" | "not running"
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import errno
+import logging
+import os
+import shlex
+import signal
+import site
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+import gguf_trainer
+from gguf_trainer import atomic
+from gguf_trainer.errors import NoProjectError, UserError
+from gguf_trainer.paths import ProjectPaths
+from gguf_trainer.runner import lock, state
+
+log = logging.getLogger(__name__)
+
+PIPELINE_MODULE = "gguf_trainer.runner.pipeline"
+MONITOR_MODULE = "gguf_trainer.runner.supervisor"
+HOME_ENV = "GGUF_TRAINER_HOME"  # relocates ~/.gguf-trainer (tests point it at a tmp dir)
+DEFAULT_HOME = "~/.gguf-trainer"
+SETTINGS_JSON = "settings.json"
+START_WAIT_S = 30.0
+STOP_TIMEOUT_S = 30.0
+KILL_WAIT_S = 10.0
+EXIT_RECORDS_KEPT = 8
+
+
+class StopTimeout(UserError):
+    """stop() waited `timeout_s` and the pipeline is still finishing (CLI exit code 3)."""
+
+
+# ---- processes ------------------------------------------------------------------------
+def _child_env() -> dict:
+    env = dict(os.environ)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    # A source checkout works without `pip install`: the child finds this very package.
+    # Never for an installed package: site-packages on PYTHONPATH would go before the
+    # standard library and let a stray backport shadow it.
+    pkg_parent = str(Path(gguf_trainer.__file__).resolve().parent.parent)
+    site_dirs = {str(Path(p).resolve()) for p in [*site.getsitepackages(),
+                                                   site.getusersitepackages()]}
+    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if pkg_parent not in parts and pkg_parent not in site_dirs:
+        env["PYTHONPATH"] = os.pathsep.join([pkg_parent, *parts])
+    return env
+
+
+def spawn_detached(argv: list[str], log_path: Path, cwd: Path,
+                   exit_path: Path | None = None) -> subprocess.Popen:
+    """Start `argv` in a new session, stdin /dev/null, output appended to `log_path`.
+
+    A banner "===== launch <time>: <cmd>" goes to the log first. With `exit_path`, the job
+    runs under the monitor, which appends {pid, returncode, signal, ...} to that file when
+    the job ends. Never a shell; never os.fork. The returned Popen is the monitor (or the
+    job); a daemon thread reaps it so long-lived clients (the GUI) collect no zombies, so
+    read `returncode` rather than calling poll().
+    """
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    cmd = list(argv)
+    if exit_path is not None:
+        cmd = [sys.executable, "-m", MONITOR_MODULE, "monitor", "--exit-file", str(exit_path),
+               "--", *cmd]
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
+    with open(log_path, "ab") as out:
+        out.write(f"===== launch {stamp}: {shlex.join(argv)}\n".encode())
+        out.flush()
+        proc = subprocess.Popen(cmd, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                close_fds=True, env=_child_env())
+    threading.Thread(target=proc.wait, name=f"reap-{proc.pid}", daemon=True).start()
+    return proc
+
+
+def signal_verified(pid: int, start_time: float, sig: int) -> bool:
+    """Send `sig` to `pid` only if it is still the process that started at `start_time`.
+
+    Uses a pidfd where the kernel has one: the check and the signal then address the same
+    process even if the pid is recycled in between. False if that process is gone.
+    """
+    pidfd = None
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return False
+    except OSError as e:  # ENOSYS: kernel < 5.3; fall back to check-then-kill
+        if e.errno != errno.ENOSYS:
+            raise
+    try:
+        if not lock.is_same_process(pid, start_time):
+            return False
+        if pidfd is not None:
+            signal.pidfd_send_signal(pidfd, sig)
+        else:
+            os.kill(pid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError as e:
+        raise UserError(f"cannot signal pid {pid}: it belongs to another user") from e
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+def project_paths(project_dir: str | os.PathLike) -> ProjectPaths:
+    """ProjectPaths of an existing project; NoProjectError (CLI exit 2) otherwise."""
+    paths = ProjectPaths(project_dir)
+    if not paths.exists():
+        raise NoProjectError(f"{paths.root} is not a gguf-trainer project (no project.json); "
+                             "check the --project path")
+    return paths
+
+
+# ---- start / stop / kill / status -----------------------------------------------------
+def start(project_dir: str | os.PathLike, only: list[str] | None = None, force: bool = False,
+          module: str = PIPELINE_MODULE, wait_s: float = START_WAIT_S) -> int:
+    """Launch the pipeline detached; returns the pid of the lock holder once it is up.
+
+    Refuses with LockHeld ("already running (pid N)") if a pipeline holds the project, also
+    when another start or a foreground run won a race for the lock. A broken project.json
+    is refused here, with its sentence, rather than in the log of a pipeline that dies.
+    """
+    paths = project_paths(project_dir)
+    if module == PIPELINE_MODULE:  # test pipelines (other modules) run on dummy projects
+        from gguf_trainer.project import load_project  # lazy: pydantic, no torch
+
+        load_project(paths.root)
+    unknown = [s for s in only or [] if s not in state.STAGES]
+    if unknown:
+        raise UserError(f"unknown stage {unknown[0]!r}; choose from {', '.join(state.STAGES)}")
+    holder = lock.probe(paths)
+    if holder is not None:
+        raise lock.LockHeld(holder)
+    argv = [sys.executable, "-m", module, "--project", str(paths.root)]
+    argv += ["--only", *only] if only else []
+    argv += ["--force"] if force else []
+    proc = spawn_detached(argv, paths.pipeline_log, paths.root, state.exit_record_path(paths))
+    pid = _await_lock_holder(paths, proc, wait_s)
+    remember_project(paths.root)
+    return pid
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        return psutil.Process(pid).ppid()
+    except psutil.NoSuchProcess:
+        return None
+
+
+def _await_lock_holder(paths: ProjectPaths, proc: subprocess.Popen, wait_s: float) -> int:
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = lock.holder(paths, settle_s=0.05)
+        if found and _parent_of(found[0]) == proc.pid:
+            return found[0]
+        if proc.returncode is not None:
+            return _launch_outcome(paths, proc, found)
+        if time.monotonic() > deadline:
+            raise UserError(f"the pipeline did not start within {wait_s:.0f} s; "
+                            f"see {paths.pipeline_log}")
+        time.sleep(0.05)
+
+
+def _launch_outcome(paths: ProjectPaths, proc: subprocess.Popen,
+                    found: tuple[int, float] | None) -> int:
+    """Our monitor ended before we saw its pipeline hold the lock: why?"""
+    ours = [r for r in state.read_exit_records(paths) if r.get("monitor_pid") == proc.pid]
+    child = ours[-1]["pid"] if ours else None
+    st = state.read_state(paths) or {}
+    if child is not None and st.get("pid") == child:  # it ran (quickly) and recorded its end
+        if st.get("status") in ("done", "stopped"):
+            return child
+        raise UserError(st.get("error") or f"the pipeline ended {st.get('status')}; "
+                        f"see {paths.pipeline_log}")
+    if found is None:
+        found = lock.holder(paths)
+    if found is not None:
+        raise lock.LockHeld(found[0])
+    raise UserError(f"the pipeline exited at once (code {proc.returncode}); "
+                    f"see {paths.pipeline_log}")
+
+
+def status(project_dir: str | os.PathLike) -> dict:
+    """The derived status (see runner.state): status, message, pid, stage, stages, step,
+    steps, val_cos, best_val_cos, error, mock, heartbeat_age_s, ..."""
+    return state.derive_status(project_paths(project_dir))
+
+
+def is_active(info: dict) -> bool:
+    return info["status"] in ("running", "stalled")
+
+
+def wait(project_dir: str | os.PathLike, timeout_s: float | None = None,
+         poll_s: float = 0.5) -> dict:
+    """Block until the pipeline is no longer running/stalled (or timeout); the last status."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        info = status(project_dir)
+        if not is_active(info) or (deadline is not None and time.monotonic() > deadline):
+            return info
+        time.sleep(poll_s)
+
+
+def _holder_gone(paths: ProjectPaths, pid: int) -> bool:
+    found = lock.holder(paths, settle_s=0.05)
+    return found is None or found[0] != pid
+
+
+def stop(project_dir: str | os.PathLike, timeout_s: float = STOP_TIMEOUT_S,
+         grace_s: float | None = None) -> str:
+    """Graceful stop: stop.request, then (after `grace_s`) SIGTERM to the verified holder.
+
+    The pipeline finishes its current step / teacher batch, saves and exits 0. Returns
+    "stopped", "not running", or "stopping" when `timeout_s` is 0 (do not wait: the GUI).
+    Raises StopTimeout when it is still finishing after `timeout_s`. Never SIGKILL (kill).
+    """
+    paths = project_paths(project_dir)
+    found = lock.holder(paths)
+    if found is None:
+        return "not running"
+    pid, start_time = found
+    atomic.write_json(paths.stop_request, {"time": time.time(), "by_pid": os.getpid()})
+    if timeout_s <= 0:
+        return "stopping"
+    if grace_s is None:
+        slowest = (state.read_state(paths) or {}).get("slowest_unit_s") or 0.0
+        grace_s = min(timeout_s / 2, max(5.0, 2 * slowest))
+    begun = time.monotonic()
+    sent_term = False
+    while time.monotonic() - begun < timeout_s:
+        if _holder_gone(paths, pid):
+            return "stopped"
+        if not sent_term and time.monotonic() - begun >= grace_s:
+            sent_term = True
+            if signal_verified(pid, start_time, signal.SIGTERM):
+                log.info("stop: sent SIGTERM to pid %d", pid)
+        time.sleep(0.1)
+    if _holder_gone(paths, pid):
+        return "stopped"
+    raise StopTimeout(f"stop requested, but pid {pid} is still finishing its step after "
+                      f"{timeout_s:.0f} s; check `gguf-trainer status`, or end it now with "
+                      "`gguf-trainer kill`")
+
+
+def kill(project_dir: str | os.PathLike, wait_s: float = KILL_WAIT_S) -> str:
+    """SIGKILL the verified lock holder and its descendants. "killed" | "not running".
+
+    Before the signal it writes killed.json {pid, pid_start_time, time}: state.json stays
+    "running" (only the pipeline writes it, and it gets no chance), so the marker is how
+    derive_status tells "killed on request" (shown as stopped) from a crash or OOM kill.
+    """
+    paths = project_paths(project_dir)
+    found = lock.holder(paths)
+    if found is None:
+        return "not running"
+    pid, start_time = found
+    try:
+        kids = [(p.pid, lock.process_start_time(p.pid))
+                for p in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return "not running"
+    marker = state.killed_marker_path(paths)
+    atomic.write_json(marker, {"pid": pid, "pid_start_time": start_time, "time": time.time(),
+                               "by_pid": os.getpid()})
+    if not signal_verified(pid, start_time, signal.SIGKILL):
+        with contextlib.suppress(FileNotFoundError):
+            marker.unlink()
+        return "not running"
+    for kid, kid_start in kids:
+        signal_verified(kid, kid_start, signal.SIGKILL)
+    deadline = time.monotonic() + wait_s
+    while not _holder_gone(paths, pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return "killed"
+
+
+# ---- settings and auto-resume ---------------------------------------------------------
+def home_dir() -> Path:
+    return Path(os.environ.get(HOME_ENV) or DEFAULT_HOME).expanduser()
+
+
+def settings_path() -> Path:
+    return home_dir() / SETTINGS_JSON
+
+
+def read_settings() -> dict:
+    try:
+        data = atomic.read_json(settings_path(), {})
+    except ValueError:  # hand-edited into invalid JSON: behave as if empty, say so
+        log.warning("%s is not valid JSON; ignoring it", settings_path())
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def remember_project(project_dir: str | os.PathLike) -> None:
+    settings = read_settings()
+    settings["last_project"] = str(Path(project_dir).expanduser().resolve())
+    atomic.write_json(settings_path(), settings)
+
+
+def auto_resume(module: str = PIPELINE_MODULE) -> str:
+    """Relaunch the last project only if its run was interrupted; returns a sentence.
+
+    Finished, stopped and failed runs are left alone. Raises UserError if the relaunch fails.
+    """
+    last = read_settings().get("last_project")
+    if not last:
+        return "auto-resume: no project was started yet"
+    paths = ProjectPaths(last)
+    if not paths.exists():
+        return f"auto-resume: the last project {paths.root} no longer exists"
+    info = state.derive_status(paths)
+    if info["status"] != "interrupted":
+        return f"auto-resume: {paths.root} is {info['status']}; nothing to resume"
+    if module == PIPELINE_MODULE:  # the project's own switch (test pipelines have none)
+        from gguf_trainer.project import load_project  # lazy: pydantic, no torch
+
+        if not load_project(paths.root).settings.auto_resume:
+            return f"auto-resume: {paths.root} was interrupted, but its auto_resume is off"
+    pid = start(paths.root, module=module)
+    return f"auto-resume: relaunched {paths.root} (pid {pid}); it was interrupted: {info['error']}"
+
+
+# ---- the launch monitor (runs as its own small process) -------------------------------
+def _append_exit_record(exit_path: Path, record: dict) -> None:
+    try:
+        data = atomic.read_json(exit_path, {}) or {}
+    except ValueError:  # damaged by hand: start a fresh list rather than lose this record
+        data = {}
+    records = [r for r in data.get("exits", []) if isinstance(r, dict)]
+    atomic.write_json(exit_path, {"exits": (records + [record])[-EXIT_RECORDS_KEPT:]})
+
+
+def monitor_main(argv: list[str]) -> int:
+    """Run the job as a child, wait, record how it ended. Exit with its code (128+sig)."""
+    parser = argparse.ArgumentParser(prog=f"python -m {MONITOR_MODULE} monitor")
+    parser.add_argument("--exit-file", required=True, type=Path)
+    parser.add_argument("job", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    job = args.job[1:] if args.job[:1] == ["--"] else args.job
+    children: list[subprocess.Popen] = []
+
+    def forward(signum, _frame):  # a handler, not SIG_IGN: exec resets it in the child
+        for child in children:
+            child.send_signal(signum)  # no-op once reaped, so never a recycled pid
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)
+    proc = subprocess.Popen(job, close_fds=True)
+    children.append(proc)
+    start_time = lock.process_start_time(proc.pid)  # None if it died at once
+    rc = proc.wait()
+    sig_name = signal.Signals(-rc).name if rc < 0 else None
+    _append_exit_record(args.exit_file, {
+        "pid": proc.pid, "pid_start_time": start_time, "returncode": rc, "signal": sig_name,
+        "time": time.time(), "argv": job, "monitor_pid": os.getpid()})
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
+    how = f"killed by {sig_name}" if sig_name else f"exited with code {rc}"
+    print(f"===== exit {stamp}: pid {proc.pid} {how}", flush=True)
+    return 128 - rc if rc < 0 else rc
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["monitor"]:
+        sys.exit(f"usage: python -m {MONITOR_MODULE} monitor --exit-file F -- CMD...")
+    sys.exit(monitor_main(sys.argv[2:]))
