@@ -94,7 +94,8 @@ def test_describe_is_json_serialisable(pack_id):
     pack = get_pack(pack_id)
     desc = json.loads(json.dumps(pack.describe()))
     assert desc["id"] == pack_id and desc["out_dim"] == pack.out_dim
-    assert {m["id"] for m in desc["materials"]} >= {"student", "student_tokenizer", "teacher"}
+    teacher = {"teacher"} if pack_id in BUILTIN else set()  # test-registered packs may need none
+    assert {m["id"] for m in desc["materials"]} >= {"student", "student_tokenizer"} | teacher
     assert "{" not in desc["engine_command"]  # every placeholder filled
 
 
