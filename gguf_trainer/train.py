@@ -286,9 +286,11 @@ def run_train(project, report, train_fp: str) -> str:
             snapshot.done(prog.step)
         if is_stop and prog.step < steps:
             log.info("stop requested: saved last.pt at step %d", prog.step)
+            report.progress(prog.step, steps, "steps", step=prog.step, steps=steps)
             return "stopped"
     if not checkpoint_path(folder, BEST).exists():
         save_checkpoint(folder, BEST, model, opt, prog, extra())
+    report.progress(prog.step, steps, "steps", step=prog.step, steps=steps)
     return "done"
 
 
