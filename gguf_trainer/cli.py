@@ -272,7 +272,7 @@ class _ProgressBars:
                                          unit=stage.get("unit") or "it", file=sys.stderr,
                                          dynamic_ncols=True, leave=True,
                                          bar_format="{desc} {percentage:3.0f}%|{bar}| "
-                                                    "{n_fmt}/{total_fmt} {unit}{postfix}")
+                                                    "{n:.4g}/{total_fmt} {unit}{postfix}")
         now = time.monotonic()
         last = stage.get("total") is not None and stage.get("done") == stage.get("total")
         if not last and now - self.last_draw.get(name, 0.0) < 0.2:

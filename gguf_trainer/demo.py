@@ -46,7 +46,7 @@ def demo_prompts(n: int = 420, seed: int = 7) -> list[str]:
 def demo_overrides(pack_id: str, prompts_file: Path, steps: int) -> dict:
     big_rows = pack_id == "llada_image"  # 256 × 2560 rows per prompt: keep its corpus smaller
     return {
-        "corpus.files": [str(prompts_file)], "corpus.n_train": 160 if big_rows else 320,
+        "corpus.files": [str(prompts_file)], "corpus.n_train": 128 if big_rows else 320,
         "corpus.n_val": 32, "corpus.min_chars": 1,
         "precompute.shard_size": 64, "precompute.val_shard_size": 32, "precompute.mock_teacher": True,
         "precompute.device": "cpu",
