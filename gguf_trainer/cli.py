@@ -42,7 +42,8 @@ from pathlib import Path
 from gguf_trainer import __version__
 from gguf_trainer.errors import NoProjectError, UserError
 from gguf_trainer.runner import supervisor
-from gguf_trainer.runner.state import STAGES, format_eta
+from gguf_trainer.runner.state import STAGES
+from gguf_trainer.runner.status import format_eta
 
 EXIT_OK, EXIT_ERROR, EXIT_NO_PROJECT, EXIT_STILL_STOPPING, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 RESET_TARGETS = ("corpus", "shards", "train", "output")

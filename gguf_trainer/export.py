@@ -207,7 +207,7 @@ def write_adapter_gguf(
         "n_tensors": len(arrays),
         "bytes": n_bytes,
     }
-    log.info(
+    log.debug(
         "export: wrote %s: %d f16 + %d f32 tensors, %d bytes", path, info["n_f16"], n_f32, n_bytes
     )
     return info

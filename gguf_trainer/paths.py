@@ -23,6 +23,8 @@ SNAPSHOT_JOB_JSON = "snapshot-job.json"
 SNAPSHOT_LOG = "snapshot.log"
 SNAPSHOT_LOCK = "snapshot.lock"
 MANIFEST_JSON = "manifest.json"
+EXIT_JSON = "exit.json"  # written by the launcher's monitor: how the pipeline process ended
+KILLED_JSON = "killed.json"  # written by supervisor.kill before SIGKILL: "the user did it"
 
 DATA_DIR = "data"
 SHARDS_DIR = "shards"
@@ -91,6 +93,14 @@ class ProjectPaths:
     @property
     def snapshot_lock(self) -> Path:
         return self.root / SNAPSHOT_LOCK
+
+    @property
+    def exit_json(self) -> Path:
+        return self.root / EXIT_JSON
+
+    @property
+    def killed_json(self) -> Path:
+        return self.root / KILLED_JSON
 
     @property
     def data(self) -> Path:

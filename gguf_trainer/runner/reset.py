@@ -41,13 +41,15 @@ def reset_project(root, target: str) -> list[str]:
         raise UserError(f"the pipeline is running (pid {pid}); stop it before resetting {target}.")
     if lock.probe_file(paths.snapshot_lock) is not None:
         raise UserError(f"a snapshot export is running; wait for it before resetting {target}.")
-    deleted = []
-    for path in _planned(paths, target):
-        if path.is_dir():
-            shutil.rmtree(path)
-        elif path.exists():
-            path.unlink()
-        else:
-            continue
-        deleted.append(str(path))
+    # Hold the pipeline lock while deleting, so a start cannot slip in after the check.
+    with lock.hold(paths, retry_s=0):
+        deleted = []
+        for path in _planned(paths, target):
+            if path.is_dir():
+                shutil.rmtree(path)
+            elif path.exists():
+                path.unlink()
+            else:
+                continue
+            deleted.append(str(path))
     return deleted

@@ -17,7 +17,7 @@ import time
 from .. import atomic
 from ..errors import UserError
 from . import lock
-from .state import read_state
+from .status import read_state
 
 log = logging.getLogger(__name__)
 

@@ -42,6 +42,7 @@ from gguf_trainer import atomic
 from gguf_trainer.errors import NoProjectError, UserError
 from gguf_trainer.paths import ProjectPaths
 from gguf_trainer.runner import lock, state
+from gguf_trainer.runner import status as status_mod
 
 log = logging.getLogger(__name__)
 
@@ -196,9 +197,9 @@ def _await_lock_holder(paths: ProjectPaths, proc: subprocess.Popen, wait_s: floa
 def _launch_outcome(paths: ProjectPaths, proc: subprocess.Popen,
                     found: tuple[int, float] | None) -> int:
     """Our monitor ended before we saw its pipeline hold the lock: why?"""
-    ours = [r for r in state.read_exit_records(paths) if r.get("monitor_pid") == proc.pid]
+    ours = [r for r in status_mod.read_exit_records(paths) if r.get("monitor_pid") == proc.pid]
     child = ours[-1]["pid"] if ours else None
-    st = state.read_state(paths) or {}
+    st = status_mod.read_state(paths) or {}
     if child is not None and st.get("pid") == child:  # it ran (quickly) and recorded its end
         if st.get("status") in ("done", "stopped"):
             return child
@@ -215,7 +216,7 @@ def _launch_outcome(paths: ProjectPaths, proc: subprocess.Popen,
 def status(project_dir: str | os.PathLike) -> dict:
     """The derived status (see runner.state): status, message, pid, stage, stages, step,
     steps, val_cos, best_val_cos, error, mock, heartbeat_age_s, ..."""
-    return state.derive_status(project_paths(project_dir))
+    return status_mod.derive_status(project_paths(project_dir))
 
 
 def is_active(info: dict) -> bool:
@@ -255,7 +256,7 @@ def stop(project_dir: str | os.PathLike, timeout_s: float = STOP_TIMEOUT_S,
     if timeout_s <= 0:
         return "stopping"
     if grace_s is None:
-        slowest = (state.read_state(paths) or {}).get("slowest_unit_s") or 0.0
+        slowest = (status_mod.read_state(paths) or {}).get("slowest_unit_s") or 0.0
         grace_s = min(timeout_s / 2, max(5.0, 2 * slowest))
     begun = time.monotonic()
     sent_term = False
@@ -341,7 +342,7 @@ def auto_resume(module: str = PIPELINE_MODULE) -> str:
     paths = ProjectPaths(last)
     if not paths.exists():
         return f"auto-resume: the last project {paths.root} no longer exists"
-    info = state.derive_status(paths)
+    info = status_mod.derive_status(paths)
     if info["status"] != "interrupted":
         return f"auto-resume: {paths.root} is {info['status']}; nothing to resume"
     if module == PIPELINE_MODULE:  # the project's own switch (test pipelines have none)

@@ -16,7 +16,6 @@ import time
 
 import pytest
 
-from gguf_trainer import project as project_mod
 from gguf_trainer.paths import ProjectPaths
 from gguf_trainer.runner import lock
 from pipeline_helpers import adapter_tensors, assert_same_tensors, make_project

@@ -18,7 +18,7 @@ import pytest
 
 from gguf_trainer import atomic
 from gguf_trainer.paths import ProjectPaths
-from gguf_trainer.runner import lock, state, supervisor
+from gguf_trainer.runner import lock, state, status, supervisor
 
 E2E_DIR = Path(__file__).resolve().parent
 FAKE = "fake_pipeline"
@@ -141,7 +141,7 @@ def test_start_status_stop(project):
     assert info["status"] == "stopped" and info["exit_code"] == 0 and info["pid"] is None
     assert info["stages"][info["stage"]]["status"] == "stopped"
     assert not paths.stop_request.exists()
-    assert wait_for(lambda: state.find_exit_record(paths, state.read_state(paths)))[
+    assert wait_for(lambda: status.find_exit_record(paths, status.read_state(paths)))[
         "returncode"] == 0
     log_text = paths.pipeline_log.read_text()
     assert "===== launch " in log_text and "stage corpus: started" in log_text

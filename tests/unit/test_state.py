@@ -11,7 +11,7 @@ import pytest
 
 from gguf_trainer import atomic
 from gguf_trainer.paths import ProjectPaths
-from gguf_trainer.runner import lock, state
+from gguf_trainer.runner import lock, state, status
 
 SCHEMA_KEYS = {"schema", "status", "pid", "pid_start_time", "host", "argv", "started",
                "finished", "heartbeat", "progress_time", "slowest_unit_s", "stage", "stages",
@@ -205,7 +205,7 @@ def write_state(paths, **kw):
 
 
 def test_derive_idle(paths):
-    info = state.derive_status(paths)
+    info = status.derive_status(paths)
     assert info["status"] == "idle" and info["pid"] is None
     assert SCHEMA_KEYS <= set(info)
 
@@ -214,26 +214,26 @@ def test_derive_running_and_stalled_need_the_lock(paths):
     with lock.hold(paths):
         write_state(paths, stage="train", stages={"train": {"status": "running", "done": 5,
                                                             "total": 10, "unit": "step"}})
-        info = state.derive_status(paths)
+        info = status.derive_status(paths)
         assert info["status"] == "running" and info["pid"] == os.getpid()
         assert "train 5/10 step" in info["message"]
         # heartbeat fresh, but no progress for longer than max(10 min, 5 x slowest unit)
         write_state(paths, progress_time=time.time() - 590)
-        assert state.derive_status(paths)["status"] == "running"  # limit: 10 min
+        assert status.derive_status(paths)["status"] == "running"  # limit: 10 min
         write_state(paths, stage="train", progress_time=time.time() - 610)
-        info = state.derive_status(paths)
+        info = status.derive_status(paths)
         assert info["status"] == "stalled" and "no progress in train" in info["message"]
         write_state(paths, progress_time=time.time() - 700, slowest_unit_s=200)
-        assert state.derive_status(paths)["status"] == "running"  # limit: 5 x 200 s
+        assert status.derive_status(paths)["status"] == "running"  # limit: 5 x 200 s
         write_state(paths, progress_time=time.time() - 1010, slowest_unit_s=200)
-        assert state.derive_status(paths)["status"] == "stalled"
+        assert status.derive_status(paths)["status"] == "stalled"
         # heartbeat stale: the process is frozen
         write_state(paths, heartbeat=time.time() - state.HEARTBEAT_STALE_S - 5)
-        info = state.derive_status(paths)
+        info = status.derive_status(paths)
         assert info["status"] == "stalled" and "heartbeat" in info["message"]
     # the same "running" state with nobody holding the lock: it died
     write_state(paths)
-    info = state.derive_status(paths)
+    info = status.derive_status(paths)
     assert info["status"] == "interrupted" and info["pid"] is None
     assert info["last_pid"] == os.getpid()
 
@@ -243,7 +243,7 @@ def test_derive_interrupted_says_how_it_died(paths):
                 stages={"train": {"status": "running", "eta_s": 5.0}})
     atomic.write_json(state.exit_record_path(paths), {"exits": [
         {"pid": 2**22 + 7, "pid_start_time": 123.0, "returncode": -9, "signal": "SIGKILL"}]})
-    info = state.derive_status(paths)
+    info = status.derive_status(paths)
     assert info["status"] == "interrupted"
     assert info["error"] == "killed by SIGKILL — out of memory?"
     assert info["exit"]["returncode"] == -9
@@ -257,7 +257,7 @@ def test_derive_held_by_a_process_we_cannot_name_is_running_without_pid(paths):
     try:
         import fcntl
         fcntl.flock(fd, fcntl.LOCK_EX)  # a holder in another pid namespace, say
-        info = state.derive_status(paths)
+        info = status.derive_status(paths)
     finally:
         os.close(fd)
     assert info["status"] == "running" and info["pid"] is None
@@ -267,16 +267,16 @@ def test_derive_kill_marker_reads_as_stopped(paths):
     write_state(paths, pid=2**22 + 7, pid_start_time=123.0)
     atomic.write_json(state.killed_marker_path(paths), {"pid": 2**22 + 7,
                                                         "pid_start_time": 123.0})
-    assert state.derive_status(paths)["status"] == "stopped"
+    assert status.derive_status(paths)["status"] == "stopped"
     atomic.write_json(state.killed_marker_path(paths), {"pid": 2**22 + 7,
                                                         "pid_start_time": 999.0})
-    assert state.derive_status(paths)["status"] == "interrupted"  # another process's marker
+    assert status.derive_status(paths)["status"] == "interrupted"  # another process's marker
 
 
 @pytest.mark.parametrize("recorded", ["done", "stopped", "failed"])
 def test_derive_recorded_endings(paths, recorded):
     write_state(paths, status=recorded, error="bad steps" if recorded == "failed" else None)
-    info = state.derive_status(paths)
+    info = status.derive_status(paths)
     assert info["status"] == recorded
     if recorded == "failed":
         assert info["error"] == "bad steps" and "bad steps" in info["message"]
@@ -285,12 +285,12 @@ def test_derive_recorded_endings(paths, recorded):
 def test_derive_previous_state_while_a_new_holder_starts(paths):
     write_state(paths, status="done", pid=2**22 + 7, pid_start_time=123.0)
     with lock.hold(paths):
-        info = state.derive_status(paths)
+        info = status.derive_status(paths)
     assert info["status"] == "running" and info["pid"] == os.getpid()
 
 
 def test_format_eta():
-    assert state.format_eta(None) == "—"
-    assert state.format_eta(12.4) == "12s"
-    assert state.format_eta(250) == "4m10s"
-    assert state.format_eta(3900) == "1h05m"
+    assert status.format_eta(None) == "—"
+    assert status.format_eta(12.4) == "12s"
+    assert status.format_eta(250) == "4m10s"
+    assert status.format_eta(3900) == "1h05m"
