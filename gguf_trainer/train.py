@@ -250,7 +250,7 @@ def run_train(project, report, train_fp: str) -> str:
             pred = forward(model, batch)
         loss, parts = compute_loss(pred.float(), batch, stats, pack.standardized, s.cos_weight)
         if not torch.isfinite(loss):
-            raise UserError(f"the loss became {float(loss)} at step {prog.step + 1}; the run stopped and "
+            raise UserError(f"the loss became {float(loss.detach())} at step {prog.step + 1}; the run stopped and "
                             "last.pt keeps the last good step. Lower train.lr and start again.")
         opt.zero_grad(set_to_none=True)
         loss.backward()

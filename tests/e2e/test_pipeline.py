@@ -330,3 +330,41 @@ def test_reset_targets_and_shared_output_folder(reference, tmp_path, tiny_materi
     with pytest.raises(UserError, match="unknown reset target"):
         reset_project(b, "everything")
 
+
+
+def test_copy_to_and_forced_reexport(reference, tmp_path):
+    root = _fresh_copy(reference, tmp_path)
+    dest = tmp_path / "ggk-models"
+    proj = project_mod.update_settings(root, {"export.copy_to": str(dest)})
+    assert run_pipeline(root, only=["export", "eval"], force=True) == "done"
+    copied = dest / proj.final_gguf.name
+    assert copied.read_bytes() == proj.final_gguf.read_bytes()
+    assert str(copied.resolve()) in json.loads(proj.paths.exports_json.read_text())["files"]
+
+
+def test_nan_loss_stops_with_a_sentence_and_keeps_the_last_good_checkpoint(tmp_path, tiny_materials, monkeypatch):
+    from gguf_trainer import train
+
+    root = tmp_path / "proj"
+    proj = make_project(root, TINY_PACK, tiny_materials)
+    real, calls = train.compute_loss, []
+
+    def poisoned(*a, **k):
+        loss, parts = real(*a, **k)
+        calls.append(1)
+        return (loss * float("nan"), parts) if len(calls) == 5 else (loss, parts)
+
+    monkeypatch.setattr(train, "compute_loss", poisoned)
+    with pytest.raises(UserError, match="loss became nan at step 5"):
+        run_pipeline(root)
+    assert json.loads((proj.paths.checkpoints / "last.json").read_text())["step"] == 3  # save_every 3
+
+
+def test_mock_env_is_recorded_when_a_run_starts(tmp_path, tiny_materials, monkeypatch):
+    root = tmp_path / "proj"
+    make_project(root, TINY_PACK, tiny_materials, **{"precompute.mock_teacher": False, "train.threads": 0})
+    monkeypatch.setenv(stages.MOCK_ENV, "1")
+    proj = stages.prepare_run(project_mod.load_project(root).paths)
+    assert proj.settings.precompute.mock_teacher is True and proj.settings.train.threads >= 1
+    monkeypatch.setenv(stages.MOCK_ENV, "0")
+    assert not stages.env_wants_mock()
