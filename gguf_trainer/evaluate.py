@@ -37,7 +37,7 @@ def evaluate_gguf(project, gguf: Path, which: str = "best", device: str | torch.
     gguf_model = load_gguf(gguf, device=device).eval()
     val_files = shard_files(project.paths.shard_dir("val"))
     batch_size = project.settings.train.batch_size
-    fixed = pack.num_queries if pack.seed_vocab else 0
+    fixed = pack.fixed_rows
 
     def ckpt_predict(b):
         return raw_prediction(forward(ckpt_model, b).float(), stats, pack.standardized)

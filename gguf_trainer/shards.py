@@ -115,6 +115,12 @@ def load_stats(files: list[Path], sigma_floor: float) -> Stats:
     return Stats(mu.float(), sigma.float(), sigma.clamp_min(sigma_floor).float(), n)
 
 
+def student_dim(path: Path) -> int:
+    """The student's hidden size, from a shard's header (the adapter's in_dim)."""
+    with safe_open(str(path), framework="pt") as f:
+        return int(f.get_slice("student_rows").get_shape()[1])
+
+
 class Shard:
     """A shard loaded into memory, with per-sample row offsets."""
 

@@ -25,7 +25,7 @@ from . import atomic
 from .errors import UserError
 from .metrics import RowMetrics, masked_rows
 from .project import read_steps
-from .shards import Batch, ShardStream, Stats, StreamPos, iter_batches, load_stats, shard_files
+from .shards import Batch, ShardStream, Stats, StreamPos, iter_batches, load_stats, shard_files, student_dim
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ def validate(model, val_files, pack, stats: Stats, batch_size: int, device) -> d
     model.eval()
     try:
         predict = lambda b: raw_prediction(forward(model, b).float(), stats, pack.standardized)  # noqa: E731
-        res = score_batches(iter_batches(val_files, batch_size, pack.num_queries if pack.seed_vocab else 0),
+        res = score_batches(iter_batches(val_files, batch_size, pack.fixed_rows),
                             predict, stats, pack.centered, device)
     finally:
         model.train()
@@ -208,7 +208,7 @@ def run_train(project, report, train_fp: str) -> str:
     device = resolve_device(s.device)
     train_files, val_files = shard_files(paths.shard_dir("train")), shard_files(paths.shard_dir("val"))
     stats = load_stats(train_files, s.sigma_floor)
-    in_dim = int(next(iter(iter_batches(val_files[:1], 1))).hidden.shape[-1])
+    in_dim = student_dim(train_files[0])
     cfg = pack.adapter_config(s, in_dim)
     model = build_model(pack, cfg, s.seed, stats).to(device)
     stats = _stats_to(stats, device)
@@ -231,7 +231,7 @@ def run_train(project, report, train_fp: str) -> str:
     log.info("train: %s adapter, %.1fM trainable params, %d train rows, %d dims floored at sigma %.3g, "
              "batch %d, %d steps, device %s", cfg.kind, n_params / 1e6, stats.n, stats.n_floored,
              s.sigma_floor, s.batch_size, steps, device)
-    stream = ShardStream(train_files, s.seed, s.batch_size, pack.num_queries if pack.seed_vocab else 0, prog.stream)
+    stream = ShardStream(train_files, s.seed, s.batch_size, pack.fixed_rows, prog.stream)
     extra = lambda val=None: {  # noqa: E731
         "config": cfg.to_dict(), "mu": stats.mu, "sigma_f": stats.sigma_f, "planned_steps": steps,
         "train_fp": train_fp, "pack": pack.id, "mock": project.settings.precompute.mock_teacher,

@@ -107,6 +107,11 @@ class TrainerPack:
     bytes_per_sample: int = 0  # shard bytes per sample at the reference corpus
 
     @property
+    def fixed_rows(self) -> int:
+        """Targets are padded to this window (seeded resampler: its T5 slots), else 0."""
+        return self.num_queries if self.adapter_kind == "seeded_resampler" else 0
+
+    @property
     def materials(self) -> tuple[Material, ...]:
         return STUDENT_MATERIALS + self.teacher_materials
 
