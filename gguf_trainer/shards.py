@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -210,8 +211,8 @@ class ShardStream:
     Per epoch the shard order is a permutation seeded by (seed, epoch) and the rows of
     shard f a permutation seeded by (seed, epoch, f); batches are consecutive slices, so
     the sequence depends only on the seed and the shard files, and `pos` restores it
-    exactly. A shard is loaded when the stream reaches it (one safetensors read);
-    benchmarks/bench_pipeline.py measures what that costs per step.
+    exactly. While a shard is consumed the next one is read in a background thread (two
+    shards in RAM at most); benchmarks/bench_pipeline.py measures what loading costs per step.
     """
 
     def __init__(self, files: list[Path], seed: int, batch_size: int, fixed_rows: int = 0,
@@ -219,17 +220,28 @@ class ShardStream:
         self.files, self.seed, self.batch_size, self.fixed_rows = files, seed, batch_size, fixed_rows
         self.pos = pos or StreamPos()
         self._cache: tuple[int, Shard] | None = None
+        self._prefetch: tuple[int, Future] | None = None
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-prefetch")
+
+    def _order(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng([self.seed, epoch]).permutation(len(self.files))
 
     def _shard(self, file_index: int) -> Shard:
         if self._cache is None or self._cache[0] != file_index:
-            self._cache = (file_index, Shard(self.files[file_index]))
+            ahead = self._prefetch
+            shard = ahead[1].result() if ahead and ahead[0] == file_index else Shard(self.files[file_index])
+            self._cache = (file_index, shard)
+            p = self.pos
+            nxt = (self._order(p.epoch)[p.shard_i + 1] if p.shard_i + 1 < len(self.files)
+                   else self._order(p.epoch + 1)[0])
+            self._prefetch = None if int(nxt) == file_index else (
+                int(nxt), self._pool.submit(Shard, self.files[int(nxt)]))
         return self._cache[1]
 
     def next_batch(self) -> Batch:
         while True:
             p = self.pos
-            order = np.random.default_rng([self.seed, p.epoch]).permutation(len(self.files))
-            f = int(order[p.shard_i])
+            f = int(self._order(p.epoch)[p.shard_i])
             shard = self._shard(f)
             perm = np.random.default_rng([self.seed, p.epoch, f]).permutation(shard.n)
             rows = perm[p.batch_i * self.batch_size: (p.batch_i + 1) * self.batch_size].tolist()
