@@ -125,7 +125,10 @@ def teacher_identity(project) -> dict:
         return pack.build_mock_teacher(project).identity
     root = project.material_path("teacher")
     if root is None or not root.is_dir():
-        raise UserError(f"the teacher snapshot for {pack.title} is missing; download it under Setup → Materials.")
+        mat = next((m for m in pack.teacher_materials if m.id == "teacher"), None)
+        repo = f" ({mat.repo})" if mat else ""
+        raise UserError(f"the teacher snapshot for {pack.title}{repo} is missing; download it and set "
+                        "materials.teacher.path in project.json, or use the mock teacher.")
     h = hashlib.sha256()
     for p in sorted(root.rglob("*.json")):
         h.update(p.relative_to(root).as_posix().encode())
