@@ -23,6 +23,7 @@ SNAPSHOT_JOB_JSON = "snapshot-job.json"
 SNAPSHOT_LOG = "snapshot.log"
 SNAPSHOT_LOCK = "snapshot.lock"
 MANIFEST_JSON = "manifest.json"
+HASHES_JSON = "hashes.json"  # sha256 of big input files by path, size and mtime
 EXIT_JSON = "exit.json"  # written by the launcher's monitor: how the pipeline process ended
 KILLED_JSON = "killed.json"  # written by supervisor.kill before SIGKILL: "the user did it"
 
@@ -93,6 +94,10 @@ class ProjectPaths:
     @property
     def snapshot_lock(self) -> Path:
         return self.root / SNAPSHOT_LOCK
+
+    @property
+    def hashes_json(self) -> Path:
+        return self.root / HASHES_JSON
 
     @property
     def exit_json(self) -> Path:

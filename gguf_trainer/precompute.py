@@ -19,7 +19,7 @@ from typing import Sequence
 
 import torch
 
-from . import shards
+from . import atomic, shards
 from .corpus import read_prompts
 from .errors import UserError
 
@@ -89,20 +89,21 @@ def student_dtype(name: str, device: torch.device) -> torch.dtype:
     return {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[name]
 
 
-_SHA_CACHE: dict[tuple[str, int, int], str] = {}
-
-
-def file_sha256(path: Path) -> str:
-    """sha256 of a (multi-GB) file, cached in memory and next to nothing else by size+mtime."""
+def file_sha256(path: Path, cache_file: Path | None = None) -> str:
+    """sha256 of a (multi-GB) file. With `cache_file`, a JSON map remembers it by path, size and
+    mtime, so a restart does not re-read the student GGUF; any rewrite of the file re-hashes."""
     st = path.stat()
-    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
-    if key not in _SHA_CACHE:
+    key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    cache = (atomic.read_json(cache_file, {}) or {}) if cache_file else {}
+    if key not in cache:
         h = hashlib.sha256()
         with open(path, "rb") as f:
             for block in iter(lambda: f.read(1 << 24), b""):
                 h.update(block)
-        _SHA_CACHE[key] = h.hexdigest()
-    return _SHA_CACHE[key]
+        cache[key] = h.hexdigest()
+        if cache_file:
+            atomic.write_json(cache_file, cache)
+    return cache[key]
 
 
 def student_paths(project) -> tuple[Path, Path]:

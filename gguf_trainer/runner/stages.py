@@ -51,7 +51,7 @@ def stage_inputs(project) -> dict[str, dict]:
     st, pack = project.settings, project.pack
     corpus = fingerprint_inputs(st)
     gguf, _tok = student_paths(project)
-    common = {"corpus": _digest(corpus), "student_sha256": file_sha256(gguf), "teacher": teacher_identity(project),
+    common = {"corpus": _digest(corpus), "student_sha256": file_sha256(gguf, project.paths.hashes_json), "teacher": teacher_identity(project),
               "contract": pack.shard_contract, "mock": st.precompute.mock_teacher,
               "student_dtype": st.precompute.student_dtype, "vision_proj": None,
               "max_len_student": pack.max_len_student}
