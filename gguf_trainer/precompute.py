@@ -83,10 +83,10 @@ def resolve_device(name: str) -> torch.device:
 
 
 def student_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        # Off CUDA compute in fp32: bf16 matmul on CPUs is hundreds of times slower.
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[name]
+    """"auto" = fp32 everywhere: the engine multiplies pig_clip's f16 weights with f32
+    activations, the 0.6B student is cheap next to any teacher, and bf16 matmul on CPUs is
+    hundreds of times slower. bf16/f16 are there for small cards."""
+    return {"auto": torch.float32, "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[name]
 
 
 def file_sha256(path: Path, cache_file: Path | None = None) -> str:
@@ -245,7 +245,9 @@ def run_precompute(project, report, split: str, ctx_holder: dict, fingerprint: s
         if path.exists():
             continue
         if "ctx" not in ctx_holder:
+            report.fields(detail="loading the student and the teacher")
             ctx_holder["ctx"] = Context(project)
+            report.fields(detail=None)
         ctx = ctx_holder["ctx"]
         t0 = time.monotonic()
         samples, skipped = tokenize_samples(ctx, prompts[k * size: (k + 1) * size], k * size)
