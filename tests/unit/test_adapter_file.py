@@ -24,22 +24,14 @@ from gguf_trainer.adapter_file import (
     read_adapter_arrays,
     report_dict,
 )
-from gguf_trainer.adapters import AdapterConfig, build_adapter, load_gguf
+from gguf_trainer.adapters import build_adapter, load_gguf
 from gguf_trainer.errors import UserError
 from gguf_trainer.export import write_adapter_gguf
 
-IN, WIDTH, DEPTH, OUT, QUERIES, VOCAB, VIS, RANK = 32, 128, 2, 48, 8, 50, 24, 16
+from adapter_cases import CFGS, DEPTH, IN, OUT, QUERIES, VIS, VOCAB, WIDTH  # noqa: E402
+RANK = 16
 Q8 = gguf.GGMLQuantizationType.Q8_0
 BF16 = gguf.GGMLQuantizationType.BF16
-CFGS = {
-    "resampler": AdapterConfig("resampler", IN, OUT, WIDTH, DEPTH, num_queries=QUERIES),
-    "seeded_resampler": AdapterConfig(
-        "seeded_resampler", IN, OUT, WIDTH, DEPTH, num_queries=QUERIES, seed_vocab=VOCAB
-    ),
-    "token_aligned_vision": AdapterConfig(
-        "token_aligned_vision", IN, OUT, WIDTH, DEPTH, vis_dim=VIS
-    ),
-}
 
 
 @pytest.fixture(scope="module")

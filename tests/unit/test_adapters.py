@@ -18,17 +18,8 @@ from gguf_trainer.adapters import (
 from gguf_trainer.errors import UserError
 from gguf_trainer.export import write_adapter_gguf
 
-IN, WIDTH, DEPTH, OUT, QUERIES, VOCAB, VIS = 32, 128, 2, 48, 8, 50, 24
+from adapter_cases import CFGS, DEPTH, IN, OUT, QUERIES, VIS, VOCAB, WIDTH  # noqa: E402
 SEED = 0
-CFGS = {
-    "resampler": AdapterConfig("resampler", IN, OUT, WIDTH, DEPTH, num_queries=QUERIES),
-    "seeded_resampler": AdapterConfig(
-        "seeded_resampler", IN, OUT, WIDTH, DEPTH, num_queries=QUERIES, seed_vocab=VOCAB
-    ),
-    "token_aligned_vision": AdapterConfig(
-        "token_aligned_vision", IN, OUT, WIDTH, DEPTH, vis_dim=VIS
-    ),
-}
 FILE_KIND = {
     "resampler": "resampler",
     "seeded_resampler": "seeded_resampler",

@@ -19,19 +19,10 @@ from gguf_trainer.adapters import AdapterConfig, build_adapter, load_gguf, set_v
 from gguf_trainer.errors import UserError
 from gguf_trainer.export import fold_standardization, write_adapter_gguf
 
-IN, WIDTH, DEPTH, OUT, QUERIES, VOCAB, VIS = 32, 128, 2, 48, 8, 50, 24  # width 128 = 2 heads
+from adapter_cases import CFGS, DEPTH, IN, OUT, QUERIES, VIS, VOCAB, WIDTH  # noqa: E402
 LEN = 7
 SEED = 1234
 RTOL = 1e-5
-CFGS = {
-    "resampler": AdapterConfig("resampler", IN, OUT, WIDTH, DEPTH, num_queries=QUERIES),
-    "seeded_resampler": AdapterConfig(
-        "seeded_resampler", IN, OUT, WIDTH, DEPTH, num_queries=QUERIES, seed_vocab=VOCAB
-    ),
-    "token_aligned_vision": AdapterConfig(
-        "token_aligned_vision", IN, OUT, WIDTH, DEPTH, vis_dim=VIS
-    ),
-}
 
 
 def kept_f32(name: str, ndim: int) -> bool:

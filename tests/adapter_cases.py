@@ -1,0 +1,11 @@
+"""The tiny adapter geometry shared by the adapter, export and inspect tests."""
+
+from gguf_trainer.adapters import AdapterConfig
+
+IN, WIDTH, DEPTH, OUT, QUERIES, VOCAB, VIS = 32, 128, 2, 48, 8, 50, 24  # width 128 = 2 heads
+CFGS = {
+    "resampler": AdapterConfig("resampler", IN, OUT, WIDTH, DEPTH, num_queries=QUERIES),
+    "seeded_resampler": AdapterConfig("seeded_resampler", IN, OUT, WIDTH, DEPTH, num_queries=QUERIES,
+                                      seed_vocab=VOCAB),
+    "token_aligned_vision": AdapterConfig("token_aligned_vision", IN, OUT, WIDTH, DEPTH, vis_dim=VIS),
+}
