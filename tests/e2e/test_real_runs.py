@@ -19,6 +19,7 @@ import pytest
 from gguf_trainer.paths import ProjectPaths
 from gguf_trainer.runner import lock
 from pipeline_helpers import adapter_tensors, assert_same_tensors, make_project
+from test_supervisor import wait_for as _wait_for
 
 PACK = "qwen3vl_mageflow"  # the cheapest real pack on tiny settings
 
@@ -42,13 +43,7 @@ def read_state(root) -> dict:
 
 
 def wait_for(predicate, timeout_s=120.0, poll_s=0.02):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll_s)
-    raise AssertionError("timed out waiting")
+    return _wait_for(predicate, timeout_s=timeout_s, every_s=poll_s)
 
 
 def wait_idle(paths, timeout_s=180.0):
