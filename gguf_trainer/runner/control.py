@@ -1,0 +1,499 @@
+"""The control API: every operation the CLI and the GUI perform on a project, torch-free.
+
+The CLI's handlers and the GUI's callbacks only wrap these functions (no business rule lives
+in argument parsing or in a click handler). Importing this module imports neither torch nor
+transformers (tests/unit/test_import_graph.py checks it); work that needs torch runs in a
+detached job process (runner.jobs), never in the caller.
+
+Errors: a bad value, a broken file, a held lock ... raise `UserError` (one sentence naming
+the thing and the fix; `NoProjectError`, a subclass, when the folder holds no project).
+Functions that a GUI shows next to fields (`update_settings`) return their refusals in the
+result instead of raising, so every field's message can be placed.
+
+Every function takes the project folder `root` first (str or Path) and re-reads the files
+on each call: no state is kept in memory, so any number of clients (a CLI, two browser
+tabs, a restarted GUI) see the same thing.
+
+    from gguf_trainer.runner import control
+    control.new_project("~/gguf-trainer/projects/t5", "t5xxl_pixart")
+    got = control.read_settings(root)                      # values + version token
+    res = control.update_settings(root, {"train.lr": 1e-4}, got)
+    res.conflicts  # {"train.steps": ...} when the file changed on disk since `got`
+    control.start(root); control.status(root)["status"]; control.stop(root)
+    control.reset_plan(root, "train").delete  # exactly what reset(root, "train") deletes
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gguf_trainer import atomic
+from gguf_trainer.errors import NoProjectError, UserError
+from gguf_trainer.paths import ProjectPaths
+from gguf_trainer.runner import lock, supervisor
+from gguf_trainer.runner import status as status_mod
+
+PathLike = str | os.PathLike
+RESET_TARGETS = ("corpus", "shards", "train", "output")
+LOGS = ("pipeline", "snapshot", "download")
+TAIL_MAX_BYTES = 256 * 1024
+
+
+# ---- result types (plain dataclasses: `asdict()` gives the JSON a GUI API returns) --------
+@dataclass
+class ProjectView:
+    """What `open_project` sees. `ok` is False when project.json is broken: `errors` then
+    says what to fix (one sentence each) and `settings` is the raw JSON if it parsed."""
+
+    root: str
+    ok: bool
+    settings: dict | None
+    version: str | None
+    pack: dict | None
+    errors: list[str] = field(default_factory=list)
+    status: dict | None = None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class SettingsRead:
+    """project.json as read: `values` (nested, every key, defaults filled) and `version`, an
+    opaque token of the file's bytes; pass this object (or its `values`) back to
+    `update_settings` so fields changed on disk in between are not overwritten."""
+
+    values: dict
+    version: str
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class UpdateResult:
+    """What `update_settings` did.
+
+    applied    {dotted field: new value} written to project.json
+    conflicts  {dotted field: {"read": value the caller saw, "disk": value on disk now,
+               "yours": the requested value}}: changed on disk since the read; NOT written
+    refused    {dotted field: sentence}: a live run would be invalidated by the change
+    errors     {dotted field: sentence}: the value is invalid (then NOTHING is written)
+    version    the token of project.json after the call
+    """
+
+    applied: dict = field(default_factory=dict)
+    conflicts: dict = field(default_factory=dict)
+    refused: dict = field(default_factory=dict)
+    errors: dict = field(default_factory=dict)
+    version: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not (self.conflicts or self.refused or self.errors)
+
+    def message(self) -> str:
+        """One line per problem, or "saved"; what the CLI prints."""
+        lines = [f"{k}: {v}" for k, v in self.errors.items()]
+        lines += [f"{k}: {v}" for k, v in self.refused.items()]
+        lines += [f"{k}: changed on disk to {c['disk']!r} since it was read; not overwritten "
+                  "(reload and try again)" for k, c in self.conflicts.items()]
+        return "\n".join(lines) or "saved"
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "ok": self.ok, "message": self.message()}
+
+
+@dataclass
+class StepsResult:
+    """`set_steps`: the stored count, whether a live run picks it up, and one sentence."""
+
+    steps: int
+    live: bool
+    picked_up: bool
+    message: str
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class ResetPlan:
+    """Exactly what `reset(root, target)` deletes (`delete`), and what it would leave alone
+    with the reason (`keep`: [{"path", "reason"}]), e.g. a recorded export whose hash changed."""
+
+    target: str
+    delete: list[str]
+    keep: list[dict]
+    blocked: str | None = None  # why reset is refused right now (a run or a job is live)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class ResetResult:
+    target: str
+    deleted: list[str]
+    kept: list[dict]
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+# ---- packs and projects ---------------------------------------------------------------
+def list_packs() -> list[dict]:
+    """Every registered pack: {id, title, description, default_name, adapter_kind,
+    materials, ...} (TrainerPack.describe())."""
+    from gguf_trainer.packs import get_pack, pack_ids
+
+    return [get_pack(pid).describe() for pid in pack_ids()]
+
+
+def new_project(root: PathLike, pack_id: str, name: str | None = None,
+                overrides: dict[str, Any] | None = None) -> ProjectView:
+    """Create a project folder with a project.json for `pack_id` (schema defaults, then the
+    pack's, then `overrides` as dotted keys). Refuses an existing project, an unknown pack,
+    a bad name, or a folder that is a file, before writing anything."""
+    from gguf_trainer import project
+
+    project.create_project(_root(root), pack_id, name, overrides)
+    return open_project(root)
+
+
+def open_project(root: PathLike) -> ProjectView:
+    """The project's settings, pack description, status and errors. A broken project.json
+    (not JSON, bad values) is reported in `errors` with ok=False, never as "idle".
+    NoProjectError when the folder holds no project.json."""
+    from gguf_trainer import project
+    from gguf_trainer.packs import get_pack
+
+    paths = _paths(root)
+    errors: list[str] = []
+    raw = None
+    version = None
+    settings = None
+    pack = None
+    try:
+        raw, version = project.read_raw_versioned(paths)
+        settings = project.validate_settings(raw, str(paths.project_json)).model_dump(mode="json")
+    except NoProjectError:
+        raise
+    except UserError as e:
+        errors.append(str(e))
+    pack_id = (settings or (raw if isinstance(raw, dict) else {}) or {}).get("pack")
+    if isinstance(pack_id, str):
+        try:
+            pack = get_pack(pack_id).describe()
+        except UserError:
+            pack = None
+    return ProjectView(root=str(paths.root), ok=not errors, settings=settings or raw,
+                       version=version, pack=pack, errors=errors, status=status(paths.root))
+
+
+def read_settings(root: PathLike) -> SettingsRead:
+    """Validated settings (every key, defaults filled) and the version token.
+    UserError when project.json is broken (the sentence says what to fix)."""
+    from gguf_trainer import project
+
+    paths = _paths(root)
+    raw, version = project.read_raw_versioned(paths)
+    values = project.validate_settings(raw, str(paths.project_json)).model_dump(mode="json")
+    return SettingsRead(values=values, version=version)
+
+
+def update_settings(root: PathLike, changes: dict[str, Any],
+                    expected: SettingsRead | dict | None) -> UpdateResult:
+    """Compare-and-set of dotted-key `changes` (e.g. {"train.lr": 1e-4}).
+
+    Under the project's settings lock (the pipeline's own writes take it too): re-read
+    project.json; a changed field whose value on disk differs from `expected` (what the
+    caller read: a SettingsRead, or its `values`) is a conflict and is not written; a field
+    whose change would invalidate a live run's outputs is refused with the reason; invalid
+    values are reported per field and then nothing is written. The other fields are
+    written atomically. `expected=None` skips the conflict check (the CLI's `set`).
+    """
+    from gguf_trainer import project
+
+    paths = _paths(root)
+    live = _live_run(paths)
+    base = expected.values if isinstance(expected, SettingsRead) else expected
+    out = project.compare_and_set(paths, changes, base, live_run=live)
+    return UpdateResult(**out)
+
+
+def set_steps(root: PathLike, steps: Any, wait_s: float = 0.0) -> StepsResult:
+    """Set `train.steps` (also while running: the trainer re-reads it every `log_every`
+    steps). `steps` may be text ("12_000", "40k"). With wait_s > 0 and a live training
+    stage, waits up to wait_s for the run to report the new count (`picked_up`)."""
+    from gguf_trainer import project
+
+    paths = _paths(root)
+    value = project.parse_steps(steps)
+    project.update_settings(paths.root, {"train.steps": value})
+    info = status(paths.root)
+    live = supervisor.is_active(info)
+    picked = live and _wait_steps_seen(paths, value, wait_s)
+    log_every = project.load_project(paths.root).settings.train.log_every
+    if live and info.get("stage") in (None, "corpus", "precompute_val", "precompute_train", "train"):
+        hint = ("the running pipeline picked it up" if picked else
+                f"the running pipeline picks it up within {log_every} steps (log_every)")
+    elif live:
+        hint = "training has already ended in this run; start again to train further"
+    else:
+        hint = f"`gguf-trainer start --project {paths.root}` continues from the last checkpoint"
+    return StepsResult(steps=value, live=live, picked_up=picked,
+                       message=f"train.steps = {value}; {hint}")
+
+
+def field_metadata(pack_id: str | None = None) -> list[dict]:
+    """Per-field GUI metadata for every setting, the pack's declarations over the schema's:
+    [{"key": "train.lr", "section": "Training", "label": "Learning rate", "help": ...,
+      "type": "float"|"int"|"bool"|"str"|"path"|"choice"|"list", "default": ...,
+      "min": ..., "max": ..., "choices": [...], "live": bool (may change while running),
+      "advanced": bool}], in display order. `pack_id` None: the schema's alone."""
+    from gguf_trainer import project
+
+    return project.field_metadata(pack_id)
+
+
+def settings_table_markdown() -> str:
+    """The README's table of every project.json key (generated from the schema)."""
+    from gguf_trainer import project
+
+    return project.settings_table_markdown()
+
+
+# ---- runs -----------------------------------------------------------------------------
+def start(root: PathLike, only: list[str] | None = None, force: bool = False,
+          steps: Any = None) -> int:
+    """Launch the pipeline detached; returns the pipeline's pid once it holds the lock.
+    `steps` (optional) is stored first. Refused (UserError) while it runs, when
+    project.json is broken, when another project in the same output folder has the same
+    name, or when the materials are missing (with the path tried and the fix)."""
+    paths = _paths(root)
+    preflight(paths.root, only=only)
+    if steps is not None:
+        _set_steps_idle(paths, steps)
+    return supervisor.start(paths.root, only=only, force=force)
+
+
+def preflight(root: PathLike, only: list[str] | None = None) -> None:
+    """The checks `start` and `run` make before anything is written or launched: a valid
+    project.json, the run not already live, no name clash in the output folder, and a
+    stale stop request cleared. Raises UserError with the sentence."""
+    from gguf_trainer import project
+
+    paths = _paths(root)
+    proj = project.load_project(paths.root)
+    holder = lock.probe(paths)
+    if holder is not None:
+        raise lock.LockHeld(holder)
+    project.check_name_clash(proj)
+    clear_stale_requests(paths.root)
+
+
+def clear_stale_requests(root: PathLike) -> list[str]:
+    """Remove a stop request left by a `stop` that timed out or a `kill` (nobody holds the
+    lock, so nobody will answer it): the next start must not stop at once. Returns what
+    was removed. Never touches a live run's requests."""
+    paths = _paths(root)
+    if lock.probe(paths) is not None:
+        return []
+    removed = []
+    for p in (paths.stop_request, paths.snapshot_request):
+        try:
+            p.unlink()
+            removed.append(str(p))
+        except FileNotFoundError:
+            pass
+        except IsADirectoryError:
+            raise UserError(f"{p} is a folder; remove it (the tool writes a file there).") from None
+    return removed
+
+
+def stop(root: PathLike, timeout_s: float = supervisor.STOP_TIMEOUT_S) -> str:
+    """Graceful stop: "stopped" | "stopping" (timeout_s 0: do not wait) | "not running".
+    Raises supervisor.StopTimeout when it is still finishing after timeout_s."""
+    return supervisor.stop(_paths(root).root, timeout_s=timeout_s)
+
+
+def kill(root: PathLike) -> str:
+    """SIGKILL the verified pipeline and its children: "killed" | "not running"."""
+    return supervisor.kill(_paths(root).root)
+
+
+def status(root: PathLike) -> dict:
+    """The `gguf-trainer status --json` dict (see runner.status.derive_status): status,
+    message, pid, stage, stages, step, steps, val_cos, error, mock, settings_error (a broken
+    project.json), jobs ({"snapshot": job state, ...}), results (where the GGUF, eval.json
+    and ggk command are once exported). Never raises for any content of the tool's files."""
+    return status_mod.derive_status(_paths(root))
+
+
+def wait(root: PathLike, timeout_s: float | None = None) -> dict:
+    """Block until the pipeline is not running/stalled (or timeout); the last status."""
+    return supervisor.wait(_paths(root).root, timeout_s=timeout_s)
+
+
+def results(root: PathLike) -> dict:
+    """Where the outputs are: {"gguf": path or None (exists), "eval_json": path or None,
+    "ggk": pasteable command or None, "notes": [sentences], "mock": bool}."""
+    from gguf_trainer import project
+
+    return project.describe_results(_paths(root).root)
+
+
+def results_text(root: PathLike) -> str:
+    """`results()` as the lines `run`, `start`'s end and `demo` print."""
+    r = results(root)
+    lines = []
+    if r.get("gguf"):
+        lines.append(f"adapter:   {r['gguf']}")
+    if r.get("eval_json"):
+        lines.append(f"eval:      {r['eval_json']}" + (f"  ({r['eval_line']})" if r.get("eval_line") else ""))
+    if r.get("ggk"):
+        lines.append(f"ggk:       {r['ggk']}")
+    lines += [f"note:      {n}" for n in r.get("notes") or []]
+    return "\n".join(lines)
+
+
+# ---- reset ----------------------------------------------------------------------------
+def reset_plan(root: PathLike, target: str) -> ResetPlan:
+    """Dry run of `reset`: exactly the paths it would delete, and those it would leave
+    (with the reason). `blocked` says why reset is refused now (a live run or job)."""
+    from gguf_trainer.runner import reset as reset_mod
+
+    return ResetPlan(**reset_mod.plan(_paths(root), target))
+
+
+def reset(root: PathLike, target: str) -> ResetResult:
+    """Delete a stage's outputs and everything built on them (see runner.reset). Refused
+    while the pipeline or a job runs. Deletes exactly `reset_plan(root, target).delete`."""
+    from gguf_trainer.runner import reset as reset_mod
+
+    return ResetResult(**reset_mod.reset(_paths(root), target))
+
+
+# ---- outputs --------------------------------------------------------------------------
+def list_exports(root: PathLike) -> list[dict]:
+    """This project's exported GGUFs as recorded in exports.json: [{path, kind, time,
+    size, exists}], newest first. Garbage in exports.json reads as no exports."""
+    from gguf_trainer.runner import reset as reset_mod
+
+    return reset_mod.recorded_exports(_paths(root))
+
+
+def read_eval(root: PathLike) -> dict | None:
+    """eval.json (the last evaluation), or None when there is none or it is unreadable."""
+    data = _read_json_quiet(_paths(root).eval_json)
+    return data if isinstance(data, dict) else None
+
+
+def list_snapshots(root: PathLike) -> list[dict]:
+    """snapshots.json entries (step, planned_steps, checkpoint, val_cos, path, size, time,
+    eval), by step; entries that are not objects are dropped."""
+    data = _read_json_quiet(_paths(root).snapshots_json)
+    items = data.get("snapshots") if isinstance(data, dict) else None
+    return [e for e in items or [] if isinstance(e, dict)]
+
+
+def request_snapshot(root: PathLike, checkpoint: str = "last", evaluate: bool = False,
+                     fresh: bool = True, device: str | None = None) -> dict:
+    """Start a snapshot export as a DETACHED job (the caller loads no torch) and return its
+    job state ({"status": "running", "pid", ...}); follow it in status(root)["jobs"]
+    ["snapshot"] or `snapshot_job(root)`. Arguments, the checkpoint's existence and a
+    running snapshot job are checked before anything is written."""
+    from gguf_trainer.runner import snapshot as snap
+
+    return snap.start_job(_paths(root), checkpoint, evaluate, fresh, device)
+
+
+def snapshot_job(root: PathLike) -> dict:
+    """The snapshot job's state: {"status": idle|running|done|failed|interrupted, "pid",
+    "started", "finished", "error", "result" (the snapshots.json entry when done), ...}."""
+    from gguf_trainer.runner import jobs
+
+    return jobs.job_status(_paths(root).root, "snapshot")
+
+
+def wait_snapshot(root: PathLike, timeout_s: float | None = None) -> dict:
+    """Block until the snapshot job is not running; its last state."""
+    from gguf_trainer.runner import jobs
+
+    return jobs.wait(_paths(root).root, "snapshot", timeout_s)
+
+
+def tail_log(root: PathLike, offset: int = 0, log: str = "pipeline",
+             max_bytes: int = TAIL_MAX_BYTES) -> tuple[str, int]:
+    """New text of a log from byte `offset`: (text, new_offset). Reads at most max_bytes
+    (from the end if more is new); a log that shrank (rotated, deleted) restarts at 0.
+    `log`: pipeline | snapshot | download. Only whole lines are returned."""
+    if log not in LOGS:
+        raise UserError(f"unknown log {log!r}; choose one of {', '.join(LOGS)}.")
+    paths = _paths(root)
+    path = paths.pipeline_log if log == "pipeline" else paths.root / f"{log}.log"
+    return read_tail(path, offset, max_bytes)
+
+
+# ---- helpers (also used by the CLI) ----------------------------------------------------
+def read_tail(path: Path, offset: int, max_bytes: int = TAIL_MAX_BYTES) -> tuple[str, int]:
+    """Incremental reader of any text log (see tail_log)."""
+    try:
+        offset = max(0, int(offset))
+    except (TypeError, ValueError):
+        offset = 0
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if offset > size:
+                offset = 0
+            start_at = max(offset, size - max_bytes)
+            f.seek(start_at)
+            data = f.read(size - start_at)
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError):
+        return "", 0 if offset == 0 else offset
+    end = data.rfind(b"\n") + 1  # a line still being written waits for the next call
+    return data[:end].decode("utf-8", errors="replace"), start_at + end
+
+
+def _root(root: PathLike) -> Path:
+    return Path(root).expanduser().resolve()
+
+
+def _paths(root: PathLike) -> ProjectPaths:
+    return supervisor.project_paths(root)
+
+
+def _live_run(paths: ProjectPaths) -> dict | None:
+    info = status_mod.derive_status(paths)
+    return info if supervisor.is_active(info) else None
+
+
+def _set_steps_idle(paths: ProjectPaths, steps: Any) -> int:
+    from gguf_trainer import project
+
+    return project.set_steps(paths.root, steps)
+
+
+def _wait_steps_seen(paths: ProjectPaths, steps: int, wait_s: float) -> bool:
+    import time
+
+    deadline = time.monotonic() + max(0.0, wait_s)
+    while True:
+        st = status_mod.read_state(paths) or {}
+        if st.get("steps") == steps:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.2)
+
+
+def _read_json_quiet(path: Path) -> Any:
+    try:
+        return atomic.read_json(path)
+    except (ValueError, OSError):
+        return None
