@@ -20,6 +20,7 @@ from typing import TextIO
 import numpy as np
 
 from gguf_trainer.errors import UserError
+from gguf_trainer.gguf_bounds import check_gguf
 
 PREFIX = "adapter."
 # The engine adds this prefix to every file name that lacks it, so a file may carry it already.
@@ -105,6 +106,8 @@ def _open_reader(path):
         raise UserError(
             f"{path} does not exist or is not a file; pass the path of an adapter .gguf file."
         )
+    # Counts and sizes are checked against the file before GGUFReader allocates anything.
+    check_gguf(p, fix="re-export it or choose another file")
     try:
         return gguf.GGUFReader(p)
     # GGUFReader reports a bad magic, a short header or truncated tensor data with these.

@@ -29,6 +29,7 @@ from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
 from gguf_trainer.errors import UserError
+from gguf_trainer.gguf_bounds import check_gguf
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,8 @@ _LAYER = re.compile(r"layers\.(\d+)\.")
 def _open_reader(path: Path) -> GGUFReader:
     if not path.is_file():
         raise UserError(f"{path} does not exist; choose {SHIPPED_FILE} in Setup → Student.")
+    # Counts and sizes are checked against the file before GGUFReader allocates anything.
+    check_gguf(path, fix=f"re-download {SHIPPED_FILE}")
     try:
         return GGUFReader(path)
     # gguf raises ValueError (incl. UnicodeDecodeError) for a bad magic, an empty file, a

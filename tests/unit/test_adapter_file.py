@@ -290,7 +290,7 @@ def test_engine_prefixed_names_are_read(tmp_path):
 
 def test_not_gguf_and_truncated(tmp_path, good):
     (tmp_path / "a.txt").write_text("hello, not a gguf file")
-    with pytest.raises(UserError, match="not a readable GGUF"):
+    with pytest.raises(UserError, match="truncated or not a GGUF file"):
         read_adapter(tmp_path / "a.txt")
     with pytest.raises(UserError, match="does not exist"):
         read_adapter(tmp_path / "missing.gguf")
