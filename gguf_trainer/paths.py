@@ -26,6 +26,9 @@ MANIFEST_JSON = "manifest.json"
 HASHES_JSON = "hashes.json"  # sha256 of big input files by path, size and mtime
 EXIT_JSON = "exit.json"  # written by the launcher's monitor: how the pipeline process ended
 KILLED_JSON = "killed.json"  # written by supervisor.kill before SIGKILL: "the user did it"
+SAMPLES_SUFFIX = ".jsonl"  # data/{split}.jsonl: the corpus's sample records (gguf_trainer.samples)
+IMAGES_DIR = "images"  # data/images/: the corpus's copies of referenced images, by content hash
+VISION_PROJ = "vision_proj.safetensors"  # the project's frozen vis_dim -> in_dim map (vision.py)
 
 DATA_DIR = "data"
 SHARDS_DIR = "shards"
@@ -110,6 +113,17 @@ class ProjectPaths:
     @property
     def data(self) -> Path:
         return self.root / DATA_DIR
+
+    def samples(self, split: str) -> Path:
+        return self.root / DATA_DIR / f"{split}{SAMPLES_SUFFIX}"
+
+    @property
+    def data_images(self) -> Path:
+        return self.root / DATA_DIR / IMAGES_DIR
+
+    @property
+    def vision_proj(self) -> Path:
+        return self.root / VISION_PROJ
 
     @property
     def shards(self) -> Path:

@@ -154,6 +154,16 @@ def read_student_tensors(path) -> tuple[dict[str, np.ndarray], dict]:
     return tensors, info
 
 
+def read_embed_table(path) -> np.ndarray:
+    """Only the student's token embedding table (vocab, hidden) as float32 (vision_proj fit)."""
+    path = Path(path)
+    for tensor in _open_reader(path).tensors:
+        if hf_name(tensor.name) == "embed_tokens.weight":
+            return _dequantized(tensor, path)
+    raise UserError(f"{path} has no model.embed_tokens.weight or token_embd.weight, so it is not a "
+                    f"Qwen3 (pig_clip) student; choose {SHIPPED_FILE}.")
+
+
 def _check_layout(tensors: dict[str, np.ndarray], path: Path) -> None:
     if "embed_tokens.weight" not in tensors:
         raise UserError(
