@@ -11,8 +11,13 @@ in bf16, concatenated over its samples:
     seed_ids     [S, Q] int32        seeded resampler only: the T5 window
     sup_start    [S] int32           token-aligned only: first row the DiT consumes
     sample_index [S] int64           line of the corpus file
+    vis_rows     [Tv, vis_dim] bf16  vision packs only: raw vision-tower rows of every image
+    vis_pos      [Tv] int32          ...the student-token position each row is spliced at
+    vis_len      [S] int32           ...rows per sample (0 for a text-only sample)
     moment_sum, moment_sq [out_dim] f64, moment_n [1] i64   per-dimension target moments
 
+The adapter's dims are read from the header (`dims`): in_dim = student_rows' width,
+out_dim = target_rows', vis_dim = vis_rows' (0 without vision).
 Metadata carries the inputs fingerprint, the pack contract, the mock flag and a sha256
 over all tensor bytes: a truncated or corrupted shard fails `verify_shard` and is
 recomputed, never trained on. Library code: knows nothing of projects or packs.
@@ -23,10 +28,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch
@@ -118,8 +123,15 @@ def load_stats(files: list[Path], sigma_floor: float) -> Stats:
 
 def student_dim(path: Path) -> int:
     """The student's hidden size, from a shard's header (the adapter's in_dim)."""
+    return dims(path)["in_dim"]
+
+
+def dims(path: Path) -> dict[str, int]:
+    """{"in_dim", "out_dim", "vis_dim"} of the adapter these shards train, from the header."""
     with safe_open(str(path), framework="pt") as f:
-        return int(f.get_slice("student_rows").get_shape()[1])
+        vis = f.get_slice("vis_rows").get_shape()[1] if "vis_rows" in set(f.keys()) else 0
+        return {"in_dim": int(f.get_slice("student_rows").get_shape()[1]),
+                "out_dim": int(f.get_slice("target_rows").get_shape()[1]), "vis_dim": int(vis)}
 
 
 class Shard:
@@ -131,12 +143,18 @@ class Shard:
         self.n = int(self.t["student_len"].shape[0])
         self.s_off = _offsets(self.t["student_len"])
         self.t_off = _offsets(self.t["target_len"])
+        self.v_off = _offsets(self.t["vis_len"]) if "vis_len" in self.t else None
 
     def student(self, i: int) -> torch.Tensor:
         return self.t["student_rows"][self.s_off[i]: self.s_off[i + 1]]
 
     def target(self, i: int) -> torch.Tensor:
         return self.t["target_rows"][self.t_off[i]: self.t_off[i + 1]]
+
+    def vision(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Raw vision rows (n, vis_dim) of sample i and their token positions (n,)."""
+        a, b = self.v_off[i], self.v_off[i + 1]
+        return self.t["vis_rows"][a:b], self.t["vis_pos"][a:b]
 
 
 def _offsets(lengths: torch.Tensor) -> list[int]:
@@ -149,7 +167,9 @@ class Batch:
 
     hidden [B, L, in], mask [B, L] (real student tokens); target [B, R, out] with
     row_mask [B, R] (rows that are supervised); seed_ids [B, Q] or None; sup_start [B] or None.
-    For token-aligned kinds R == L and row_mask == mask.
+    For token-aligned kinds R == L and row_mask == mask. Vision packs: vis [B, L, vis_dim] raw
+    vision rows at image positions, zeros elsewhere (None when no sample has an image: the
+    same as zeros for `vis_in`, which has no bias) and vis_mask [B, L] (True at image tokens).
     """
 
     hidden: torch.Tensor
@@ -159,11 +179,14 @@ class Batch:
     seed_ids: torch.Tensor | None
     sup_start: torch.Tensor | None
     samples: list[tuple[int, int]]  # (shard file index, row) per sample, for bookkeeping
+    vis: torch.Tensor | None = None
+    vis_mask: torch.Tensor | None = None
 
-    def to(self, device) -> "Batch":
-        move = lambda x: None if x is None else x.to(device, non_blocking=True)  # noqa: E731
+    def to(self, device) -> Batch:
+        move = lambda x: None if x is None else x.to(device, non_blocking=True)
         return Batch(move(self.hidden), move(self.mask), move(self.target), move(self.row_mask),
-                     move(self.seed_ids), move(self.sup_start), self.samples)
+                     move(self.seed_ids), move(self.sup_start), self.samples, move(self.vis),
+                     move(self.vis_mask))
 
 
 def _pad(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -187,10 +210,26 @@ def collate(shard: Shard, rows: list[int], file_index: int, fixed_rows: int = 0)
         row_mask = torch.nn.functional.pad(row_mask, (0, extra))
     seed = shard.t.get("seed_ids")
     sup = shard.t.get("sup_start")
+    vis, vis_mask = _vision(shard, rows, hidden.shape[1])
     return Batch(hidden, mask, target, row_mask,
                  None if seed is None else seed[rows].long(),
                  None if sup is None else sup[rows].long(),
-                 [(file_index, i) for i in rows])
+                 [(file_index, i) for i in rows], vis, vis_mask)
+
+
+def _vision(shard: Shard, rows: list[int], length: int):
+    """(vis [B, L, vis_dim] or None, vis_mask [B, L]) for vision shards, else (None, None)."""
+    if shard.v_off is None:
+        return None, None
+    mask = torch.zeros(len(rows), length, dtype=torch.bool)
+    parts = [shard.vision(i) for i in rows]
+    if not any(r.shape[0] for r, _ in parts):
+        return None, mask
+    vis = torch.zeros(len(rows), length, shard.t["vis_rows"].shape[1], dtype=torch.float32)
+    for b, (r, pos) in enumerate(parts):
+        vis[b, pos.long()] = r.float()
+        mask[b, pos.long()] = True
+    return vis, mask
 
 
 @dataclass
