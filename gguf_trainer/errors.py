@@ -2,7 +2,17 @@
 
 Only the edges (cli.main, the pipeline process, the UI) catch it; they show the sentence,
 never a traceback. Programmer errors are ordinary exceptions and propagate.
+
+The file system is the one place where the environment, not the code, decides: a full
+disk, a read-only mount, a path too long or a file where a folder should be. `as_user_error`
+is the one rule that turns such an OSError into a sentence naming the path and the fix;
+the edges call it on whatever escaped, and `atomic` raises `DiskError` at the write site.
 """
+
+from __future__ import annotations
+
+import errno
+import os
 
 
 class UserError(Exception):
@@ -11,3 +21,80 @@ class UserError(Exception):
 
 class NoProjectError(UserError):
     """The folder is not a project (no project.json). The CLI exits 2 for it."""
+
+
+class DiskError(UserError, OSError):
+    """The file system refused a read or write (full, read-only, permissions, path too long).
+
+    Also an OSError with the original errno, so code that tolerates a failed write (the
+    state.json heartbeat retries it) keeps tolerating it; `str()` is the user's sentence.
+    """
+
+    def __init__(self, sentence: str, err: int | None = None):
+        OSError.__init__(self, err, sentence)
+        self.sentence = sentence
+
+    def __str__(self) -> str:
+        return self.sentence
+
+
+# errno -> what happened to {path} and what to do. Only the environment's errors: an errno
+# missing here (EBADF, EINVAL...) is a bug and stays an internal error.
+_AGAIN = "and run the command again"
+OS_ERROR_SENTENCES = {
+    errno.ENOSPC: f"the disk holding {{path}} is full; free some space {_AGAIN}",
+    errno.EDQUOT: f"the disk quota for {{path}} is used up; free some space {_AGAIN}",
+    errno.EFBIG: f"{{path}} would exceed the file size limit (ulimit -f); raise it {_AGAIN}",
+    errno.EROFS: "{path} is on a read-only file system; make it writable or move the project "
+                 "to a writable disk",
+    errno.EACCES: "permission denied for {path}; make it readable and writable by this user or "
+                  "choose another folder",
+    errno.EPERM: "the system does not allow this operation on {path}; check its owner and "
+                 "permissions or choose another folder",
+    errno.ENAMETOOLONG: "the path {path} is too long for the file system; choose a shorter "
+                        "folder or name",
+    errno.ENOTDIR: "part of the path {path} is a file where a folder is needed; move that file "
+                   "away or choose another folder",
+    errno.EISDIR: "{path} is a folder where a file is needed; move it away or choose another path",
+    errno.EEXIST: "{path} already exists and is not a folder; move it away or choose another folder",
+    errno.ELOOP: "{path} goes through a symbolic link loop; fix the link or choose another path",
+    errno.EIO: "the disk reported an I/O error on {path}; check the disk and run the command again",
+    errno.ENOENT: "{path} does not exist; check the path and run the command again",
+    errno.EMFILE: f"too many files are open (at {{path}}); raise the limit (ulimit -n) {_AGAIN}",
+    errno.ENFILE: f"the system has too many files open (at {{path}}); close some programs {_AGAIN}",
+}
+# The errors a write can cause that say nothing about the code: what atomic writes convert.
+WRITE_ERRNOS = frozenset(OS_ERROR_SENTENCES) - {errno.ENOENT}
+
+
+def _is_tmp_name(name: str) -> bool:
+    base = os.path.basename(name)
+    return base.startswith(".") and base.endswith(".tmp")
+
+
+def os_error_sentence(exc: OSError, path: str | os.PathLike | None = None) -> str | None:
+    """One sentence for an OSError the environment caused, or None when it looks like a bug.
+
+    `path` names the file the user knows (the target of an atomic write, not its temp file);
+    without it the error's own file name is used (for a rename, the destination).
+    """
+    template = OS_ERROR_SENTENCES.get(exc.errno)
+    if template is None:
+        return None
+    shown = path
+    if shown is None:
+        names = [n for n in (exc.filename, exc.filename2) if n is not None]
+        plain = [n for n in names if not _is_tmp_name(os.fsdecode(n))]
+        shown = (plain or names or ["a file"])[0]
+    return template.format(path=os.fsdecode(shown)) + "."
+
+
+def as_user_error(exc: BaseException, path: str | os.PathLike | None = None) -> UserError | None:
+    """The UserError an edge should show for `exc`, or None when `exc` is a programmer error."""
+    if isinstance(exc, UserError):
+        return exc
+    if isinstance(exc, OSError):
+        sentence = os_error_sentence(exc, path)
+        if sentence is not None:
+            return DiskError(sentence, exc.errno)
+    return None
