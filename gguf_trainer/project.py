@@ -1,8 +1,14 @@
 """The project folder: `project.json` settings (validated), naming, output paths.
 
 A project is one directory holding everything a run needs and makes (see paths.py for
-the file names). This module owns the settings schema and the rules that turn settings
-into file names. It never writes `state.json` (the pipeline does) and imports no torch.
+the file names). This module owns the settings schema — with each field's GUI metadata
+(label, help, range, section, whether it may change while a run is live) and physical
+bounds, each with its reason — and the rules that turn settings into file names. It never
+writes `state.json` (the pipeline does) and imports no torch.
+
+Every write of project.json (the CLI's `set`, the GUI's save, the pipeline pinning its
+threads) goes through `update_settings`/`compare_and_set`, under the project's settings
+lock, so two writers never lose each other's fields.
 
     proj = create_project(root / "llada_adapter", "llada_image")
     proj = load_project(root / "llada_adapter")
@@ -12,14 +18,26 @@ into file names. It never writes `state.json` (the pipeline does) and imports no
 from __future__ import annotations
 
 import copy
+import decimal
+import difflib
+import hashlib
 import json
 import math
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from . import atomic
 from .errors import NoProjectError, UserError
@@ -27,81 +45,179 @@ from .paths import ProjectPaths
 
 PROJECTS_ROOT = Path(os.environ.get("GGUF_TRAINER_PROJECTS", "~/gguf-trainer/projects")).expanduser()
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+SETTINGS_LOCK = "settings.lock"  # flock taken by every project.json writer
+SETTINGS_LOCK_WAIT_S = 10.0
+MAX_PROJECT_JSON_BYTES = 1 << 20
+MAX_STEPS = 100_000_000
+_STEPS_RE = re.compile(r"^\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)(e\+?[0-9]+)?(k)?$")
+_STEPS_HELP = "steps must be a positive whole number like 12000, 12_000 or 40k"
 
 
 def parse_steps(value: Any) -> int:
-    """'12000', '12_000', '12,000', '40k', 40000.0 -> int; anything else is a UserError."""
+    """'12000', '12_000', '12,000', '40k', '1.5k', 40000.0 -> int, exactly (no float
+    rounding: a 21-digit count stays those digits, then the range check refuses it).
+    Anything else, or outside 1..MAX_STEPS, is a UserError naming the value and the fix."""
     if isinstance(value, bool):
-        raise UserError(f"steps must be a positive whole number like 12000 or 40k, not {value!r}.")
-    if isinstance(value, (int, float)):
-        number = float(value)
+        raise UserError(f"{_STEPS_HELP}, not {value!r}.")
+    if isinstance(value, int):
+        number = decimal.Decimal(value)
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise UserError(f"{_STEPS_HELP}, not {value!r}.")
+        number = decimal.Decimal(value)
     else:
         text = str(value).strip().lower().replace("_", "").replace(",", "")
+        if not _STEPS_RE.match(text):
+            raise UserError(f"{_STEPS_HELP}, not {str(value)!r}.")
         scale = 1000 if text.endswith("k") else 1
-        text = text[:-1] if scale == 1000 else text
         try:
-            number = float(text) * scale
-        except ValueError:
-            raise UserError(f"steps must be a positive whole number like 12000 or 40k, not {value!r}.") from None
-    if not math.isfinite(number) or number != int(number) or number < 1:
-        raise UserError(f"steps must be a positive whole number like 12000 or 40k, not {value!r}.")
+            number = decimal.Decimal(text.removesuffix("k")) * scale
+        except decimal.InvalidOperation:
+            raise UserError(f"{_STEPS_HELP}, not {str(value)!r}.") from None
+    if number != number.to_integral_value() or number < 1:
+        raise UserError(f"{_STEPS_HELP}, not {value!r}.")
+    if number > MAX_STEPS:
+        raise UserError(f"steps {int(number)} is more than {MAX_STEPS:,}: that would train for "
+                        "months; a recipe needs 10k-50k. Choose a smaller count.")
     return int(number)
 
 
+# ---- schema building blocks -----------------------------------------------------------
+def _no_bool(v):
+    if isinstance(v, bool):
+        raise PydanticCustomError("bool_not_number", "true/false is not a number")
+    return v
+
+
+Int = Annotated[int, BeforeValidator(_no_bool)]
+Float = Annotated[float, BeforeValidator(_no_bool)]
+
+
+def S(default: Any = ..., label: str = "", help: str = "", *, why: str = "", live: bool = False,
+      advanced: bool = False, kind: str = "", default_factory=None, **bounds) -> Any:
+    """A setting: its default, GUI label/help, bounds (ge/le/gt/lt) and why they are so,
+    `live` (may change while a run is live: no output is built from it), `advanced`,
+    `kind` ("path" for file/folder fields). Floats are always finite."""
+    extra = {"label": label, "live": live, "advanced": advanced, "why": why, "kind": kind}
+    kw = dict(description=help, json_schema_extra=extra, **bounds)
+    if default_factory is not None:
+        return Field(default_factory=default_factory, **kw)
+    return Field(default, **kw)
+
+
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class MaterialRef(_Section):
-    path: str = ""
+    path: str = S("", "Path", "where this material is on disk (file or folder)", kind="path")
+
+
+SEED_WHY = "seeds are 32-bit"
 
 
 class CorpusSettings(_Section):
-    files: list[str] = Field(default_factory=list, description="local .txt/.jsonl prompt files")
-    train_file: str = Field("", description="a ready-made train.txt (with val_file)")
-    val_file: str = ""
-    n_train: int = Field(60000, ge=1)
-    n_val: int = Field(1024, ge=1)
-    empty_frac: float = Field(0.01, ge=0.0, le=0.5)
-    min_chars: int = Field(8, ge=0)
-    max_chars: int = Field(1200, ge=1)
-    seed: int = 8
+    files: list[str] = S(label="Prompt files", help="local .txt/.jsonl prompt files (one prompt a line)",
+                         kind="paths", default_factory=list)
+    train_file: str = S("", "Ready-made train file", "a train.txt to use as is (with the val file)",
+                        kind="path")
+    val_file: str = S("", "Ready-made val file", "the val.txt that goes with the train file", kind="path")
+    n_train: Int = S(60000, "Train prompts", "prompts in the training split", ge=1, le=10_000_000,
+                     why="more than 10 million prompts would fill any disk with shards")
+    n_val: Int = S(1024, "Val prompts", "held-out prompts scored during and after training", ge=1,
+                   le=1_000_000, why="a million val prompts would take longer to score than to train")
+    empty_frac: Float = S(0.01, "Empty-prompt share", "share of empty prompts (unconditional generation)",
+                          ge=0.0, le=0.5, advanced=True, why="a share, and above half starves training")
+    min_chars: Int = S(8, "Min prompt length", "shorter prompts are dropped (characters)", ge=0,
+                       le=100_000, advanced=True, why="a prompt is never that long")
+    max_chars: Int = S(1200, "Max prompt length", "longer prompts are dropped (characters)", ge=1,
+                       le=1_000_000, advanced=True, why="a prompt is never that long")
+    seed: Int = S(8, "Corpus seed", "shuffle and split seed", ge=0, le=2**32 - 1, advanced=True,
+                  why=SEED_WHY)
+
+    @model_validator(mode="after")
+    def _lengths(self):
+        if self.min_chars > self.max_chars:
+            raise ValueError(f"min_chars ({self.min_chars}) is above max_chars "
+                             f"({self.max_chars}), so every prompt would be dropped; lower min_chars "
+                             "or raise max_chars")
+        return self
+
+
+BATCH_WHY = "no card holds a bigger batch"
+BUDGET_WHY = "no card holds more tokens in one batch"
+MEM_WHY = "more memory than any machine has"
 
 
 class PrecomputeSettings(_Section):
-    device: str = "auto"
-    shard_size: int = Field(1024, ge=1)
-    val_shard_size: int = Field(512, ge=1)
-    teacher_batch: int = Field(0, ge=0, description="0 = chosen for the card")
-    tok_budget: int = Field(0, ge=0, description="teacher tokens per batch, 0 = auto")
-    student_batch: int = Field(0, ge=0)
-    student_tok_budget: int = Field(0, ge=0)
-    teacher_mode: Literal["auto", "gpu", "offload"] = "auto"
-    placement: Literal["sequential", "balanced"] = "sequential"
-    gpu_mem_gib: float = Field(0.0, ge=0)
-    cpu_mem_gib: float = Field(0.0, ge=0)
-    student_dtype: Literal["auto", "f32", "f16", "bf16"] = "auto"
-    mock_teacher: bool = False
+    device: str = S("auto", "Device", "auto, cpu, cuda, cuda:N or mps", live=True)
+    shard_size: Int = S(1024, "Train shard size", "samples per train shard", ge=1, le=1_000_000,
+                        advanced=True, why="one shard must fit in memory")
+    val_shard_size: Int = S(512, "Val shard size", "samples per val shard", ge=1, le=1_000_000,
+                            advanced=True, why="one shard must fit in memory")
+    teacher_batch: Int = S(0, "Teacher batch", "samples per teacher batch; 0 = chosen for the card",
+                           ge=0, le=65536, live=True, why=BATCH_WHY)
+    tok_budget: Int = S(0, "Teacher token budget", "teacher tokens per batch; 0 = auto", ge=0,
+                        le=1 << 24, live=True, why=BUDGET_WHY)
+    student_batch: Int = S(0, "Student batch", "samples per student batch; 0 = auto", ge=0,
+                           le=65536, live=True, advanced=True, why=BATCH_WHY)
+    student_tok_budget: Int = S(0, "Student token budget", "student tokens per batch; 0 = auto",
+                                ge=0, le=1 << 24, live=True, advanced=True, why=BUDGET_WHY)
+    teacher_mode: Literal["auto", "gpu", "offload", "cpu"] = S(
+        "auto", "Teacher mode", "gpu: resident on the card; offload: streamed from RAM; cpu; "
+        "auto: chosen from the memory budgets", live=True)
+    placement: Literal["sequential", "balanced"] = S(
+        "sequential", "Placement", "several cards: fill one then the next, or spread evenly",
+        live=True, advanced=True)
+    gpu_mem_gib: Float = S(0.0, "GPU memory budget (GiB)", "0 = what the card has free", ge=0,
+                           le=4096, live=True, why=MEM_WHY)
+    cpu_mem_gib: Float = S(0.0, "CPU memory budget (GiB)", "0 = what the machine has free", ge=0,
+                           le=65536, live=True, why=MEM_WHY)
+    student_dtype: Literal["auto", "f32", "f16", "bf16"] = S(
+        "auto", "Student compute dtype", "auto = f32, as the engine computes", advanced=True)
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v):
+        return check_device(v, "precompute.device")
+
+    mock_teacher: bool = S(False, "Mock teacher", "synthetic targets with the real shapes: a smoke "
+                           "test, never a usable adapter")
 
 
 class TrainSettings(_Section):
-    device: str = "auto"
-    width: int = Field(1024, ge=64)
-    depth: int = Field(6, ge=1)
-    steps: int = 20000
-    batch_size: int = Field(32, ge=1)
-    lr: float = Field(2e-4, gt=0)
-    warmup: int = Field(1000, ge=0)
-    weight_decay: float = Field(0.01, ge=0)
-    grad_clip: float = Field(1.0, gt=0)
-    cos_weight: float = Field(0.5, ge=0)
-    sigma_floor: float = Field(0.03, gt=0)
-    grad_checkpoint: Literal["auto", "on", "off"] = "auto"
-    log_every: int = Field(25, ge=1)
-    val_every: int = Field(500, ge=1)
-    save_every: int = Field(250, ge=1)
-    seed: int = 42
-    threads: int = Field(0, ge=0, description="CPU threads; 0 = pinned at the first start")
+    device: str = S("auto", "Device", "auto, cpu, cuda, cuda:N or mps", live=True)
+    width: Int = S(1024, "Width", "adapter hidden size (a multiple of 64)", ge=64, le=16384,
+                   why="the engine's heads are 64 wide, and wider than 16384 fits no card")
+    depth: Int = S(6, "Depth", "adapter blocks", ge=1, le=64, why="deeper than 64 blocks does not "
+                   "train in any recipe's budget")
+    steps: int = S(20000, "Steps", "planned training steps (also while running)", ge=1,
+                   le=MAX_STEPS, live=True, why="more would train for months")
+    batch_size: Int = S(32, "Batch size", "samples per step", ge=1, le=65536, why=BATCH_WHY)
+    lr: Float = S(2e-4, "Learning rate", "peak AdamW learning rate", gt=0, le=1.0,
+                  why="above 1 training diverges")
+    warmup: Int = S(1000, "Warmup steps", "linear warmup steps", ge=0, le=MAX_STEPS, advanced=True,
+                    why="more than any run's steps")
+    weight_decay: Float = S(0.01, "Weight decay", "AdamW weight decay", ge=0, le=10.0,
+                            advanced=True, why="above 10 it erases the weights")
+    grad_clip: Float = S(1.0, "Gradient clip", "max gradient norm", gt=0, le=1e6, advanced=True,
+                         why="0 would stop training; beyond 1e6 it clips nothing")
+    cos_weight: Float = S(0.5, "Cosine loss weight", "weight of the cosine term in the loss", ge=0,
+                          le=100.0, advanced=True, why="a weight, not a scale of magnitude")
+    sigma_floor: Float = S(0.03, "Sigma floor", "floor of the per-dimension std used to "
+                           "standardise targets", gt=0, le=10.0, advanced=True,
+                           why="0 divides by zero; above 10 it flattens every target")
+    grad_checkpoint: Literal["auto", "on", "off"] = S(
+        "auto", "Gradient checkpointing", "trade compute for memory", live=True, advanced=True)
+    log_every: Int = S(25, "Log every", "steps between log lines (and live steps checks)", ge=1,
+                       le=1_000_000, live=True, advanced=True, why="nothing would ever be logged")
+    val_every: Int = S(500, "Validate every", "steps between validations", ge=1, le=MAX_STEPS,
+                       live=True, advanced=True, why="more than any run's steps")
+    save_every: Int = S(250, "Save every", "steps between last.pt saves", ge=1, le=MAX_STEPS,
+                        live=True, advanced=True, why="more than any run's steps")
+    seed: Int = S(42, "Seed", "initialisation and batch order", ge=0, le=2**32 - 1, advanced=True,
+                  why=SEED_WHY)
+    threads: Int = S(0, "CPU threads", "0 = pinned at the first start", ge=0, le=4096, live=True,
+                     advanced=True, why="no machine has more cores")
 
     @field_validator("steps", mode="before")
     @classmethod
@@ -115,34 +231,57 @@ class TrainSettings(_Section):
     @classmethod
     def _width(cls, v):
         if v % 64:
-            raise ValueError(f"width {v} must be a multiple of 64 (the engine's head size), e.g. 1024")
+            raise ValueError(f"{v} is not a multiple of 64 (the engine's head size); "
+                             f"set it to e.g. {max(64, v // 64 * 64)} or 1024")
         return v
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v):
+        return check_device(v, "train.device")
 
 
 class ExportSettings(_Section):
-    output_dir: str = Field("", description="empty = the project's parent folder")
-    copy_to: str = ""
-    run_eval: bool = True
-    export_sigvq: bool = True
+    output_dir: str = S("", "Output folder", "where the GGUF goes; empty = the project's parent "
+                        "folder", kind="path", live=True)
+    copy_to: str = S("", "Copy to", "also copy the final GGUF into this folder (e.g. ggk's models)",
+                     kind="path", live=True)
+    run_eval: bool = S(True, "Evaluate after export", "score the exported GGUF on the val shards",
+                       live=True)
+    export_sigvq: bool = S(True, "Export SigVQ companion", "also write the SigVQ companion GGUF "
+                           "(packs that have one)", live=True)
+
+
+DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:[0-9]{1,2})?)$")
+
+
+def check_device(value: Any, field: str = "device") -> str:
+    """auto | cpu | cuda | cuda:N | mps, checked without torch; ValueError with the fix."""
+    if not isinstance(value, str) or not DEVICE_RE.match(value.strip()):
+        raise ValueError(f"{value!r} is not a device; use auto, cpu, cuda, cuda:0 (one card) "
+                         "or mps")
+    return value.strip()
 
 
 class ProjectSettings(_Section):
-    pack: str
-    name: str
-    auto_resume: bool = True
-    materials: dict[str, MaterialRef] = Field(default_factory=dict)
-    corpus: CorpusSettings = Field(default_factory=CorpusSettings)
-    precompute: PrecomputeSettings = Field(default_factory=PrecomputeSettings)
-    train: TrainSettings = Field(default_factory=TrainSettings)
-    export: ExportSettings = Field(default_factory=ExportSettings)
+    pack: str = S(..., "Pack", "the distillation recipe (gguf-trainer demo --help lists them)")
+    name: str = S("", "Name", "the GGUF's base name; empty = the pack's default (pig_ + its name)",
+                  live=True)
+    auto_resume: bool = S(True, "Auto-resume", "`gguf-trainer --auto-resume` relaunches this "
+                          "project if its run died", live=True)
+    materials: dict[str, MaterialRef] = S(label="Materials", help="materials.<id>.path: where "
+                                          "each material is", default_factory=dict)
+    corpus: CorpusSettings = S(label="Corpus", default_factory=CorpusSettings)
+    precompute: PrecomputeSettings = S(label="Precompute", default_factory=PrecomputeSettings)
+    train: TrainSettings = S(label="Training", default_factory=TrainSettings)
+    export: ExportSettings = S(label="Output", default_factory=ExportSettings)
 
     @field_validator("name")
     @classmethod
     def _name(cls, v):
-        if not NAME_RE.match(v) or ".." in v:
-            raise ValueError(
-                f"name {v!r} must be letters, digits, '.', '_' or '-' (no folders), e.g. pig_t5_adapter"
-            )
+        if v and (not NAME_RE.match(v) or ".." in v):
+            raise ValueError(f"{v!r} must be letters, digits, '.', '_' or '-' (no folders, at "
+                             "most 100 characters), e.g. pig_t5_adapter")
         return v
 
     @field_validator("pack")
@@ -154,28 +293,154 @@ class ProjectSettings(_Section):
             raise ValueError(f"unknown pack {v!r}; choose one of {', '.join(pack_ids())}")
         return v
 
+    @model_validator(mode="after")
+    def _default_name(self):
+        if not self.name:
+            from .packs import get_pack
+
+            self.name = default_name(get_pack(self.pack).default_name)
+        return self
+
+
+SECTIONS = {"": "Project", "materials": "Materials", "corpus": "Corpus",
+            "precompute": "Precompute", "train": "Training", "export": "Output"}
+
+
+# ---- error messages -------------------------------------------------------------------
+def _field_info(loc: tuple):
+    """(FieldInfo, model) of a dotted location, or (None, None)."""
+    model, info = ProjectSettings, None
+    for i, part in enumerate(loc):
+        if model is None or not isinstance(part, str) or part not in model.model_fields:
+            if model is None and i == 2 and loc[0] == "materials":
+                model = MaterialRef
+                if part in model.model_fields:
+                    info = model.model_fields[part]
+                    model = None
+                    continue
+            return None, None
+        info = model.model_fields[part]
+        ann = info.annotation
+        model = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+    return info, model
+
+
+def _bounds(info) -> dict:
+    out = {}
+    for m in getattr(info, "metadata", []) or []:
+        for k in ("ge", "gt", "le", "lt"):
+            if getattr(m, k, None) is not None:
+                out[k] = getattr(m, k)
+    return out
+
+
+def _fmt_num(x) -> str:
+    if isinstance(x, float) and x.is_integer() and abs(x) < 1e15:
+        x = int(x)
+    return f"{x:,}".replace(",", "_") if isinstance(x, int) and abs(x) >= 100_000 else str(x)
+
+
+def range_text(info) -> str:
+    """'from 64 to 16384' / 'greater than 0 and at most 1' / ''."""
+    b = _bounds(info)
+    lo = (f"at least {_fmt_num(b['ge'])}" if "ge" in b else
+          f"greater than {_fmt_num(b['gt'])}" if "gt" in b else "")
+    hi = (f"at most {_fmt_num(b['le'])}" if "le" in b else
+          f"less than {_fmt_num(b['lt'])}" if "lt" in b else "")
+    if "ge" in b and "le" in b:
+        return f"from {_fmt_num(b['ge'])} to {_fmt_num(b['le'])}"
+    return " and ".join(x for x in (lo, hi) if x)
+
+
+def _type_word(info) -> str:
+    ann = info.annotation
+    base = get_args(ann)[0] if get_origin(ann) is Annotated else ann
+    if base is bool:
+        return "true or false"
+    if base is int:
+        return "a whole number"
+    if base is float:
+        return "a finite number"
+    if get_origin(base) is Literal:
+        return "one of " + ", ".join(repr(a) for a in get_args(base))
+    if base is str:
+        return "text"
+    if get_origin(base) is list:
+        return "a list of paths"
+    return "a JSON object"
+
+
+def _short_repr(value: Any) -> str:
+    text = json.dumps(value) if _jsonish(value) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _jsonish(value: Any) -> bool:
+    try:
+        json.dumps(value, allow_nan=True)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+def describe_error(e: dict) -> tuple[str, str]:
+    """(dotted field, one sentence: the field, the bad value, what is allowed and why, the fix)."""
+    loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+    where = ".".join(str(p) for p in loc) or "(top level)"
+    kind = e["type"]
+    if kind == "extra_forbidden":
+        parent, leaf = loc[:-1], str(loc[-1])
+        _info, pmodel = _field_info(parent) if parent else (None, ProjectSettings)
+        names = list(pmodel.model_fields) if pmodel is not None else []
+        near = difflib.get_close_matches(leaf, names, n=1)
+        hint = f" (did you mean {'.'.join([*map(str, parent), near[0]])}?)" if near else ""
+        return where, f"{where}: is not a setting{hint}; remove it or fix its name"
+    if kind == "missing":
+        return where, f"{where}: is required; add it"
+    if kind == "value_error" or kind == "assertion_error":
+        return where, f"{where}: " + str(e["msg"]).removeprefix("Value error, ")
+    info, _model = _field_info(loc)
+    bad = _short_repr(e.get("input"))
+    if info is None:
+        return where, f"{where}: {bad}: {e['msg']}"
+    extra = info.json_schema_extra or {}
+    allowed = _type_word(info)
+    rng = range_text(info)
+    if rng and allowed in ("a whole number", "a finite number"):
+        allowed += " " + rng
+    why = f" ({extra['why']})" if extra.get("why") and rng else ""
+    default = info.get_default(call_default_factory=True)
+    fix = f"; set it to e.g. {json.dumps(default)} (the default)" if _jsonish(default) and \
+        default not in ("", None, [], {}) else "; fix it"
+    return where, f"{where}: {bad} is not allowed; it must be {allowed}{why}{fix}"
+
+
+def field_errors(err: ValidationError) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for e in err.errors():
+        where, sentence = describe_error(e)
+        out.setdefault(where, sentence)
+    return out
+
 
 def _describe_errors(err: ValidationError, source: str) -> str:
-    lines = []
-    for e in err.errors():
-        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            msg = "is not a setting; remove it"
-        elif e["type"] == "missing":
-            msg = "is required; add it"
-        lines.append(f"  {where}: {msg}")
+    lines = [f"  {s}" for s in field_errors(err).values()]
     n = len(lines)
     head = f"{source} has {n} bad setting{'s' if n > 1 else ''}; fix {'them' if n > 1 else 'it'}:"
     return "\n".join([head, *lines])
 
 
-def validate_settings(data: dict, source: str = "project.json") -> ProjectSettings:
+def validate_settings(data: Any, source: str = "project.json") -> ProjectSettings:
     """Every bad field is reported at once, each with what to do."""
+    if not isinstance(data, dict):
+        raise UserError(f"{source} must hold a JSON object like {{\"pack\": \"t5xxl_pixart\"}}, "
+                        f"not {type(data).__name__}; fix or recreate it.")
     try:
         return ProjectSettings.model_validate(data)
     except ValidationError as e:
         raise UserError(_describe_errors(e, source)) from None
+    except RecursionError:
+        raise UserError(f"{source} is nested too deeply to be settings; fix or recreate it.") from None
 
 
 def default_name(pack_default: str, name: str | None = None) -> str:
@@ -184,14 +449,117 @@ def default_name(pack_default: str, name: str | None = None) -> str:
     return name if name.startswith("pig_") else "pig_" + name
 
 
+def _get_dotted(data: Any, dotted: str, missing: Any = None) -> Any:
+    node = data
+    for key in dotted.split("."):
+        if not isinstance(node, dict) or key not in node:
+            return missing
+        node = node[key]
+    return node
+
+
 def _set_dotted(data: dict, dotted: str, value: Any) -> None:
     node = data
     *parents, leaf = dotted.split(".")
     for key in parents:
-        node = node.setdefault(key, {})
+        if not isinstance(node.get(key), dict):
+            node[key] = {}
+        node = node[key]
     node[leaf] = copy.deepcopy(value)
 
 
+# ---- GUI metadata -----------------------------------------------------------------------
+def _meta_for(key: str, info, section: str) -> dict:
+    extra = dict(info.json_schema_extra or {})
+    ann = info.annotation
+    base = get_args(ann)[0] if get_origin(ann) is Annotated else ann
+    b = _bounds(info)
+    kind = extra.get("kind") or ("bool" if base is bool else "int" if base is int else
+                                 "float" if base is float else
+                                 "choice" if get_origin(base) is Literal else
+                                 "list" if get_origin(base) is list else "str")
+    default = info.get_default(call_default_factory=True)
+    return {
+        "key": key, "section": section, "label": extra.get("label") or key.rsplit(".", 1)[-1],
+        "help": info.description or "", "type": kind,
+        "default": default if _jsonish(default) else None,
+        "min": b.get("ge", b.get("gt")), "max": b.get("le", b.get("lt")),
+        "min_exclusive": "gt" in b, "max_exclusive": "lt" in b,
+        "range": range_text(info), "why": extra.get("why") or "",
+        "choices": list(get_args(base)) if get_origin(base) is Literal else None,
+        "live": bool(extra.get("live")), "advanced": bool(extra.get("advanced")),
+        "required": info.is_required(),
+    }
+
+
+def schema_fields() -> list[dict]:
+    """Metadata of every schema field (not per-material), in display order."""
+    out = []
+    for name, info in ProjectSettings.model_fields.items():
+        ann = info.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            for sub, sinfo in ann.model_fields.items():
+                out.append(_meta_for(f"{name}.{sub}", sinfo, SECTIONS[name]))
+        elif name == "materials":
+            continue
+        else:
+            out.append(_meta_for(name, info, SECTIONS[""]))
+    return out
+
+
+def field_metadata(pack_id: str | None = None) -> list[dict]:
+    """Per-field GUI metadata: the schema's, then the pack's declarations over it (its
+    defaults become the field's default, its `field_meta` overrides label/help/range), and
+    one `materials.<id>.path` field per material of the pack. See control.field_metadata."""
+    fields = schema_fields()
+    if pack_id is None:
+        return fields
+    from .packs import get_pack
+
+    pack = get_pack(pack_id)
+    declared = getattr(pack, "field_meta", {}) or {}
+    by_key = {f["key"]: f for f in fields}
+    for key, value in (pack.defaults or {}).items():
+        if key in by_key:
+            by_key[key]["default"] = value
+            by_key[key]["pack_default"] = True
+    for key, meta in declared.items():
+        if key in by_key:
+            by_key[key].update(meta)
+    by_key["name"]["default"] = default_name(pack.default_name)
+    mats = []
+    for m in pack.materials:
+        mats.append({
+            "key": f"materials.{m.id}.path", "section": "Materials", "label": m.title,
+            "help": " ".join(x for x in (m.hint, f"Hugging Face: {m.repo}" if m.repo else "")
+                             if x), "type": "path", "default": "", "min": None, "max": None,
+            "min_exclusive": False, "max_exclusive": False, "range": "", "why": "",
+            "choices": None, "live": False, "advanced": False, "required": m.required,
+            "material": m.id})
+    return fields[:3] + mats + fields[3:]
+
+
+def settings_table_markdown() -> str:
+    """The README's table of every project.json key, generated from the schema."""
+    rows = ["| key | default | allowed | may change while running | meaning |",
+            "| --- | --- | --- | --- | --- |"]
+    rows.append("| `materials.<id>.path` | `\"\"` | a path | no | where material `<id>` of the "
+                "pack is (ids: `gguf-trainer demo --help` and the pack table) |")
+    for f in schema_fields():
+        default = json.dumps(f["default"]) if f["key"] != "pack" else "(required)"
+        allowed = (f["range"] if f["type"] in ("int", "float") else
+                   ", ".join(f"`{c}`" for c in f["choices"]) if f["choices"] else
+                   {"bool": "`true`, `false`", "path": "a path", "paths": "a list of paths",
+                    "str": "text"}.get(f["type"], f["type"]))
+        if f["type"] == "int" and allowed:
+            allowed = "whole number " + allowed
+        help_ = f["help"] + (f" (limit: {f['why']})" if f["why"] else "")
+        rows.append(f"| `{f['key']}` | `{default}` | {allowed} | {'yes' if f['live'] else 'no'} "
+                    f"| {f['label']}: {help_} |")
+    return "\n".join(rows)
+
+
+# ---- the project object ----------------------------------------------------------------
 class Project:
     """A loaded project: its folder, validated settings and the names derived from them."""
 
@@ -212,7 +580,10 @@ class Project:
     @property
     def output_dir(self) -> Path:
         out = self.settings.export.output_dir
-        return Path(out).expanduser().resolve() if out else self.dir.parent
+        if not out:
+            return self.dir.parent
+        p = Path(out).expanduser()
+        return (p if p.is_absolute() else self.dir / p).resolve()
 
     @property
     def base_name(self) -> str:
@@ -237,15 +608,41 @@ class Project:
         return None
 
 
-def read_raw(paths: ProjectPaths) -> dict:
+# ---- reading and writing project.json --------------------------------------------------
+def read_raw_versioned(paths: ProjectPaths) -> tuple[Any, str]:
+    """(parsed project.json, version token of its bytes). NoProjectError if absent; a
+    UserError with the fix for a folder, unreadable, oversized, non-UTF-8 or non-JSON file."""
+    pj = paths.project_json
+    if pj.is_dir():
+        raise UserError(f"{pj} is a folder, not a file; remove it and recreate the project "
+                        "(gguf-trainer new --pack ID DIR).")
     if not paths.exists():
-        raise NoProjectError(f"{paths.root} is not a project (no project.json); create one or check the path.")
+        raise NoProjectError(f"{paths.root} is not a project (no project.json); create one with "
+                             "`gguf-trainer new --pack ID DIR` or check the path.")
     try:
-        return json.loads(paths.project_json.read_text(encoding="utf-8"))
+        with open(pj, "rb") as f:
+            data = f.read(MAX_PROJECT_JSON_BYTES + 1)
+    except OSError as e:
+        raise UserError(f"cannot read {pj} ({e.strerror}); check its permissions.") from None
+    version = hashlib.sha256(data).hexdigest()[:16]
+    if len(data) > MAX_PROJECT_JSON_BYTES:
+        raise UserError(f"{pj} is over 1 MiB, far more than settings take; fix or recreate it.")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{pj} is not UTF-8 text (byte {e.start}); save it as UTF-8.") from None
+    try:
+        return json.loads(text), version
+    except RecursionError:
+        raise UserError(f"{pj} is nested too deeply to be settings; fix or recreate it.") from None
     except json.JSONDecodeError as e:
         raise UserError(
-            f"{paths.project_json} is not valid JSON (line {e.lineno}: {e.msg}); fix or recreate it."
+            f"{pj} is not valid JSON (line {e.lineno}: {e.msg}); fix or recreate it."
         ) from None
+
+
+def read_raw(paths: ProjectPaths) -> Any:
+    return read_raw_versioned(paths)[0]
 
 
 def load_project(root: str | os.PathLike) -> Project:
@@ -254,36 +651,158 @@ def load_project(root: str | os.PathLike) -> Project:
     return Project(paths, validate_settings(raw, str(paths.project_json)))
 
 
+def _check_folder(root: Path) -> None:
+    if root.exists() and not root.is_dir():
+        raise UserError(f"{root} is a file, not a folder; choose a folder for the project.")
+    for parent in root.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise UserError(f"{parent} is a file, so {root} cannot be created; choose "
+                                "another folder.")
+            break
+
+
 def create_project(root: str | os.PathLike, pack_id: str, name: str | None = None,
                    overrides: dict[str, Any] | None = None) -> Project:
     """Write a new project.json: schema defaults, then the pack's defaults, then `overrides`
-    (dotted keys, e.g. {"train.steps": 40}). Refuses to overwrite an existing project."""
+    (dotted keys, e.g. {"train.steps": 40}). Refuses to overwrite an existing project;
+    everything is validated before the folder is created."""
     from .packs import get_pack
 
     paths = ProjectPaths(Path(root))
-    if paths.exists():
+    _check_folder(paths.root)
+    if paths.project_json.exists():
         raise UserError(f"{paths.root} already holds a project; open it instead or pick another folder.")
     pack = get_pack(pack_id)
     data: dict = {"pack": pack_id, "name": default_name(pack.default_name, name)}
     for dotted, value in {**pack.defaults, **(overrides or {})}.items():
         _set_dotted(data, dotted, value)
     settings = validate_settings(data, "the new project's settings")
-    paths.root.mkdir(parents=True, exist_ok=True)
-    atomic.write_json(paths.project_json, settings.model_dump(mode="json"))
+    try:
+        paths.root.mkdir(parents=True, exist_ok=True)
+        atomic.write_json(paths.project_json, settings.model_dump(mode="json"))
+    except OSError as e:
+        raise UserError(f"cannot create {paths.project_json} ({e.strerror}); choose a folder you "
+                        "can write to.") from None
     return Project(paths, settings)
+
+
+class _SettingsLock:
+    """flock on the project's settings lock file for one read-modify-write of project.json."""
+
+    def __init__(self, paths: ProjectPaths):
+        self.file = paths.root / SETTINGS_LOCK
+        self._cm = None
+
+    def __enter__(self):
+        from .runner import lock
+
+        self._cm = lock.hold_file(self.file, "project.json is being saved by another process",
+                                  retry_s=SETTINGS_LOCK_WAIT_S)
+        try:
+            return self._cm.__enter__()
+        except IsADirectoryError:
+            raise UserError(f"{self.file} is a folder; remove it (the tool keeps a lock file "
+                            "there).") from None
+        except PermissionError:
+            raise UserError(f"cannot write in {self.file.parent}; the project folder is "
+                            "read-only.") from None
+
+    def __exit__(self, *exc):
+        return self._cm.__exit__(*exc)
+
+
+def _known_key(dotted: str) -> bool:
+    parts = dotted.split(".")
+    if parts[0] == "materials":
+        return len(parts) == 3 and parts[2] == "path" and bool(parts[1])
+    info, _ = _field_info(tuple(parts))
+    return info is not None
+
+
+def compare_and_set(paths: ProjectPaths, changes: dict[str, Any], expected: dict | None,
+                    live_run: dict | None = None) -> dict:
+    """The compare-and-set write behind control.update_settings (see its docstring).
+    Returns {applied, conflicts, refused, errors, version}."""
+    out: dict = {"applied": {}, "conflicts": {}, "refused": {}, "errors": {}, "version": None}
+    if not isinstance(changes, dict):
+        raise UserError("settings changes must be a mapping of dotted keys to values.")
+    for key in changes:
+        if not isinstance(key, str) or not _known_key(key):
+            near = difflib.get_close_matches(str(key), [f["key"] for f in schema_fields()], n=1)
+            out["errors"][str(key)] = (f"{key} is not a setting" +
+                                       (f" (did you mean {near[0]}?)" if near else "") +
+                                       "; see the README's settings table")
+    if out["errors"]:
+        return out
+    with _SettingsLock(paths):
+        raw, version = read_raw_versioned(paths)
+        if not isinstance(raw, dict):
+            raise UserError(f"{paths.project_json} does not hold a JSON object; fix or recreate it.")
+        try:
+            disk = ProjectSettings.model_validate(raw).model_dump(mode="json")
+        except (ValidationError, RecursionError):
+            disk = raw
+        todo = {}
+        for key, value in changes.items():
+            now = _get_dotted(disk, key)
+            if expected is not None:
+                seen = _get_dotted(expected, key)
+                if seen != now and now != value:
+                    out["conflicts"][key] = {"read": seen, "disk": now, "yours": value}
+                    continue
+            if now == value:
+                continue
+            if live_run is not None and not _is_live_key(key):
+                out["refused"][key] = (
+                    f"the pipeline is running (pid {live_run.get('pid')}) and {key} is an input "
+                    "of its outputs (changing it would invalidate them); stop the run first")
+                continue
+            todo[key] = value
+        if not todo:
+            out["version"] = version
+            return out
+        new = copy.deepcopy(raw)
+        for key, value in todo.items():
+            _set_dotted(new, key, value)
+        try:
+            settings = ProjectSettings.model_validate(new)
+        except ValidationError as e:
+            errs = field_errors(e)
+            out["errors"] = {k: v for k, v in errs.items()}
+            return out
+        text = json.dumps(settings.model_dump(mode="json"), indent=2, sort_keys=True,
+                          allow_nan=False) + "\n"
+        try:
+            atomic.write_text(paths.project_json, text)
+        except OSError as e:
+            raise UserError(f"cannot save {paths.project_json} ({e.strerror}); nothing was "
+                            "changed.") from None
+        out["applied"] = todo
+        out["version"] = hashlib.sha256(text.encode()).hexdigest()[:16]
+        return out
+
+
+def _is_live_key(key: str) -> bool:
+    if key.startswith("materials."):
+        return False
+    info, _ = _field_info(tuple(key.split(".")))
+    return bool(info is not None and (info.json_schema_extra or {}).get("live"))
 
 
 def update_settings(root: str | os.PathLike, changes: dict[str, Any]) -> Project:
-    """Apply dotted-key changes to project.json atomically (validated first; nothing is
-    written when a value is bad). Clients use this while a run goes on: the trainer
-    re-reads `train.steps` every `log_every` steps."""
+    """Apply dotted-key changes to project.json atomically under the settings lock
+    (validated first; nothing is written when a value is bad: UserError listing every
+    bad field). For the pipeline and the CLI; clients with a form use compare_and_set."""
     paths = ProjectPaths(Path(root))
-    raw = read_raw(paths)
-    for dotted, value in changes.items():
-        _set_dotted(raw, dotted, value)
-    settings = validate_settings(raw, str(paths.project_json))
-    atomic.write_json(paths.project_json, settings.model_dump(mode="json"))
-    return Project(paths, settings)
+    res = compare_and_set(paths, changes, None)
+    if res["errors"]:
+        lines = [f"  {v}" for v in res["errors"].values()]
+        n = len(lines)
+        head = (f"{paths.project_json}: {n} bad setting{'s' if n > 1 else ''}; "
+                "nothing was changed:")
+        raise UserError("\n".join([head, *lines]))
+    return load_project(paths.root)
 
 
 def set_steps(root: str | os.PathLike, steps: Any) -> int:
@@ -297,5 +816,106 @@ def read_steps(paths: ProjectPaths) -> int | None:
     (the trainer then keeps the count it has)."""
     try:
         return parse_steps(json.loads(paths.project_json.read_text(encoding="utf-8"))["train"]["steps"])
-    except (OSError, ValueError, KeyError, TypeError, UserError):
+    except (OSError, ValueError, KeyError, TypeError, UserError, RecursionError):
         return None
+
+
+# ---- checks before a run, and where its results are -------------------------------------
+def check_name_clash(project: Project) -> None:
+    """Refuse when another project would write the same GGUF: a sibling project folder
+    with the same name and output folder, or a final GGUF already there that this project
+    did not record writing. One sentence with the fix."""
+    out, name = project.output_dir, project.settings.name
+    parent = project.dir.parent
+    try:
+        siblings = [p for p in parent.iterdir() if p != project.dir and p.is_dir()]
+    except OSError:
+        siblings = []
+    for other in siblings:
+        pj = other / "project.json"
+        try:
+            if not pj.is_file():
+                continue
+            theirs = load_project(other)
+        except (UserError, OSError):
+            continue
+        if theirs.settings.name == name and theirs.output_dir == out:
+            raise UserError(f"{other} is another project named {name!r} writing to {out}: both "
+                            f"would write {project.final_gguf.name}; give this one another \"name\" in "
+                            f"{project.paths.project_json} or another export.output_dir.")
+    final = project.final_gguf
+    if final.exists() or final.is_symlink():
+        recorded = _recorded_exports(project)
+        if str(final.resolve()) not in recorded and str(final) not in recorded:
+            raise UserError(f"{final} already exists and this project did not write it (another "
+                            "project with the same name?); give this project another \"name\" or "
+                            "export.output_dir, or move that file away.")
+
+
+def _recorded_exports(project: Project) -> dict:
+    try:
+        man = atomic.read_json(project.paths.exports_json, {}) or {}
+    except (ValueError, OSError):
+        return {}
+    files = man.get("files") if isinstance(man, dict) else None
+    return files if isinstance(files, dict) else {}
+
+
+def ggk_command(project: Project) -> tuple[str, list[str]]:
+    """The pack's engine command with real, existing paths (pasteable: no <placeholders>);
+    and notes for what was left out or replaced."""
+    import shlex
+
+    pack = project.pack
+    notes: list[str] = []
+    student = project.material_path("student")
+    if student is None or not student.is_file():
+        student_arg = "pig_clip-f16.gguf"
+        notes.append("set materials.student.path to your pig_clip-f16.gguf; the command names it "
+                     "by its file name")
+    else:
+        student_arg = str(student)
+    cmd = pack.engine_command(student=shlex.quote(student_arg),
+                              adapter=shlex.quote(str(project.final_gguf)))
+    if project.settings.precompute.mock_teacher or "tiny" in student_arg:
+        notes.append("this project's student is the demo's tiny stand-in, not the real pig_clip: "
+                     "with ggk, pass the real pig_clip-f16.gguf as --llm; and a mock-teacher "
+                     "adapter is a smoke test, not usable")
+    # Companion files the command names (VAE, diffusion model ...) that are not next to the
+    # adapter are the user's to fetch; say so instead of printing a broken path.
+    for token in shlex.split(cmd):
+        if token.endswith(".gguf") and "/" not in token and token != Path(student_arg).name \
+                and not (project.output_dir / token).exists():
+            notes.append(f"{token} is an engine file this command expects in ggk's working "
+                         "folder; it is not made by gguf-trainer")
+    return cmd, notes
+
+
+def describe_results(root: str | os.PathLike) -> dict:
+    """Where the outputs are; see control.results."""
+    project = load_project(root)
+    out: dict = {"gguf": None, "eval_json": None, "eval_line": None, "ggk": None, "notes": [],
+                 "mock": bool(project.settings.precompute.mock_teacher),
+                 "planned_gguf": str(project.final_gguf)}
+    if project.final_gguf.is_file():
+        out["gguf"] = str(project.final_gguf)
+    else:
+        out["notes"].append(f"no adapter exported yet; it will be {project.final_gguf}")
+    try:
+        ev = atomic.read_json(project.paths.eval_json)
+    except (ValueError, OSError):
+        ev = None
+    if isinstance(ev, dict):
+        out["eval_json"] = str(project.paths.eval_json)
+        head, score = ev.get("headline"), ev.get("val_cos")
+        base = (ev.get("baseline") or {}).get(f"baseline_{head}") if isinstance(
+            ev.get("baseline"), dict) else None
+        if isinstance(score, (int, float)):
+            out["eval_line"] = f"{head} {score:.4f}" + (
+                f" vs mean baseline {base:.4f}" if isinstance(base, (int, float)) else "")
+            if out["mock"]:
+                out["eval_line"] += "; MOCK teacher: a smoke test, not a usable adapter"
+    if out["gguf"]:
+        out["ggk"], notes = ggk_command(project)
+        out["notes"] += notes
+    return out

@@ -1,0 +1,186 @@
+"""Delete only what the tool wrote: the one rule every delete in the package goes through.
+
+A hand-edited or copied record (exports.json, snapshots.json) must never make the tool
+delete a stranger's file or folder. So:
+
+* a RECORDED file (an export, a snapshot GGUF: outside the project, named by a record) is
+  deleted only if it is a regular file (not a folder, not a symlink) whose size and
+  sha256 equal what was recorded when it was written (`file_record`); for an old record
+  without them, only if its GGUF metadata names this project (`general.name`);
+* an OWNED path (data/, shards/, checkpoints/, checkpoints.stale-*, a project file) is
+  deleted only if it lies inside the folder that owns it (the project), is not a symlink,
+  and is the kind expected (folder or file). Folders are removed with `shutil.rmtree`,
+  which never follows a symlink inside them on Linux (fd-based), so a link to /home in
+  shards/ removes the link, not /home.
+
+Anything else is left alone and reported with the reason. `check_*` functions say what a
+delete WOULD do (the reset dry-run uses them, so the plan equals what is deleted);
+`remove_*` do it and return the same verdict.
+
+    verdict = remove_recorded_file(path, record, project_name="pig_t5_adapter")
+    verdict.deleted, verdict.reason
+    remove_owned(paths.shards, inside=paths.root)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+CHUNK = 1 << 20
+
+
+@dataclass
+class Verdict:
+    """What happened to one path: deleted, or left alone with the reason."""
+
+    path: str
+    deleted: bool
+    reason: str | None = None  # None when deleted (or when absent: `absent` True)
+    absent: bool = False
+
+    def as_dict(self) -> dict:
+        return {"path": self.path, "deleted": self.deleted, "reason": self.reason,
+                "absent": self.absent}
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def file_record(path: str | os.PathLike) -> dict:
+    """{"size", "sha256"} of a file just written: store it with the path in the record
+    (exports.json, snapshots.json) so a later delete can prove the file is still ours."""
+    return {"size": os.stat(path).st_size, "sha256": sha256_file(path)}
+
+
+def _lstat(path: Path) -> os.stat_result | None:
+    try:
+        return os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def _gguf_names(path: Path) -> str | None:
+    """general.name of a GGUF, read with bounds; None if unreadable."""
+    try:
+        from gguf_trainer import gguf_bounds  # ROBUST's bounded pre-scan, when present
+
+        gguf_bounds.check_gguf(path)
+    except ImportError:
+        pass
+    except Exception:  # noqa: BLE001 - anything unreadable is simply "not ours"
+        return None
+    try:
+        from gguf import GGUFReader
+
+        field = GGUFReader(str(path), "r").fields.get("general.name")
+        if field is None:
+            return None
+        return bytes(field.parts[field.data[0]]).decode("utf-8", errors="replace")
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def check_recorded_file(path: str | os.PathLike, record: dict | None,
+                        project_name: str | None = None) -> str | None:
+    """None if `path` may be deleted as the file `record` describes; else the reason.
+    An absent path returns None too (nothing to do; `remove_recorded_file` says absent)."""
+    path = Path(path)
+    st = _lstat(path)
+    if st is None:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symlink, not the file the tool wrote; left alone"
+    if stat.S_ISDIR(st.st_mode):
+        return "is a folder, not the file the tool wrote; left alone"
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a regular file; left alone"
+    record = record if isinstance(record, dict) else {}
+    size, digest = record.get("size"), record.get("sha256")
+    if isinstance(size, int) and isinstance(digest, str):
+        if st.st_size != size:
+            return (f"its size changed since the tool wrote it ({size} bytes recorded, "
+                    f"{st.st_size} now); left alone")
+        try:
+            if sha256_file(path) != digest:
+                return "its content changed since the tool wrote it (sha256 differs); left alone"
+        except OSError as e:
+            return f"cannot be read ({e.strerror}); left alone"
+        return None
+    if project_name and _gguf_names(path) == project_name:
+        return None
+    return "no size and hash were recorded and its metadata does not name this project; left alone"
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    try:
+        parent = path.parent.resolve()
+        base = Path(folder).resolve()
+    except OSError:
+        return False
+    return parent == base or base in parent.parents
+
+
+def check_owned(path: str | os.PathLike, inside: str | os.PathLike,
+                kind: str | None = None) -> str | None:
+    """None if `path` (a folder or file the tool makes inside `inside`) may be deleted;
+    else the reason. `kind` "dir" or "file" also requires that kind."""
+    path = Path(path)
+    st = _lstat(path)
+    if st is None:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symlink; the tool never deletes through one; left alone"
+    if not _inside(path, Path(inside)):
+        return f"is not inside {inside}; left alone"
+    is_dir = stat.S_ISDIR(st.st_mode)
+    if kind == "dir" and not is_dir:
+        return "is not a folder (the tool makes a folder there); left alone"
+    if kind == "file" and not stat.S_ISREG(st.st_mode):
+        return "is not a regular file (the tool writes a file there); left alone"
+    if not is_dir and not stat.S_ISREG(st.st_mode):
+        return "is not a regular file or folder; left alone"
+    return None
+
+
+def remove_recorded_file(path: str | os.PathLike, record: dict | None,
+                         project_name: str | None = None) -> Verdict:
+    path = Path(path)
+    if _lstat(path) is None:
+        return Verdict(str(path), False, None, absent=True)
+    reason = check_recorded_file(path, record, project_name)
+    if reason:
+        return Verdict(str(path), False, reason)
+    try:
+        path.unlink()
+    except OSError as e:
+        return Verdict(str(path), False, f"cannot be deleted ({e.strerror}); left alone")
+    return Verdict(str(path), True)
+
+
+def remove_owned(path: str | os.PathLike, inside: str | os.PathLike,
+                 kind: str | None = None) -> Verdict:
+    path = Path(path)
+    st = _lstat(path)
+    if st is None:
+        return Verdict(str(path), False, None, absent=True)
+    reason = check_owned(path, inside, kind)
+    if reason:
+        return Verdict(str(path), False, reason)
+    try:
+        if stat.S_ISDIR(st.st_mode):
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    except OSError as e:
+        return Verdict(str(path), False, f"cannot be deleted ({e.strerror}); left alone")
+    return Verdict(str(path), True)
