@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from hub_server import hub_server  # noqa: F401 - fixture: a local Hub-protocol server (HF_ENDPOINT)
 
 # Two cores on CI: keep torch from oversubscribing them in every test process.
 os.environ.setdefault("OMP_NUM_THREADS", "2")

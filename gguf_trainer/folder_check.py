@@ -1,0 +1,169 @@
+"""Is a snapshot folder complete? Answered from local files only (no network).
+
+A folder is complete when every file it should hold is there in full. What "should" means,
+best source first:
+1. a listing: the Hub's file list for the material's patterns (passed in when online), or
+   the one `hub.py` saved in `<folder>/.cache/gguf-trainer/listing.json` when it started the
+   download, or the tree cache huggingface_hub itself leaves in `.cache/huggingface/trees/`:
+   every listed file must exist with the listed size;
+2. otherwise the snapshot's own index files: every `*.index.json` with a `weight_map`
+   names every shard it needs, a `name-0000k-of-0000n.ext` shard needs all n siblings, every
+   literal pattern (`config.json`) needs its file and every glob at least one file.
+Either way a `.safetensors` file must be as long as its own header says (a copy cut short
+is caught), and no partial download (`*.part`, `*.incomplete`) may remain in the folder.
+One file per glob is never enough on its own (a half-copied 4-shard snapshot is partial).
+
+This module knows nothing of projects, packs or the Hub client; it must not write files.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import re
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MANIFEST_DIR = ".cache/gguf-trainer"  # inside a snapshot folder: our listing, partials, job files
+LISTING_JSON = "listing.json"
+PARTIAL_SUFFIXES = (".part", ".incomplete")
+_SHARD_RE = re.compile(r"^(?P<stem>.*?)-(?P<i>\d{5})-of-(?P<n>\d{5})(?P<ext>\.[^/]+)$")
+
+
+@dataclass
+class FolderCheck:
+    """What a folder holds of what it should hold."""
+
+    is_complete: bool
+    files_done: int
+    files_total: int
+    bytes_done: int
+    bytes_total: int  # 0 when unknown (no listing and nothing on disk yet)
+    bytes_partial: int = 0  # in partial downloads (`.part` / `.incomplete`)
+    missing: list[str] = field(default_factory=list)  # expected files absent or short
+    source: str = "patterns"  # "listing" | "index" | "patterns"
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def has_glob(pattern: str) -> bool:
+    return any(c in pattern for c in "*?[")
+
+
+def matches(path: str, patterns: tuple[str, ...] | list[str]) -> bool:
+    """The Hub client's allow_patterns semantics: fnmatch on the repo path, `dir/` = `dir/*`."""
+    return not patterns or any(
+        fnmatch.fnmatch(path, p + "*" if p.endswith("/") else p) for p in patterns)
+
+
+def local_files(folder: Path) -> dict[str, int]:
+    """Repo-style relative paths -> size of every file, skipping our and the Hub client's caches."""
+    out: dict[str, int] = {}
+    if not folder.is_dir():
+        return out
+    for p in folder.rglob("*"):
+        rel = p.relative_to(folder).as_posix()
+        if rel.startswith(".cache/") or not p.is_file():
+            continue
+        out[rel] = p.stat().st_size
+    return out
+
+
+def partial_bytes(folder: Path) -> int:
+    """Bytes in partial downloads under the folder (ours and huggingface_hub's)."""
+    cache = folder / ".cache"
+    if not cache.is_dir():
+        return 0
+    return sum(p.stat().st_size for p in cache.rglob("*")
+               if p.is_file() and p.name.endswith(PARTIAL_SUFFIXES))
+
+
+def read_listing(folder: Path) -> dict[str, int] | None:
+    """path -> size from our saved listing or from huggingface_hub's tree cache, else None."""
+    ours = folder / MANIFEST_DIR / LISTING_JSON
+    try:
+        data = json.loads(ours.read_text(encoding="utf-8"))
+        return {p: int(f["size"]) for p, f in data["files"].items()}
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError, KeyError, TypeError):  # torn or foreign: fall back to index files
+        return None
+    trees = sorted((folder / ".cache" / "huggingface" / "trees").glob("*.json"),
+                   key=lambda p: p.stat().st_mtime)
+    for tree in reversed(trees):  # the newest commit the Hub client listed here
+        try:
+            data = json.loads(tree.read_text(encoding="utf-8"))
+            return {p: int(f["size"]) for p, f in data["files"].items()}
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return None
+
+
+def safetensors_is_whole(path: Path) -> bool:
+    """True when the file is as long as its header says (8-byte length + JSON + data)."""
+    try:
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            if n > 100_000_000:
+                return False
+            header = json.loads(f.read(n))
+    except (OSError, ValueError, struct.error):
+        return False
+    end = max((int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"),
+              default=0)
+    return path.stat().st_size == 8 + n + end
+
+
+def _expected_from_index(folder: Path, have: dict[str, int],
+                         patterns: tuple[str, ...]) -> set[str]:
+    expected = {p for p in patterns if not has_glob(p)}
+    for rel in have:
+        if rel.endswith(".index.json"):
+            try:
+                weight_map = json.loads((folder / rel).read_text(encoding="utf-8"))["weight_map"]
+            except (OSError, ValueError, KeyError, TypeError):
+                expected.add(rel + " (unreadable index)")
+                continue
+            base = rel.rsplit("/", 1)[0] + "/" if "/" in rel else ""
+            expected.update(base + shard for shard in set(weight_map.values()))
+        m = _SHARD_RE.match(rel)
+        if m:
+            n = int(m["n"])
+            expected.update(f"{m['stem']}-{i:05d}-of-{n:05d}{m['ext']}" for i in range(1, n + 1))
+    return expected
+
+
+def check_folder(folder: str | Path, patterns: tuple[str, ...] | list[str] = (),
+                 listing: dict[str, int] | None = None) -> FolderCheck:
+    """How complete `folder` is for these patterns; `listing` (path -> size) when known."""
+    folder = Path(folder)
+    patterns = tuple(patterns)
+    have = {p: s for p, s in local_files(folder).items() if matches(p, patterns)}
+    part = partial_bytes(folder)
+    listing = listing if listing is not None else read_listing(folder)
+    if listing is not None:
+        listing = {p: s for p, s in listing.items() if matches(p, patterns)}
+        missing = sorted(p for p, s in listing.items() if have.get(p) != s)
+        source = "listing"
+        total = sum(listing.values())
+        n_total = len(listing)
+    else:
+        expected = _expected_from_index(folder, have, patterns) | set(have)
+        missing = sorted(p for p in expected if p not in have)
+        missing += [f"{p} (no file matches)" for p in patterns
+                    if has_glob(p) and not any(matches(h, (p,)) for h in have)]
+        source = "index"
+        total = sum(have.values())
+        n_total = len(expected) + sum(1 for m in missing if m.endswith("(no file matches)"))
+    short = sorted(p for p in have if p.endswith(".safetensors") and p not in missing
+                   and not safetensors_is_whole(folder / p))
+    missing += [f"{p} (cut short)" for p in short]
+    done_files = [p for p in have if p not in missing and p not in short
+                  and (listing is None or p in listing)]
+    return FolderCheck(
+        is_complete=not missing and part == 0 and n_total > 0,
+        files_done=len(done_files), files_total=n_total,
+        bytes_done=sum(have[p] for p in done_files), bytes_total=total,
+        bytes_partial=part, missing=missing, source=source)

@@ -1,0 +1,268 @@
+"""Hugging Face Hub access: the token, file listings, resumable verified file downloads.
+
+Built on `huggingface_hub` (repo_info, list_repo_tree, get_hf_file_metadata, http_get):
+the client does the HTTP, redirects, auth headers and in-process retries. What it does not
+do is resume across processes - since huggingface_hub 1.x its per-download temp file has a
+unique name and is deleted on failure, so a killed or rebooted download starts over. Here
+each file goes to a stable partial file,
+`<dest>/.cache/gguf-trainer/partial/<path>.<etag>.part`, that any later run continues with
+an HTTP Range request; the finished file is checked (size, and sha256 for LFS files, whose
+ETag is their sha256) and only then renamed into place. The listing the download worked
+from is saved in `<dest>/.cache/gguf-trainer/listing.json`, so completeness can be judged
+offline (folder_check.py).
+
+The token comes from `HF_TOKEN` or huggingface_hub's own token store, every time it is
+needed; it is never returned to callers, written to a file or put in a message.
+`HF_ENDPOINT` is read at call time (tests point it at a local Hub-protocol server).
+
+Knows nothing of projects or packs; never locks (the download job does, per destination).
+
+    listing = list_remote("Qwen/Qwen3-VL-4B-Instruct", "model", ("config.json", "model-*"))
+    fetch_listing(listing, dest, on_progress=lambda path, done, total: ...)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from . import atomic
+from .errors import UserError
+from .folder_check import LISTING_JSON, MANIFEST_DIR, matches
+
+log = logging.getLogger(__name__)
+
+PARTIAL_DIR = MANIFEST_DIR + "/partial"
+Progress = Callable[[str, int, int], None]  # (repo path, bytes done, bytes total)
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    path: str
+    size: int
+    sha256: str | None  # LFS files: the content hash (also their ETag)
+    blob_id: str  # git blob sha1: the ETag of small files
+
+
+@dataclass(frozen=True)
+class Listing:
+    """The files of one repo at one commit that match a material's patterns."""
+
+    repo: str
+    repo_type: str
+    revision: str
+    commit: str
+    files: dict[str, RemoteFile]
+
+    @property
+    def bytes_total(self) -> int:
+        return sum(f.size for f in self.files.values())
+
+    def sizes(self) -> dict[str, int]:
+        return {p: f.size for p, f in self.files.items()}
+
+    def as_json(self) -> dict:
+        return {"repo": self.repo, "repo_type": self.repo_type, "revision": self.revision,
+                "commit": self.commit,
+                "files": {p: {"size": f.size, "sha256": f.sha256, "blob_id": f.blob_id}
+                          for p, f in sorted(self.files.items())}}
+
+
+def endpoint() -> str | None:
+    """The Hub URL (`HF_ENDPOINT`), read now rather than when huggingface_hub was imported."""
+    return os.environ.get("HF_ENDPOINT") or None
+
+
+def get_token() -> str | None:
+    """`HF_TOKEN`, else the token `hf auth login` stored; None when logged out."""
+    from huggingface_hub import get_token as hf_get_token
+
+    return os.environ.get("HF_TOKEN") or hf_get_token()
+
+
+def has_token() -> bool:
+    """Whether a token is available (what the UI may show; never the token itself)."""
+    return bool(get_token())
+
+
+LOGIN_HINT = ("run `hf auth login` (or set HF_TOKEN) in the shell that starts gguf-trainer, "
+              "then retry")
+
+
+def explain_hub_error(exc: Exception, repo: str, repo_type: str = "model") -> str:
+    """One sentence for a Hub failure, naming the repo and what to do."""
+    from huggingface_hub import errors as e
+
+    kind = "dataset" if repo_type == "dataset" else "model"
+    page = f"https://huggingface.co/{'datasets/' if repo_type == 'dataset' else ''}{repo}"
+    if isinstance(exc, e.GatedRepoError):
+        return (f"{repo} is a gated {kind}: accept its terms at {page} and {LOGIN_HINT}"
+                if not has_token() else
+                f"{repo} is a gated {kind} and your token has no access yet: accept its terms at "
+                f"{page} (logged in as the token's user), then retry")
+    if isinstance(exc, e.RevisionNotFoundError):
+        return f"{repo} has no such revision; check the material's revision"
+    if isinstance(exc, e.RemoteEntryNotFoundError):
+        return f"a file of {repo} is gone from the Hub ({exc}); press Refresh and retry"
+    if isinstance(exc, e.RepositoryNotFoundError):
+        if has_token():
+            return f"{repo} was not found, or your token cannot see it; check the name at {page}"
+        return f"{repo} was not found or is private; check the name, or {LOGIN_HINT}"
+    if isinstance(exc, e.HfHubHTTPError):
+        status = getattr(getattr(exc, "response", None), "status_code", "?")
+        if status == 401:
+            return f"the Hub refused your token for {repo} (401); {LOGIN_HINT}"
+        return f"the Hub answered {status} for {repo}; retry later (the partial download is kept)"
+    if isinstance(exc, OSError) and exc.errno is not None:  # disk full, permissions
+        return (f"downloading {repo} failed: {exc.strerror} ({exc.filename or 'the destination'}); "
+                "free space or fix permissions, then retry - partial files are kept")
+    return (f"cannot reach the Hub for {repo} ({type(exc).__name__}); check the network or "
+            "proxy and retry - finished files and partial downloads are kept")
+
+
+def _hub_call(fn, repo: str, repo_type: str):
+    """Run a huggingface_hub call, turning its failures into one-sentence UserErrors."""
+    import httpx2
+    from huggingface_hub import errors as e
+
+    try:
+        return fn()
+    except (e.HfHubHTTPError, httpx2.HTTPError, OSError) as exc:
+        raise UserError(explain_hub_error(exc, repo, repo_type) + ".") from None
+
+
+def list_remote(repo: str, repo_type: str = "model", patterns: tuple[str, ...] = (),
+                revision: str = "main") -> Listing:
+    """The files of `repo` matching `patterns`, at the commit `revision` points to now.
+
+    Raises UserError when the Hub refuses or cannot be reached, or when a pattern matches no
+    file (the pack declares a file the repo no longer has)."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.hf_api import RepoFile
+
+    api = HfApi(endpoint=endpoint(), token=get_token() or False)
+    info = _hub_call(lambda: api.repo_info(repo, repo_type=repo_type, revision=revision),
+                     repo, repo_type)
+    tree = _hub_call(lambda: list(api.list_repo_tree(repo, recursive=True, revision=info.sha,
+                                                     repo_type=repo_type)), repo, repo_type)
+    files = {f.path: RemoteFile(f.path, int(f.size), f.lfs.sha256 if f.lfs else None, f.blob_id)
+             for f in tree if isinstance(f, RepoFile) and matches(f.path, patterns)}
+    unmatched = [p for p in patterns if not any(matches(f, (p,)) for f in files)]
+    if unmatched:
+        raise UserError(f"{repo} has no file matching {', '.join(unmatched)} at {info.sha[:10]}; "
+                        "the pack's material list needs updating.")
+    return Listing(repo, repo_type, revision, info.sha, files)
+
+
+def save_listing(listing: Listing, dest: Path) -> None:
+    atomic.write_json(Path(dest) / MANIFEST_DIR / LISTING_JSON, listing.as_json())
+
+
+def partial_path(dest: Path, f: RemoteFile) -> Path:
+    etag = f.sha256 or f.blob_id
+    return Path(dest) / PARTIAL_DIR / f"{f.path}.{etag[:16]}.part"
+
+
+class _Bar:
+    """The tqdm-shaped object http_get drives; forwards byte counts to a callback."""
+
+    def __init__(self, path: str, total: int, on_progress: Progress | None):
+        self.path, self.total, self.on_progress, self.n = path, total, on_progress, 0
+
+    def __call__(self, *args, initial: int = 0, **kwargs):  # http_get instantiates the "class"
+        self.n = initial
+        self._report()
+        return self
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def update(self, n: float | None = 1) -> None:
+        self.n += int(n or 0)
+        self._report()
+
+    def close(self) -> None:
+        pass
+
+    def _report(self) -> None:
+        if self.on_progress:
+            self.on_progress(self.path, self.n, self.total)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def fetch_file(listing: Listing, f: RemoteFile, dest: Path,
+               on_progress: Progress | None = None) -> Path:
+    """Download one file into `dest`, continuing its partial file; verified, then renamed."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.file_download import http_get
+    from huggingface_hub.utils import build_hf_headers
+
+    final = Path(dest) / f.path
+    if final.is_file() and final.stat().st_size == f.size:
+        if on_progress:
+            on_progress(f.path, f.size, f.size)
+        return final
+    part = partial_path(dest, f)
+    part.parent.mkdir(parents=True, exist_ok=True)
+    url = hf_hub_url(listing.repo, f.path, repo_type=listing.repo_type,
+                     revision=listing.commit, endpoint=endpoint())
+    headers = build_hf_headers(token=get_token() or False)
+    meta = _hub_call(lambda: get_hf_file_metadata(url, token=get_token() or False,
+                                                  endpoint=endpoint()),
+                     listing.repo, listing.repo_type)
+    if urlsplit(meta.location).netloc != urlsplit(url).netloc:
+        headers.pop("authorization", None)  # a signed CDN URL: the token stays with the Hub
+    with open(part, "ab") as fh:
+        resume = fh.tell()
+        if resume > f.size:  # not this file's bytes: start over
+            fh.truncate(0)
+            resume = 0
+        if resume:
+            log.info("%s: resuming %s at %d of %d bytes", listing.repo, f.path, resume, f.size)
+        _hub_call(lambda: http_get(meta.location, fh, resume_size=resume, headers=headers,
+                                   expected_size=f.size, displayed_filename=f.path,
+                                   tqdm_class=_Bar(f.path, f.size, on_progress)),
+                  listing.repo, listing.repo_type)
+        fh.flush()
+        os.fsync(fh.fileno())
+    _verify(part, f, listing.repo)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(part, final)
+    return final
+
+
+def _verify(part: Path, f: RemoteFile, repo: str) -> None:
+    size = part.stat().st_size
+    problem = (f"is {size} bytes, not {f.size}" if size != f.size else
+               "does not match its sha256" if f.sha256 and _sha256(part) != f.sha256 else "")
+    if problem:
+        part.unlink()  # wrong bytes can never be resumed into right ones
+        raise UserError(f"{repo}/{f.path} {problem} after download; it was discarded - retry "
+                        "to fetch it again.")
+
+
+def fetch_listing(listing: Listing, dest: str | Path, on_progress: Progress | None = None,
+                  on_file_done: Callable[[str], None] | None = None) -> Path:
+    """Every file of the listing into `dest` (small files first), resuming partial ones."""
+    dest = Path(dest)
+    save_listing(listing, dest)
+    for f in sorted(listing.files.values(), key=lambda f: (f.size, f.path)):
+        fetch_file(listing, f, dest, on_progress)
+        if on_file_done:
+            on_file_done(f.path)
+    return dest

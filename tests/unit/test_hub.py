@@ -1,0 +1,187 @@
+"""Hub downloads, completeness checks and discovery against the local Hub-protocol server.
+
+Everything goes through the real huggingface_hub client (HF_ENDPOINT -> tests/hub_server.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import numpy as np
+import pytest
+from safetensors.numpy import save as st_save
+
+from gguf_trainer import discovery, hub
+from gguf_trainer.errors import UserError
+from gguf_trainer.folder_check import check_folder
+
+TOKEN = "hf_unitTESTtoken0123456789"
+
+
+def tensor_file(n: int, seed: int = 0) -> bytes:
+    """A real safetensors file of about 4*n bytes."""
+    return st_save({"w": np.random.default_rng(seed).standard_normal(n).astype(np.float32)})
+
+
+def sharded_repo(n_shards: int = 3) -> dict[str, bytes]:
+    files = {"config.json": b'{"d_model": 8}'}
+    weight_map = {}
+    for i in range(1, n_shards + 1):
+        name = f"model-{i:05d}-of-{n_shards:05d}.safetensors"
+        files[name] = tensor_file(800, seed=i)
+        weight_map[f"layer{i}.w"] = name
+    files["model.safetensors.index.json"] = json.dumps({"weight_map": weight_map}).encode()
+    return files
+
+
+PATTERNS = ("config.json", "model.safetensors.index.json", "model-*.safetensors")
+
+
+def test_fetch_resumes_a_partial_file_with_a_range_request(hub_server, tmp_path):
+    files = {"config.json": b"{}", "model.safetensors": tensor_file(5000)}
+    hub_server.add_repo("org/m", files)
+    listing = hub.list_remote("org/m", "model", ("config.json", "*.safetensors"))
+    big = listing.files["model.safetensors"]
+    part = hub.partial_path(tmp_path / "m", big)
+    part.parent.mkdir(parents=True)
+    part.write_bytes(files["model.safetensors"][:7000])  # what a killed download leaves
+    seen = []
+    hub.fetch_listing(listing, tmp_path / "m", on_progress=lambda p, d, t: seen.append((p, d, t)))
+    assert (tmp_path / "m" / "model.safetensors").read_bytes() == files["model.safetensors"]
+    gets = hub_server.get_requests("/model.safetensors")
+    assert [h.get("range") for h in gets] == ["bytes=7000-"]
+    assert not part.exists()
+    assert seen[-1][1:] == (big.size, big.size)
+    assert check_folder(tmp_path / "m", ("config.json", "*.safetensors")).is_complete
+
+
+def test_wrong_partial_bytes_are_discarded_not_installed(hub_server, tmp_path):
+    data = tensor_file(5000)
+    hub_server.add_repo("org/m", {"model.safetensors": data})
+    listing = hub.list_remote("org/m", "model", ("*.safetensors",))
+    part = hub.partial_path(tmp_path, listing.files["model.safetensors"])
+    part.parent.mkdir(parents=True)
+    part.write_bytes(b"\0" * 9000)  # right length prefix, wrong content: the sha256 catches it
+    with pytest.raises(UserError, match="does not match its sha256"):
+        hub.fetch_listing(listing, tmp_path)
+    assert not (tmp_path / "model.safetensors").exists() and not part.exists()
+    hub.fetch_listing(listing, tmp_path)
+    assert (tmp_path / "model.safetensors").read_bytes() == data
+
+
+def test_gated_private_and_missing_repos_give_one_sentence(hub_server, monkeypatch):
+    hub_server.add_repo("org/gated", {"a.json": b"{}"}, gated=True)
+    hub_server.add_repo("org/private", {"a.json": b"{}"}, private=True)
+    with pytest.raises(UserError) as e:
+        hub.list_remote("org/gated")
+    assert "gated" in str(e.value) and "hf auth login" in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(UserError, match="not found or is private.*hf auth login"):
+        hub.list_remote("org/private")
+    with pytest.raises(UserError, match="org/none was not found"):
+        hub.list_remote("org/none")
+    hub_server.tokens.add(TOKEN)
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    assert set(hub.list_remote("org/gated").files) == {"a.json"}
+    assert hub_server.get_requests("/revision/main")[-1]["authorization"] == f"Bearer {TOKEN}"
+
+
+def test_a_pattern_the_repo_lacks_is_a_sentence(hub_server):
+    hub_server.add_repo("org/m", {"config.json": b"{}"})
+    with pytest.raises(UserError, match="no file matching spiece.model"):
+        hub.list_remote("org/m", "model", ("config.json", "spiece.model"))
+
+
+def test_partial_multi_shard_snapshot_is_not_ready_offline(tmp_path):
+    files = sharded_repo(3)
+    folder = tmp_path / "copy"
+    folder.mkdir()
+    for name, data in files.items():
+        if "00002" not in name:  # one shard never arrived; every glob still matches a file
+            (folder / name).write_bytes(data)
+    check = check_folder(folder, PATTERNS)
+    assert not check.is_complete and check.source == "index"
+    assert check.missing == ["model-00002-of-00003.safetensors"]
+    (folder / "model-00002-of-00003.safetensors").write_bytes(files["model-00002-of-00003.safetensors"][:-10])
+    assert check_folder(folder, PATTERNS).missing == ["model-00002-of-00003.safetensors (cut short)"]
+    (folder / "model-00002-of-00003.safetensors").write_bytes(files["model-00002-of-00003.safetensors"])
+    assert check_folder(folder, PATTERNS).is_complete
+    (folder / "model.safetensors.index.json").unlink()  # the shard names still say "of 3"
+    (folder / "model-00003-of-00003.safetensors").unlink()
+    assert "model-00003-of-00003.safetensors" in check_folder(folder, PATTERNS).missing
+
+
+def test_saved_listing_decides_offline_and_partials_count(hub_server, tmp_path):
+    files = sharded_repo(2)
+    hub_server.add_repo("org/m", files)
+    listing = hub.list_remote("org/m", "model", PATTERNS)
+    hub.fetch_listing(listing, tmp_path / "m")
+    assert check_folder(tmp_path / "m", PATTERNS).source == "listing"
+    (tmp_path / "m" / "config.json").unlink()
+    part = hub.partial_path(tmp_path / "m", listing.files["config.json"])
+    part.write_bytes(b"{")
+    check = check_folder(tmp_path / "m", PATTERNS)
+    assert not check.is_complete and check.missing == ["config.json"] and check.bytes_partial == 1
+
+
+def _complete_copy(folder, files):
+    folder.mkdir(parents=True)
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+
+
+class _Mat:
+    id, subdir, repo, repo_type, patterns = "teacher", "T", "org/T", "model", PATTERNS
+
+
+def test_discovery_links_complete_copies_only(tmp_path, monkeypatch):
+    files = sharded_repo(2)
+    shared, other_project = tmp_path / "shared", tmp_path / "projects" / "p1" / "materials"
+    incomplete = {k: v for k, v in files.items() if "00001" not in k}
+    _complete_copy(shared / "T", incomplete)  # searched first, but missing a shard
+    _complete_copy(other_project / "T", files)
+    monkeypatch.setenv("GGUF_TRAINER_MATERIALS", str(shared))
+    monkeypatch.chdir(tmp_path)
+    roots = discovery.candidate_roots(tmp_path / "projects" / "me", tmp_path / "projects")
+    assert roots[0] == shared
+    assert discovery.find_snapshot(_Mat, roots) == other_project / "T"
+    (other_project / "T" / "model-00002-of-00002.safetensors").unlink()
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert discovery.find_snapshot(_Mat, roots) is None
+    snap = tmp_path / "hub" / "models--org--T" / "snapshots" / ("a" * 40)
+    _complete_copy(snap, files)
+    assert discovery.find_snapshot(_Mat, roots) == snap
+
+
+def test_student_discovery_prefers_f16_and_checks_the_magic(tmp_path):
+    (tmp_path / "pig_clip-q8_0.gguf").write_bytes(b"GGUF" + b"\0" * 5000)
+    (tmp_path / "pig_clip-f16.gguf").write_bytes(b"GGUF" + b"\0" * 100)
+    (tmp_path / "pig_clip-f32.gguf").write_bytes(b"not a gguf" * 1000)
+    best, why = discovery.find_student([tmp_path])
+    assert best.name == "pig_clip-f16.gguf" and "f16" in why and "pig_clip-q8_0.gguf" in why
+    (tmp_path / "pig_clip-f16.gguf").unlink()
+    best, why = discovery.find_student([tmp_path])
+    assert best.name == "pig_clip-q8_0.gguf" and "largest" in why
+
+
+def test_token_is_sent_but_never_returned_or_written(hub_server, tmp_path, monkeypatch):
+    hub_server.tokens.add(TOKEN)
+    hub_server.add_repo("org/gated", {"a.safetensors": tensor_file(600)}, gated=True)
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    listing = hub.list_remote("org/gated", "model", ("*.safetensors",))
+    hub.fetch_listing(listing, tmp_path / "g")
+    assert hub_server.get_requests("/a.safetensors")[0]["authorization"] == f"Bearer {TOKEN}"
+    assert hub.has_token() is True
+    for p in tmp_path.rglob("*"):
+        if p.is_file():
+            assert TOKEN.encode() not in p.read_bytes(), p
+    assert TOKEN not in json.dumps(listing.as_json())
+
+
+def test_listing_sha256_matches_the_lfs_etag(hub_server):
+    data = tensor_file(700)
+    hub_server.add_repo("org/m", {"w.safetensors": data, "small.json": b"{}"})
+    files = hub.list_remote("org/m").files
+    assert files["w.safetensors"].sha256 == hashlib.sha256(data).hexdigest()
+    assert files["small.json"].sha256 is None and os.path.basename("small.json")
