@@ -1,0 +1,410 @@
+"""The PixArt pack's real teacher: the T5 v1.1 encoder (`T5EncoderModel.last_hidden_state`)
+and the T5 window ids that seed the adapter's queries.
+
+Owns: the seed ids (T5 sentencepiece ids + EOS 1, right-padded with PAD 0 to the caption
+window, too long -> cut with the last id forced to EOS: the sequence ggk's
+`PixArtT5Embedder` builds, engine contract §3.3), the header-only check of a snapshot
+(tensor names and shapes from the safetensors headers, no weights read), loading the
+encoder resident (`gpu`), streamed layer by layer from RAM (`offload`) or on the CPU
+(`cpu`), and batched targets. Must not: know projects, settings or the planner (the pack's
+hook passes the resolved snapshot folder and the mode the planner chose).
+
+Tokenizer: `sentencepiece` on the snapshot's `spiece.model`, not transformers' T5Tokenizer.
+The snapshot ships only that file; sentencepiece is the reference implementation the engine's
+Unigram tokenizer was ported from, loads in milliseconds (T5TokenizerFast converts the 32k
+pieces to a tokenizers model at every load), and adds nothing of its own (no `<extra_id_N>`
+specials, no template), so the ids do not move with transformers versions.
+
+    check_snapshot(root)                                  # SnapshotReport, or a UserError
+    teacher = load_t5_teacher(root, device, mode="gpu")   # mode: gpu | offload | cpu
+    rows = teacher.targets(["a red fox"])                 # [TargetRows(rows [n, d_model], seed_ids)]
+    teacher.close()
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import re
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import UserError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+log = logging.getLogger(__name__)
+
+PAD_ID = 0
+EOS_ID = 1
+T5_VOCAB = 32128  # rows of T5 v1.1's embedding table (32000 pieces + 100 sentinels, rounded up)
+# caption_length = the DiT's caption_projection.y_embedding ne[1] (contract §3.3). The engine
+# does not adapt the window to the adapter on PixArt: num_queries must equal it (contract §4).
+CAPTION_LENGTHS = {120: "PixArt-α", 300: "PixArt-Σ"}
+
+SPIECE = "spiece.model"
+CONFIG = "config.json"
+SINGLE_WEIGHTS = "model.safetensors"
+WEIGHTS_INDEX = "model.safetensors.index.json"
+TEACHER_MODES = ("gpu", "offload", "cpu")
+_MULTI_SPACE = re.compile(r" {2,}")
+
+
+def check_window(window: int) -> int:
+    """The caption window the engine builds for a PixArt model; anything else is refused."""
+    if window not in CAPTION_LENGTHS:
+        known = ", ".join(f"{n} ({name})" for n, name in CAPTION_LENGTHS.items())
+        raise UserError(f"a T5 window of {window} slots is not one the engine builds: PixArt's DiT takes "
+                        f"exactly caption_length rows and the adapter's num_queries must equal it; "
+                        f"use {known}.")
+    return window
+
+
+# ---------------------------------------------------------------- seed ids
+
+
+def window_ids(pieces: Sequence[int], window: int) -> list[int]:
+    """`pieces` + EOS, right-padded with PAD to `window`; too long -> the first window-1 pieces
+    and EOS (the engine's pad_tokens: truncate, then force the last id to EOS)."""
+    ids = list(pieces[: window - 1]) + [EOS_ID]
+    return ids + [PAD_ID] * (window - len(ids))
+
+
+def real_length(ids: Sequence[int]) -> int:
+    """Real slots of a window (the pieces and EOS): the engine's DiT mask is `id != 0`."""
+    return sum(1 for i in ids if i != PAD_ID)
+
+
+def normalize_prompt(text: str) -> str:
+    """The engine's T5 normalizer: runs of two or more spaces become one (sentencepiece's own
+    nmt_nfkc normalization then strips and collapses the rest, as ggk's port does)."""
+    return _MULTI_SPACE.sub(" ", text)
+
+
+def _load_spm(path: Path):
+    import sentencepiece as spm
+
+    if not path.is_file():
+        raise UserError(f"{path} is missing: the T5 tokenizer model of the teacher snapshot; download "
+                        "the snapshot again (it ships spiece.model) or set materials.teacher.path to it.")
+    proc = spm.SentencePieceProcessor()
+    try:
+        proc.Load(str(path))
+    except (OSError, RuntimeError) as e:
+        raise UserError(f"{path} is not a sentencepiece model ({e}); download the teacher snapshot again.") from None
+    if proc.pad_id() != PAD_ID or proc.eos_id() != EOS_ID:
+        raise UserError(f"{path} is not a T5 tokenizer (pad id {proc.pad_id()}, eos id {proc.eos_id()}; T5 uses "
+                        f"pad {PAD_ID} and eos {EOS_ID}); point materials.teacher.path at a T5 v1.1 snapshot.")
+    return proc
+
+
+class SeedTokenizer:
+    """T5 window ids for prompts, from the snapshot's `spiece.model`."""
+
+    def __init__(self, spiece: Path, window: int = 120, vocab_limit: int = T5_VOCAB):
+        self.window = check_window(window)
+        self.path = Path(spiece)
+        self.sp = _load_spm(self.path)
+        if self.sp.get_piece_size() > vocab_limit:
+            raise UserError(f"{self.path} has {self.sp.get_piece_size()} pieces, more than the adapter's "
+                            f"{vocab_limit}-row seed table; use the T5 v1.1 tokenizer.")
+
+    def pieces(self, text: str) -> list[int]:
+        return self.sp.EncodeAsIds(normalize_prompt(text))
+
+    def seed_ids(self, text: str) -> list[int]:
+        return window_ids(self.pieces(text), self.window)
+
+    def is_truncated(self, text: str) -> bool:
+        return len(self.pieces(text)) + 1 > self.window
+
+
+# ---------------------------------------------------------------- snapshot check (headers only)
+
+
+@dataclass
+class SnapshotReport:
+    """What a header-only check of a T5 encoder snapshot found."""
+
+    root: Path
+    config: dict
+    weight_files: list[str]
+    n_tensors: int  # encoder tensors checked
+    n_params: int  # encoder parameters
+    weight_bytes: int  # bytes of the encoder tensors as stored
+    dtypes: list[str]
+    spm_pieces: int
+    notes: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        c = self.config
+        params = f"{self.n_params / 1e9:.2f}B" if self.n_params >= 1e8 else f"{self.n_params / 1e6:.2f}M"
+        return (f"T5 encoder: {c.get('num_layers')} blocks, d_model {c.get('d_model')}, "
+                f"{params} parameters ({'/'.join(self.dtypes)}, "
+                f"{self.weight_bytes / 1024**3:.2f} GiB) in {len(self.weight_files)} file(s); "
+                f"tokenizer {self.spm_pieces} pieces")
+
+
+def expected_encoder_tensors(config: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every tensor `T5EncoderModel` loads, from config.json alone.
+    `shared.weight` (the embedding) may be stored as `encoder.embed_tokens.weight` instead."""
+    d, heads, d_kv, d_ff = (int(config[k]) for k in ("d_model", "num_heads", "d_kv", "d_ff"))
+    inner, n_layers = heads * d_kv, int(config["num_layers"])
+    gated = str(config.get("feed_forward_proj", "relu")).startswith("gated-")
+    out: dict[str, tuple[int, ...]] = {"shared.weight": (int(config["vocab_size"]), d),
+                                       "encoder.final_layer_norm.weight": (d,)}
+    buckets = int(config.get("relative_attention_num_buckets", 32))
+    out["encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"] = (buckets, heads)
+    for i in range(n_layers):
+        b = f"encoder.block.{i}.layer"
+        for proj in "qkv":
+            out[f"{b}.0.SelfAttention.{proj}.weight"] = (inner, d)
+        out[f"{b}.0.SelfAttention.o.weight"] = (d, inner)
+        out[f"{b}.0.layer_norm.weight"] = (d,)
+        for name in (("wi_0", "wi_1") if gated else ("wi",)):
+            out[f"{b}.1.DenseReluDense.{name}.weight"] = (d_ff, d)
+        out[f"{b}.1.DenseReluDense.wo.weight"] = (d, d_ff)
+        out[f"{b}.1.layer_norm.weight"] = (d,)
+    return out
+
+
+def read_safetensors_header(path: Path) -> dict[str, dict]:
+    """The tensor table of a .safetensors file (8-byte length + JSON), checking that the file
+    holds every byte the table points at (a cut download fails here, in milliseconds)."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+        if n < 2 or 8 + n > size:
+            raise UserError(f"{path} is not a complete safetensors file ({size} bytes); download it again.")
+        try:
+            table = json.loads(f.read(n))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise UserError(f"{path} has an unreadable safetensors header; download it again.") from None
+    table.pop("__metadata__", None)
+    end = max((int(t["data_offsets"][1]) for t in table.values()), default=0)
+    if 8 + n + end > size:
+        raise UserError(f"{path} is cut short ({size} of {8 + n + end} bytes): the download did not finish; "
+                        "run the download again (it resumes).")
+    return table
+
+
+def _weight_files(root: Path) -> list[str]:
+    index = root / WEIGHTS_INDEX
+    if index.is_file():
+        try:
+            names = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        except (ValueError, KeyError, AttributeError):
+            raise UserError(f"{index} is not a weight index (no weight_map); download the snapshot again.") from None
+        for name in names:
+            if not (root / name).is_file():
+                raise UserError(f"{root / name} is missing: {WEIGHTS_INDEX} names it as a shard of the T5 weights; "
+                                "run the download again (it resumes) or copy the shard there.")
+        return names
+    if (root / SINGLE_WEIGHTS).is_file():
+        return [SINGLE_WEIGHTS]
+    raise UserError(f"{root} has no {SINGLE_WEIGHTS} (nor {WEIGHTS_INDEX}): the T5 weights are missing; "
+                    "run the download again or set materials.teacher.path to the snapshot folder.")
+
+
+def read_config(root: Path) -> dict:
+    path = root / CONFIG
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"{path} is missing: the T5 snapshot needs its config.json; download it again.") from None
+    except ValueError:
+        raise UserError(f"{path} is not valid JSON; download the T5 snapshot again.") from None
+    missing = [k for k in ("d_model", "num_heads", "d_kv", "d_ff", "num_layers", "vocab_size") if k not in config]
+    if config.get("model_type") != "t5" or missing:
+        raise UserError(f"{path} does not describe a T5 encoder (model_type {config.get('model_type')!r}"
+                        f"{', missing ' + ', '.join(missing) if missing else ''}); point materials.teacher.path "
+                        "at the callgg/t5-v1_1-xxl-encoder-bf16 snapshot.")
+    return config
+
+
+def check_snapshot(root: Path, vocab_limit: int = T5_VOCAB) -> SnapshotReport:
+    """Everything a load would trip over, found from headers in seconds: config.json, the
+    tokenizer, every weight shard present and complete, every encoder tensor named with the
+    shape the config implies. Reads no weights. A UserError names the file to fix."""
+    root = Path(root)
+    if not root.is_dir():
+        raise UserError(f"the T5 teacher snapshot {root} does not exist; download it or set materials.teacher.path.")
+    config = read_config(root)
+    sp = _load_spm(root / SPIECE)
+    if sp.get_piece_size() > min(vocab_limit, int(config["vocab_size"])):
+        raise UserError(f"{root / SPIECE} has {sp.get_piece_size()} pieces but the encoder embeds "
+                        f"{config['vocab_size']} (seed table {vocab_limit}); the tokenizer and weights do not match.")
+    files = _weight_files(root)
+    found: dict[str, tuple[tuple[int, ...], str, str]] = {}
+    for name in files:
+        for tensor, info in read_safetensors_header(root / name).items():
+            found[tensor] = (tuple(info["shape"]), info["dtype"], name)
+    expected = expected_encoder_tensors(config)
+    if "shared.weight" not in found and "encoder.embed_tokens.weight" in found:
+        found["shared.weight"] = found["encoder.embed_tokens.weight"]  # tied: either name loads
+    missing = [n for n in expected if n not in found]
+    if missing:
+        raise UserError(f"the T5 weights in {root} lack {len(missing)} encoder tensor(s), e.g. {missing[0]}; "
+                        "the snapshot is incomplete or not a T5 encoder checkpoint: download it again.")
+    wrong = [(n, found[n][0], s) for n, s in expected.items() if found[n][0] != s]
+    if wrong:
+        n, got, want = wrong[0]
+        raise UserError(f"{root / found[n][2]}: {n} has shape {list(got)} but config.json implies {list(want)}; "
+                        "the weights and config.json come from different models: download the snapshot again.")
+    sizes = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8}
+    n_params = sum(_numel(found[n][0]) for n in expected)
+    n_bytes = sum(_numel(found[n][0]) * sizes.get(found[n][1], 4) for n in expected)
+    return SnapshotReport(root=root, config=config, weight_files=files, n_tensors=len(expected),
+                          n_params=n_params, weight_bytes=n_bytes,
+                          dtypes=sorted({found[n][1] for n in expected}), spm_pieces=sp.get_piece_size())
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+# ---------------------------------------------------------------- memory (pure numbers)
+
+
+def encoder_gib(n_params: int, mode: str) -> float:
+    """Memory the encoder's weights take in `mode`: bf16 on the card (gpu) or in RAM (offload),
+    fp32 in RAM for cpu (bf16 matmul on CPUs is hundreds of times slower)."""
+    return n_params * (4 if mode == "cpu" else 2) / 1024**3
+
+
+# ---------------------------------------------------------------- the encoder
+
+
+def encoder_dtype(device) -> torch.dtype:
+    """bf16 on CUDA (what the snapshot stores and T5 v1.1 was trained in; fp16 overflows), fp32
+    elsewhere."""
+    import torch
+
+    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+
+
+def load_encoder(root: Path, device, mode: str):
+    """`T5EncoderModel` from `root`, placed for `mode` and in eval mode:
+    gpu      every weight resident on `device` (bf16);
+    offload  weights in RAM (bf16), each module's weights copied to `device` just for its
+             forward by accelerate hooks: ~0.25 GiB of VRAM for the XXL encoder;
+    cpu      everything on the CPU in fp32."""
+    import torch
+    from transformers import T5EncoderModel
+
+    if mode not in TEACHER_MODES:
+        raise ValueError(f"teacher mode {mode!r} is not one of {TEACHER_MODES}")
+    device = torch.device(device)
+    if mode != "cpu" and device.type != "cuda":
+        raise UserError(f"teacher mode {mode} needs a CUDA device; set precompute.teacher_mode to cpu or auto.")
+    dtype = encoder_dtype(device if mode != "cpu" else "cpu")
+    kwargs = {"device_map": {"": str(device)}} if mode == "gpu" else {}
+    model = T5EncoderModel.from_pretrained(str(root), dtype=dtype, **kwargs)
+    model.eval().requires_grad_(False)
+    if mode == "offload":
+        from accelerate import cpu_offload
+
+        cpu_offload(model, execution_device=device)
+    return model
+
+
+def encode_windows(model, windows: Sequence[Sequence[int]], device, trim: bool = True) -> list[torch.Tensor]:
+    """`last_hidden_state` at the real slots of each window, one [n_i, d_model] CPU tensor each.
+
+    The batch runs right-padded with the attention mask; `trim` cuts it to the longest real
+    length. Pads are masked keys (softmax weight exactly 0) and T5's position bias is relative,
+    so real rows equal the per-prompt full-window run (`trim=False`, one window per call)."""
+    import torch
+
+    lens = [max(real_length(w), 1) for w in windows]
+    width = max(lens) if trim else len(windows[0])
+    ids = torch.tensor([list(w[:width]) for w in windows], dtype=torch.long, device=device)
+    mask = (torch.arange(width, device=device)[None, :] < torch.tensor(lens, device=device)[:, None]).long()
+    with torch.inference_mode():
+        hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    hidden = hidden.cpu()
+    return [hidden[i, :n].clone() for i, n in enumerate(lens)]
+
+
+def _text(sample) -> str:
+    """Samples are corpus strings today and sample records (mapping or object with .text) soon."""
+    if isinstance(sample, str):
+        return sample
+    if isinstance(sample, Mapping):
+        return sample["text"]
+    return sample.text
+
+
+class T5Teacher:
+    """The real teacher of the PixArt pack (see the module docstring)."""
+
+    is_mock = False
+
+    def __init__(self, model, tokenizer: SeedTokenizer, device, mode: str, identity: dict | None = None):
+        import torch
+
+        self.model, self.tokenizer, self.mode = model, tokenizer, mode
+        self.device = torch.device(device) if mode != "cpu" else torch.device("cpu")
+        self.window = tokenizer.window
+        self.identity = identity or {"teacher": "t5_encoder", "window": self.window}
+        self.n_truncated = 0
+        self._ids: dict[str, tuple[list[int], bool]] = {}  # lengths() tokenizes, targets() reuses
+
+    def _window(self, text: str) -> tuple[list[int], bool]:
+        """(window ids, whether the prompt was cut to fit), cached between lengths and targets."""
+        hit = self._ids.get(text)
+        if hit is None:
+            if len(self._ids) > 65536:
+                self._ids.clear()
+            pieces = self.tokenizer.pieces(text)
+            hit = self._ids[text] = (window_ids(pieces, self.window), len(pieces) >= self.window)
+        return hit
+
+    def seed_ids(self, text: str) -> list[int]:
+        return self._window(text)[0]
+
+    def lengths(self, samples: Sequence, student_ids=None) -> list[int]:
+        """Real T5 slots of each sample (its cost in a trimmed batch)."""
+        return [real_length(self.seed_ids(_text(s))) for s in samples]
+
+    def targets(self, samples: Sequence, student_ids=None) -> list:
+        from ..packs.base import TargetRows
+
+        found = [self._window(_text(s)) for s in samples]
+        windows, cut = [w for w, _ in found], sum(1 for _, was_cut in found if was_cut)
+        if cut:
+            if not self.n_truncated:
+                log.info("prompts longer than the %d-slot T5 window are cut to it with EOS last, "
+                         "as the engine cuts them (the student still reads the whole prompt)", self.window)
+            self.n_truncated += cut
+        rows = encode_windows(self.model, windows, self.device)
+        return [TargetRows(rows=r, seed_ids=list(w)) for r, w in zip(rows, windows)]
+
+    def close(self) -> None:
+        """Free the encoder (the stage that opened the teacher calls this when it is done)."""
+        import torch
+
+        self.model = None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def load_t5_teacher(root: Path, device, mode: str, window: int = 120, identity: dict | None = None,
+                    vocab_limit: int = T5_VOCAB) -> T5Teacher:
+    """Check the snapshot from its headers (fails in seconds, before any weight loads), then
+    load the tokenizer and the encoder placed for `mode`."""
+    report = check_snapshot(Path(root), vocab_limit)
+    tokenizer = SeedTokenizer(Path(root) / SPIECE, window, vocab_limit)
+    log.info("teacher: %s; mode %s", report.summary(), mode)
+    model = load_encoder(Path(root), device, mode)
+    return T5Teacher(model, tokenizer, device, mode, identity)
