@@ -18,16 +18,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import os
 import signal
 import sys
 from collections.abc import Callable, Iterator
 
-from gguf_trainer.errors import UserError
+from gguf_trainer import atomic
+from gguf_trainer.errors import UserError, as_user_error
 from gguf_trainer.paths import ProjectPaths
 from gguf_trainer.runner import lock
-from gguf_trainer.runner.state import STAGES, Report, StateWriter
+from gguf_trainer.runner.state import STAGES, Report, StateWriter, jsonable
 
 log = logging.getLogger("gguf_trainer.pipeline")
 
@@ -64,13 +66,17 @@ def main(argv: list[str] | None = None, run: StageRunner | None = None) -> int:
     if not paths.exists():
         print(f"{paths.root} is not a gguf-trainer project (no project.json)", file=sys.stderr)
         return EXIT_USER
-    with _log_to_file(paths):
-        try:
-            with lock.hold(paths):
-                return _run_locked(paths, args.only, args.force, run or _default_run)
-        except lock.LockHeld as e:
-            print(str(e), file=sys.stderr)
-            return EXIT_INTERNAL
+    try:
+        with _disk_errors_as_sentences(), _log_to_file(paths):
+            try:
+                with lock.hold(paths):
+                    return _run_locked(paths, args.only, args.force, run or _default_run)
+            except lock.LockHeld as e:
+                print(str(e), file=sys.stderr)
+                return EXIT_INTERNAL
+    except UserError as e:  # the project folder refused the log or the lock (read-only, full)
+        print(str(e), file=sys.stderr)
+        return EXIT_USER
 
 
 def run_foreground(paths: ProjectPaths, only: list[str] | None = None, force: bool = False,
@@ -83,8 +89,21 @@ def run_foreground(paths: ProjectPaths, only: list[str] | None = None, force: bo
     Ctrl-C stops gracefully after the current unit; a second one raises KeyboardInterrupt.
     Returns the exit code the detached pipeline would have.
     """
-    with _log_to_file(paths), lock.hold(paths):
+    with _disk_errors_as_sentences(), _log_to_file(paths), lock.hold(paths):
         return _run_locked(paths, only, force, run or _default_run, progress_cb, foreground=True)
+
+
+@contextlib.contextmanager
+def _disk_errors_as_sentences() -> Iterator[None]:
+    """An OSError the file system caused before or around the stages (no room or no write
+    access for pipeline.log, the lock, stop.request) leaves as a DiskError sentence."""
+    try:
+        yield
+    except OSError as e:
+        user = as_user_error(e)
+        if user is None or user is e:
+            raise
+        raise user from e
 
 
 def _run_locked(paths: ProjectPaths, only: list[str] | None, force: bool, run: StageRunner,
@@ -108,29 +127,52 @@ def _run_stages_recorded(paths: ProjectPaths, report: Report, writer: StateWrite
     """Run the stages; every way out ends in one final state.json record and an exit code."""
     try:
         outcome = run(paths, report, only, force)
-    except UserError as e:
-        log.error("%s", e)
-        writer.close("failed", str(e), EXIT_USER)
-        return EXIT_USER
     except KeyboardInterrupt:
         log.warning("aborted by a second Ctrl-C; the run resumes from its last checkpoint")
-        writer.close("stopped", "aborted by Ctrl-C", 130)
+        _close(paths, writer, "stopped", "aborted by Ctrl-C", 130)
         raise
-    except Exception as e:  # the edge of the process: record it, traceback to the log
+    except Exception as e:  # the edge of the process: a sentence for the user, or a bug
+        user = as_user_error(e)  # UserError, or an OSError the disk caused (full, read-only)
+        if user is not None:
+            log.error("%s", user)
+            log.debug("where it was raised", exc_info=True)
+            _close(paths, writer, "failed", str(user), EXIT_USER)
+            return EXIT_USER
         log.exception("pipeline failed")
-        writer.close("failed", f"{type(e).__name__}: {e} — see pipeline.log", EXIT_INTERNAL)
+        _close(paths, writer, "failed", f"internal error ({type(e).__name__}: {e}); the "
+               f"traceback is in {paths.pipeline_log}", EXIT_INTERNAL)
         return EXIT_INTERNAL
     finally:
         report.close_metrics()
         with contextlib.suppress(FileNotFoundError):  # consumed (or never there)
             paths.stop_request.unlink()
     if outcome not in ("done", "stopped"):
-        error = f"the stages returned {outcome!r} instead of 'done' or 'stopped' — see pipeline.log"
+        error = (f"internal error (the stages returned {outcome!r}); see {paths.pipeline_log}")
         log.error("%s", error)
-        writer.close("failed", error, EXIT_INTERNAL)
+        _close(paths, writer, "failed", error, EXIT_INTERNAL)
         return EXIT_INTERNAL
-    writer.close(outcome, None, EXIT_OK)
+    _close(paths, writer, outcome, None, EXIT_OK)
     return EXIT_OK
+
+
+def _close(paths: ProjectPaths, writer: StateWriter, status: str, error: str | None,
+           code: int) -> None:
+    """The final state.json record, even on a full disk: an ended run must never stay
+    "running" there. The atomic write needs a new file; when the disk has no room for one,
+    the record overwrites the old state.json through its own blocks (atomic.rewrite_in_place)."""
+    writer.close(status, error, code)
+    try:
+        on_disk = atomic.read_json(paths.state_json, {}) or {}
+    except (UserError, ValueError):  # torn or unreadable: rewrite it below
+        on_disk = {}
+    if isinstance(on_disk, dict) and on_disk.get("status") == status:
+        return
+    data = (json.dumps(jsonable(writer.snapshot()), indent=2, sort_keys=True) + "\n").encode()
+    if atomic.rewrite_in_place(paths.state_json, data):
+        log.warning("state.json was rewritten in place (no room for a new file)")
+    else:
+        log.error("could not record the end of the run in %s; status derives it from the lock",
+                  paths.state_json)
 
 
 def _clear_stale_stop_request(paths: ProjectPaths, started: float | None) -> None:
@@ -172,10 +214,20 @@ def _signals_set_stop(report: Report, foreground: bool) -> Iterator[None]:
             log.info("stop requested by a signal")
 
 
+class _QuietFileHandler(logging.FileHandler):
+    """A log line that the disk refuses (full, read-only) is dropped: logging's default
+    prints a traceback on stderr, which is the user's terminal under `gguf-trainer run`."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        if isinstance(sys.exc_info()[1], OSError):
+            return
+        super().handleError(record)
+
+
 @contextlib.contextmanager
 def _log_to_file(paths: ProjectPaths) -> Iterator[None]:
     """Timestamped log lines to pipeline.log for the life of the run (root logger)."""
-    handler = logging.FileHandler(paths.pipeline_log, encoding="utf-8")
+    handler = _QuietFileHandler(paths.pipeline_log, encoding="utf-8")
     handler.setFormatter(logging.Formatter(LOG_FORMAT))
     root = logging.getLogger()
     old_level = root.level

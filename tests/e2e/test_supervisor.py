@@ -199,12 +199,13 @@ def test_supervisor_kill_also_kills_children_and_reads_as_stopped(project, monke
 
 @pytest.mark.parametrize("fail,code,error", [
     ("user", 2, "train.steps must be positive; fix it with gguf-trainer set"),
-    ("bug", 1, "RuntimeError: fake bug — see pipeline.log")])
+    ("bug", 1, "internal error (RuntimeError: fake bug); the traceback is in {log}")])
 def test_failures_are_recorded_as_sentences(project, monkeypatch, fail, code, error):
     monkeypatch.setenv("FAKE_FAIL", fail)
     monkeypatch.setenv("FAKE_UNITS", "1")
     supervisor.start(project, module=FAKE)
     info = wait_status(project, "failed")
+    error = error.format(log=ProjectPaths(project).pipeline_log)
     assert (info["error"], info["exit_code"]) == (error, code)
     log_text = ProjectPaths(project).pipeline_log.read_text()
     assert ("Traceback" in log_text) == (fail == "bug")
