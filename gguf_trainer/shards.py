@@ -134,6 +134,28 @@ def dims(path: Path) -> dict[str, int]:
                 "out_dim": int(f.get_slice("target_rows").get_shape()[1]), "vis_dim": int(vis)}
 
 
+def linear_fit(files: list[Path], stats: Stats | None = None, max_rows: int = 65536):
+    """Ridge fit target ≈ W·student + b over the token-aligned rows of `files` (at most
+    `max_rows`, taken in file order); with `stats`, of the standardized targets (t − μ)/σ_f.
+    Returns (weight (out, in), bias (out,)) float32: the least-squares start of `skip`."""
+    from .ridge import RidgeAccumulator
+
+    acc = None
+    for path in files:
+        t = load_file(str(path))
+        if not torch.equal(t["student_len"], t["target_len"]):
+            raise ValueError(f"{path} is not token-aligned: a linear start needs one row per token")
+        x, y = t["student_rows"].float(), t["target_rows"].float()
+        if stats is not None:
+            y = (y - stats.mu) / stats.sigma_f
+        acc = acc or RidgeAccumulator(x.shape[1], y.shape[1])
+        take = max_rows - acc.n
+        acc.add(x[:take], y[:take])
+        if acc.n >= max_rows:
+            break
+    return acc.solve(bias=True)
+
+
 class Shard:
     """A shard loaded into memory, with per-sample row offsets."""
 

@@ -14,7 +14,9 @@ from gguf_trainer.shards import (
     ShardStream,
     StreamPos,
     collate,
+    dims,
     iter_batches,
+    linear_fit,
     load_stats,
     shard_files,
     shard_name,
@@ -274,3 +276,75 @@ def test_iter_batches_visits_every_sample_once_in_order(files):
     first = Shard(files[0])
     np.testing.assert_array_equal(batches[0].target[0, : int(first.t["target_len"][0])].numpy(),
                                   first.target(0).float().numpy())
+
+
+# ----------------------------------------------------------------- vision rows
+
+VIS_DIM = 7
+
+
+def vision_shard(n: int, seed: int) -> tuple[dict[str, torch.Tensor], list[list[tuple[int, torch.Tensor]]]]:
+    """A token-aligned shard with images: sample k has k % 3 images (0 = text-only), each a
+    run of raw rows at increasing positions. Returns the tensors and, per sample, (pos, row)."""
+    t = shard_tensors(n, seed, "token")
+    g = torch.Generator().manual_seed(seed + 100)
+    rows, pos, lens, truth = [], [], [], []
+    for k, length in enumerate(t["student_len"].tolist()):
+        take = list(range(0, length, 2))[: k % 3]  # a few positions of this sample
+        r = torch.randn(len(take), VIS_DIM, generator=g).to(torch.bfloat16)
+        rows.append(r)
+        pos += take
+        lens.append(len(take))
+        truth.append(list(zip(take, r)))
+    t["vis_rows"] = torch.cat(rows)
+    t["vis_pos"] = torch.tensor(pos, dtype=torch.int32)
+    t["vis_len"] = torch.tensor(lens, dtype=torch.int32)
+    return t, truth
+
+
+def test_vision_rows_collate_to_dense_vis_and_mask(tmp_path):
+    tensors, truth = vision_shard(9, SEED)
+    path = tmp_path / "v.safetensors"
+    write_shard(path, tensors, {"fingerprint": FP})
+    assert verify_shard(path, FP) is None
+    assert dims(path) == {"in_dim": IN_DIM, "out_dim": OUT_DIM, "vis_dim": VIS_DIM}
+    shard = Shard(path)
+    rows = [5, 0, 4, 3]  # 2, 0, 1, 0 images
+    batch = collate(shard, rows, 0)
+    assert batch.vis.shape == (4, batch.hidden.shape[1], VIS_DIM) and batch.vis.dtype == torch.float32
+    want = torch.zeros_like(batch.vis)
+    mask = torch.zeros(batch.vis.shape[:2], dtype=torch.bool)
+    for b, i in enumerate(rows):
+        for p, r in truth[i]:
+            want[b, p], mask[b, p] = r.float(), True
+    assert torch.equal(batch.vis, want) and torch.equal(batch.vis_mask, mask)
+    assert mask.sum() == sum(len(truth[i]) for i in rows) > 0 and not (batch.vis_mask & ~batch.mask).any()
+    moved = batch.to("cpu")
+    assert torch.equal(moved.vis, batch.vis) and torch.equal(moved.vis_mask, batch.vis_mask)
+    text_only = collate(shard, [0, 3, 6], 0)  # no image in the batch: vis None, mask all False
+    assert text_only.vis is None and text_only.vis_mask.shape == text_only.mask.shape
+    assert not text_only.vis_mask.any()
+
+
+def test_text_shards_have_no_vision(tmp_path, files):
+    assert dims(files[0]) == {"in_dim": IN_DIM, "out_dim": OUT_DIM, "vis_dim": 0}
+    batch = collate(Shard(files[0]), [0, 1], 0)
+    assert batch.vis is None and batch.vis_mask is None
+
+
+def test_linear_fit_recovers_a_linear_teacher(tmp_path):
+    g = torch.Generator().manual_seed(5)
+    w, b = torch.randn(OUT_DIM, IN_DIM, generator=g), torch.randn(OUT_DIM, generator=g)
+    paths = []
+    for k in range(2):
+        t = shard_tensors(40, SEED + k, "token")
+        t["target_rows"] = (t["student_rows"].float() @ w.T + b).to(torch.bfloat16)
+        paths.append(tmp_path / f"t{k}.safetensors")
+        write_shard(paths[-1], t, {"fingerprint": FP})
+    got_w, got_b = linear_fit(paths)
+    assert torch.allclose(got_w, w, atol=0.05) and torch.allclose(got_b, b, atol=0.05)
+    few_w, _ = linear_fit(paths, max_rows=30)  # capped: still a fit, from fewer rows
+    assert few_w.shape == w.shape
+    (tmp_path / "r").mkdir()
+    with pytest.raises(ValueError, match="token-aligned"):
+        linear_fit(write_set(tmp_path / "r"))
