@@ -1,0 +1,182 @@
+"""`gguf-trainer check`: an exported adapter against the engine's own conditioning dump.
+
+Owns: reading a ggk `SD_DUMP_COND` dump folder (headerless little-endian f32 `[rows, dim]`,
+with `tokens.txt` / `t5_ids.txt` beside it; engine-contract §4b), running the student + the
+adapter GGUF on the same prompt, and the figures: cosine, centred cosine (centred by the
+dump's own per-dimension mean) and rel_mse, with the pack's verdict. Only packs whose engine
+output has a fixed shape can be checked (LLaDA-Image, PixArt); for PixArt only the real slots
+(`t5_ids.txt` id != 0, EOS included) count. Must not: write anything.
+
+    gguf-trainer check --adapter pig_llada_adapter-f16.gguf --student pig_clip-f16.gguf \
+        --dump dumps/run1 --prompt "a sheep in sunglasses"
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import UserError
+
+# Reference files, first found wins: an external teacher context (trainer8's m1 dump),
+# the engine's adapter output, a plain LLM run.
+DUMP_FILES = ("context.bin", "adapter_out.bin", "llm_hidden.bin")
+TOKENS_TXT = "tokens.txt"
+T5_IDS_TXT = "t5_ids.txt"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """How a pack reads the check: the headline, its healthy floor, and below `broken_below`
+    the failure it usually means."""
+
+    headline: str
+    healthy: float
+    broken_below: float
+    broken_means: str
+
+
+VERDICTS = {
+    "llada_image": Verdict("cos_centered", 0.96, 0.92, "~0.87 is the broken-RoPE teacher signature"),
+    "t5xxl_pixart": Verdict("cos", 0.80, 0.60, "under ~0.6 the seed or tokenizer path is broken"),
+}
+KIND_PACK = {"resampler": "llada_image", "seeded_resampler": "t5xxl_pixart"}
+
+
+def read_dump(path, dim: int) -> np.ndarray:
+    """A dump file (or the first of DUMP_FILES in a folder) as float32 [rows, dim]."""
+    path = Path(path)
+    if path.is_dir():
+        found = next((path / n for n in DUMP_FILES if (path / n).is_file()), None)
+        if found is None:
+            raise UserError(f"{path} holds none of {', '.join(DUMP_FILES)}; run the engine with "
+                            "SD_DUMP_COND set to that folder (it must exist), or name the .bin file.")
+        path = found
+    if not path.is_file():
+        raise UserError(f"{path} does not exist; pass the SD_DUMP_COND folder or a .bin file in it.")
+    n_bytes = path.stat().st_size
+    if n_bytes == 0 or n_bytes % (4 * dim):
+        raise UserError(f"{path} has {n_bytes} bytes, not a whole number of f32 rows of {dim}; "
+                        "it was not written for this adapter's output width.")
+    return np.fromfile(path, dtype="<f4").reshape(-1, dim)
+
+
+def read_ids(path) -> list[int] | None:
+    """One decimal id per line, or None when the file is absent."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        return [int(line) for line in path.read_text(encoding="utf-8").split()]
+    except ValueError:
+        raise UserError(f"{path} is not one id per line; use the file the engine wrote.") from None
+
+
+def compare(pred: np.ndarray, ref: np.ndarray, keep: np.ndarray | None = None) -> dict:
+    """Row figures of pred vs ref ([rows, dim]) over the rows in `keep` (default all)."""
+    if keep is not None:
+        pred, ref = pred[keep], ref[keep]
+    p, t = pred.astype(np.float64), ref.astype(np.float64)
+
+    def rowcos(a, b):
+        den = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+        return (a * b).sum(1) / np.maximum(den, 1e-12)
+
+    mu = t.mean(0, keepdims=True)  # the dump's own per-dim mean
+    centred = rowcos(p - mu, t - mu)
+    return {"rows": int(t.shape[0]), "cos": float(rowcos(p, t).mean()),
+            "cos_centered": float(centred.mean()), "worst_row_cos_centered": float(centred.min()),
+            "rel_mse": float(((p - t) ** 2).sum() / max((t**2).sum(), 1e-30))}
+
+
+def verdict_line(pack_id: str, figures: dict) -> str:
+    v = VERDICTS[pack_id]
+    x = figures[v.headline]
+    if x >= v.healthy:
+        return f"healthy: {v.headline} {x:.4f} >= {v.healthy}"
+    if x < v.broken_below:
+        return f"broken: {v.headline} {x:.4f} < {v.broken_below} ({v.broken_means})"
+    return f"weak: {v.headline} {x:.4f} is below the {v.healthy} of a healthy adapter"
+
+
+def _pack_for(module) -> str:
+    pack = (getattr(module, "metadata", {}) or {}).get("adapter.pack")
+    pack = pack if pack in VERDICTS else KIND_PACK.get(module.config.kind)
+    if pack is None:
+        raise UserError("only fixed-shape adapters (LLaDA-Image resampler, PixArt seeded resampler) "
+                        "can be checked against a dump; a token-aligned adapter's rows follow the prompt.")
+    return pack
+
+
+def predict(adapter, student, prompt: str, pack_id: str, seed_ids=None):
+    """The adapter's rows [Q, out_dim] for one prompt, and the student ids it read."""
+    import torch
+
+    from .packs import get_pack
+    from .student import tokenize
+
+    text = get_pack(pack_id).format_prompt(prompt)
+    ids = tokenize(student.tokenizer, [text])[0]
+    x = torch.tensor([ids])
+    hidden = student.hidden(x, torch.ones_like(x))
+    with torch.no_grad():
+        seeds = None if seed_ids is None else torch.tensor([seed_ids])
+        out = adapter(hidden, seed_ids=seeds)
+    return out[0].float().cpu().numpy(), ids
+
+
+def run_check(adapter_path, student_path, dump, prompt: str, tokenizer_dir=None) -> dict:
+    """Every figure of the check as a dict (see `format_check`)."""
+    from .adapters import load_gguf
+    from .student import load_student
+
+    adapter = load_gguf(adapter_path)
+    pack_id = _pack_for(adapter)
+    dump_dir = Path(dump) if Path(dump).is_dir() else Path(dump).parent
+    seed_ids = read_ids(dump_dir / T5_IDS_TXT)
+    if pack_id == "t5xxl_pixart" and seed_ids is None:
+        raise UserError(f"{dump_dir} has no {T5_IDS_TXT}; a PixArt check needs the engine's seed ids.")
+    if tokenizer_dir is None:
+        from .tiny import qwen_tokenizer_dir  # the real Qwen BPE files pig_clip uses
+
+        tokenizer_dir = qwen_tokenizer_dir()
+    student = load_student(student_path, tokenizer_dir)
+    pred, ids = predict(adapter, student, prompt, pack_id, seed_ids)
+    ref = read_dump(dump, pred.shape[1])
+    if ref.shape[0] != pred.shape[0]:
+        raise UserError(f"the dump has {ref.shape[0]} rows but the adapter makes {pred.shape[0]}; "
+                        "it was written by another model or adapter.")
+    engine_ids = read_ids(dump_dir / TOKENS_TXT)
+    if engine_ids is not None and engine_ids != ids:
+        raise UserError(f"the dump's {TOKENS_TXT} ({len(engine_ids)} ids) is not the student's "
+                        f"tokenization of this prompt ({len(ids)} ids); pass the exact --prompt the "
+                        "engine ran, without weights syntax.")
+    keep = None if pack_id != "t5xxl_pixart" else np.array([i != 0 for i in seed_ids])
+    figures = compare(pred, ref, keep)
+    return {"adapter": str(adapter_path), "dump": str(dump), "pack": pack_id, "prompt": prompt,
+            "student_tokens": len(ids), "tokens_checked": engine_ids is not None, **figures,
+            "verdict": verdict_line(pack_id, figures), "thresholds": asdict(VERDICTS[pack_id])}
+
+
+def format_check(res: dict) -> str:
+    return "\n".join([
+        f"adapter:  {res['adapter']} ({res['pack']})",
+        (f"dump:     {res['dump']} ({res['rows']} rows; student tokens "
+         f"{'match' if res['tokens_checked'] else 'not checked: no tokens.txt'})"),
+        (f"cosine {res['cos']:.6f}   centred cosine {res['cos_centered']:.6f}   "
+         f"rel_mse {res['rel_mse']:.6g}   worst centred row {res['worst_row_cos_centered']:.4f}"),
+        f"verdict:  {res['verdict']}",
+    ])
+
+
+def check_main(adapter, student, dump, prompt, tokenizer=None, as_json=False, out=None) -> int:
+    """The body of `gguf-trainer check`: prints the figures and the verdict. Exit 0 whenever
+    the check ran (the verdict is a finding, not a failure); bad input is a UserError."""
+    import sys
+
+    res = run_check(adapter, student, dump, prompt, tokenizer)
+    print(json.dumps(res, indent=2) if as_json else format_check(res), file=out or sys.stdout)
+    return 0

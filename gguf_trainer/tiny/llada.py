@@ -1,0 +1,178 @@
+"""A tiny LLaDA-Image teacher snapshot: the same folder layout, the same remote-code interface
+and the same transformers-5 traps as `inclusionAI/LLaDA-Image-Turbo`, on small dimensions.
+
+Owns: the tiny dimensions, the builder of the shipped demo materials
+(`gguf_trainer/packs/demo_materials/llada_image/`) and copying them into a folder. The
+remote code itself (`text_encoder/*.py`) is hand-written and shipped; this module writes the
+configs, the seeded random weights, the tokenizer and a tiny SigVQ file next to it.
+Must not: be used for real materials.
+
+    python -m gguf_trainer.tiny.llada            # rebuild the shipped files (maintainers)
+    root = copy_tiny_llada(dest)                 # tests and the demo: a private copy
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+SHIPPED = Path(__file__).resolve().parent.parent / "packs" / "demo_materials" / "llada_image"
+CODE_FILES = ("configuration_llada2uni_moe.py", "modeling_llada2uni_moe.py", "fused_moe_ops.py")
+HIDDEN = 64
+TEXT_ENCODER = {
+    "architectures": ["LLaDA2MoeModelLM"], "model_type": "llada2_moe_veomni",
+    "auto_map": {"AutoConfig": "configuration_llada2uni_moe.LLaDA2MoeConfig",
+                 "AutoModel": "modeling_llada2uni_moe.LLaDA2MoeModelLM"},
+    "vocab_size": 512, "hidden_size": HIDDEN, "intermediate_size": 128, "moe_intermediate_size": 32,
+    "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+    "num_experts": 8, "num_experts_per_tok": 2, "n_group": 4, "topk_group": 2,
+    "num_shared_experts": 1, "first_k_dense_replace": 1, "routed_scaling_factor": 1.0,
+    "rms_norm_eps": 1e-6, "rope_theta": 600000.0, "partial_rotary_factor": 0.5,
+    # as in the released config; transformers 5 turns it into rope_parameters, the code ignores it
+    "rope_scaling": {"mrope_section": [2, 1, 1], "rope_type": "default", "type": "default"},
+    "max_position_embeddings": 4096, "pad_token_id": 0, "torch_dtype": "bfloat16",
+}
+QUERYFORMER = {"_class_name": "QueryFormer", "hidden_size": HIDDEN, "num_queries": 256,
+               "num_attention_heads": 4, "intermediate_size": 128, "layer_norm_eps": 1e-6,
+               "num_layers": 1}
+TEXT_PROJECTION = {"_class_name": "TextProjection", "hidden_size": HIDDEN, "intermediate_size": 128,
+                   "num_attention_heads": 4, "rms_norm_eps": 1e-6, "num_layers": 2,
+                   "projection_dim": 2560}
+MODEL_INDEX = {"_class_name": "LLaDAImagePipeline", "text_encoder": ["transformers", "LLaDA2MoeModelLM"],
+               "queryformer": ["llada_image", "QueryFormer"],
+               "text_projection": ["llada_image", "TextProjection"],
+               "tokenizer": ["transformers", "PreTrainedTokenizerFast"], "sigvq": ["llada_image", "SigVQ"]}
+SPECIAL = {"pad": "<|pad|>", "bos": "<|startoftext|>", "eos": "<|endoftext|>"}
+# (name, shape, dtype): a few SigVQ-like tensors in the dtypes a real file mixes
+SIGVQ_TENSORS = (("encoder.patch_embed.proj.weight", (8, 3, 2, 2), torch.float32),
+                 ("encoder.patch_embed.proj.bias", (8,), torch.float32),
+                 ("encoder.blocks.0.attn.qkv.weight", (24, 8), torch.bfloat16),
+                 ("encoder.blocks.0.norm1.weight", (8,), torch.bfloat16),
+                 ("quantizer.embedding.weight", (16, 8), torch.float16))
+
+
+def _randomized(state: dict, seed: int) -> dict:
+    """Seeded weights in sorted-name order: norms 1, expert biases 0, the rest N(0, std)."""
+    gen = torch.Generator().manual_seed(seed)
+    out = {}
+    for name in sorted(state):
+        t = state[name]
+        if name.endswith(("norm.weight", "norm1.weight")):
+            out[name] = torch.ones(t.shape)
+        elif name.endswith("expert_bias"):
+            out[name] = torch.zeros(t.shape)
+        else:
+            std = 0.5 if ("embeddings" in name or "meta_queries" in name or name.endswith("gate.weight")) else 0.08
+            out[name] = torch.randn(t.shape, generator=gen) * std
+    return out
+
+
+def _save(state: dict, path: Path, dtype: torch.dtype) -> None:
+    from safetensors.torch import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.to(dtype).contiguous() for k, v in state.items()}, str(path))
+    path.chmod(0o644)  # package data: readable by everyone
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
+
+
+def _backbone_state(root: Path) -> dict:
+    """The remote model's state dict names and shapes, read by building it on the meta device
+    with our own shipped code (imported as a package from the folder)."""
+    import importlib
+    import sys
+    import types
+
+    from gguf_trainer.teachers.llada_compat import install_attn_mask_utils
+
+    install_attn_mask_utils()
+    pkg = "_tiny_llada_code"
+    package = types.ModuleType(pkg)  # the folder as a package, so its relative imports work
+    package.__path__ = [str(root / "text_encoder")]
+    sys.modules[pkg] = package
+    try:
+        conf = importlib.import_module(f"{pkg}.configuration_llada2uni_moe")
+        modeling = importlib.import_module(f"{pkg}.modeling_llada2uni_moe")
+        cfg = conf.LLaDA2MoeConfig(**{k: v for k, v in TEXT_ENCODER.items()
+                                      if k not in ("architectures", "auto_map", "model_type", "torch_dtype")})
+        with torch.device("meta"):
+            model = modeling.LLaDA2MoeModelLM(cfg)
+        return {k: torch.empty(v.shape) for k, v in model.state_dict().items()}
+    finally:
+        for name in [m for m in sys.modules if m == pkg or m.startswith(pkg + ".")]:
+            del sys.modules[name]
+
+
+def _write_tokenizer(folder: Path) -> None:
+    """A small byte-level BPE trained on the demo prompts and the template; it adds its own
+    special tokens (BOS ... EOS), as the teacher's tokenizer does."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    from gguf_trainer.demo import demo_prompts
+    from gguf_trainer.packs.llada_image import PACK
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=TEXT_ENCODER["vocab_size"],
+                                  special_tokens=[SPECIAL["pad"], SPECIAL["bos"], SPECIAL["eos"]],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    texts = [PACK.format_prompt(p) for p in demo_prompts()] + [PACK.format_prompt("")]
+    tok.train_from_iterator(texts, trainer)
+    bos, eos = SPECIAL["bos"], SPECIAL["eos"]
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A {eos}", pair=f"{bos} $A {eos} $B {eos}",
+        special_tokens=[(bos, tok.token_to_id(bos)), (eos, tok.token_to_id(eos))])
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    _write_json(folder / "tokenizer_config.json", {
+        "tokenizer_class": "PreTrainedTokenizerFast", "pad_token": SPECIAL["pad"],
+        "bos_token": SPECIAL["bos"], "eos_token": SPECIAL["eos"], "padding_side": "right",
+        "model_max_length": 2048})
+
+
+def build_shipped(root: Path = SHIPPED, seed: int = 0) -> Path:
+    """(Re)write every generated file of the tiny snapshot at `root` (its *.py stay)."""
+    from gguf_trainer.teachers.queryformer import QueryFormer, TextProjection
+
+    te = root / "text_encoder"
+    _write_json(te / "config.json", TEXT_ENCODER)
+    _save(_randomized(_backbone_state(root), seed), te / "model.safetensors", torch.bfloat16)
+    for cls, cfg, sub in ((QueryFormer, QUERYFORMER, "queryformer"),
+                          (TextProjection, TEXT_PROJECTION, "text_projection")):
+        _write_json(root / sub / "config.json", cfg)
+        args = {k: cfg[k] for k in cls.DEFAULTS}
+        with torch.device("meta"):
+            shapes = {k: torch.empty(v.shape) for k, v in cls(**args).state_dict().items()}
+        _save(_randomized(shapes, seed + 1), root / sub / "diffusion_pytorch_model.safetensors",
+              torch.bfloat16)
+    _write_tokenizer(root / "tokenizer")
+    _write_json(root / "model_index.json", MODEL_INDEX)
+    gen = torch.Generator().manual_seed(seed + 2)
+    sig = {n: (torch.randn(s, generator=gen) * 0.1).to(dt) for n, s, dt in SIGVQ_TENSORS}
+    from safetensors.torch import save_file
+
+    (root / "sigvq").mkdir(parents=True, exist_ok=True)
+    save_file(sig, str(root / "sigvq" / "diffusion_pytorch_model.safetensors"))
+    (root / "sigvq" / "diffusion_pytorch_model.safetensors").chmod(0o644)
+    _write_json(root / "sigvq" / "config.json", {"_class_name": "SigVQ"})
+    return root
+
+
+def copy_tiny_llada(dest, with_sigvq: bool = True) -> Path:
+    """A private copy of the shipped tiny snapshot at `dest` (created); returns `dest`."""
+    dest = Path(dest)
+    ignore = shutil.ignore_patterns("__pycache__", *(() if with_sigvq else ("sigvq",)))
+    shutil.copytree(SHIPPED, dest, ignore=ignore, dirs_exist_ok=True)
+    return dest
+
+
+if __name__ == "__main__":  # pragma: no cover - maintainer tool
+    print(build_shipped())
