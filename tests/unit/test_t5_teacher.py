@@ -169,3 +169,17 @@ def test_the_shipped_data_is_package_data():
     cfg = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
     globs = cfg["tool"]["setuptools"]["package-data"]["gguf_trainer.packs"]
     assert any(Path("demo_materials/t5xxl_pixart/spiece.model").match(g) for g in globs)
+
+
+def test_gpu_benchmark_script_runs_quick(capsys):
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_t5_gpu.py"
+    spec = importlib.util.spec_from_file_location("bench_t5_gpu", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    result = bench.main(["--quick", "--prompts", "32"])
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == result
+    assert result["modes"]["gpu"]["real_rows"] == sum(map(bench.real_len, bench.prompt_windows(
+        32, bench.TINY["vocab_size"], bench.random.Random(bench.SEED))))
+    assert result["batched_vs_single"]["max_rel"] <= 1e-6  # fp32 on the CPU; bf16 is read on a GPU
