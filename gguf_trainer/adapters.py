@@ -227,6 +227,27 @@ def build_adapter(cfg: AdapterConfig) -> nn.Module:
     return ResamplerAdapter(cfg)
 
 
+def start_output(module: nn.Module, mean: torch.Tensor, skip=None) -> None:
+    """Where step 0 starts, for every kind: `out_proj` zero, so the blocks' output is ignored
+    at first (trainer5's recipe), and the rows the adapter predicts are either the per-dim
+    `mean` of the training targets (bias = mean; a token-aligned `skip` zeroed) or, with
+    `skip` = (weight (out, in), bias (out,)), that least-squares linear map of the student
+    states in the skip path (out_proj bias 0). Both start at or above the mean baseline."""
+    with torch.no_grad():
+        module.out_proj.weight.zero_()
+        if skip is not None:
+            if not hasattr(module, "skip"):
+                raise ValueError(f"a {module.config.kind} adapter has no skip path")
+            module.out_proj.bias.zero_()
+            module.skip.weight.copy_(skip[0])
+            module.skip.bias.copy_(skip[1])
+            return
+        module.out_proj.bias.copy_(torch.as_tensor(mean, dtype=module.out_proj.bias.dtype))
+        if hasattr(module, "skip"):
+            module.skip.weight.zero_()
+            module.skip.bias.zero_()
+
+
 def trainable_parameters(module: nn.Module) -> list[nn.Parameter]:
     """Everything except the frozen vision_proj."""
     return [p for n, p in module.named_parameters() if not n.startswith("vision_proj.")]

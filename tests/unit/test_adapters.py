@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from adapter_cases import CFGS, DEPTH, IN, OUT, QUERIES, VIS, VOCAB, WIDTH
 
 from gguf_trainer.adapter_file import expected_tensors
 from gguf_trainer.adapters import (
@@ -13,12 +14,12 @@ from gguf_trainer.adapters import (
     build_adapter,
     load_gguf,
     set_vision_proj,
+    start_output,
     trainable_parameters,
 )
 from gguf_trainer.errors import UserError
 from gguf_trainer.export import write_adapter_gguf
 
-from adapter_cases import CFGS, DEPTH, IN, OUT, QUERIES, VIS, VOCAB, WIDTH  # noqa: E402
 SEED = 0
 FILE_KIND = {
     "resampler": "resampler",
@@ -194,3 +195,37 @@ def test_load_gguf_rebuilds_config_and_keeps_rng(kind, tmp_path):
     assert trainable_parameters(loaded)
     if kind == "token_aligned_vision":
         assert not loaded.vision_proj.weight.requires_grad
+
+
+def _run(m, kind, hidden, g):
+    kw = {"vis": torch.randn(*hidden.shape[:2], VIS, generator=g)} if kind == "token_aligned_vision" else {}
+    if kind == "seeded_resampler":
+        kw["seed_ids"] = torch.randint(0, VOCAB, (hidden.shape[0], QUERIES), generator=g)
+    return m(hidden, **kw)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_start_output_predicts_the_mean_for_every_kind(kind):
+    """Step 0 of every kind is exactly the per-dim mean baseline, whatever the inputs."""
+    g = torch.Generator().manual_seed(3)
+    torch.manual_seed(SEED)
+    m = build_adapter(CFGS[kind])
+    mean = torch.randn(OUT, generator=g)
+    start_output(m, mean)
+    out = _run(m, kind, torch.randn(2, 5, IN, generator=g), g)
+    assert torch.equal(out, mean.expand_as(out))
+    params = dict(m.named_parameters())
+    assert params["out_proj.weight"].requires_grad  # zero, but trained
+    if kind != "token_aligned_vision":
+        with pytest.raises(ValueError, match="no skip path"):
+            start_output(m, mean, skip=(torch.zeros(OUT, IN), torch.zeros(OUT)))
+
+
+def test_start_output_with_a_linear_skip_is_that_map():
+    g = torch.Generator().manual_seed(4)
+    m = build_adapter(CFGS["token_aligned_vision"])
+    w, b = torch.randn(OUT, IN, generator=g), torch.randn(OUT, generator=g)
+    start_output(m, torch.zeros(OUT), skip=(w, b))
+    h = torch.randn(2, 5, IN, generator=g)
+    out = _run(m, "token_aligned_vision", h, g)
+    assert torch.allclose(out, h @ w.T + b, atol=1e-5)
