@@ -6,7 +6,8 @@ student's input space with `vision_proj` (no bias) and splices the result over t
 sample's `<|image_pad|>` run (engine-contract §2, §3.2). The map is fitted once per project,
 by ridge least squares from the teacher's token embedding table to the student's over their
 shared vocabulary (the first min(V_t, V_s) ids: both use the Qwen vocabulary), and stored as
-`vision_proj.safetensors` in the project with the inputs it was fitted from; its sha256 is
+`vision_proj.safetensors` in the project with the inputs it was fitted from; the sha256 of
+the map is
 an input of the precompute fingerprint, the trainer installs it frozen and the export
 writes it in f32.
 
@@ -50,12 +51,14 @@ def fit_vision_proj(teacher_table: torch.Tensor, student_table: torch.Tensor) ->
                     n, teacher_table.shape[1])
     acc = RidgeAccumulator(teacher_table.shape[1], student_table.shape[1])
     for a in range(0, n, _CHUNK):
-        acc.add(teacher_table[a: a + _CHUNK], student_table[a: a + _CHUNK])
+        b = min(a + _CHUNK, n)
+        acc.add(teacher_table[a:b], student_table[a:b])
     weight, _ = acc.solve(bias=False)
     cos, err, ref = [], 0.0, 0.0
     for a in range(0, n, _CHUNK):
-        pred = teacher_table[a: a + _CHUNK].double() @ weight.double().T
-        true = student_table[a: a + _CHUNK].double()
+        b = min(a + _CHUNK, n)
+        pred = teacher_table[a:b].double() @ weight.double().T
+        true = student_table[a:b].double()
         cos.append(torch.nn.functional.cosine_similarity(pred, true, dim=-1, eps=1e-12))
         err += float((pred - true).pow(2).sum())
         ref += float(true.pow(2).sum())
@@ -75,16 +78,22 @@ def read_inputs(path: Path) -> dict | None:
 
 
 def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    """sha256 of the map itself (its float32 bytes): safetensors writes its metadata in no
+    fixed order, so the file's own bytes differ between two identical fits."""
+    w = load_vision_proj(path).contiguous()
+    return hashlib.sha256(str(tuple(w.shape)).encode() + w.numpy().tobytes()).hexdigest()
 
 
 def ensure_vision_proj(path: Path, inputs: dict,
                        load_tables: Callable[[], tuple[torch.Tensor, torch.Tensor]]) -> str:
-    """sha256 of the vision_proj file at `path`, fitting it first unless it was already
+    """sha256 of the vision_proj map at `path`, fitting it first unless it was already
     fitted from exactly `inputs` (student file, teacher, method): once per project."""
     inputs = {**inputs, "method": METHOD, "lambda_rel": LAMBDA_REL}
     if path.is_file() and read_inputs(path) == json.loads(json.dumps(inputs)):
-        return _sha256(path)
+        try:
+            return _sha256(path)
+        except UserError:
+            pass  # metadata readable but tensor damaged: refit
     teacher_table, student_table = load_tables()
     weight, fit = fit_vision_proj(teacher_table.float(), student_table.float())
     log.info("vision_proj: ridge fit over %d shared ids, %d -> %d: cos mean %.4f, p5 %.4f, "
