@@ -14,6 +14,9 @@ Usage:
     gguf-trainer set    --project DIR [--steps N]
     gguf-trainer snapshot --project DIR [--checkpoint last|best] [--eval] [--no-fresh] [--device D]
     gguf-trainer reset  --project DIR corpus|shards|train|output
+    gguf-trainer download --project DIR [--id ID ...] [--required-only]
+    gguf-trainer materials --project DIR [--online] [--link-found] [--json]
+    gguf-trainer link   --project DIR ID PATH
     gguf-trainer inspect FILE [--json]
     gguf-trainer demo   [--pack ID] [--dir DIR] [--steps N] [--no-run]
     gguf-trainer --auto-resume | --version | --help
@@ -147,6 +150,36 @@ def cmd_reset(args) -> int:
     removed = reset_project(paths.root, args.target)
     _out(f"reset {args.target}: removed {len(removed)} path(s)"
          + "".join(f"\n  {p}" for p in removed))
+    return EXIT_OK
+
+
+def cmd_download(args) -> int:
+    from gguf_trainer.runner import downloads
+
+    bars = downloads.FileBars()
+    try:
+        failures = downloads.download_foreground(args.project, args.id, args.required_only,
+                                                 on_progress=bars, on_line=_out)
+    finally:
+        bars.close()
+    return EXIT_ERROR if failures else EXIT_OK
+
+
+def cmd_materials(args) -> int:
+    from gguf_trainer.runner import downloads
+
+    for d in downloads.link_found(args.project) if args.link_found else ():
+        _out(d["message"])
+    rows = downloads.material_statuses(args.project, online=args.online)
+    _out(json.dumps(rows, indent=2) if args.json else downloads.format_statuses(rows))
+    return EXIT_OK
+
+
+def cmd_link(args) -> int:
+    from gguf_trainer.runner import downloads
+
+    row = downloads.link_material(args.project, args.id, args.path)
+    _out(f"{row['id']}: {row['state']} at {row['path']}")
     return EXIT_OK
 
 
@@ -368,6 +401,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", metavar="D", help="device for the eval (default: cpu while training)")
     p = command("reset", cmd_reset, "delete a stage's outputs so it runs again")
     p.add_argument("target", choices=RESET_TARGETS)
+    p = command("download", cmd_download, "fetch missing materials here (Ctrl-C keeps a resumable partial)")
+    p.add_argument("--id", nargs="+", metavar="ID", help="only these materials (default: all wanted)")
+    p.add_argument("--required-only", action="store_true", help="skip optional materials")
+    p = command("materials", cmd_materials, "show each material's status")
+    p.add_argument("--online", action="store_true", help="check against the Hub's file listing")
+    p.add_argument("--link-found", action="store_true", help="first link complete copies found on disk")
+    p.add_argument("--json", action="store_true")
+    p = command("link", cmd_link, "use a complete copy you already have for a material")
+    p.add_argument("id", metavar="ID")
+    p.add_argument("path", metavar="PATH")
     p = command("inspect", cmd_inspect, "describe an adapter GGUF file", project=False)
     p.add_argument("file", metavar="FILE")
     p.add_argument("--json", action="store_true")

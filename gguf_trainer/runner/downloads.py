@@ -1,0 +1,485 @@
+"""Materials of a project: status, downloads (detached or foreground), linking copies on disk.
+
+The control functions the CLI and the GUI share (torch-free; each re-reads the disk):
+
+    material_statuses(root, online=False) -> [dict]   one per material of the pack
+    start_download(root, ids=None, required_only=False) -> [dict]  detached jobs
+    download_foreground(root, ids, required_only, on_progress, on_line) -> int (failures)
+    link_found(root) -> [dict]            link complete copies found on disk
+    link_material(root, material_id, path) -> dict   link a folder/file the user names
+    stop_download(root, material_id) -> str
+
+One download per destination folder, ever: the download (a `runner.jobs` job named
+"download" whose files live in `<dest>/.cache/gguf-trainer/`) holds that folder's OS lock
+for its whole life, and the foreground CLI takes the same lock, so a second click, a second
+`download`, or a GUI and a CLI at once find the running one (LockHeld) instead of starting
+another. A killed or rebooted download leaves its partial file; the next start continues
+it (hub.fetch_file). The HF token is never passed as an argument or stored: the job reads
+it from its environment (HF_TOKEN) or huggingface_hub's token store, like the parent.
+
+Status of a material (`state`): missing | partial | downloading | ready | failed, with
+files/bytes done of total, rate and ETA while downloading, the pid, and the reason when
+failed. Ready = folder_check found every expected file whole (against the Hub listing when
+`online`, else the saved listing or the snapshot's index files).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from gguf_trainer import discovery, hub
+from gguf_trainer.errors import UserError
+from gguf_trainer.folder_check import MANIFEST_DIR, FolderCheck, check_folder
+from gguf_trainer.runner import jobs, lock
+
+log = logging.getLogger(__name__)
+
+JOB_NAME = "download"
+JOB_TARGET = "gguf_trainer.runner.downloads:download_job"
+DOWNLOAD_LOG = "download.log"  # in the project: one line per material event (control.tail_log)
+PROGRESS_EVERY_S = 0.5
+LISTING_TTL_S = 600.0  # an online listing is reused this long, then asked again
+DISK_MARGIN = 1.02  # free space needed beyond the bytes still to fetch
+_listing_cache: dict[tuple, tuple[float, hub.Listing]] = {}
+
+
+# ---- which materials, where -------------------------------------------------------------
+def all_materials(project) -> tuple:
+    """Every material the pack declares (wanted or not), student's first."""
+    pack = project.pack
+    return tuple(dict.fromkeys(tuple(pack.materials) + tuple(getattr(pack, "optional_materials", ()))))
+
+
+def wanted_ids(project) -> set[str]:
+    from gguf_trainer.materials import materials_for
+
+    return {m.id for m in materials_for(project)}
+
+
+def destination(project, material) -> Path:
+    """Where a snapshot material is (its recorded path) or will be downloaded to."""
+    return project.material_path(material.id) or project.paths.materials / (
+        material.subdir or material.id)
+
+
+def job_folder(dest: Path) -> Path:
+    return Path(dest) / MANIFEST_DIR
+
+
+def _select(project, ids: list[str] | None, required_only: bool) -> list:
+    known = {m.id: m for m in all_materials(project)}
+    unknown = [i for i in ids or () if i not in known]
+    if unknown:
+        raise UserError(f"unknown material {', '.join(unknown)}; this pack has "
+                        f"{', '.join(known)}.")
+    if ids:
+        return [known[i] for i in ids]
+    wanted = wanted_ids(project)
+    return [m for m in known.values() if m.id in wanted and (m.required or not required_only)]
+
+
+# ---- status -------------------------------------------------------------------------------
+def _listing(material, online: bool) -> tuple[hub.Listing | None, str | None]:
+    if not online:
+        return None, None
+    key = (material.repo, material.repo_type, tuple(material.patterns))
+    hit = _listing_cache.get(key)
+    if hit and time.monotonic() - hit[0] < LISTING_TTL_S:
+        return hit[1], None
+    try:
+        listing = hub.list_remote(material.repo, material.repo_type, tuple(material.patterns))
+    except UserError as e:  # shown with the status, never silently replaced by a guess
+        return None, str(e)
+    _listing_cache[key] = (time.monotonic(), listing)
+    return listing, None
+
+
+def _base(project, material, wanted: set[str]) -> dict:
+    path = project.material_path(material.id)
+    return {"id": material.id, "title": material.title, "kind": material.kind,
+            "repo": material.repo, "repo_type": material.repo_type,
+            "required": material.required, "wanted": material.id in wanted,
+            "size_gb": material.size_gb, "path": str(path) if path else "",
+            "linked": bool(path) and not _is_inside(path, project.paths.materials),
+            "state": "missing", "files_done": 0, "files_total": 0, "bytes_done": 0,
+            "bytes_total": int(material.size_gb * 1e9), "bytes_partial": 0, "rate_bps": None,
+            "eta_s": None, "pid": None, "error": None, "missing_files": [], "note": None}
+
+
+def _is_inside(path: Path, folder: Path) -> bool:
+    try:
+        Path(path).resolve().relative_to(Path(folder).resolve())
+        return True
+    except ValueError:
+        return False
+
+
+def _local_file_status(out: dict, project, material) -> dict:
+    path = project.material_path(material.id)
+    if path is None:
+        out["error"] = f"not set; {material.hint or 'choose the file'} (Setup → Materials)"
+    elif not path.is_file():
+        out.update(state="failed", error=f"{path} does not exist; choose the file again")
+    elif not discovery.is_gguf(path) and ".gguf" in material.suffixes:
+        out.update(state="failed", error=f"{path} is not a GGUF file")
+    else:
+        size = path.stat().st_size
+        out.update(state="ready", files_done=1, files_total=1, bytes_done=size, bytes_total=size)
+    return out
+
+
+def material_status(project, material, online: bool = False, wanted: set | None = None) -> dict:
+    """The status dict of one material (see the module docstring)."""
+    out = _base(project, material, wanted if wanted is not None else wanted_ids(project))
+    if material.kind != "hf_snapshot":
+        return _local_file_status(out, project, material)
+    dest = destination(project, material)
+    out["path"] = str(dest)
+    listing, listing_error = _listing(material, online)
+    check = check_folder(dest, material.patterns, listing.sizes() if listing else None)
+    _apply_check(out, check)
+    out["note"] = listing_error
+    job = jobs.job_status(job_folder(dest), JOB_NAME) if job_folder(dest).is_dir() else None
+    if job and job["status"] == "running":
+        prog = job["progress"]
+        out.update(state="downloading", pid=job["pid"], rate_bps=prog.get("rate_bps"),
+                   eta_s=prog.get("eta_s"))
+        for key in ("bytes_done", "bytes_total", "files_done", "files_total"):
+            if isinstance(prog.get(key), int) and prog[key]:
+                out[key] = prog[key]
+    elif check.is_complete:
+        out["state"] = "ready"
+    elif job and job["status"] == "failed":
+        out.update(state="failed", error=job["error"])
+    elif check.bytes_done or check.bytes_partial:
+        out["state"] = "partial"
+    if job and job["status"] in ("interrupted", "stopped") and not check.is_complete:
+        out["note"] = "the last download was interrupted; start it again to resume"
+    return out
+
+
+def _apply_check(out: dict, check: FolderCheck) -> None:
+    out.update(files_done=check.files_done, files_total=check.files_total,
+               bytes_done=check.bytes_done + check.bytes_partial,
+               bytes_partial=check.bytes_partial, missing_files=check.missing[:5])
+    if check.bytes_total:
+        out["bytes_total"] = max(check.bytes_total, out["bytes_done"])
+
+
+def material_statuses(root, online: bool = False) -> list[dict]:
+    """Status of every material of the project's pack (wanted ones marked `wanted`)."""
+    from gguf_trainer.project import load_project
+
+    project = load_project(root)
+    wanted = wanted_ids(project)
+    return [material_status(project, m, online, wanted) for m in all_materials(project)]
+
+
+# ---- linking --------------------------------------------------------------------------------
+def _record_path(root, material_id: str, path: Path) -> None:
+    from gguf_trainer.project import update_settings
+
+    update_settings(root, {f"materials.{material_id}.path": str(Path(path).resolve())})
+
+
+def link_material(root, material_id: str, path) -> dict:
+    """Point a material at a folder/file the user names; refused unless it is complete."""
+    from gguf_trainer.project import load_project
+
+    project = load_project(root)
+    material = next((m for m in all_materials(project) if m.id == material_id), None)
+    if material is None:
+        raise UserError(f"unknown material {material_id!r}; this pack has "
+                        f"{', '.join(m.id for m in all_materials(project))}.")
+    path = Path(path).expanduser()
+    if material.kind == "hf_snapshot":
+        check = check_folder(path, material.patterns)
+        if not check.is_complete:
+            what = ", ".join(check.missing[:3]) or "no matching files"
+            raise UserError(f"{path} is not a complete copy of {material.repo} (missing: {what}); "
+                            "finish copying it or download it instead.")
+    elif not (path.is_file() and discovery.is_gguf(path)):
+        raise UserError(f"{path} is not a GGUF file; choose {material.hint or 'the .gguf file'}.")
+    _record_path(root, material_id, path)
+    _note(project, f"{material_id}: linked {path}")
+    return material_status(load_project(root), material)
+
+
+def link_found(root) -> list[dict]:
+    """Link every wanted material that is not ready to a complete copy found on disk.
+    Returns [{id, path, message}] for what was linked (the user is told each one)."""
+    from gguf_trainer.project import load_project
+
+    project = load_project(root)
+    roots = discovery.candidate_roots(project.dir)
+    linked = []
+    wanted = wanted_ids(project)
+    for m in all_materials(project):
+        if m.id not in wanted:
+            continue
+        st = material_status(project, m, wanted=wanted)
+        if st["state"] in ("ready", "downloading"):
+            continue
+        if m.kind == "hf_snapshot":
+            found = discovery.find_snapshot(m, roots, exclude=destination(project, m))
+            message = f"{m.id}: linked the complete copy of {m.repo} at {found}" if found else ""
+        else:
+            found, message = discovery.find_student(roots)
+        if found:
+            _record_path(root, m.id, found)
+            _note(project, message)
+            linked.append({"id": m.id, "path": str(found), "message": message})
+    return linked
+
+
+def _note(project, line: str) -> None:
+    log.info("%s", line)
+    with open(project.paths.root / DOWNLOAD_LOG, "a", encoding="utf-8") as f:
+        f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}\n")
+
+
+# ---- downloads --------------------------------------------------------------------------------
+def check_disk(listing: hub.Listing, dest: Path) -> None:
+    """Refuse a download that cannot fit: both numbers in the sentence."""
+    have = check_folder(dest, (), listing.sizes())
+    need = max(0, listing.bytes_total - have.bytes_done - have.bytes_partial)
+    probe = dest
+    while not probe.exists():
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if need * DISK_MARGIN > free:
+        raise UserError(f"{listing.repo} needs {need / 1e9:.2f} GB more at {dest} but only "
+                        f"{free / 1e9:.2f} GB are free there; free space or link a copy.")
+
+
+class _Meter:
+    """Bytes done over all files, rate (moving window) and ETA; reports every 0.5 s."""
+
+    def __init__(self, listing: hub.Listing, report: Callable[[dict], None]):
+        self.sizes = listing.sizes()
+        self.done: dict[str, int] = {}
+        self.report = report
+        self.files_done = 0
+        self.samples: list[tuple[float, int]] = []
+        self.last = 0.0
+
+    def __call__(self, path: str, done: int, total: int) -> None:
+        self.done[path] = done
+        now = time.monotonic()
+        if now - self.last >= PROGRESS_EVERY_S or done == total:
+            self.last = now
+            self.report(self.snapshot(path))
+
+    def file_done(self, path: str) -> None:
+        self.files_done += 1
+        self.done[path] = self.sizes[path]
+        self.report(self.snapshot(path))
+
+    def snapshot(self, current: str) -> dict:
+        now, total = time.monotonic(), sum(self.sizes.values())
+        done = sum(self.done.values())
+        self.samples = [s for s in self.samples if now - s[0] < 10.0] + [(now, done)]
+        t0, b0 = self.samples[0]
+        rate = (done - b0) / (now - t0) if now - t0 > 0.5 else None
+        eta = (total - done) / rate if rate else None
+        return {"bytes_done": done, "bytes_total": total, "files_done": self.files_done,
+                "files_total": len(self.sizes), "file": current,
+                "rate_bps": round(rate) if rate else None, "eta_s": round(eta, 1) if eta else None}
+
+
+def _download(dest: Path, material_id: str, repo: str, repo_type: str, patterns: tuple,
+              revision: str, report: Callable[[dict], None],
+              on_progress: hub.Progress | None = None) -> dict:
+    listing = hub.list_remote(repo, repo_type, patterns, revision)
+    dest.mkdir(parents=True, exist_ok=True)
+    check_disk(listing, dest)
+    meter = _Meter(listing, report)
+
+    def progress(path, done, total):
+        meter(path, done, total)
+        if on_progress:
+            on_progress(path, done, total)
+
+    hub.fetch_listing(listing, dest, progress, meter.file_done)
+    check = check_folder(dest, patterns, listing.sizes())
+    if not check.is_complete:
+        raise UserError(f"{repo} is still incomplete after the download ({', '.join(check.missing[:3])}); "
+                        "retry.")
+    return {"path": str(dest), "commit": listing.commit, "bytes": listing.bytes_total,
+            "files": len(listing.files), "material": material_id}
+
+
+def download_job(folder: Path, job, *, dest: str, material_id: str, repo: str, repo_type: str,
+                 patterns: list[str], revision: str = "main", project: str = "") -> dict:
+    """The detached job body (runner.jobs target): fetch, verify, record the path."""
+    job.log.info("downloading %s (%s) into %s", repo, ", ".join(patterns), dest)
+    result = _download(Path(dest), material_id, repo, repo_type, tuple(patterns), revision,
+                       lambda fields: job.update(**fields))
+    if project:
+        _record_path(project, material_id, Path(dest))
+        from gguf_trainer.project import load_project
+
+        _note(load_project(project), f"{material_id}: {repo} is complete at {dest}")
+    return result
+
+
+def start_download(root, ids: list[str] | None = None, required_only: bool = False) -> list[dict]:
+    """Start a detached download for each selected snapshot material that is not ready.
+    Materials already downloading are reported with their pid, never started twice.
+    Returns one {id, action: started|running|ready|linked|skipped, pid, message} each."""
+    from gguf_trainer.project import load_project
+
+    linked = {d["id"]: d for d in link_found(root)}
+    project = load_project(root)
+    out = []
+    for m in _select(project, ids, required_only):
+        if m.id in linked:
+            out.append({"id": m.id, "action": "linked", "pid": None,
+                        "message": linked[m.id]["message"]})
+            continue
+        st = material_status(project, m)
+        if m.kind != "hf_snapshot":
+            out.append({"id": m.id, "action": "ready" if st["state"] == "ready" else "skipped",
+                        "pid": None, "message": st["error"] or f"{m.id}: {st['path']}"})
+            continue
+        if st["state"] == "ready":
+            out.append({"id": m.id, "action": "ready", "pid": None, "message": f"{m.id}: ready"})
+            continue
+        out.append(_start_one(project, m))
+    return out
+
+
+def _start_one(project, m) -> dict:
+    dest = destination(project, m)
+    folder = job_folder(dest)
+    folder.mkdir(parents=True, exist_ok=True)
+    kwargs = {"dest": str(dest), "material_id": m.id, "repo": m.repo, "repo_type": m.repo_type,
+              "patterns": list(m.patterns), "project": str(project.dir)}
+    try:
+        st = jobs.start_job(folder, JOB_NAME, JOB_TARGET, kwargs)
+    except lock.LockHeld as e:
+        return {"id": m.id, "action": "running", "pid": e.pid,
+                "message": f"{m.id}: already downloading (pid {e.pid})"}
+    _note(project, f"{m.id}: download of {m.repo} started (pid {st['pid']}) into {dest}")
+    return {"id": m.id, "action": "started", "pid": st["pid"],
+            "message": f"{m.id}: downloading {m.repo} (pid {st['pid']})"}
+
+
+def stop_download(root, material_id: str) -> str:
+    from gguf_trainer.project import load_project
+
+    project = load_project(root)
+    m = next((m for m in all_materials(project) if m.id == material_id), None)
+    if m is None:
+        raise UserError(f"unknown material {material_id!r}.")
+    return jobs.stop_job(job_folder(destination(project, m)), JOB_NAME)
+
+
+def download_foreground(root, ids: list[str] | None = None, required_only: bool = False,
+                        on_progress: hub.Progress | None = None,
+                        on_line: Callable[[str], None] = print) -> int:
+    """`gguf-trainer download`: link copies, then fetch each selected material here, under
+    the same per-folder lock as the detached job. Returns the number of failures.
+    Ctrl-C (KeyboardInterrupt) propagates; the partial file stays and resumes next time."""
+    from gguf_trainer.project import load_project
+
+    for d in link_found(root):
+        on_line(d["message"])
+    project = load_project(root)
+    failures = 0
+    for m in _select(project, ids, required_only):
+        st = material_status(project, m)
+        if m.kind != "hf_snapshot" or st["state"] in ("ready", "downloading"):
+            extra = f" (pid {st['pid']})" if st["pid"] else ""
+            on_line(f"{m.id}: {st['state']}{extra}" + (f" - {st['error']}" if st["error"] else ""))
+            failures += st["state"] != "ready" and m.required and m.kind != "hf_snapshot"
+            continue
+        try:
+            result = _download_here(project, m, on_progress)
+            on_line(f"{m.id}: ready at {result['path']} ({result['bytes'] / 1e9:.2f} GB)")
+        except lock.LockHeld as e:
+            on_line(f"{m.id}: already downloading elsewhere (pid {e.pid})")
+        except UserError as e:
+            failures += 1
+            on_line(f"{m.id}: failed - {e}")
+    return failures
+
+
+def _download_here(project, m, on_progress) -> dict:
+    dest = destination(project, m)
+    folder = job_folder(dest)
+    folder.mkdir(parents=True, exist_ok=True)
+    with lock.hold_file(jobs.lock_path(folder, JOB_NAME), "a download is already running",
+                        retry_s=0.2):
+        state = {"schema": 1, "name": JOB_NAME, "job_id": f"foreground-{os.getpid()}",
+                 "target": "foreground", "kwargs": {"dest": str(dest), "material_id": m.id},
+                 "status": "running", "pid": os.getpid(), "started": time.time(),
+                 "finished": None, "error": None, "result": None, "progress": {}}
+        handle = jobs.JobHandle(folder, JOB_NAME, state)
+        handle.write()
+        try:
+            result = _download(dest, m.id, m.repo, m.repo_type, tuple(m.patterns), "main",
+                               lambda fields: (state["progress"].update(fields), handle.write()),
+                               on_progress)
+            state.update(status="done", result=result)
+        except UserError as e:
+            state.update(status="failed", error=str(e))
+            raise
+        except KeyboardInterrupt:
+            state.update(status="stopped", error="interrupted; run download again to resume")
+            raise
+        finally:
+            state["finished"] = time.time()
+            handle.write()
+    _record_path(project.dir, m.id, dest)
+    _note(project, f"{m.id}: {m.repo} is complete at {dest}")
+    return result
+
+
+# ---- terminal helpers for the CLI ------------------------------------------------------------
+class FileBars:
+    """`on_progress` for the foreground CLI: one tqdm bar per file, closed when it is done."""
+
+    def __init__(self):
+        self.bars: dict[str, object] = {}
+
+    def __call__(self, path: str, done: int, total: int) -> None:
+        from tqdm import tqdm
+
+        bar = self.bars.get(path)
+        if bar is None:
+            bar = self.bars[path] = tqdm(total=total, initial=done, desc=path[-40:], unit="B",
+                                         unit_scale=True, unit_divisor=1024, leave=True)
+        bar.update(done - bar.n)
+        if done >= total:
+            bar.close()
+
+    def close(self) -> None:
+        for bar in self.bars.values():
+            bar.close()
+
+
+def format_statuses(rows: list[dict]) -> str:
+    """One line per material for `gguf-trainer materials`."""
+    lines = []
+    for r in rows:
+        size = f"{r['bytes_done'] / 1e9:.2f}/{r['bytes_total'] / 1e9:.2f} GB" if r["bytes_total"] else ""
+        files = f"{r['files_done']}/{r['files_total']} files" if r["files_total"] else ""
+        extra = []
+        if r["state"] == "downloading":
+            rate = f"{r['rate_bps'] / 1e6:.1f} MB/s" if r["rate_bps"] else "starting"
+            eta = f", ETA {r['eta_s']:.0f} s" if r["eta_s"] else ""
+            extra.append(f"{rate}{eta}, pid {r['pid']}")
+        if r["error"]:
+            extra.append(r["error"])
+        if r["note"]:
+            extra.append(r["note"])
+        want = "" if r["wanted"] else " (not wanted)"
+        lines.append(f"{r['id']:<18} {r['state']:<11} {files:<12} {size:<16} "
+                     f"{r['path'] or '-'}{want}" + (f"  [{'; '.join(extra)}]" if extra else ""))
+    return "\n".join(lines)
