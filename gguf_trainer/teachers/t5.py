@@ -400,10 +400,17 @@ class T5Teacher:
 
 
 def load_t5_teacher(root: Path, device, mode: str, window: int = 120, identity: dict | None = None,
-                    vocab_limit: int = T5_VOCAB) -> T5Teacher:
-    """Check the snapshot from its headers (fails in seconds, before any weight loads), then
-    load the tokenizer and the encoder placed for `mode`."""
+                    vocab_limit: int = T5_VOCAB, ram_limit_gib: float = 0.0) -> T5Teacher:
+    """Check the snapshot from its headers (fails in seconds, before any weight loads), check
+    that the weights fit `ram_limit_gib` in RAM when `mode` keeps them there (offload: bf16,
+    cpu: fp32 — twice the snapshot; 0 = no limit), then load the tokenizer and the encoder."""
     report = check_snapshot(Path(root), vocab_limit)
+    need = encoder_gib(report.n_params, mode)
+    if mode in ("offload", "cpu") and ram_limit_gib and need > ram_limit_gib:
+        how = "fp32 on the CPU" if mode == "cpu" else "bf16, streamed to the card"
+        raise UserError(f"the T5 encoder needs {need:.1f} GiB of RAM in teacher mode {mode} ({how}) but only "
+                        f"{ram_limit_gib:.1f} GiB is available; use a CUDA card (teacher_mode gpu or offload), "
+                        "raise precompute.cpu_mem_gib, or close other programs.")
     tokenizer = SeedTokenizer(Path(root) / SPIECE, window, vocab_limit)
     log.info("teacher: %s; mode %s", report.summary(), mode)
     model = load_encoder(Path(root), device, mode)

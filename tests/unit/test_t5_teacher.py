@@ -183,3 +183,9 @@ def test_gpu_benchmark_script_runs_quick(capsys):
     assert result["modes"]["gpu"]["real_rows"] == sum(map(bench.real_len, bench.prompt_windows(
         32, bench.TINY["vocab_size"], bench.random.Random(bench.SEED))))
     assert result["batched_vs_single"]["max_rel"] <= 1e-6  # fp32 on the CPU; bf16 is read on a GPU
+
+
+def test_ram_preflight_before_any_weight_loads():
+    need = t5.encoder_gib(t5.check_snapshot(DEMO_DIR).n_params, "cpu")
+    with pytest.raises(UserError, match=r"needs 0\.0 GiB of RAM in teacher mode cpu \(fp32 on the CPU\)"):
+        t5.load_t5_teacher(DEMO_DIR, "cpu", "cpu", ram_limit_gib=need / 2)
