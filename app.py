@@ -1,7 +1,7 @@
 """Launch gguf-trainer from a checkout: `python app.py [args]` is `gguf-trainer [args]`.
 
-The Gradio GUI is the default command once it lands (gguf_trainer/ui/); until then a bare
-call prints the command help.
+Without a command it serves the GUI on http://127.0.0.1:8655/ and opens the browser
+(`--no-browser`, `--port N`, `--host`, `--share`, `--auth user:pass`, `--root DIR`).
 """
 
 import sys

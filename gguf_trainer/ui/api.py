@@ -1,0 +1,150 @@
+"""The GUI's Python API: typed `gr.api` endpoints with stable names for gradio_client.
+
+Each is a thin call into the same control function the CLI uses (runner.control); the
+README documents each with a gradio_client example. Errors a user can fix come back as
+the one sentence (gradio_client raises AppError with it). Nothing here returns the HF
+token: the settings never hold it, and `hf_token_status` only says whether one is stored.
+
+    from gradio_client import Client
+    c = Client("http://127.0.0.1:8655/")
+    c.predict("/tmp/p", "t5xxl_pixart", "", api_name="/create_project")
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import gradio as gr
+
+from gguf_trainer.errors import UserError
+from gguf_trainer.runner import control, supervisor
+from gguf_trainer.ui import common, recent
+
+ENDPOINTS = ("create_project", "open_project", "save_settings", "start", "stop", "kill", "status",
+             "set_steps", "snapshot", "export", "list_snapshots", "read_eval", "materials",
+             "download_missing", "reset", "reset_plan")
+
+
+def _api(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except UserError as e:
+            raise gr.Error(str(e), print_exception=False) from None
+
+    return wrapper
+
+
+def create_project(folder: str, pack: str, name: str = "") -> dict:
+    """Create a project in `folder` for trainer pack `pack` (optional adapter `name`);
+    returns what open_project returns."""
+    view = control.new_project(folder, pack, name or None)
+    recent.remember(view.root)
+    return view.as_dict()
+
+
+def open_project(folder: str) -> dict:
+    """The project's settings (with their `version`), pack description, status and errors."""
+    view = control.open_project(folder)
+    recent.remember(view.root)
+    return view.as_dict()
+
+
+def save_settings(project: str, changes: dict, expected: dict | None = None) -> dict:
+    """Compare-and-set of dotted-key `changes`, e.g. {"train.lr": 1e-4}. `expected` is the
+    settings dict you read (open_project's `settings`); fields changed on disk since then
+    come back in `conflicts` and are not written; invalid values in `errors` (nothing is
+    written then); `ok` is true when everything was saved."""
+    return control.update_settings(project, dict(changes or {}), expected).as_dict()
+
+
+def start(project: str, only: list[str] | None = None, force: bool = False) -> dict:
+    """Start (or resume) the pipeline detached; returns {"pid", "status"}."""
+    pid = control.start(project, only=list(only) if only else None, force=bool(force))
+    supervisor.remember_project(project)
+    return {"pid": pid, "status": control.status(project)}
+
+
+def stop(project: str) -> dict:
+    """Ask the pipeline to stop after its current step (saves; resumable). Returns at once:
+    {"outcome": "stopping" | "stopped" | "not running"}; poll `status` until it has ended."""
+    return {"outcome": control.stop(project, timeout_s=0)}
+
+
+def kill(project: str) -> dict:
+    """SIGKILL a stalled pipeline; it resumes from its last checkpoint."""
+    return {"outcome": control.kill(project)}
+
+
+def status(project: str) -> dict:
+    """The `gguf-trainer status --json` dict."""
+    return control.status(project)
+
+
+def set_steps(project: str, steps: str) -> dict:
+    """Set train.steps ("12000", "12_000", "40k"), also while running."""
+    return control.set_steps(project, steps).as_dict()
+
+
+def snapshot(project: str, checkpoint: str = "last", evaluate: bool = False) -> dict:
+    """Export a step-tagged GGUF of the last or best checkpoint as a detached job
+    (optionally evaluated); follow it in status()["jobs"]["snapshot"]."""
+    return control.request_snapshot(project, checkpoint, bool(evaluate))
+
+
+def export(project: str) -> dict:
+    """Regenerate the final GGUF and its evaluation from best.pt (export + eval, forced)."""
+    return start(project, only=["export", "eval"], force=True)
+
+
+def list_snapshots(project: str) -> list:
+    """snapshots.json: [{step, planned_steps, checkpoint, val_cos, path, size, time, eval}]."""
+    return control.list_snapshots(project)
+
+
+def read_eval(project: str) -> dict | None:
+    """eval.json, or None before the first evaluation."""
+    return control.read_eval(project)
+
+
+def materials(project: str) -> dict:
+    """Material status (present, missing, downloading, sizes, progress)."""
+    fn = common.feature("gguf_trainer.runner.control:materials",
+                        "gguf_trainer.runner.control:material_status")
+    if fn is None:
+        return {"available": False, "message": f"material status is {common.NOT_AVAILABLE}"}
+    return {"available": True, "materials": fn(project)}
+
+
+def download_missing(project: str) -> dict:
+    """Start detached downloads of every missing material."""
+    fn = common.feature("gguf_trainer.runner.control:download_missing")
+    if fn is None:
+        raise UserError(f"downloads are {common.NOT_AVAILABLE}; put the files in place and "
+                        "set their paths in Setup")
+    out = fn(project)
+    return out if isinstance(out, dict) else {"started": out}
+
+
+def reset_plan(project: str, target: str) -> dict:
+    """Dry run of reset: exactly what it would delete, and why it may be refused now."""
+    return control.reset_plan(project, target).as_dict()
+
+
+def reset(project: str, target: str) -> dict:
+    """Delete a stage's outputs (corpus | shards | train | output) and everything built on
+    them; refused while a run or job is live. Returns what was deleted."""
+    return control.reset(project, target).as_dict()
+
+
+def register(app: gr.Blocks) -> None:
+    """Add every endpoint to `app` (inside its `with` block)."""
+    for name in ENDPOINTS:
+        gr.api(_api(globals()[name]), api_name=name, concurrency_limit=None)
+
+
+def call(name: str, *args: Any, **kwargs: Any) -> Any:
+    """The UI's handlers use the same functions (one place for each action)."""
+    return globals()[name](*args, **kwargs)

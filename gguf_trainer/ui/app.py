@@ -1,0 +1,153 @@
+"""The Gradio Blocks app: header, the five tabs, the timers, the page load, the API.
+
+Per browser tab it keeps only the open project's path, what the Setup form read, and a
+`live.Cursor` (how far it has read the project's files). Every page load and tick re-reads
+the project, so reloading, a second browser or a restarted GUI re-attach to a running job.
+The first project shown is `?project=DIR` from the URL, else the one the GUI was launched
+on (`--auto-resume`), else the last project used.
+"""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from gguf_trainer import __version__
+from gguf_trainer.paths import ProjectPaths
+from gguf_trainer.runner import control
+from gguf_trainer.ui import (
+    api,
+    hardware_tab,
+    live,
+    logs_tab,
+    output_tab,
+    recent,
+    setup_tab,
+    train_tab,
+)
+
+TICK_S = 2.0
+HW_TICK_S = 5.0
+CSS = """
+#stage-strip button.stage { white-space: pre-line; line-height: 1.25; min-height: 5.2em;
+  font-size: 0.82em; border-width: 2px; }
+#stage-strip .stage-done { border-color: #2f9e63 !important; background: #e8f6ee !important; color: #1d5e3b !important; }
+#stage-strip .stage-running { border-color: #4f6ef7 !important; background: #eaeefe !important; color: #27378a !important; }
+#stage-strip .stage-failed, #stage-strip .stage-interrupted { border-color: #d9480f !important;
+  background: #fdece4 !important; color: #8a2d08 !important; }
+#stage-strip .stage-stopped, #stage-strip .stage-stalled { border-color: #e0a52a !important; background: #fdf6e3 !important; }
+#stage-strip .stage-pending { opacity: 0.75; }
+.field-error textarea, .field-error input { border-color: #d9480f !important; }
+.field-error [data-testid="block-info"] { color: #d9480f !important; }
+"""
+
+_launch_roots: list[str] = []
+
+
+def launch_roots() -> list[str]:
+    """The --root folders this GUI was launched with (configuration, not job state)."""
+    return list(_launch_roots)
+
+
+def build_app(roots: list[str] | None = None, project: str | None = None) -> gr.Blocks:
+    _launch_roots[:] = [str(r) for r in roots or []]
+    start_project = project
+    with gr.Blocks(title="gguf-trainer", analytics_enabled=False) as app:
+        project_state = gr.State(None)
+        read_state = gr.State(None)
+        cursor = gr.State(live.Cursor())
+        gr.Markdown(f"## gguf-trainer {__version__} — pig_clip adapters for ggk", elem_id="title")
+        header = gr.Markdown("", elem_id="header")
+        with gr.Tabs(elem_id="tabs"):
+            with gr.Tab("Setup", id="setup", elem_id="tab-setup"):
+                setup = setup_tab.build()
+            with gr.Tab("Train", id="train", elem_id="tab-train"):
+                train = train_tab.build()
+            with gr.Tab("Hardware", id="hardware", elem_id="tab-hardware") as hw_tab:
+                hw = hardware_tab.build()
+            with gr.Tab("Logs", id="logs", elem_id="tab-logs"):
+                logs = logs_tab.build()
+            with gr.Tab("Output", id="output", elem_id="tab-output") as out_tab:
+                out = output_tab.build()
+        timer = gr.Timer(TICK_S)
+        hw_timer = gr.Timer(HW_TICK_S)
+
+        tick_outs = [header, *train_tab.tick_outputs(train), logs.text, *output_tab.outputs(out)]
+
+        def tick(proj, cur: live.Cursor, which_log, follow, log10):
+            """Inputs: the open project, this tab's cursor and display options. Outputs:
+            header, the Train tab's live parts, the log text and the Output tab; gr.skip()
+            for everything unchanged (nothing is sent when nothing changed)."""
+            if cur.project != proj:
+                cur.reset_for(proj)
+            if not proj:
+                return [gr.skip()] * len(tick_outs)
+            paths = ProjectPaths(proj)
+            sig = live.state_signature(paths)
+            state_changed = sig != cur.state_sig
+            plot_changed = live.read_new_metrics(cur, paths)
+            info = control.status(proj) if (state_changed or plot_changed or "info" not in cur.shown) else None
+            cur.shown["info"] = 1
+            ups: list = []
+            if info is not None:
+                cur.state_sig = sig
+                head = header_text(proj, info)
+                ups.append(head if cur.changed("header", head) else gr.skip())
+                ups += train_tab.render(cur, info, proj, plot_changed, log10)
+            else:
+                ups += [gr.skip()] * (1 + len(train_tab.tick_outputs(train)))
+            ups.append(logs_tab.render(cur, paths, which_log, follow))
+            if state_changed:
+                ups += [v if cur.changed(f"out{i}", v) else gr.skip()
+                        for i, v in enumerate(output_tab.render(proj))]
+            else:
+                ups += [gr.skip()] * len(output_tab.outputs(out))
+            return ups
+
+        tick_inputs = [project_state, cursor, logs.which, logs.follow, train.log_scale]
+        timer.tick(tick, tick_inputs, tick_outs, queue=False, api_visibility="private")
+        refresh = {"fn": tick, "inputs": tick_inputs, "outputs": tick_outs, "queue": False,
+                       "api_visibility": "private"}
+
+        def hw_tick(proj):
+            if not proj:
+                return gr.skip()
+            return train_tab.hardware_md(control.status(proj))
+
+        hw_timer.tick(hw_tick, [project_state], [train.live_hw], queue=False, api_visibility="private")
+        train.log_scale.change(**refresh)
+        logs.which.change(**refresh)
+
+        def after_open_fn(proj):
+            return train_tab.steps_value(proj), (hw_tick(proj) if proj else "")
+
+        after_open = {"fn": after_open_fn, "inputs": [project_state], "outputs": [train.steps, train.live_hw],
+                          "api_visibility": "private"}
+
+        setup_tab.wire(setup, project_state, read_state, cursor, after_open)
+        train_tab.wire(train, project_state, refresh)
+        logs_tab.wire(logs, cursor)
+        hardware_tab.wire(hw, project_state, hw_tab)
+        output_tab.wire(out, project_state, out_tab)
+
+        def on_load(request: gr.Request):
+            """Page load: pick the project (URL ?project=, launch project, last project) and
+            fill Setup from disk."""
+            proj = None
+            asked = (request.query_params.get("project") if request is not None else None) or start_project
+            for cand in (asked, recent.last()):
+                if cand and ProjectPaths(cand).exists():
+                    proj = str(ProjectPaths(cand).root)
+                    break
+            ups, rd = setup_tab.load_values(setup, proj)
+            return [proj, rd, *ups]
+
+        app.load(on_load, None, [project_state, read_state, *setup_tab.load_outputs(setup)],
+                 api_visibility="private").then(**after_open).then(**refresh)
+        api.register(app)
+    return app
+
+
+def header_text(project: str, info: dict) -> str:
+    status = info.get("status") or "idle"
+    mock = " · **MOCK**" if info.get("mock") else ""
+    return f"Project `{project}` · **{status}**{mock}"

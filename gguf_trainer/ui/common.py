@@ -1,0 +1,102 @@
+"""Helpers every tab uses: errors as one sentence, optional features, number formatting.
+
+Optional features (material status and downloads, trust confirmation, health lines, ...)
+land in other modules over time; the GUI looks them up at call time with `feature()` and
+shows "not available in this version" when a function is absent, so every tab keeps
+working on any version of the backend.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import math
+import time
+from pathlib import Path
+
+import gradio as gr
+
+from gguf_trainer.errors import UserError
+
+NOT_AVAILABLE = "not available in this version"
+
+
+def feature(*candidates: str):
+    """The first importable "module:function" of `candidates`, or None."""
+    for spec in candidates:
+        module, _, name = spec.partition(":")
+        try:
+            fn = getattr(importlib.import_module(module), name, None)
+        except ImportError:
+            continue
+        if callable(fn):
+            return fn
+    return None
+
+
+def user_errors(fn):
+    """UI handlers: a UserError becomes a gr.Error toast with its sentence (no traceback)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except UserError as e:
+            raise gr.Error(str(e), print_exception=False) from None
+
+    return wrapper
+
+
+def need_project(project: str | None) -> str:
+    if not project:
+        raise UserError("open or create a project first (Setup tab)")
+    return project
+
+
+def fmt(v, digits: int = 4) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            return "—"
+        return f"{v:.{digits}g}" if abs(v) < 1e-3 or abs(v) >= 1e5 else f"{v:.{digits}f}".rstrip("0").rstrip(".")
+    return str(v)
+
+
+def fmt_size(n: float | None) -> str:
+    if n is None:
+        return "—"
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def fmt_time(t: float | None) -> str:
+    if not t:
+        return "—"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def md_table(headers: list[str], rows: list[list]) -> str:
+    """A Markdown table; cells are escaped for pipes."""
+    def cell(v):
+        return str(v).replace("|", "\\|").replace("\n", " ")
+
+    if not rows:
+        return ""
+    out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    out += ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def short_path(p: str | None) -> str:
+    if not p:
+        return "—"
+    try:
+        return str(Path(p).relative_to(Path.home()).as_posix()).join(("~/", ""))
+    except ValueError:
+        return str(p)

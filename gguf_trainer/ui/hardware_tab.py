@@ -1,0 +1,71 @@
+"""Hardware tab: GPUs (NVML), torch/CUDA facts (a one-shot subprocess), RAM, disk, versions.
+
+The GUI process never imports torch: torch's view of the machine comes from
+hardware.torch_facts(), a cached subprocess started on first use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gradio as gr
+
+from gguf_trainer.ui import common, hardware
+
+
+@dataclass
+class HardwareParts:
+    refresh: gr.Button
+    text: gr.Markdown
+
+
+def build() -> HardwareParts:
+    refresh = gr.Button("Refresh", scale=0, elem_id="hw-refresh")
+    text = gr.Markdown("Press Refresh.", elem_id="hw-text")
+    return HardwareParts(refresh, text)
+
+
+def render(project: str | None) -> str:
+    m = hardware.machine(project)
+    env = hardware.environment()
+    out = ["### Machine", common.md_table(["", ""], [
+        ["OS", env["os"]], ["Host", env["host"]],
+        ["CPU", f"{m['cpu_count']} threads, {m['cpu_percent']:.0f}% busy"],
+        ["RAM", f"{m['ram_used_gib']:.1f} / {m['ram_total_gib']:.1f} GiB used"],
+        ["Disk free", "—" if not m["disk"] else
+         f"{m['disk']['free_gib']:.1f} of {m['disk']['total_gib']:.1f} GiB at {m['disk']['path']}"],
+    ])]
+    out.append("### GPUs (NVML)")
+    if m["gpus"] is None:
+        out.append(hardware.NO_NVIDIA)
+    elif not m["gpus"]:
+        out.append("NVML found no GPU.")
+    else:
+        out.append(common.md_table(
+            ["#", "name", "VRAM used / total", "util", "temperature", "power"],
+            [[g["index"], g["name"], f"{g['vram_used_gib']:.1f} / {g['vram_total_gib']:.1f} GiB",
+              f"{common.fmt(g.get('util_percent'))}%", f"{common.fmt(g.get('temperature_c'))} °C",
+              f"{common.fmt(g.get('power_w'))} W"] for g in m["gpus"]]))
+    out.append("### torch")
+    facts = env["torch_facts"]
+    if facts is None:
+        out.append("asking torch in a subprocess… press Refresh in a few seconds")
+    elif facts.get("error"):
+        out.append(f"torch could not be asked: {facts['error']}")
+    else:
+        out.append(f"torch {facts['torch']} (CUDA build {facts.get('cuda_build') or 'none'}); CUDA available: "
+                   f"{common.fmt(facts['cuda_available'])}")
+        if facts["devices"]:
+            out.append(common.md_table(["#", "name", "memory", "capability"],
+                                       [[d["index"], d["name"], f"{d['total_gib']} GiB", d["capability"]]
+                                        for d in facts["devices"]]))
+    out.append("### Versions")
+    out.append(common.md_table(["package", "version"], [
+        [k, env[k]] for k in ("python", "torch", "transformers", "gradio", "gguf", "huggingface_hub",
+                              "datasets", "accelerate", "safetensors")]))
+    return "\n\n".join(out)
+
+
+def wire(p: HardwareParts, project: gr.State, tab: gr.Tab) -> None:
+    p.refresh.click(render, [project], [p.text], api_visibility="private")
+    tab.select(render, [project], [p.text], api_visibility="private")

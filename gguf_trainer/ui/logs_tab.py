@@ -1,0 +1,53 @@
+"""Logs tab: the pipeline log, following, and the snapshot and download job logs.
+
+Each tick reads only the bytes appended since this tab's last read (control.tail_log);
+the view keeps the last live.LOG_KEEP_CHARS characters. "Clear view" clears the view only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gradio as gr
+
+from gguf_trainer.runner import control
+from gguf_trainer.ui import live
+
+LOG_CHOICES = [("Pipeline", "pipeline"), ("Snapshot job", "snapshot"), ("Download job", "download")]
+
+
+@dataclass
+class LogsParts:
+    which: gr.Radio
+    follow: gr.Checkbox
+    clear: gr.Button
+    text: gr.Textbox
+
+
+def build() -> LogsParts:
+    with gr.Row():
+        which = gr.Radio([c for c in LOG_CHOICES if c[1] in control.LOGS], value="pipeline",
+                         label="Log", elem_id="log-which")
+        follow = gr.Checkbox(True, label="Follow", elem_id="log-follow")
+        clear = gr.Button("Clear view", scale=0)
+    text = gr.Textbox("", lines=28, max_lines=28, label="Log", autoscroll=True, interactive=False,
+                      elem_id="log-text", buttons=["copy"])
+    return LogsParts(which, follow, clear, text)
+
+
+def render(cur: live.Cursor, paths, which: str, follow: bool):
+    """The log text update for a tick: new text appended, or gr.skip()."""
+    if not follow and which == cur.log_name:
+        return gr.skip()
+    changed = live.read_new_log(cur, paths, which)
+    if not changed and not cur.changed("log-which", which):
+        return gr.skip()
+    return cur.log_text or f"({which} log is empty or not written yet)"
+
+
+def wire(p: LogsParts, cursor: gr.State) -> None:
+    def clear(cur: live.Cursor):
+        cur.log_text = ""
+        return ""
+
+    p.clear.click(clear, [cursor], [p.text])

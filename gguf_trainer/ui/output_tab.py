@@ -1,0 +1,125 @@
+"""Output tab: exported files, Export GGUF, snapshots, the evaluation and the ggk command.
+
+Reads exports.json, eval.json and snapshots.json through the control API on tab select, on
+Refresh, and on a tick that saw state.json change. Files are listed by path, never copied
+into Gradio's cache (multi-GB files stay where they are).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import gradio as gr
+
+from gguf_trainer.runner import control
+from gguf_trainer.ui import api, common
+
+QUANT_ADVICE = (
+    "The adapter was trained against the **f16** student, and the engine should load the same "
+    "file: a quantized `pig_clip` (q8_0, q4_k …) changes the hidden states the adapter reads "
+    "and lowers the cosine. Keep the student at f16 unless you have evaluated the quantized one.")
+
+
+@dataclass
+class OutputParts:
+    refresh: gr.Button
+    export: gr.Button
+    snapshot: gr.Button
+    exports: gr.Markdown
+    evaluation: gr.Markdown
+    snapshots: gr.Markdown
+    ggk: gr.Textbox
+    advice: gr.Markdown
+
+
+def build() -> OutputParts:
+    with gr.Row():
+        refresh = gr.Button("Refresh", scale=0)
+        export = gr.Button("Export GGUF (from best.pt)", elem_id="btn-export")
+        snapshot = gr.Button("Export snapshot (latest step)", elem_id="btn-out-snapshot")
+    exports = gr.Markdown("", elem_id="out-exports")
+    evaluation = gr.Markdown("", elem_id="out-eval")
+    snapshots = gr.Markdown("", elem_id="out-snapshots")
+    ggk = gr.Textbox("", label="Use it in ggk", lines=3, interactive=False, buttons=["copy"],
+                     elem_id="ggk-command")
+    advice = gr.Markdown(QUANT_ADVICE)
+    return OutputParts(refresh, export, snapshot, exports, evaluation, snapshots, ggk, advice)
+
+
+def outputs(p: OutputParts) -> list:
+    return [p.exports, p.evaluation, p.snapshots, p.ggk]
+
+
+def _exports_md(project: str) -> str:
+    rows = [[Path(e["path"]).name, e.get("kind", ""), common.fmt_size(e.get("size")),
+             common.fmt_time(e.get("time")), "yes" if e.get("exists", True) else "**missing**", e["path"]]
+            for e in control.list_exports(project)]
+    return "### Exported files\n" + (common.md_table(["file", "kind", "size", "time", "on disk", "path"], rows)
+                                    or "Nothing exported yet.")
+
+
+def _eval_md(project: str, pack: dict | None) -> str:
+    ev = control.read_eval(project)
+    if not ev:
+        return "### Evaluation\nNo evaluation yet (it runs after the export)."
+    keys = list((pack or {}).get("eval_keys") or []) or [k for k, v in (ev.get("metrics") or {}).items()
+                                                         if isinstance(v, float)]
+    metrics = ev.get("metrics") or {}
+    base = ev.get("baseline") or {}
+    rows = [[k, common.fmt(metrics.get(k)), common.fmt(base.get(f"baseline_{k}"))] for k in keys if k in metrics]
+    head = f"### Evaluation of `{Path(ev.get('gguf') or '').name}`"
+    if ev.get("mock"):
+        head += "\n**MOCK teacher** — " + (ev.get("note") or "a smoke test, not a usable adapter")
+    lines = [head, (f"headline **{ev.get('headline')} = {common.fmt(ev.get('val_cos'))}**, "
+                   f"{'beats' if ev.get('beats_baseline') else 'does not beat'} the mean baseline; "
+                   f"trained {common.fmt(ev.get('trained_steps'))} of {common.fmt(ev.get('planned_steps'))} "
+                   f"steps; evaluated {common.fmt_time(ev.get('time'))}"),
+             common.md_table(["metric", "value", "mean baseline"], rows)]
+    for key in ("reference", "health"):
+        val = ev.get(key)
+        if isinstance(val, dict) and val:
+            lines.append(f"**{key.capitalize()}**\n" + "\n".join(f"* {k}: {common.fmt(v)}" for k, v in val.items()))
+        elif isinstance(val, list) and val:
+            lines.append(f"**{key.capitalize()}**\n" + "\n".join(f"* {v}" for v in val))
+    return "\n\n".join(lines)
+
+
+def _snapshots_md(project: str) -> str:
+    rows = []
+    for s in control.list_snapshots(project):
+        ev = s.get("eval") or {}
+        pct = f" ({100 * s['step'] / s['planned_steps']:.0f}%)" if s.get("step") and s.get("planned_steps") else ""
+        rows.append([f"{s.get('step')}{pct}", s.get("planned_steps"), s.get("checkpoint"),
+                     common.fmt(s.get("val_cos")), common.fmt(ev.get("headline")),
+                     Path(s.get("path") or "").name, common.fmt_size(s.get("size"))])
+    return "### Snapshots\n" + (common.md_table(["step", "planned", "checkpoint", "val cos", "eval", "file", "size"],
+                                               rows) or "No snapshots yet (Train tab › Export snapshot).")
+
+
+def render(project: str | None) -> list:
+    if not project:
+        return ["", "", "", ""]
+    view = control.open_project(project)
+    res = control.results(project) if hasattr(control, "results") else {}
+    return [_exports_md(project), _eval_md(project, view.pack), _snapshots_md(project),
+            (res or {}).get("ggk") or "(export the adapter first)"]
+
+
+def wire(p: OutputParts, project: gr.State, tab: gr.Tab) -> None:
+    safe_render = common.user_errors(render)
+    p.refresh.click(safe_render, [project], outputs(p), api_visibility="private")
+    tab.select(safe_render, [project], outputs(p), api_visibility="private")
+
+    @common.user_errors
+    def do_export(proj):
+        api.export(common.need_project(proj))
+        gr.Info("export + eval started from best.pt; follow it on the Train tab")
+
+    @common.user_errors
+    def do_snapshot(proj):
+        job = api.snapshot(common.need_project(proj), "last", False)
+        gr.Info(f"snapshot export started (pid {job.get('pid')})")
+
+    p.export.click(do_export, [project], None, api_visibility="private")
+    p.snapshot.click(do_snapshot, [project], None, api_visibility="private")

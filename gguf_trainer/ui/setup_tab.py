@@ -1,0 +1,404 @@
+"""Setup tab: open or create a project, materials and the HF token, the settings form, Save.
+
+Handlers are thin: they call the API functions (api.py, the same control functions the CLI
+calls) and map results to updates. The page keeps what it read (`read` state: values and
+version) only to send the fields the user changed and let compare-and-set catch fields
+changed on disk in between. Paths are typed or picked with the confined file browser
+(files.py); nothing is uploaded.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import gradio as gr
+
+from gguf_trainer import atomic
+from gguf_trainer.errors import UserError
+from gguf_trainer.project import PROJECTS_ROOT
+from gguf_trainer.runner import control
+from gguf_trainer.ui import api, common, files, form, recent
+
+
+@dataclass
+class SetupParts:
+    recent: gr.Dropdown
+    open_path: gr.Textbox
+    open_browse: gr.Button
+    open_button: gr.Button
+    pack: gr.Dropdown
+    pack_info: gr.Markdown
+    create_parent: gr.Textbox
+    create_browse: gr.Button
+    create_name: gr.Textbox
+    create_button: gr.Button
+    project_md: gr.Markdown
+    materials_md: gr.Markdown
+    download: gr.Button
+    token: gr.Textbox
+    token_save: gr.Button
+    token_md: gr.Markdown
+    form: form.Form
+    save: gr.Button
+    save_md: gr.Markdown
+    # file browser
+    browser: gr.Group
+    target: gr.State
+    root: gr.Dropdown
+    folder: gr.Textbox
+    entries: gr.Radio
+    up: gr.Button
+    use: gr.Button
+    close: gr.Button
+    roots_text: gr.Textbox
+    roots_save: gr.Button
+
+
+def _pack_choices() -> list[tuple[str, str]]:
+    return [(f"{p['title']} ({p['id']})", p["id"]) for p in control.list_packs()]
+
+
+def pack_description(pack_id: str | None) -> str:
+    for p in control.list_packs():
+        if p["id"] == pack_id:
+            mats = ", ".join(f"{m['title']}" + (f" ~{m['size_gb']:g} GB" if m.get("size_gb") else "")
+                             for m in p.get("materials") or [])
+            return f"**{p['title']}** — {p['description']}\n\nNeeds: {mats}"
+    return ""
+
+
+def build() -> SetupParts:
+    with gr.Accordion("Project", open=True, elem_id="setup-project"):
+        project_md = gr.Markdown("No project open.", elem_id="project-md")
+        with gr.Row(equal_height=True):
+            recent_dd = gr.Dropdown([], label="Recent projects", scale=3, elem_id="recent")
+        with gr.Row(equal_height=True):
+            open_path = gr.Textbox(label="Open a project folder", scale=4, elem_id="open-path",
+                                   placeholder=str(PROJECTS_ROOT / "my_adapter"))
+            open_browse = gr.Button("Browse…", size="sm", scale=0)
+            open_button = gr.Button("Open", scale=0, elem_id="btn-open")
+        with gr.Group():
+            choices = _pack_choices()
+            with gr.Row(equal_height=True):
+                pack = gr.Dropdown(choices, value=choices[0][1] if choices else None,
+                                   label="New project: trainer pack", scale=2, elem_id="new-pack")
+                create_name = gr.Textbox(label="Folder name", scale=2, elem_id="new-name",
+                                         placeholder="empty: the pack's default name")
+            pack_info = gr.Markdown(pack_description(choices[0][1]) if choices else "")
+            with gr.Row(equal_height=True):
+                create_parent = gr.Textbox(str(PROJECTS_ROOT), label="Create it in", scale=4,
+                                           elem_id="new-parent")
+                create_browse = gr.Button("Browse…", size="sm", scale=0)
+                create_button = gr.Button("Create", variant="primary", scale=0, elem_id="btn-create")
+
+    with gr.Group(visible=False, elem_id="file-browser") as browser:
+        gr.Markdown("**File browser** — confined to the roots below; SSH keys and the HF token "
+                    "store are never listed. Typed paths are accepted in the fields anyway.")
+        target = gr.State(None)
+        with gr.Row(equal_height=True):
+            root = gr.Dropdown([], label="Root", scale=2, elem_id="fb-root")
+            folder = gr.Textbox(label="Folder (type a path and press Enter)", scale=4, elem_id="fb-folder")
+            up = gr.Button("Up", size="sm", scale=0)
+        entries = gr.Radio([], label="Entries (click a folder to open it)", elem_id="fb-entries")
+        with gr.Row():
+            use = gr.Button("Use the selected path", variant="primary", elem_id="fb-use")
+            close = gr.Button("Close")
+        with gr.Accordion("Browse roots", open=False):
+            roots_text = gr.Textbox(label="Extra roots, one folder per line (kept in your user settings)",
+                                    lines=3, value="\n".join(files.saved_roots()), elem_id="fb-roots")
+            roots_save = gr.Button("Save roots", size="sm")
+
+    with gr.Accordion("Materials", open=True, elem_id="setup-materials"):
+        materials_md = gr.Markdown("", elem_id="materials-md")
+        download = gr.Button("Download missing", interactive=False, elem_id="btn-download")
+        with gr.Row(equal_height=True):
+            token = gr.Textbox(label="Hugging Face token (stored in huggingface_hub's token file; "
+                                     "never shown again)", type="password", scale=4, elem_id="hf-token")
+            token_save = gr.Button("Store token", scale=0, elem_id="btn-token")
+        token_md = gr.Markdown(token_status(), elem_id="token-md")
+
+    fm = form.build()
+    with gr.Row():
+        save = gr.Button("Save settings", variant="primary", elem_id="btn-save", interactive=False)
+    save_md = gr.Markdown("", elem_id="save-md")
+    return SetupParts(recent_dd, open_path, open_browse, open_button, pack, pack_info, create_parent,
+                      create_browse, create_name, create_button, project_md, materials_md, download,
+                      token, token_save, token_md, fm, save, save_md, browser, target, root, folder,
+                      entries, up, use, close, roots_text, roots_save)
+
+
+# ---- HF token -------------------------------------------------------------------------
+def _token_path() -> Path:
+    from huggingface_hub import constants
+
+    return Path(constants.HF_TOKEN_PATH)
+
+
+def token_status() -> str:
+    try:
+        stored = _token_path().is_file() and _token_path().stat().st_size > 0
+    except OSError:
+        stored = False
+    env = bool(os.environ.get("HF_TOKEN"))
+    if stored:
+        return "A Hugging Face token is stored." + (" (HF_TOKEN is also set and wins.)" if env else "")
+    return "HF_TOKEN is set in the environment." if env else "No Hugging Face token stored (public repos need none)."
+
+
+def store_token(token: str) -> str:
+    """Write the token where huggingface_hub reads it (0600); returns the status line only."""
+    token = (token or "").strip()
+    if not token:
+        raise UserError("paste a Hugging Face token first (hf_…)")
+    if any(c.isspace() for c in token):
+        raise UserError("a Hugging Face token has no spaces; paste it again")
+    path = _token_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic.write_text(path, token)
+    os.chmod(path, 0o600)
+    return token_status()
+
+
+# ---- materials (optional feature) ----------------------------------------------------
+def materials_view(project: str | None) -> tuple[str, dict]:
+    if not project:
+        return "", gr.update(interactive=False)
+    got = api.materials(project)
+    if not got.get("available"):
+        return (f"Material status and downloads are {common.NOT_AVAILABLE}: put the files in place "
+                "and set their paths below."), gr.update(interactive=False)
+    mats = got["materials"]
+    items = mats.get("materials", mats) if isinstance(mats, dict) else mats
+    rows, missing, busy = [], 0, False
+    for m in items or []:
+        st = m.get("status", "")
+        busy |= st in ("downloading", "running")
+        missing += st in ("missing", "partial")
+        size = common.fmt_size(m.get("bytes") or m.get("size"))
+        prog = m.get("progress")
+        rows.append([m.get("title") or m.get("id"), "required" if m.get("required", True) else "optional", st,
+                     size, "—" if prog is None else f"{100 * prog:.0f}%",
+                     common.fmt_size(m.get("rate")) + "/s" if m.get("rate") else "—",
+                     common.fmt(m.get("eta_s")), m.get("path") or ""])
+    table = common.md_table(["material", "", "status", "size", "progress", "rate", "ETA (s)", "path"], rows)
+    return table or "This pack needs no materials.", gr.update(interactive=bool(missing) and not busy)
+
+
+# ---- wiring ---------------------------------------------------------------------------
+def project_summary(view: dict) -> str:
+    st = view.get("status") or {}
+    pack = view.get("pack") or {}
+    text = (f"**{Path(view['root']).name}** · `{view['root']}` · pack **{pack.get('title', '?')}** · "
+            f"{st.get('status', '?')}")
+    if st.get("mock") or ((view.get("settings") or {}).get("precompute") or {}).get("mock_teacher"):
+        text += " · **MOCK teacher**"
+    for e in view.get("errors") or []:
+        text += f"\n\n⚠ {e}"
+    return text
+
+
+def load_outputs(p: SetupParts) -> list:
+    return [p.project_md, p.recent, p.open_path, p.save, p.materials_md, p.download, *p.form.comps,
+            *[f.browse for f in p.form.path_fields]]
+
+
+def load_values(p: SetupParts, project: str | None) -> tuple[list, dict | None]:
+    """(updates for load_outputs, the `read` state) for `project` (None: nothing open)."""
+    recents = recent.projects()
+    if not project:
+        return ([("No project open: create one or open a folder." if not recents else
+                  "No project open: pick a recent project or create one."),
+                 gr.update(choices=recents, value=None), gr.skip(), gr.update(interactive=False),
+                 "", gr.update(interactive=False), *form.fill(p.form, None, None),
+                 *form.browse_visibility(p.form, None, None)], None)
+    view = control.open_project(project)
+    values = view.settings if view.ok else None
+    pack_id = (view.pack or {}).get("id")
+    read = {"values": values, "version": view.version} if values else None
+    mat_md, mat_btn = materials_view(project)
+    return ([project_summary(view.as_dict()), gr.update(choices=recents, value=view.root), view.root,
+             gr.update(interactive=values is not None), mat_md, mat_btn,
+             *form.fill(p.form, values, pack_id), *form.browse_visibility(p.form, pack_id, values)], read)
+
+
+def wire(p: SetupParts, project: gr.State, read: gr.State, cursor: gr.State, after_open) -> None:
+    """`after_open` is the app's event dict run when the open project changed."""
+    outs = load_outputs(p)
+
+    @common.user_errors
+    def do_open(path):
+        if not path:
+            raise UserError("type or browse to a project folder first")
+        view = api.open_project(path)
+        ups, rd = load_values(p, view["root"])
+        return [view["root"], rd, *ups]
+
+    @common.user_errors
+    def do_create(parent, name, pack_id):
+        if not parent:
+            raise UserError("choose the folder to create the project in")
+        from gguf_trainer.packs import get_pack
+        from gguf_trainer.project import default_name
+
+        folder_name = (name or "").strip() or default_name(get_pack(pack_id).default_name).removeprefix("pig_")
+        view = api.create_project(str(Path(parent).expanduser() / folder_name), pack_id,
+                                  (name or "").strip())
+        gr.Info(f"project created: {view['root']}")
+        ups, rd = load_values(p, view["root"])
+        return [view["root"], rd, *ups]
+
+    @common.user_errors
+    def do_save(proj, rd, *vals):
+        proj = common.need_project(proj)
+        if not rd:
+            raise UserError("project.json could not be read; fix it (see the message above) and reopen")
+        view = control.open_project(proj)
+        pack_id = (view.pack or {}).get("id")
+        chg = form.changes(p.form, rd["values"], list(vals))
+        if not chg:
+            return [rd, "Nothing changed.", *form.mark(p.form, {}, pack_id)]
+        res = api.save_settings(proj, chg, rd["values"])
+        fresh = control.open_project(proj)
+        if fresh.ok:  # what is on disk now becomes what the page read, for the saved fields
+            rd = {"values": _merge_read(rd["values"], fresh.settings, res.get("applied") or {}),
+                  "version": fresh.version}
+        msg = "Saved." if res["ok"] else ("Not everything was saved:\n\n" + res["message"].replace("\n", "\n\n"))
+        if res.get("applied") and not res["ok"]:
+            msg += f"\n\nSaved: {', '.join(res['applied'])}"
+        return [rd, msg, *form.mark(p.form, res, pack_id)]
+
+    @common.user_errors
+    def do_token(tok):
+        return "", store_token(tok)
+
+    @common.user_errors
+    def do_download(proj):
+        api.download_missing(common.need_project(proj))
+        gr.Info("downloads started (they continue if you close the GUI)")
+        return materials_view(proj)
+
+    open_outs = [project, read, *outs]
+    p.open_button.click(do_open, [p.open_path], open_outs).then(**after_open)
+    p.open_path.submit(do_open, [p.open_path], open_outs).then(**after_open)
+    p.recent.input(do_open, [p.recent], open_outs).then(**after_open)
+    p.create_button.click(do_create, [p.create_parent, p.create_name, p.pack], open_outs).then(**after_open)
+    p.pack.change(pack_description, [p.pack], [p.pack_info])
+    p.save.click(do_save, [project, read, *p.form.comps], [read, p.save_md, *p.form.comps])
+    p.token_save.click(do_token, [p.token], [p.token, p.token_md])
+    p.download.click(do_download, [project], [p.materials_md, p.download])
+    _wire_browser(p, project)
+
+
+def _merge_read(old: dict, disk: dict, applied: dict) -> dict:
+    """The page's `read` values after a save: saved fields take the disk value; the others
+    keep what the page read, so a conflicting field stays a conflict until reloaded."""
+    import copy
+
+    out = copy.deepcopy(old)
+    for key in applied:
+        node_src, node_dst = disk, out
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node_src = node_src.get(part, {}) if isinstance(node_src, dict) else {}
+            node_dst = node_dst.setdefault(part, {})
+        if isinstance(node_src, dict) and leaf in node_src:
+            node_dst[leaf] = node_src[leaf]
+    return out
+
+
+def _listing(folder: str, roots: list[str]):
+    real, entries = files.list_dir(folder, roots)
+    choices = [(f"{e.name}/" + (" (project)" if e.is_project else ""), e.path) if e.is_dir else
+               (f"{e.name}  ({common.fmt_size(e.size)})", e.path) for e in entries]
+    return str(real), gr.update(choices=choices, value=None)
+
+
+def _wire_browser(p: SetupParts, project: gr.State) -> None:
+    from gguf_trainer.ui.app import launch_roots  # the --root folders of this GUI
+
+    path_fields = p.form.path_fields
+    targets = {f.key: f for f in path_fields}
+
+    def roots_for(proj):
+        return files.browse_roots(proj, launch_roots())
+
+    def start_at(proj, current):
+        roots = roots_for(proj)
+        for cand in [current, proj]:
+            if cand:
+                try:
+                    cand_path = Path(str(cand).splitlines()[-1] if str(cand).strip() else "").expanduser()
+                    files.confine(str(cand_path if cand_path.is_dir() else cand_path.parent), roots)
+                    return roots, str(cand_path if cand_path.is_dir() else cand_path.parent)
+                except (UserError, IndexError):
+                    continue
+        return roots, roots[0] if roots else ""
+
+    @common.user_errors
+    def open_for(key, proj, current):
+        roots, start = start_at(proj, current)
+        if not roots:
+            raise UserError("no browse root exists; add one under Browse roots")
+        folder, entries = _listing(start, roots)
+        root_value = next((r for r in roots if folder == r or folder.startswith(r.rstrip("/") + "/")), roots[0])
+        return key, gr.update(visible=True), gr.update(choices=roots, value=root_value), folder, entries
+
+    bro_outs = [p.target, p.browser, p.root, p.folder, p.entries]
+    for f in path_fields:
+        f.browse.click(lambda proj, cur, _k=f.key: open_for(_k, proj, cur), [project, f.comp], bro_outs)
+    p.open_browse.click(lambda proj, cur: open_for("#open", proj, cur), [project, p.open_path], bro_outs)
+    p.create_browse.click(lambda proj, cur: open_for("#create", proj, cur), [project, p.create_parent], bro_outs)
+
+    @common.user_errors
+    def go(proj, folder):
+        return _listing(folder, roots_for(proj))
+
+    @common.user_errors
+    def pick(proj, chosen, folder):
+        if chosen and Path(chosen).is_dir():
+            return _listing(chosen, roots_for(proj))
+        return gr.skip(), gr.skip()
+
+    @common.user_errors
+    def up(proj, folder):
+        roots = roots_for(proj)
+        parent = str(Path(folder).parent)
+        try:
+            files.confine(parent, roots)
+        except UserError:
+            raise UserError("already at the top of this root") from None
+        return _listing(parent, roots)
+
+    p.root.input(go, [project, p.root], [p.folder, p.entries])
+    p.folder.submit(go, [project, p.folder], [p.folder, p.entries])
+    p.entries.input(pick, [project, p.entries, p.folder], [p.folder, p.entries])
+    p.up.click(up, [project, p.folder], [p.folder, p.entries])
+    p.close.click(lambda: gr.update(visible=False), None, [p.browser])
+
+    def use(key, chosen, folder, *current):
+        path = chosen or folder
+        outs = []
+        for f, cur in zip(path_fields, current):
+            if f.key != key:
+                outs.append(gr.skip())
+            elif f.meta["type"] == "paths":
+                lines = [x for x in str(cur or "").splitlines() if x.strip()]
+                outs.append("\n".join([*lines, path]) if path not in lines else cur)
+            else:
+                outs.append(path)
+        return [gr.update(visible=False),
+                path if key == "#open" else gr.skip(), path if key == "#create" else gr.skip(), *outs]
+
+    p.use.click(use, [p.target, p.entries, p.folder, *[f.comp for f in path_fields]],
+                [p.browser, p.open_path, p.create_parent, *[f.comp for f in path_fields]])
+
+    @common.user_errors
+    def save_roots(text):
+        kept = files.save_roots(text.splitlines())
+        gr.Info(f"browse roots saved ({len(kept)})")
+        return "\n".join(kept)
+
+    p.roots_save.click(save_roots, [p.roots_text], [p.roots_text])
+    del targets

@@ -1,0 +1,310 @@
+"""Train tab: run controls, the stage strip, planned steps, the live charts and readings.
+
+Everything shown is derived from `control.status()` and metrics.jsonl on each tick (see
+live.py); the buttons call the API functions the CLI's commands call. A run started from
+the CLI, another browser or before a GUI restart shows up on the next tick.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gradio as gr
+import pandas as pd
+
+from gguf_trainer.errors import UserError
+from gguf_trainer.runner import control
+from gguf_trainer.runner.status import format_eta
+from gguf_trainer.stage_list import STAGES, stage_title
+from gguf_trainer.ui import api, common, hardware, live
+
+ACTIVE = ("running", "stalled")
+STAGE_CLASSES = ("stage", "stage-box")
+EMPTY_CHART = pd.DataFrame({"step": pd.Series([], dtype=float), "value": pd.Series([], dtype=float),
+                            "series": pd.Series([], dtype=str)})
+METRIC_LABELS = {"loss": "loss", "cos": "train cos", "val_cos": "val cos", "best_val_cos": "best val cos",
+                 "lr": "learning rate", "steps_per_s": "steps/s", "mse": "mse", "rel_mse": "rel mse",
+                 "val_rel_mse": "val rel mse"}
+
+
+@dataclass
+class TrainParts:
+    banner: gr.Markdown
+    start: gr.Button
+    stop: gr.Button
+    kill: gr.Button
+    snap_checkpoint: gr.Radio
+    snap_eval: gr.Checkbox
+    snap_button: gr.Button
+    reset_target: gr.Dropdown
+    reset_open: gr.Button
+    reset_box: gr.Group
+    reset_plan: gr.Markdown
+    reset_confirm: gr.Button
+    reset_cancel: gr.Button
+    stages: list
+    progress: gr.Markdown
+    steps: gr.Textbox
+    apply_steps: gr.Button
+    steps_note: gr.Markdown
+    log_scale: gr.Checkbox
+    loss_plot: gr.LinePlot
+    cos_plot: gr.LinePlot
+    metrics: gr.Markdown
+    live_hw: gr.Markdown
+
+
+def build() -> TrainParts:
+    banner = gr.Markdown("No project open: create or open one on the Setup tab.",
+                         elem_id="train-banner")
+    with gr.Row():
+        start = gr.Button("Start", variant="primary", elem_id="btn-start", interactive=False)
+        stop = gr.Button("Stop", elem_id="btn-stop", interactive=False)
+        kill = gr.Button("Kill (stalled run)", variant="stop", elem_id="btn-kill", interactive=False)
+    with gr.Row(equal_height=True, elem_id="stage-strip"):
+        stages = [gr.Button(stage_title(s), elem_id=f"stage-{s}", interactive=False,
+                            elem_classes=[*STAGE_CLASSES, "stage-pending"], min_width=110)
+                  for s in STAGES]
+    progress = gr.Markdown("", elem_id="train-progress")
+    with gr.Row():
+        with gr.Column(scale=3):
+            with gr.Row():
+                log_scale = gr.Checkbox(False, label="log10 loss", elem_id="log-scale", scale=0)
+            loss_plot = gr.LinePlot(EMPTY_CHART, x="step", y="value", color="series", height=260,
+                                    title="Loss", elem_id="loss-plot", label="loss")
+            cos_plot = gr.LinePlot(EMPTY_CHART, x="step", y="value", color="series", height=260,
+                                   title="Cosine", elem_id="cos-plot", label="cosine")
+        with gr.Column(scale=2):
+            metrics = gr.Markdown("", elem_id="train-metrics")
+            with gr.Row(equal_height=True):
+                steps = gr.Textbox(label="Planned steps", elem_id="steps-box", scale=2,
+                                   info="12000, 12_000 or 40k; Apply works while running")
+                apply_steps = gr.Button("Apply", elem_id="btn-apply-steps", scale=1)
+            steps_note = gr.Markdown("")
+            live_hw = gr.Markdown("", elem_id="live-hw")
+    with gr.Accordion("Export snapshot", open=False, elem_id="snapshot-box"):
+        with gr.Row():
+            snap_checkpoint = gr.Radio([("Latest step", "last"), ("Best validation score so far", "best")],
+                                       value="last", label="Checkpoint")
+            snap_eval = gr.Checkbox(False, label="Also evaluate it (on the CPU while training runs)")
+        snap_button = gr.Button("Export snapshot", elem_id="btn-snapshot")
+    with gr.Accordion("Reset…", open=False):
+        with gr.Row():
+            reset_target = gr.Dropdown(
+                [("training (checkpoints, eval, snapshots list)", "train"),
+                 ("shards + training", "shards"), ("corpus + everything after it", "corpus"),
+                 ("exported GGUFs of this project", "output")],
+                value="train", label="What to reset")
+            reset_open = gr.Button("Reset…", elem_id="btn-reset")
+        with gr.Group(visible=False) as reset_box:
+            reset_plan = gr.Markdown("", elem_id="reset-plan")
+            with gr.Row():
+                reset_confirm = gr.Button("Delete these", variant="stop", elem_id="btn-reset-confirm")
+                reset_cancel = gr.Button("Cancel")
+    return TrainParts(banner, start, stop, kill, snap_checkpoint, snap_eval, snap_button, reset_target,
+                      reset_open, reset_box, reset_plan, reset_confirm, reset_cancel, stages, progress,
+                      steps, apply_steps, steps_note, log_scale, loss_plot, cos_plot, metrics, live_hw)
+
+
+# ---- rendering ------------------------------------------------------------------------
+def run_label(info: dict) -> str:
+    return {"idle": "Start", "interrupted": "Resume", "stopped": "Resume"}.get(info.get("status"),
+                                                                              "Start / Resume")
+
+
+def is_stopping(info: dict, project: str) -> bool:
+    from gguf_trainer.paths import ProjectPaths
+
+    return info.get("status") in ACTIVE and ProjectPaths(project).stop_request.exists()
+
+
+def banner_text(info: dict, project: str) -> str:
+    status = info.get("status") or "idle"
+    text = f"**{status.upper()}** · {info.get('message') or ''}"
+    if is_stopping(info, project):
+        text = f"**STOPPING…** · finishing the current step, then saving · {info.get('message') or ''}"
+    if status == "stalled":
+        text += " — **Kill** it, then **Resume** from the last checkpoint."
+    if status == "interrupted":
+        text += " — press **Resume** to continue from the last checkpoint."
+    if info.get("mock"):
+        text = "**MOCK teacher run** (synthetic targets: a smoke test, not a usable adapter) · " + text
+    job = (info.get("jobs") or {}).get("snapshot") or {}
+    if job.get("status") == "running":
+        text += f"\n\nSnapshot export running (pid {job.get('pid')}) {job.get('progress') or ''}"
+    elif job.get("status") == "failed":
+        text += f"\n\nLast snapshot export failed: {job.get('error')}"
+    if info.get("settings_error"):
+        text += f"\n\n⚠ project.json: {info['settings_error']}"
+    return text
+
+
+def stage_text(name: str, st: dict | None) -> tuple[str, str]:
+    """(button label, status class) of one stage box."""
+    st = st or {}
+    status = st.get("status") or "pending"
+    if st.get("skipped"):
+        status = "done"
+    lines = [stage_title(name), status + (" (already done)" if st.get("skipped") else "")]
+    if st.get("total") is not None and st.get("done") is not None:
+        lines.append(f"{common.fmt(st['done'])}/{common.fmt(st['total'])} {st.get('unit') or ''}".strip())
+    if status == "running":
+        lines.append(f"ETA {format_eta(st.get('eta_s'))}")
+    if name == "train" and st.get("best_val_cos") is not None:
+        lines.append(f"best val cos {common.fmt(st['best_val_cos'])}")
+    if st.get("detail"):
+        lines.append(str(st["detail"])[:60])
+    return "\n".join(lines), f"stage-{status}"
+
+
+def metrics_md(info: dict, cur: live.Cursor) -> str:
+    rows = [["step", f"{common.fmt(info.get('step'))} / {common.fmt(info.get('steps'))}"]]
+    for key, label in METRIC_LABELS.items():
+        value = info.get(key) if info.get(key) is not None else cur.latest.get(key)
+        if value is not None:
+            rows.append([label, common.fmt(value)])
+    train = (info.get("stages") or {}).get("train") or {}
+    if train.get("status") == "running":
+        rows.append(["ETA (train)", format_eta(train.get("eta_s"))])
+    return "#### Current metrics\n" + common.md_table(["metric", "value"], rows)
+
+
+def hardware_md(info: dict) -> str:
+    m = hardware.machine()
+    lines = ["#### Live hardware", (f"* CPU {m['cpu_percent']:.0f}% of {m['cpu_count']} threads · "
+             f"RAM {m['ram_used_gib']:.1f} / {m['ram_total_gib']:.1f} GiB")]
+    if m["gpus"] is None:
+        lines.append(f"* GPU: {hardware.NO_NVIDIA}")
+    for g in m["gpus"] or []:
+        lines.append(f"* GPU {g['index']} {g['name']}: {g['vram_used_gib']:.1f} / "
+                     f"{g['vram_total_gib']:.1f} GiB, {common.fmt(g.get('util_percent'))}% util")
+    proc = hardware.pipeline_process(info.get("pid")) if info.get("status") in ACTIVE else None
+    if proc is None:
+        lines.append("* Pipeline process: not running")
+    else:
+        gpu = ("no NVIDIA driver" if proc["gpu_mib"] is None else f"{proc['gpu_mib']:.0f} MiB")
+        lines.append(f"* Pipeline (pid {proc['pid']}): CPU {proc['cpu_percent']:.0f}% · RSS "
+                     f"{proc['rss_gib']:.2f} GiB incl. {proc['children']} child process(es) · GPU {gpu}")
+    return "\n".join(lines)
+
+
+def chart(cur: live.Cursor, names: dict, log10: bool = False) -> pd.DataFrame:
+    df = pd.DataFrame(live.chart_rows(cur, names, log10))
+    return df if len(df) else EMPTY_CHART
+
+
+def tick_outputs(p: TrainParts) -> list:
+    return [p.banner, p.start, p.stop, p.kill, *p.stages, p.progress, p.metrics, p.loss_plot, p.cos_plot]
+
+
+def render(cur: live.Cursor, info: dict, project: str, plot_changed: bool, log10: bool) -> list:
+    """Updates for tick_outputs(); gr.skip() for whatever this tab already shows."""
+    def put(key, value):
+        return value if cur.changed(key, repr(value)) else gr.skip()
+
+    status = info.get("status")
+    active = status in ACTIVE
+    stopping = is_stopping(info, project)
+    out = [put("banner", banner_text(info, project)),
+           put("start", gr.update(value=run_label(info), interactive=not active and not info.get("settings_error"))),
+           put("stop", gr.update(value="Stopping…" if stopping else "Stop", interactive=active and not stopping)),
+           put("kill", gr.update(interactive=active))]
+    for name in STAGES:
+        label, cls = stage_text(name, (info.get("stages") or {}).get(name))
+        clickable = name in ("export", "eval") and not active
+        out.append(put(f"stage-{name}", gr.update(value=label, elem_classes=[*STAGE_CLASSES, cls],
+                                                  interactive=clickable)))
+    stage = (info.get("stages") or {}).get(info.get("stage") or "") or {}
+    prog = ""
+    if status in ACTIVE and info.get("stage"):
+        prog = f"Now: **{stage_title(info['stage'])}**"
+        if stage.get("total"):
+            prog += f" — {common.fmt(stage.get('done'))}/{common.fmt(stage['total'])} {stage.get('unit') or ''}"
+            prog += f", ETA {format_eta(stage.get('eta_s'))}"
+    if info.get("error"):
+        prog += f"\n\nLast error: {info['error']}"
+    out.append(put("progress", prog))
+    out.append(put("metrics", metrics_md(info, cur)))
+    if plot_changed or cur.changed("log10", log10):
+        out += [chart(cur, live.LOSS_SERIES, log10), chart(cur, live.COS_SERIES)]
+    else:
+        out += [gr.skip(), gr.skip()]
+    return out
+
+
+# ---- wiring ---------------------------------------------------------------------------
+def wire(p: TrainParts, project: gr.State, refresh) -> None:
+    """`refresh` is the app's (project, cursor) -> updates chain run after each action."""
+
+    @common.user_errors
+    def do_start(proj):
+        api.start(common.need_project(proj))
+        gr.Info("pipeline started")
+
+    @common.user_errors
+    def do_stop(proj):
+        outcome = api.stop(common.need_project(proj))["outcome"]
+        gr.Info({"not running": "not running; nothing to stop"}.get(outcome, "stopping after the current step…"))
+
+    @common.user_errors
+    def do_kill(proj):
+        outcome = api.kill(common.need_project(proj))["outcome"]
+        gr.Info("killed; Resume continues from the last checkpoint" if outcome == "killed" else outcome)
+
+    @common.user_errors
+    def do_snapshot(proj, checkpoint, evaluate):
+        job = api.snapshot(common.need_project(proj), checkpoint, evaluate)
+        gr.Info(f"snapshot export started (pid {job.get('pid')}); it appears on the Output tab")
+
+    @common.user_errors
+    def do_steps(proj, steps):
+        res = api.set_steps(common.need_project(proj), steps)
+        return res["message"]
+
+    @common.user_errors
+    def do_regen(proj, which):
+        if which == "export":
+            api.export(common.need_project(proj))
+        else:
+            api.start(common.need_project(proj), only=["eval"], force=True)
+        gr.Info(f"{'export + eval' if which == 'export' else 'eval'} started from best.pt")
+
+    @common.user_errors
+    def open_reset(proj, target):
+        plan = api.reset_plan(common.need_project(proj), target)
+        lines = [f"**Reset {target}** deletes exactly:"]
+        lines += [f"* `{d}`" for d in plan["delete"]] or ["* nothing (it is already clean)"]
+        if plan.get("keep"):
+            lines.append("Left in place:")
+            lines += [f"* `{k['path']}` — {k['reason']}" for k in plan["keep"]]
+        if plan.get("blocked"):
+            lines.append(f"\n⚠ Refused right now: {plan['blocked']}")
+        return gr.update(visible=True), "\n".join(lines), gr.update(interactive=not plan.get("blocked"))
+
+    @common.user_errors
+    def do_reset(proj, target):
+        res = api.reset(common.need_project(proj), target)
+        gr.Info(f"reset {target}: deleted {len(res['deleted'])} path(s)")
+        return gr.update(visible=False)
+
+    p.start.click(do_start, [project], None).then(**refresh)
+    p.stop.click(do_stop, [project], None).then(**refresh)
+    p.kill.click(do_kill, [project], None).then(**refresh)
+    p.snap_button.click(do_snapshot, [project, p.snap_checkpoint, p.snap_eval], None).then(**refresh)
+    p.apply_steps.click(do_steps, [project, p.steps], [p.steps_note]).then(**refresh)
+    p.steps.submit(do_steps, [project, p.steps], [p.steps_note]).then(**refresh)
+    for name, box in zip(STAGES, p.stages):
+        if name in ("export", "eval"):
+            box.click(lambda proj, _n=name: do_regen(proj, _n), [project], None).then(**refresh)
+    p.reset_open.click(open_reset, [project, p.reset_target], [p.reset_box, p.reset_plan, p.reset_confirm])
+    p.reset_cancel.click(lambda: gr.update(visible=False), None, [p.reset_box])
+    p.reset_confirm.click(do_reset, [project, p.reset_target], [p.reset_box]).then(**refresh)
+
+
+def steps_value(project: str | None) -> str:
+    if not project:
+        return ""
+    try:
+        return str(control.read_settings(project).values["train"]["steps"])
+    except UserError:  # broken project.json or no project: the banner says so
+        return ""
