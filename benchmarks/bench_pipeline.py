@@ -40,11 +40,14 @@ import numpy as np
 import torch
 
 from gguf_trainer.adapters import build_adapter, trainable_parameters
+from gguf_trainer.hardware import Budgets, budget_batches, choose_budgets
 from gguf_trainer.packs import get_pack
-from gguf_trainer.precompute import Budgets, _Sample, budget_batches, build_shard, choose_budgets
+from gguf_trainer.precompute import _Sample, build_shard
 from gguf_trainer.project import PrecomputeSettings, TrainSettings
+from gguf_trainer.samples import Sample
+from gguf_trainer.scoring import forward
 from gguf_trainer.shards import ShardStream, load_stats, shard_name, write_shard
-from gguf_trainer.train import compute_loss, forward
+from gguf_trainer.train import compute_loss
 
 # ---- settings
 FULL = {
@@ -148,7 +151,7 @@ def make_samples(pack, n: int, start: int, seed: int) -> list[_Sample]:
     for k, c in enumerate(counts):
         text = " ".join(WORDS[i] for i in rng.integers(0, len(WORDS), c))
         ids = [zlib.crc32(w.encode()) % 151000 for w in pack.format_prompt(text).split()]
-        out.append(_Sample(start + k, text, ids))
+        out.append(_Sample(start + k, Sample(text), ids))
     return out
 
 

@@ -5,18 +5,24 @@ The metrics (gguf_trainer.metrics) use global weighting over all val rows. eval.
 holds the pack's metrics of the GGUF, the same for the checkpoint (whose headline equals
 best.json's `val_cos` for that step), `roundtrip_cos` (GGUF vs checkpoint), the
 per-dimension mean baseline an adapter must beat, and says MOCK for mock runs.
+
+    STAGE   the eval stage object (done when eval.json is newer than the exported GGUF)
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from pathlib import Path
 
 import torch
 
-from . import atomic
+from . import atomic, hardware
+from .checkpoints import BEST, checkpoint_path, load_checkpoint, model_from_checkpoint
+from .scoring import forward, raw_prediction, score_batches
 from .shards import Stats, iter_batches, shard_files
+from .stage_list import Stage
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +33,6 @@ def evaluate_gguf(project, gguf: Path, which: str = "best", device: str | torch.
                   ck: dict | None = None) -> dict:
     """Score `gguf` and checkpoint `which` (or the already loaded `ck`) on the val shards."""
     from .adapters import load_gguf
-    from .train import checkpoint_path, forward, load_checkpoint, model_from_checkpoint, raw_prediction, score_batches
 
     pack = project.pack
     device = torch.device(device)
@@ -49,7 +54,7 @@ def evaluate_gguf(project, gguf: Path, which: str = "best", device: str | torch.
                      ref_predict=gguf_predict)
     res_gguf = score_batches(iter_batches(val_files, batch_size, fixed), gguf_predict, stats, pack.centered, device)
     baseline = {k: v for k, v in res_gguf.items() if k.startswith("baseline_")}
-    strip = lambda r: {k: v for k, v in r.items() if not k.startswith("baseline_")}  # noqa: E731
+    strip = lambda r: {k: v for k, v in r.items() if not k.startswith("baseline_")}
     record = {
         "pack": pack.id, "kind": pack.adapter_kind, "gguf": str(gguf), "checkpoint": which,
         "trained_steps": int(ck["step"]), "planned_steps": int(ck["planned_steps"]),
@@ -66,9 +71,7 @@ def evaluate_gguf(project, gguf: Path, which: str = "best", device: str | torch.
 
 
 def run_eval(project, report) -> None:
-    from .precompute import resolve_device
-
-    record = evaluate_gguf(project, project.final_gguf, "best", resolve_device(project.settings.train.device))
+    record = evaluate_gguf(project, project.final_gguf, BEST, hardware.resolve_device(project.settings.train.device))
     atomic.write_json(project.paths.eval_json, _finite(record))
     log.info("eval: %s %.4f (checkpoint %.4f, roundtrip %.6f, mean baseline %s)%s", record["headline"],
              record["val_cos"], record["checkpoint_metrics"]["val_cos"], record["roundtrip_cos"],
@@ -78,9 +81,27 @@ def run_eval(project, report) -> None:
 
 def _finite(obj):
     if isinstance(obj, float):
-        return obj if obj == obj and abs(obj) != float("inf") else None
+        return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):
         return {k: _finite(v) for k, v in obj.items()}
     if isinstance(obj, list):
         return [_finite(v) for v in obj]
     return obj
+
+
+class EvalStage(Stage):
+    name = "eval"
+
+    def is_done(self, project, run) -> bool:
+        gguf, ev = project.final_gguf, project.paths.eval_json
+        return ev.exists() and gguf.exists() and ev.stat().st_mtime_ns >= gguf.stat().st_mtime_ns
+
+    def run(self, project, report, run) -> str:
+        run_eval(project, report)
+        return "done"
+
+    def clear(self, paths) -> None:
+        paths.eval_json.unlink(missing_ok=True)
+
+
+STAGE = EvalStage()

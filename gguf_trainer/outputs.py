@@ -5,7 +5,10 @@ Every GGUF this project writes is recorded by exact path in `exports.json`, so t
 "output" reset and the Output tab touch this project's files only — never another
 project's that merely shares a name prefix in the same folder (`pig_llada` vs
 `pig_llada_v2`). The snapshot manifest `snapshots.json` lists step, planned steps,
-validation score and optional eval of each snapshot.
+validation score and optional eval of each snapshot. Imports no torch at module level
+(reset and the control API list exports through it).
+
+    STAGE   the export stage object (done when the final GGUF is newer than best.pt)
 """
 
 from __future__ import annotations
@@ -17,14 +20,16 @@ from pathlib import Path
 
 from . import __version__, atomic
 from .errors import UserError
+from .stage_list import Stage
 
 log = logging.getLogger(__name__)
 
 
-def _checkpoint(project, which: str) -> Path:
-    from .train import checkpoint_path
+BEST = "best"
 
-    path = checkpoint_path(project.paths.checkpoints, which)
+
+def _checkpoint(project, which: str) -> Path:
+    path = project.paths.checkpoint(which)
     if not path.exists():
         raise UserError(f"there is no {which}.pt checkpoint yet; train first (gguf-trainer start).")
     return path
@@ -50,8 +55,8 @@ def export_checkpoint(project, which: str, dest, is_snapshot: bool, ck: dict | N
     a function of the checkpoint's step: the trainer may replace last.pt at any moment, so
     the step is read from the checkpoint actually loaded)."""
     from .adapters import AdapterConfig
+    from .checkpoints import load_checkpoint
     from .export import write_adapter_gguf
-    from .train import load_checkpoint
 
     ck = ck or load_checkpoint(_checkpoint(project, which))
     dest = Path(dest(int(ck["step"])) if callable(dest) else dest)
@@ -82,7 +87,7 @@ def exported_files(project) -> list[Path]:
 def run_export(project, report) -> None:
     """Export stage: best.pt -> <output_dir>/<name>-f16.gguf, then the optional copy."""
     project.output_dir.mkdir(parents=True, exist_ok=True)
-    info = export_checkpoint(project, "best", project.final_gguf, is_snapshot=False)
+    info = export_checkpoint(project, BEST, project.final_gguf, is_snapshot=False)
     copy_to = project.settings.export.copy_to
     if copy_to:
         dest = Path(copy_to).expanduser() / project.final_gguf.name
@@ -100,3 +105,21 @@ def record_snapshot(project, entry: dict) -> None:
     items = [e for e in man["snapshots"] if e.get("path") != entry["path"]] + [entry]
     man["snapshots"] = sorted(items, key=lambda e: (e["step"], e["time"]))
     atomic.write_json(project.paths.snapshots_json, man)
+
+
+class ExportStage(Stage):
+    name = "export"
+
+    def is_done(self, project, run) -> bool:
+        best, gguf = project.paths.checkpoint(BEST), project.final_gguf
+        return best.exists() and gguf.exists() and gguf.stat().st_mtime_ns >= best.stat().st_mtime_ns
+
+    def run(self, project, report, run) -> str:
+        run_export(project, report)
+        return "done"
+
+    def clear(self, paths) -> None:
+        return None  # exports are the user's files: only `reset output` deletes them
+
+
+STAGE = ExportStage()

@@ -35,6 +35,16 @@ SHARDS_DIR = "shards"
 CHECKPOINTS_DIR = "checkpoints"
 MATERIALS_DIR = "materials"
 STALE_PREFIX = "checkpoints.stale-"
+VERIFIED_JSON = "verified.json"  # in shards/<split>/: shards verified by (size, mtime)
+CHECKPOINT_KINDS = ("last", "best")  # checkpoints/<kind>.pt and its summary <kind>.json
+
+
+def checkpoint_file(which: str) -> str:
+    return f"{which}.pt"
+
+
+def checkpoint_side_file(which: str) -> str:
+    return f"{which}.json"
 
 
 @dataclass(frozen=True)
@@ -135,6 +145,9 @@ class ProjectPaths:
     @property
     def checkpoints(self) -> Path:
         return self.root / CHECKPOINTS_DIR
+
+    def checkpoint(self, which: str) -> Path:
+        return self.root / CHECKPOINTS_DIR / checkpoint_file(which)
 
     @property
     def materials(self) -> Path:

@@ -1,172 +1,90 @@
-"""Precompute stage: teacher rows + student states for every corpus prompt, written as shards.
+"""Precompute stages (val, then train): teacher rows + student states for every corpus sample,
+written as shards.
 
-Per shard: tokenize, sort by the teacher's length and pack teacher batches by a token
-budget, sort by the student's length and pack student batches likewise (real ÷ processed
-tokens stays high on heavy-tailed prompt lengths), keep only the rows that must be stored,
-write the shard atomically. A stop request takes effect before the next teacher batch;
-the partial shard is discarded. Existing shards made from the current inputs are skipped.
+Per shard: tokenize, drop (and count) samples over the student's or the teacher's length
+limit — never truncate one side only —, sort by the teacher's length and pack teacher
+batches by a token budget, sort by the student's length and pack student batches likewise
+(real ÷ processed tokens stays high on heavy-tailed prompt lengths), keep only the rows that
+must be stored, write the shard atomically. A stop request takes effect before the next
+teacher batch; the partial shard is discarded. Existing shards made from the current inputs
+are skipped. The student and the teacher are loaded once per pipeline run (`check`, before
+anything is invalidated) from resolved material paths and a placement plan, and closed when
+no stage needs them any more.
+
+    PRECOMPUTE_VAL, PRECOMPUTE_TRAIN   the two stage objects
 """
 
 from __future__ import annotations
 
-import hashlib
+import gc
 import logging
 import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import torch
 
-from . import atomic, shards
-from .corpus import read_prompts
+from . import atomic, hardware, shards
 from .errors import UserError
+from .materials import student_identity, student_paths, teacher_identity, teacher_paths
+from .paths import VERIFIED_JSON
+from .samples import count_samples, iter_samples
+from .stage_list import Stage, Stopped
 
 log = logging.getLogger(__name__)
 
-
-class Stopped(Exception):
-    """A stop was requested; raised between teacher batches, never mid-write."""
-
-
-@dataclass(frozen=True)
-class Budgets:
-    teacher_batch: int
-    tok_budget: int
-    student_batch: int
-    student_tok_budget: int
-
-
-def choose_budgets(pc, device: torch.device) -> Budgets:
-    """Settings at 0 are chosen for the device (a big card gets bigger batches)."""
-    if device.type == "cuda":
-        big = torch.cuda.get_device_properties(device).total_memory > 24e9
-        auto = (256, 65536, 256, 131072) if big else (64, 12288, 64, 24576)
-    else:
-        auto = (16, 4096, 32, 8192)
-    given = (pc.teacher_batch, pc.tok_budget, pc.student_batch, pc.student_tok_budget)
-    return Budgets(*(g or a for g, a in zip(given, auto)))
-
-
-MIN_BATCH_EFFICIENCY = 0.9  # real ÷ processed tokens each batch keeps...
-PAD_SLACK_TOKENS = 32  # ...unless it pads fewer tokens than this (tiny prompts: fewer calls)
-
-
-def budget_batches(lengths: Sequence[int], max_batch: int, max_tokens: int) -> list[list[int]]:
-    """Indices grouped into batches, sorted by length ascending. A batch costs count × its
-    longest member (that is what padding processes): it is kept ≤ max_tokens, and closed
-    before a longer member would push its real ÷ processed tokens under 0.9 (big budgets
-    would otherwise pad hundreds of short prompts to a long one). ≥ 1 item per batch."""
-    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
-    batches, cur, real = [], [], 0
-    for i in order:
-        n, length = len(cur) + 1, lengths[i]
-        padding = n * length - real - length
-        if cur and (n > max_batch or n * length > max_tokens
-                    or (padding > PAD_SLACK_TOKENS and real + length < MIN_BATCH_EFFICIENCY * n * length)):
-            batches.append(cur)
-            cur, real = [], 0
-        cur.append(i)
-        real += lengths[i]
-    if cur:
-        batches.append(cur)
-    return batches
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"device {name!r} was chosen but no CUDA device is available; choose cpu or auto.")
-    return torch.device(name)
-
-
-def student_dtype(name: str, device: torch.device) -> torch.dtype:
-    """"auto" = fp32 everywhere: the engine multiplies pig_clip's f16 weights with f32
-    activations, the 0.6B student is cheap next to any teacher, and bf16 matmul on CPUs is
-    hundreds of times slower. bf16/f16 are there for small cards."""
-    return {"auto": torch.float32, "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[name]
-
-
-def file_sha256(path: Path, cache_file: Path | None = None) -> str:
-    """sha256 of a (multi-GB) file. With `cache_file`, a JSON map remembers it by path, size and
-    mtime, so a restart does not re-read the student GGUF; any rewrite of the file re-hashes."""
-    st = path.stat()
-    key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
-    cache = (atomic.read_json(cache_file, {}) or {}) if cache_file else {}
-    if key not in cache:
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 24), b""):
-                h.update(block)
-        cache[key] = h.hexdigest()
-        if cache_file:
-            atomic.write_json(cache_file, cache)
-    return cache[key]
-
-
-def student_paths(project) -> tuple[Path, Path]:
-    gguf = project.material_path("student")
-    tok = project.material_path("student_tokenizer")
-    if gguf is None or not gguf.is_file():
-        raise UserError("the student GGUF is not set or missing; choose pig_clip-f16.gguf under "
-                        "Setup → Materials (materials.student.path in project.json).")
-    if tok is None or not (tok / "tokenizer.json").is_file():
-        raise UserError("the student tokenizer snapshot is missing; download callgg/pig-clip-tokenizer "
-                        "under Setup → Materials (materials.student_tokenizer.path).")
-    return gguf, tok
-
-
-def teacher_identity(project) -> dict:
-    """What identifies the teacher's outputs: the mock function, or the snapshot's revision
-    (else a hash of its config and index files; weights are too big to hash each start)."""
-    pack = project.pack
-    if project.settings.precompute.mock_teacher:
-        return pack.build_mock_teacher(project).identity
-    root = project.material_path("teacher")
-    if root is None or not root.is_dir():
-        mat = next((m for m in pack.teacher_materials if m.id == "teacher"), None)
-        repo = f" ({mat.repo})" if mat else ""
-        raise UserError(f"the teacher snapshot for {pack.title}{repo} is missing; download it and set "
-                        "materials.teacher.path in project.json, or use the mock teacher.")
-    h = hashlib.sha256()
-    for p in sorted(root.rglob("*.json")):
-        h.update(p.relative_to(root).as_posix().encode())
-        h.update(p.read_bytes())
-    return {"snapshot": h.hexdigest()}
+CACHE_KEY = "precompute"  # the loaded Context in the run's shared cache
 
 
 class Context:
-    """Student and teacher, loaded once per pipeline process and shared by val and train."""
+    """Student and teacher, loaded once per pipeline process and shared by val and train.
+    The teacher is placed by `hardware.plan_teacher` after a memory pre-flight that refuses
+    before any weights load."""
 
     def __init__(self, project):
         from .student import load_student
 
-        pc = project.settings.precompute
-        self.device = resolve_device(pc.device)
-        gguf, tok = student_paths(project)
-        self.student = load_student(gguf, tok, device=self.device, dtype=student_dtype(pc.student_dtype, self.device))
-        pack = project.pack
-        self.teacher = (pack.build_mock_teacher(project) if pc.mock_teacher
-                        else pack.build_teacher(project, self.device))
-        self.budgets = choose_budgets(pc, self.device)
+        pc, pack = project.settings.precompute, project.pack
+        self.device = hardware.resolve_device(pc.device)
         self.pack = pack
+        hw = hardware.read_hardware(self.device)
+        self.plan = hardware.plan_teacher(pack.teacher_memory_gib, pc, hw, is_mock=pc.mock_teacher)
+        for line in hardware.preflight(pack.teacher_memory_gib, self.plan, hw):
+            log.warning("%s", line)
+        folders = {} if pc.mock_teacher else teacher_paths(project)
+        gguf, tok = student_paths(project)
+        self.student = load_student(gguf, tok, device=self.device,
+                                    dtype=hardware.student_dtype(pc.student_dtype, self.device))
+        self.teacher = (pack.build_mock_teacher(project) if pc.mock_teacher
+                        else pack.load_teacher(folders, self.plan, self.device))
+        self.budgets = self.plan.budgets
+        log.info("precompute: teacher mode %s on %s, budgets %s", self.plan.mode, self.device, self.budgets)
+
+    def close(self) -> None:
+        """Free the teacher's and the student's memory (the stage that opened them calls this)."""
+        close = getattr(self.teacher, "close", None)
+        if close is not None:
+            close()
+        self.teacher = self.student = None
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 @dataclass
 class _Sample:
-    index: int
-    text: str
-    ids: list[int]
+    index: int  # position in the split
+    sample: object  # the gguf_trainer.samples.Sample record the teacher gets
+    ids: list[int]  # the student's token ids
 
 
-def _student_rows(ctx: Context, samples: list[_Sample], report) -> list[torch.Tensor]:
+def _student_rows(ctx: Context, samples: list[_Sample]) -> list[torch.Tensor]:
     from .student import pad_batch
 
     out: list[torch.Tensor | None] = [None] * len(samples)
     b = ctx.budgets
-    for batch in budget_batches([len(s.ids) for s in samples], b.student_batch, b.student_tok_budget):
+    for batch in hardware.budget_batches([len(s.ids) for s in samples], b.student_batch, b.student_tok_budget):
         ids, keep = pad_batch([samples[i].ids for i in batch])
         with torch.no_grad():
             h = ctx.student.hidden(ids.to(ctx.device), keep.to(ctx.device)).float().cpu()
@@ -175,25 +93,27 @@ def _student_rows(ctx: Context, samples: list[_Sample], report) -> list[torch.Te
     return out
 
 
-def _teacher_rows(ctx: Context, samples: list[_Sample], report, on_batch) -> list:
+def _teacher_rows(ctx: Context, samples: list[_Sample], lengths: list[int], report, on_batch) -> list:
     out: list = [None] * len(samples)
     b = ctx.budgets
-    lengths = ctx.teacher.lengths([s.text for s in samples], [s.ids for s in samples])
-    batches = budget_batches(lengths, b.teacher_batch, b.tok_budget)
+    batches = hardware.budget_batches(lengths, b.teacher_batch, b.tok_budget)
     for k, batch in enumerate(batches):
         if report.stop_requested():
             raise Stopped()
         with torch.no_grad():
-            rows = ctx.teacher.targets([samples[i].text for i in batch], [samples[i].ids for i in batch])
+            rows = ctx.teacher.targets([samples[i].sample for i in batch], [samples[i].ids for i in batch])
         for i, r in zip(batch, rows):
             out[i] = r
         on_batch((k + 1) / len(batches))
     return out
 
 
-def build_shard(ctx: Context, samples: list[_Sample], report, on_batch) -> dict[str, torch.Tensor]:
-    targets = _teacher_rows(ctx, samples, report, on_batch)
-    students = _student_rows(ctx, samples, report)
+def build_shard(ctx: Context, samples: list[_Sample], report, on_batch,
+                lengths: list[int] | None = None) -> dict[str, torch.Tensor]:
+    if lengths is None:
+        lengths = ctx.teacher.lengths([s.sample for s in samples], [s.ids for s in samples])
+    targets = _teacher_rows(ctx, samples, lengths, report, on_batch)
+    students = _student_rows(ctx, samples)
     rows = torch.cat([t.rows.float() for t in targets])  # (Tt, D)
     tensors = {
         "student_rows": torch.cat(students),
@@ -215,25 +135,55 @@ def build_shard(ctx: Context, samples: list[_Sample], report, on_batch) -> dict[
     return tensors
 
 
-def tokenize_samples(ctx: Context, prompts: list[str], start: int) -> tuple[list[_Sample], int]:
+def tokenize_samples(ctx: Context, records: list, start: int) -> tuple[list[_Sample], list[int], dict]:
+    """The samples within both length limits, their teacher lengths, and the drop counts."""
     from .student import tokenize
 
-    ids = tokenize(ctx.student.tokenizer, [ctx.pack.format_prompt(p) for p in prompts])
-    keep, skipped = [], 0
-    for k, (p, t) in enumerate(zip(prompts, ids)):
-        if len(t) > ctx.pack.max_len_student:
-            skipped += 1  # never truncate: a cut student sequence no longer matches its teacher rows
-            continue
-        keep.append(_Sample(start + k, p, t))
-    return keep, skipped
+    pack = ctx.pack
+    ids = tokenize(ctx.student.tokenizer, [pack.format_prompt(r.text) for r in records])
+    within = [_Sample(start + k, r, t) for k, (r, t) in enumerate(zip(records, ids))
+              if len(t) <= pack.max_len_student]
+    dropped = {"student": len(records) - len(within), "teacher": 0}
+    lengths = ctx.teacher.lengths([s.sample for s in within], [s.ids for s in within]) if within else []
+    keep = [(s, n) for s, n in zip(within, lengths) if n <= pack.max_len_teacher]
+    dropped["teacher"] = len(within) - len(keep)
+    return [s for s, _ in keep], [n for _, n in keep], dropped
 
 
-def run_precompute(project, report, split: str, ctx_holder: dict, fingerprint: str) -> None:
-    """Write every missing shard of `split` ("val" or "train")."""
+def _log_dropped(split: str, k: int, dropped: dict, pack) -> None:
+    for side, limit in (("student", pack.max_len_student), ("teacher", pack.max_len_teacher)):
+        if dropped[side]:
+            # never truncate: a cut sequence on one side no longer matches the other side's rows
+            log.warning("precompute[%s] shard %05d: dropped %d samples longer than %d %s tokens",
+                        split, k, dropped[side], limit, side)
+
+
+def samples_file(project, split: str) -> Path:
+    return project.paths.samples(split)
+
+
+def expected_shards(project, split: str) -> int:
+    n = count_samples(samples_file(project, split))
+    return max(1, math.ceil(n / shard_size(project, split)))
+
+
+def shard_size(project, split: str) -> int:
     pc = project.settings.precompute
-    prompts = read_prompts(project.paths.data / f"{split}.txt")
-    size = pc.val_shard_size if split == "val" else pc.shard_size
-    n_shards = max(1, math.ceil(len(prompts) / size))
+    return pc.val_shard_size if split == "val" else pc.shard_size
+
+
+def context(project, cache: dict) -> Context:
+    """The run's Context, loaded on first use."""
+    if CACHE_KEY not in cache:
+        cache[CACHE_KEY] = Context(project)
+    return cache[CACHE_KEY]
+
+
+def run_precompute(project, report, split: str, cache: dict, fingerprint: str) -> None:
+    """Write every missing shard of `split` ("val" or "train")."""
+    size = shard_size(project, split)
+    n_samples = count_samples(samples_file(project, split))
+    n_shards = max(1, math.ceil(n_samples / size))
     folder = project.paths.shard_dir(split)
     folder.mkdir(parents=True, exist_ok=True)
     meta = {"fingerprint": fingerprint, "contract": project.pack.shard_contract,
@@ -244,24 +194,102 @@ def run_precompute(project, report, split: str, ctx_holder: dict, fingerprint: s
         path = folder / shards.shard_name(split, k)
         if path.exists():
             continue
-        if "ctx" not in ctx_holder:
+        if CACHE_KEY not in cache:
             report.fields(detail="loading the student and the teacher")
-            ctx_holder["ctx"] = Context(project)
-            report.fields(detail=None)
-        ctx = ctx_holder["ctx"]
+        ctx = context(project, cache)
+        report.fields(detail=None)
         t0 = time.monotonic()
-        samples, skipped = tokenize_samples(ctx, prompts[k * size: (k + 1) * size], k * size)
-        if skipped:
-            log.warning("precompute[%s] shard %05d: skipped %d prompts longer than %d student tokens",
-                        split, k, skipped, ctx.pack.max_len_student)
+        records = list(iter_samples(samples_file(project, split), k * size, (k + 1) * size))
+        samples, lengths, dropped = tokenize_samples(ctx, records, k * size)
+        _log_dropped(split, k, dropped, ctx.pack)
         if not samples:
-            raise UserError(f"every prompt of {split} shard {k} is longer than {ctx.pack.max_len_student} tokens; "
-                            "lower corpus.max_chars.")
+            raise UserError(f"every sample of {split} shard {k} is longer than {ctx.pack.max_len_student} "
+                            f"student or {ctx.pack.max_len_teacher} teacher tokens; lower corpus.max_chars.")
         tensors = build_shard(ctx, samples, report,
-                              lambda frac: report.progress(done + frac, n_shards, "shards"))
+                              lambda frac, _done=done: report.progress(_done + frac, n_shards, "shards"),
+                              lengths)
         shards.write_shard(path, tensors, meta)
         done += 1
         rate = len(samples) / max(time.monotonic() - t0, 1e-9)
         report.progress(done, n_shards, "shards", prompts_per_s=round(rate, 2))
         log.info("precompute[%s] shard %05d: %d prompts in %.1fs (%.1f p/s), %d shards left",
                  split, k, len(samples), time.monotonic() - t0, rate, n_shards - done)
+
+
+def verify_split(project, split: str, fingerprint: str) -> None:
+    """Recompute-instead-of-train-on: delete any shard that is truncated, corrupted or stale.
+    Verified shards are remembered by (size, mtime) so a restart does not re-hash them."""
+    folder = project.paths.shard_dir(split)
+    record_path = folder / VERIFIED_JSON
+    try:
+        record = atomic.read_json(record_path, {})
+    except (ValueError, OSError):  # a garbage cache is rebuilt, never fatal
+        record = {}
+    record = record if isinstance(record, dict) else {}
+    changed = False
+    for path in shards.shard_files(folder):
+        st = path.stat()
+        key = [st.st_size, st.st_mtime_ns]
+        if record.get(path.name) == key:
+            continue
+        reason = shards.verify_shard(path, fingerprint)
+        if reason:
+            log.warning("shard %s/%s is %s; recomputing it", split, path.name, reason)
+            path.unlink()
+            record.pop(path.name, None)
+        else:
+            record[path.name] = key
+        changed = True
+    for tmp in folder.glob(".*.tmp"):
+        tmp.unlink()  # a partial shard of a killed run
+    if changed:
+        atomic.write_json(record_path, record)
+
+
+class PrecomputeStage(Stage):
+    """One split's shards. Shards resume one by one; only whole, current shards count."""
+
+    shares = (CACHE_KEY,)
+
+    def __init__(self, split: str):
+        self.split = split
+        self.name = f"precompute_{split}"
+
+    def inputs(self, project, upstream, recorded):
+        st, pack = project.settings, project.pack
+        recorded = recorded or {}
+        return {
+            "corpus": upstream["corpus"],
+            "student_sha256": student_identity(project, recorded.get("student_sha256")),
+            "teacher": teacher_identity(project, recorded.get("teacher")),
+            "contract": pack.shard_contract, "mock": st.precompute.mock_teacher,
+            "student_dtype": st.precompute.student_dtype, "vision_proj": None,
+            "max_len_student": pack.max_len_student, "max_len_teacher": pack.max_len_teacher,
+            "split": self.split, "shard_size": shard_size(project, self.split),
+        }
+
+    def folder(self, paths):
+        return paths.shard_dir(self.split)
+
+    def check(self, project, run) -> None:
+        """Load the student and the teacher now: a broken student GGUF or a teacher that does
+        not fit is refused before any shard or checkpoint is touched."""
+        context(project, run.cache)
+
+    def is_done(self, project, run) -> bool:
+        if not samples_file(project, self.split).is_file():
+            return False
+        verify_split(project, self.split, run.fingerprint)  # drops truncated/corrupt/stale shards first
+        return len(shards.shard_files(self.folder(project.paths))) >= expected_shards(project, self.split)
+
+    def run(self, project, report, run) -> str:
+        try:
+            run_precompute(project, report, self.split, run.cache, run.fingerprint)
+        except Stopped:
+            return "stopped"
+        return "done"
+
+
+PRECOMPUTE_VAL = PrecomputeStage("val")
+PRECOMPUTE_TRAIN = PrecomputeStage("train")
+STAGE = (PRECOMPUTE_VAL, PRECOMPUTE_TRAIN)  # this module's stage objects, in order

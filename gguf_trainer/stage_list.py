@@ -21,3 +21,62 @@ FORCEABLE: tuple[str, ...] = ("export", "eval")
 
 def stage_title(name: str) -> str:
     return STAGE_TITLES.get(name, name)
+
+
+class Stopped(Exception):
+    """A stop was requested; raised by a stage between units of work, never mid-write."""
+
+
+class Stage:
+    """What each stage module exposes (one instance, `STAGE`; precompute has one per split).
+
+    The loop in `gguf_trainer.runner.stages` calls, in this order:
+      inputs(project, upstream, recorded) -> dict | None
+          what the stage's outputs are made from (its fingerprint); `upstream` maps earlier
+          stage names to their fingerprints, `recorded` is the inputs this stage's manifest
+          holds (to stand in for materials that are gone once their outputs exist). None =
+          not fingerprinted (export, eval: judged by file times).
+      check(project, run)      load and validate the new inputs; raise UserError. Runs before
+                               anything is invalidated (validate before destroy).
+      is_done(project, run)    outputs exist and are whole (the manifest test is the loop's)
+      run(project, report, run) -> "done" | "stopped"
+      clear(paths)             remove the outputs (invalidation)
+    `run` is the loop's RunContext: .fingerprint (this stage's), .fingerprints, .cache (a dict
+    shared by the stages of one pipeline run, e.g. the loaded student), .force.
+    Stage modules never import each other; what they share lives in the library modules.
+    """
+
+    name: str = ""
+    restart: bool = False  # partial outputs are discarded before a run (else the stage resumes)
+    manifest_first: bool = False  # the manifest is complete from the start (train: checkpoints resume)
+    shares: tuple[str, ...] = ()  # keys of RunContext.cache this stage uses (kept open while needed)
+
+    @property
+    def title(self) -> str:
+        return stage_title(self.name)
+
+    def inputs(self, project, upstream: dict, recorded: dict | None) -> dict | None:
+        return None
+
+    def folder(self, paths):
+        """Where the outputs and the manifest live (None: no manifest)."""
+        return
+
+    def check(self, project, run) -> None:
+        return None
+
+    def is_done(self, project, run) -> bool:
+        raise NotImplementedError
+
+    def run(self, project, report, run) -> str:
+        raise NotImplementedError
+
+    def clear(self, paths) -> None:
+        import shutil
+
+        folder = self.folder(paths)
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def __repr__(self) -> str:
+        return f"<stage {self.name}>"

@@ -2,34 +2,46 @@
 
 Read `run_train` top to bottom: setup (device, threads, stats, model, optimizer, stream,
 resume), then the loop: LR -> forward and loss -> backward -> clip -> step -> report ->
-validate -> checkpoint -> control files -> end test. Helpers are pure functions above it.
+validate -> checkpoint -> control files -> end test. Helpers are pure functions above it;
+`train_step` is the step itself (benchmarks/bench_train_step.py times it against a plain
+PyTorch step at the same shapes).
 
-Resume state (`last.pt`): model, optimizer, step, stream position, RNG, best score. On
-resume the checkpoint wins for all of them; `train.steps` comes from project.json (the
-count in force), so raising it after the end continues the run (warm restart of the lr).
-On CPU with the pinned thread count a resumed run is bit-identical to an uninterrupted one.
+Resume state (`last.pt`, gguf_trainer.checkpoints): model, optimizer, step, stream position,
+RNG, best score. On resume the checkpoint wins for all of them; `train.steps` comes from
+project.json (the count in force), so raising it after the end continues the run (warm
+restart of the lr). On CPU with the pinned thread count a resumed run is bit-identical to an
+uninterrupted one.
+
+    STAGE   the train stage object
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from . import atomic
+from . import hardware
+from .checkpoints import (
+    BEST,
+    LAST,
+    TrainProgress,
+    checkpoint_path,
+    finite,
+    load_checkpoint,
+    read_side,
+    save_checkpoint,
+)
 from .errors import UserError
-from .metrics import RowMetrics, masked_rows
 from .project import read_steps
-from .shards import Batch, ShardStream, Stats, StreamPos, iter_batches, load_stats, shard_files, student_dim
+from .scoring import forward, validate
+from .shards import Batch, ShardStream, Stats, StreamPos, load_stats, shard_files, student_dim
+from .stage_list import Stage
 
 log = logging.getLogger(__name__)
-
-LAST, BEST = "last", "best"
 
 
 def lr_at(step: int, steps: int, warmup: int, lr: float) -> float:
@@ -38,10 +50,6 @@ def lr_at(step: int, steps: int, warmup: int, lr: float) -> float:
         return lr * (step + 1) / warmup
     t = min((step - warmup) / max(1, steps - warmup), 1.0)
     return lr * (0.1 + 0.45 * (1.0 + math.cos(math.pi * t)))
-
-
-def forward(model, batch: Batch) -> torch.Tensor:
-    return model(batch.hidden, mask=batch.mask, seed_ids=batch.seed_ids)
 
 
 def compute_loss(pred, batch: Batch, stats: Stats, standardized: bool, cos_weight: float):
@@ -57,93 +65,6 @@ def compute_loss(pred, batch: Batch, stats: Stats, standardized: bool, cos_weigh
     mse = (err.pow(2).sum(-1) * m).sum() / (n_rows * pred.shape[-1])
     cos = (torch.nn.functional.cosine_similarity(pred, t, dim=-1, eps=1e-8) * m).sum() / n_rows
     return mse + cos_weight * (1.0 - cos), {"mse": float(mse.detach()), "cos": float(cos.detach())}
-
-
-def raw_prediction(pred, stats: Stats, standardized: bool) -> torch.Tensor:
-    return pred * stats.sigma_f + stats.mu if standardized else pred
-
-
-def row_tags(batch: Batch) -> dict[str, torch.Tensor]:
-    """Per-row tags of a batch, flattened like `masked_rows(.., batch.row_mask)`."""
-    m = batch.row_mask
-    tags = {}
-    if batch.seed_ids is not None:  # the EOS slot is the last real slot of each sample
-        last = m.sum(1) - 1
-        tags["eos"] = torch.arange(m.shape[1], device=m.device)[None, :] == last[:, None]
-    if batch.sup_start is not None:  # rows the DiT consumes
-        tags["slice"] = torch.arange(m.shape[1], device=m.device)[None, :] >= batch.sup_start[:, None]
-    return {k: masked_rows(v.unsqueeze(-1).float(), m).squeeze(-1).bool() for k, v in tags.items()}
-
-
-def score_batches(batches, predict, stats: Stats, centered: bool, device, ref_predict=None) -> dict:
-    """RowMetrics over every batch (global weighting). `predict(batch) -> raw rows [B, R, D]`."""
-    metrics = RowMetrics(mu=stats.mu.to(device).double(), centered=centered)
-    offset = 0
-    for batch in batches:
-        batch = batch.to(device)
-        with torch.no_grad():
-            pred = predict(batch)
-            ref = None if ref_predict is None else masked_rows(ref_predict(batch), batch.row_mask)
-        m = batch.row_mask
-        sample_ids = (torch.arange(m.shape[0], device=device)[:, None] + offset).expand_as(m)[m]
-        metrics.update(masked_rows(pred, m), masked_rows(batch.target, m), sample_ids,
-                       tags=row_tags(batch), ref=ref)
-        offset += m.shape[0]
-    return metrics.result()
-
-
-def validate(model, val_files, pack, stats: Stats, batch_size: int, device) -> dict:
-    model.eval()
-    try:
-        predict = lambda b: raw_prediction(forward(model, b).float(), stats, pack.standardized)  # noqa: E731
-        res = score_batches(iter_batches(val_files, batch_size, pack.fixed_rows),
-                            predict, stats, pack.centered, device)
-    finally:
-        model.train()
-    res["val_cos"] = res[pack.headline]
-    return res
-
-
-@dataclass
-class TrainProgress:
-    """Everything a resume restores. The checkpoint wins for each field."""
-
-    step: int = 0
-    stream: StreamPos = None  # type: ignore[assignment]
-    best_val_cos: float = -1.0
-
-    def __post_init__(self):
-        self.stream = self.stream or StreamPos()
-
-
-def checkpoint_path(folder: Path, which: str) -> Path:
-    return folder / f"{which}.pt"
-
-
-def save_checkpoint(folder: Path, which: str, model, opt, prog: TrainProgress, extra: dict) -> None:
-    state = {
-        "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-        "optimizer": opt.state_dict(), "step": prog.step, "stream": prog.stream.as_dict(),
-        "best_val_cos": prog.best_val_cos, "rng": torch.get_rng_state(), **extra,
-    }
-    with atomic.atomic_path(checkpoint_path(folder, which), suffix=".pt") as tmp:
-        torch.save(state, tmp)
-    side = {"step": prog.step, "steps": extra["planned_steps"], "val_cos": extra.get("val_cos"),
-            "best_val_cos": prog.best_val_cos, "time": time.time(), "mock": extra.get("mock", False)}
-    atomic.write_json(folder / f"{which}.json", _finite(side))
-
-
-def load_checkpoint(path: Path) -> dict:
-    """Checkpoints hold only tensors and plain values: loaded with weights_only=True."""
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except (RuntimeError, EOFError, OSError) as e:  # a truncated or foreign file
-        raise UserError(f"{path} is damaged ({type(e).__name__}); delete it to restart training "
-                        "from the other checkpoint or from scratch.") from None
-
-
-def _finite(d: dict) -> dict:
-    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
 
 
 def build_model(pack, cfg, seed: int, stats: Stats, vision_proj=None):
@@ -163,18 +84,25 @@ def build_model(pack, cfg, seed: int, stats: Stats, vision_proj=None):
     return model
 
 
-def model_from_checkpoint(ckpt: dict):
-    from .adapters import AdapterConfig, build_adapter
+def train_step(model, opt, params: list, batch: Batch, stats: Stats, standardized: bool,
+               cos_weight: float, grad_clip: float, autocast) -> tuple[torch.Tensor, dict]:
+    """One optimisation step: forward and loss -> backward -> clip -> step. A non-finite loss
+    returns before anything is updated (the caller stops the run)."""
+    with autocast:
+        pred = forward(model, batch)
+    loss, parts = compute_loss(pred.float(), batch, stats, standardized, cos_weight)
+    if not math.isfinite(parts["mse"]) or not math.isfinite(parts["cos"]):
+        return loss, parts
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, grad_clip, foreach=True)
+    opt.step()
+    return loss, parts
 
-    model = build_adapter(AdapterConfig.from_dict(ckpt["config"]))
-    model.load_state_dict(ckpt["model"])
-    return model.eval()
 
-
-def _use_grad_checkpointing(setting: str, device: torch.device) -> bool:
-    if setting == "auto":
-        return device.type == "cuda" and torch.cuda.get_device_properties(device).total_memory < 12e9
-    return setting == "on"
+def make_optimizer(params: list, lr: float, weight_decay: float, device: torch.device):
+    return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay,
+                             **hardware.adamw_options(device))
 
 
 def _enable_grad_checkpointing(model) -> None:
@@ -199,46 +127,48 @@ class _Snapshot:
         log.info("snapshot request: validated and saved last.pt at step %d; training continues", step)
 
 
+def _resume(folder: Path, model, opt, steps: int) -> TrainProgress:
+    if not checkpoint_path(folder, LAST).exists():
+        return TrainProgress()
+    ck = load_checkpoint(checkpoint_path(folder, LAST))
+    model.load_state_dict(ck["model"])
+    opt.load_state_dict(ck["optimizer"])
+    torch.set_rng_state(ck["rng"])
+    log.info("resuming from last.pt at step %d (planned then %d, now %d)", ck["step"], ck["planned_steps"], steps)
+    return TrainProgress(ck["step"], StreamPos(**ck["stream"]), ck["best_val_cos"])
+
+
 def run_train(project, report, train_fp: str) -> str:
     """Train to `train.steps`; returns "done" or "stopped"."""
     from .adapters import trainable_parameters
-    from .precompute import resolve_device
 
     s, pack, paths = project.settings.train, project.pack, project.paths
-    device = resolve_device(s.device)
+    device = hardware.resolve_device(s.device)
     train_files, val_files = shard_files(paths.shard_dir("train")), shard_files(paths.shard_dir("val"))
     stats = load_stats(train_files, s.sigma_floor)
-    in_dim = student_dim(train_files[0])
-    cfg = pack.adapter_config(s, in_dim)
+    cfg = pack.adapter_config(s, student_dim(train_files[0]))
     model = build_model(pack, cfg, s.seed, stats).to(device)
     stats = _stats_to(stats, device)
-    if _use_grad_checkpointing(s.grad_checkpoint, device):
+    if hardware.use_grad_checkpointing(s.grad_checkpoint, device):
         _enable_grad_checkpointing(model)
-    opt = torch.optim.AdamW(trainable_parameters(model), lr=s.lr, betas=(0.9, 0.95), weight_decay=s.weight_decay)
+    params = list(trainable_parameters(model))
+    opt = make_optimizer(params, s.lr, s.weight_decay, device)
     folder = paths.checkpoints
     folder.mkdir(parents=True, exist_ok=True)
-    prog = TrainProgress()
-    if checkpoint_path(folder, LAST).exists():
-        ck = load_checkpoint(checkpoint_path(folder, LAST))
-        model.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["optimizer"])
-        torch.set_rng_state(ck["rng"])
-        prog = TrainProgress(ck["step"], StreamPos(**ck["stream"]), ck["best_val_cos"])
-        log.info("resuming from last.pt at step %d (planned then %d, now %d)", prog.step, ck["planned_steps"], s.steps)
+    prog = _resume(folder, model, opt, s.steps)
     report.truncate_metrics(prog.step)
     steps = s.steps
-    n_params = sum(p.numel() for p in trainable_parameters(model))
     log.info("train: %s adapter, %.1fM trainable params, %d train rows, %d dims floored at sigma %.3g, "
-             "batch %d, %d steps, device %s", cfg.kind, n_params / 1e6, stats.n, stats.n_floored,
-             s.sigma_floor, s.batch_size, steps, device)
+             "batch %d, %d steps, device %s", cfg.kind, sum(p.numel() for p in params) / 1e6, stats.n,
+             stats.n_floored, s.sigma_floor, s.batch_size, steps, device)
     stream = ShardStream(train_files, s.seed, s.batch_size, pack.fixed_rows, prog.stream)
-    extra = lambda val=None: {  # noqa: E731
-        "config": cfg.to_dict(), "mu": stats.mu, "sigma_f": stats.sigma_f, "planned_steps": steps,
+    extra = lambda val=None: {
+        "config": cfg.to_dict(), "mu": stats.mu.cpu(), "sigma_f": stats.sigma_f.cpu(), "planned_steps": steps,
         "train_fp": train_fp, "pack": pack.id, "mock": project.settings.precompute.mock_teacher,
         "standardized": pack.standardized, "val_cos": None if val is None else val["val_cos"],
-        "val": None if val is None else _finite(val)}
+        "val": None if val is None else finite(val)}
     snapshot = _Snapshot(paths.snapshot_request)
-    autocast = torch.autocast("cuda", torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
+    autocast = hardware.autocast(device)
     t_last, step_last = time.monotonic(), prog.step
     report.progress(prog.step, steps, "steps", step=prog.step, steps=steps, best_val_cos=_val(prog.best_val_cos))
     while prog.step < steps:
@@ -246,16 +176,11 @@ def run_train(project, report, train_fp: str) -> str:
         for group in opt.param_groups:
             group["lr"] = lr
         batch = stream.next_batch().to(device)
-        with autocast:
-            pred = forward(model, batch)
-        loss, parts = compute_loss(pred.float(), batch, stats, pack.standardized, s.cos_weight)
+        loss, parts = train_step(model, opt, params, batch, stats, pack.standardized, s.cos_weight,
+                                 s.grad_clip, autocast)
         if not torch.isfinite(loss):
             raise UserError(f"the loss became {float(loss.detach())} at step {prog.step + 1}; the run stopped and "
                             "last.pt keeps the last good step. Lower train.lr and start again.")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(trainable_parameters(model), s.grad_clip)
-        opt.step()
         prog.step, prog.stream = prog.step + 1, stream.pos
         if prog.step % s.log_every == 0:
             rate = (prog.step - step_last) / max(time.monotonic() - t_last, 1e-9)
@@ -304,5 +229,70 @@ def _stats_to(stats: Stats, device) -> Stats:
 
 def train_done(project) -> bool:
     """The train stage is done when last.json's step reached the planned steps in force."""
-    side = atomic.read_json(project.paths.checkpoints / "last.json", {}) or {}
-    return bool(side) and side.get("step", 0) >= project.settings.train.steps
+    side = read_side(project.paths.checkpoints, LAST)
+    step = side.get("step", 0)
+    return isinstance(step, int) and step >= project.settings.train.steps
+
+
+def move_checkpoints_aside(paths) -> Path | None:
+    """checkpoints/ -> checkpoints.stale-<time>/ (never deleted: hours of training)."""
+    import os
+
+    from .paths import STALE_PREFIX
+
+    folder = paths.checkpoints
+    if not folder.is_dir() or not any(folder.iterdir()):
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    dest, n = paths.root / f"{STALE_PREFIX}{stamp}", 1
+    while dest.exists():
+        dest, n = paths.root / f"{STALE_PREFIX}{stamp}-{n}", n + 1
+    os.replace(folder, dest)
+    return dest
+
+
+class TrainStage(Stage):
+    name = "train"
+    manifest_first = True  # checkpoints resume: the manifest names the inputs from the first step
+
+    def inputs(self, project, upstream, recorded):
+        pack, t = project.pack, project.settings.train
+        return {"precompute_train": upstream["precompute_train"], "precompute_val": upstream["precompute_val"],
+                "kind": pack.adapter_kind, "out_dim": pack.out_dim, "num_queries": pack.num_queries,
+                "seed_vocab": pack.seed_vocab, "vis_dim": pack.vis_dim, "width": t.width, "depth": t.depth,
+                "lr": t.lr, "warmup": t.warmup, "weight_decay": t.weight_decay, "grad_clip": t.grad_clip,
+                "cos_weight": t.cos_weight, "sigma_floor": t.sigma_floor, "batch_size": t.batch_size,
+                "seed": t.seed}
+
+    def folder(self, paths):
+        return paths.checkpoints
+
+    def check(self, project, run) -> None:
+        """The device exists and the adapter these settings describe can be built (on the meta
+        device: no memory), before old checkpoints are moved aside."""
+        from .adapters import build_adapter
+
+        s = project.settings.train
+        hardware.resolve_device(s.device)
+        cfg = project.pack.adapter_config(s, project.pack.in_dim)
+        try:
+            with torch.device("meta"):
+                build_adapter(cfg)
+        except (ValueError, RuntimeError) as e:
+            raise UserError(f"the adapter settings (train.width {s.width}, train.depth {s.depth}) "
+                            f"do not make an adapter: {e}; fix them in project.json.") from None
+
+    def is_done(self, project, run) -> bool:
+        return train_done(project)
+
+    def run(self, project, report, run) -> str:
+        return run_train(project, report, run.fingerprint)
+
+    def clear(self, paths) -> None:
+        dest = move_checkpoints_aside(paths)
+        if dest:
+            log.info("moved the old checkpoints to %s", dest.name)
+        paths.eval_json.unlink(missing_ok=True)
+
+
+STAGE = TrainStage()

@@ -7,14 +7,17 @@ pack-specific from here. Packs hold no loops and do no I/O; torch is imported on
 inside the teacher hooks.
 
 Adding a pack: subclass `TrainerPack`, fill the class attributes, implement
-`format_prompt`, `build_teacher` and `build_mock_teacher`, and register an instance
+`format_prompt`, `load_teacher` (from resolved material paths and a placement plan) and
+`build_mock_teacher`, optionally `demo_materials`, and register an instance
 with `gguf_trainer.packs.register`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -37,6 +40,7 @@ class Material:
     repo_type: str = "model"
     suffixes: tuple[str, ...] = ()
     hint: str = ""
+    wanted_when: str = ""  # optional materials: a dotted setting that, when on, makes it wanted
 
 
 # Shared by every pack: the student GGUF and its tokenizer/config snapshot.
@@ -60,22 +64,45 @@ class TargetRows:
     sup_start first supervised-for-the-DiT position (token-aligned: 64 edit / 34 t2i).
     """
 
-    rows: "torch.Tensor"
+    rows: torch.Tensor
     seed_ids: list[int] | None = None
     sup_start: int = 0
 
 
+@dataclass
+class VisionSegment:
+    """One reference image of a sample: its raw vision-tower rows and where they go.
+
+    start  first `<|image_pad|>` position of the image's run in the student ids (the teacher
+           tokenizes the same template, so the position is the same on both sides);
+    rows   [n, vis_dim] raw rows (the mmproj output the engine gives both vision_proj and vis_in).
+    """
+
+    start: int
+    rows: torch.Tensor
+
+
 class Teacher(Protocol):
-    """What precompute needs from a teacher (real or mock)."""
+    """What precompute needs from a teacher (real or mock). `samples` are
+    `gguf_trainer.samples.Sample` records (text, images, extra fields)."""
 
     identity: dict  # part of the shard fingerprint: snapshot revision or config hash, or "mock"
     is_mock: bool
 
-    def lengths(self, texts: Sequence[str], student_ids: Sequence[Sequence[int]]) -> list[int]:
+    def lengths(self, samples: Sequence, student_ids: Sequence[Sequence[int]]) -> list[int]:
         """Tokens each sample costs the teacher, for length-sorted budget batching."""
 
-    def targets(self, texts: Sequence[str], student_ids: Sequence[Sequence[int]]) -> list[TargetRows]:
-        """One TargetRows per sample, in order. `texts` are the corpus strings."""
+    def targets(self, samples: Sequence, student_ids: Sequence[Sequence[int]],
+                vision: Sequence[Sequence[VisionSegment]] | None = None) -> list[TargetRows]:
+        """One TargetRows per sample, in order. `vision` (image-aware teachers): per sample its
+        images' segments, spliced into the teacher's own input as the engine splices them."""
+
+    def close(self) -> None:
+        """Free the teacher's memory (weights, caches); the stage that loaded it calls this."""
+
+    # Image-aware teachers (packs with vis_dim > 0) also have:
+    #   vision(images: Sequence[Path]) -> list[Tensor[n_i, vis_dim]]  raw rows per image
+    #   embed_table() -> Tensor[vocab, vis_dim]                       for the vision_proj fit
 
 
 class TrainerPack:
@@ -93,18 +120,21 @@ class TrainerPack:
     default_name: str = ""
     shard_contract: str = ""  # bump when stored rows change meaning: old shards are recomputed
     max_len_student: int = 512
+    max_len_teacher: int = 1024  # teacher tokens per sample; a sample over either limit is dropped
     headline: str = "cos"  # RowMetrics key that is `val_cos`
     centered: bool = False  # headline over rows centred by the train mean
     standardized: bool = False  # train on (t-mu)/sigma_f and fold at export
     eval_keys: tuple[str, ...] = ()
     teacher_materials: tuple[Material, ...] = ()
+    optional_materials: tuple[Material, ...] = ()  # wanted when their `wanted_when` setting is on
     defaults: dict[str, Any] = {}
     hints: dict[str, str] = {}
-    teacher_memory_gib: float = 0.0
+    teacher_memory_gib: float = 0.0  # the teacher's weights in memory; the placement planner's need
     min_ggk: str = ""
     engine_command_template: str = ""
     export_kv: dict[str, Any] = {}
     bytes_per_sample: int = 0  # shard bytes per sample at the reference corpus
+    image_pad_id: int = 0  # vision packs: the student token whose runs receive image embeds
 
     @property
     def fixed_rows(self) -> int:
@@ -119,8 +149,26 @@ class TrainerPack:
         """The exact string the student tokenizes for a corpus prompt (no template = raw)."""
         return text
 
-    def build_teacher(self, project, device) -> Teacher:
-        raise NotImplementedError
+    def student_text(self, sample, image_tokens: Sequence[int] = ()) -> str:
+        """The exact string the student tokenizes for a sample whose images have
+        `image_tokens` vision rows each (text-only packs: `format_prompt(sample.text)`)."""
+        return self.format_prompt(sample.text)
+
+    def load_teacher(self, materials: dict[str, Path], plan, device) -> Teacher:
+        """The real teacher from resolved material paths ({material id: path}, see
+        gguf_trainer.materials.teacher_paths) placed as `plan` says (a hardware.Plan: mode
+        gpu|offload|cpu, memory caps, placement). It must not resolve paths itself, and its
+        close() frees what it loaded."""
+        from ..errors import UserError
+
+        raise UserError(f"the real {self.title} teacher is not in this version yet; turn on "
+                        "precompute.mock_teacher (or set GGUF_TRAINER_MOCK_TEACHER=1) to run the pipeline.")
+
+    def demo_materials(self, folder: Path) -> dict[str, Path]:
+        """Tiny teacher files for `gguf-trainer demo` written under `folder`, by material id
+        ({} = the demo uses the mock teacher). Teacher packs supply theirs here, so the demo
+        never needs editing for a new teacher."""
+        return {}
 
     def build_mock_teacher(self, project) -> Teacher:
         raise NotImplementedError
@@ -129,13 +177,14 @@ class TrainerPack:
                        extras: dict[str, str] | None = None) -> str:
         return self.engine_command_template.format(student=student, adapter=adapter, **(extras or {}))
 
-    def adapter_config(self, train, in_dim: int):
-        """The AdapterConfig for these train settings and the student's hidden size."""
+    def adapter_config(self, train, in_dim: int, out_dim: int = 0, vis_dim: int = 0):
+        """The AdapterConfig for these train settings and the dims read from the shards
+        (0 = the pack's declared out_dim / vis_dim)."""
         from ..adapters import AdapterConfig
 
-        return AdapterConfig(kind=self.adapter_kind, in_dim=in_dim, out_dim=self.out_dim,
+        return AdapterConfig(kind=self.adapter_kind, in_dim=in_dim, out_dim=out_dim or self.out_dim,
                              width=train.width, depth=train.depth, num_queries=self.num_queries,
-                             seed_vocab=self.seed_vocab, vis_dim=self.vis_dim)
+                             seed_vocab=self.seed_vocab, vis_dim=vis_dim or self.vis_dim)
 
     def describe(self) -> dict:
         return {

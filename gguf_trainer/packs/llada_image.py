@@ -68,12 +68,6 @@ class LLaDAImagePack(TrainerPack):
         extras = {"sigvq": "<pig_llada_sigvq-f16.gguf>", **(extras or {})}
         return super().engine_command(student, adapter, extras)
 
-    def build_teacher(self, project, device):
-        from ..errors import UserError
-
-        raise UserError("the real LLaDA-Image teacher is not in this version yet; tick "
-                        "'mock teacher' under Precompute (or set GGUF_TRAINER_MOCK_TEACHER=1) to run the pipeline.")
-
     def build_mock_teacher(self, project):
         from .mock import MockQueryTeacher
 

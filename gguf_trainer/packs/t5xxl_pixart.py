@@ -54,12 +54,6 @@ class PixArtT5Pack(TrainerPack):
     }
     bytes_per_sample = 40 * 4096 * 2 + 30 * 1024 * 2 + T5_WINDOW * 4
 
-    def build_teacher(self, project, device):
-        from ..errors import UserError
-
-        raise UserError("the real T5-XXL teacher is not in this version yet; tick 'mock teacher' "
-                        "under Precompute (or set GGUF_TRAINER_MOCK_TEACHER=1) to run the pipeline.")
-
     def build_mock_teacher(self, project):
         from .mock import MockSlotTeacher
 

@@ -9,9 +9,10 @@ let a UserError end as a traceback.
 Usage:
     python -m gguf_trainer.runner.pipeline --project DIR [--only STAGE ...] [--force]
 
-Exit codes: 0 done or stopped on request; 1 internal error (traceback in pipeline.log), or
-the project is already locked by another pipeline; 2 user error (the sentence is in
-state.json "error" and in the log).
+Exit codes (gguf_trainer.exit_codes, the same protocol as the CLI): 0 done or stopped on
+request; 1 user error or the project is already locked by another pipeline (the sentence is
+in state.json "error" and in the log); 2 no such project; 4 internal error (traceback in
+pipeline.log).
 """
 
 from __future__ import annotations
@@ -27,13 +28,14 @@ from collections.abc import Callable, Iterator
 
 from gguf_trainer import atomic
 from gguf_trainer.errors import UserError, as_user_error
+from gguf_trainer.exit_codes import EXIT_INTERNAL, EXIT_NO_PROJECT, EXIT_OK, EXIT_USER
 from gguf_trainer.paths import ProjectPaths
 from gguf_trainer.runner import lock
-from gguf_trainer.runner.state import STAGES, Report, StateWriter, jsonable
+from gguf_trainer.runner.state import Report, StateWriter, jsonable
+from gguf_trainer.stage_list import STAGES
 
 log = logging.getLogger("gguf_trainer.pipeline")
 
-EXIT_OK, EXIT_INTERNAL, EXIT_USER = 0, 1, 2
 LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 StageRunner = Callable[[ProjectPaths, Report, "list[str] | None", bool], str]
 
@@ -65,7 +67,7 @@ def main(argv: list[str] | None = None, run: StageRunner | None = None) -> int:
     paths = ProjectPaths(args.project)
     if not paths.exists():
         print(f"{paths.root} is not a gguf-trainer project (no project.json)", file=sys.stderr)
-        return EXIT_USER
+        return EXIT_NO_PROJECT
     try:
         with _disk_errors_as_sentences(), _log_to_file(paths):
             try:
@@ -73,7 +75,7 @@ def main(argv: list[str] | None = None, run: StageRunner | None = None) -> int:
                     return _run_locked(paths, args.only, args.force, run or _default_run)
             except lock.LockHeld as e:
                 print(str(e), file=sys.stderr)
-                return EXIT_INTERNAL
+                return EXIT_USER
     except UserError as e:  # the project folder refused the log or the lock (read-only, full)
         print(str(e), file=sys.stderr)
         return EXIT_USER

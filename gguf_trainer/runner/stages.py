@@ -1,37 +1,37 @@
-"""The stage sequence and its bookkeeping: fingerprints, done-ness, invalidation.
+"""The stage loop and its bookkeeping: fingerprints, manifests, validation, invalidation.
 
 corpus -> precompute_val -> precompute_train -> train -> export -> eval
+(gguf_trainer.stage_list; each stage module exposes its stage object: gguf_trainer.corpus,
+precompute, train, outputs, evaluate. This module knows no stage by name.)
 
-Each stage records the fingerprint of its inputs in a manifest next to its outputs. A
-stage is done when its outputs exist and were made from the current inputs. When an
-input changes, everything downstream is invalidated (checkpoints are moved aside to
-`checkpoints.stale-<time>/`, never deleted) and the log says which input changed.
-Settings that do not change any output (train.steps, devices, batch/token budgets,
-teacher placement, threads) are not part of any fingerprint.
+Each fingerprinted stage records the inputs of its outputs in `<folder>/manifest.json`. A
+stage is done when its outputs exist and were made from the current inputs. When an input
+changes, that stage and every stage whose inputs name it are invalidated (checkpoints are
+moved aside to `checkpoints.stale-<time>/`, never deleted) and the log says which input
+changed. Validate before destroy: every stage that is about to be redone loads and checks
+its new inputs (`Stage.check`: the student file, the teacher, the settings) first; nothing
+is invalidated unless all checks pass. Settings that do not change any output
+(train.steps, devices, batch/token budgets, teacher placement, threads) are in no fingerprint.
 
     run_stages(paths, report, only=None, force=False) -> "done" | "stopped"
 """
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import json
 import logging
 import os
-import shutil
 import time
-from pathlib import Path
+from dataclasses import dataclass, field
 
 from .. import atomic
 from ..errors import UserError
-from ..paths import MANIFEST_JSON, STALE_PREFIX, ProjectPaths
+from ..paths import MANIFEST_JSON, ProjectPaths
+from ..stage_list import FORCEABLE, STAGES, Stage, Stopped
 
 log = logging.getLogger(__name__)
 
-STAGES = ("corpus", "precompute_val", "precompute_train", "train", "export", "eval")
-STAGE_TITLES = {"corpus": "Corpus", "precompute_val": "Precompute val", "precompute_train": "Precompute train",
-                "train": "Train", "export": "Export", "eval": "Evaluate"}
 MOCK_ENV = "GGUF_TRAINER_MOCK_TEACHER"
 
 
@@ -39,46 +39,61 @@ def env_wants_mock() -> bool:
     return os.environ.get(MOCK_ENV, "").strip().lower() not in ("", "0", "false")
 
 
-def _digest(obj) -> str:
+def digest(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def stage_inputs(project) -> dict[str, dict]:
-    """The inputs of each fingerprinted stage (a chain: each includes its upstream's digest)."""
-    from ..corpus import fingerprint_inputs
-    from ..precompute import file_sha256, student_paths, teacher_identity
+def stage_objects() -> tuple[Stage, ...]:
+    """The stage objects in pipeline order (imports torch through the stage modules)."""
+    from .. import corpus, evaluate, outputs, precompute, train
 
-    st, pack = project.settings, project.pack
-    corpus = fingerprint_inputs(st)
-    gguf, _tok = student_paths(project)
-    common = {"corpus": _digest(corpus), "student_sha256": file_sha256(gguf, project.paths.hashes_json), "teacher": teacher_identity(project),
-              "contract": pack.shard_contract, "mock": st.precompute.mock_teacher,
-              "student_dtype": st.precompute.student_dtype, "vision_proj": None,
-              "max_len_student": pack.max_len_student}
-    pre_val = {**common, "split": "val", "shard_size": st.precompute.val_shard_size}
-    pre_train = {**common, "split": "train", "shard_size": st.precompute.shard_size}
-    t = st.train
-    train = {"precompute_train": _digest(pre_train), "precompute_val": _digest(pre_val),
-             "kind": pack.adapter_kind, "out_dim": pack.out_dim, "num_queries": pack.num_queries,
-             "seed_vocab": pack.seed_vocab, "vis_dim": pack.vis_dim, "width": t.width, "depth": t.depth,
-             "lr": t.lr, "warmup": t.warmup, "weight_decay": t.weight_decay, "grad_clip": t.grad_clip,
-             "cos_weight": t.cos_weight, "sigma_floor": t.sigma_floor, "batch_size": t.batch_size, "seed": t.seed}
-    return {"corpus": corpus, "precompute_val": pre_val, "precompute_train": pre_train, "train": train}
+    objs = (corpus.STAGE, *precompute.STAGE, train.STAGE, outputs.STAGE, evaluate.STAGE)
+    names = tuple(s.name for s in objs)
+    if names != STAGES:  # a programmer error: stage_list and the stage modules disagree
+        raise RuntimeError(f"stage objects {names} do not match stage_list.STAGES {STAGES}")
+    return objs
 
 
-def manifest_dir(paths: ProjectPaths, stage: str) -> Path:
-    return {"corpus": paths.data, "precompute_val": paths.shard_dir("val"),
-            "precompute_train": paths.shard_dir("train"), "train": paths.checkpoints}[stage]
+@dataclass
+class RunContext:
+    """What the loop hands a stage: its fingerprint, everyone's, and a cache shared by the
+    stages of this pipeline run (objects with close() are closed once no stage needs them)."""
+
+    fingerprints: dict[str, str] = field(default_factory=dict)
+    cache: dict = field(default_factory=dict)
+    force: bool = False
+    fingerprint: str | None = None
+
+    def for_stage(self, stage: Stage) -> RunContext:
+        self.fingerprint = self.fingerprints.get(stage.name)
+        return self
+
+    def release(self, keep: set[str]) -> None:
+        for key in [k for k in self.cache if k not in keep]:
+            obj = self.cache.pop(key)
+            close = getattr(obj, "close", None)
+            if close is not None:
+                close()
 
 
-def read_manifest(paths: ProjectPaths, stage: str) -> dict | None:
-    return atomic.read_json(manifest_dir(paths, stage) / MANIFEST_JSON)
+# ---------------------------------------------------------------- manifests
 
 
-def write_manifest(paths: ProjectPaths, stage: str, inputs: dict, **extra) -> None:
-    folder = manifest_dir(paths, stage)
+def read_manifest(paths: ProjectPaths, stage: Stage) -> dict | None:
+    folder = stage.folder(paths)
+    if folder is None:
+        return None
+    try:
+        man = atomic.read_json(folder / MANIFEST_JSON)
+    except (ValueError, OSError):  # garbage or a folder in its place: not a record of anything
+        return None
+    return man if isinstance(man, dict) else None
+
+
+def write_manifest(paths: ProjectPaths, stage: Stage, inputs: dict, **extra) -> None:
+    folder = stage.folder(paths)
     folder.mkdir(parents=True, exist_ok=True)
-    atomic.write_json(folder / MANIFEST_JSON, {"fingerprint": _digest(inputs), "inputs": inputs,
+    atomic.write_json(folder / MANIFEST_JSON, {"fingerprint": digest(inputs), "inputs": inputs,
                                                "time": time.time(), **extra})
 
 
@@ -93,119 +108,85 @@ def changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
     return keys
 
 
-def move_checkpoints_aside(paths: ProjectPaths) -> Path | None:
-    folder = paths.checkpoints
-    if not folder.is_dir() or not any(folder.iterdir()):
-        return None
-    dest = paths.root / f"{STALE_PREFIX}{time.strftime('%Y%m%d-%H%M%S')}"
-    n = 1
-    while dest.exists():
-        dest = paths.root / f"{STALE_PREFIX}{time.strftime('%Y%m%d-%H%M%S')}-{n}"
-        n += 1
-    os.replace(folder, dest)
-    return dest
+def stage_inputs(project, objs: tuple[Stage, ...] | None = None) -> dict[str, dict]:
+    """The inputs of each fingerprinted stage (a chain: each names its upstream's digest).
+    Materials that are gone are stood in for by what the stage's manifest recorded."""
+    objs = objs or stage_objects()
+    inputs: dict[str, dict] = {}
+    upstream: dict[str, str] = {}
+    for stage in objs:
+        man = read_manifest(project.paths, stage) or {}
+        recorded = man.get("inputs") if isinstance(man.get("inputs"), dict) else None
+        got = stage.inputs(project, dict(upstream), recorded)
+        if got is not None:
+            inputs[stage.name] = got
+            upstream[stage.name] = digest(got)
+    return inputs
 
 
-def clear_outputs(paths: ProjectPaths, stage: str) -> None:
-    """Remove what `stage` made (checkpoints are moved aside, everything else is derived data)."""
-    if stage == "train":
-        dest = move_checkpoints_aside(paths)
-        if dest:
-            log.info("moved the old checkpoints to %s", dest.name)
-        paths.eval_json.unlink(missing_ok=True)
-    elif stage == "corpus":
-        shutil.rmtree(paths.data, ignore_errors=True)
-    else:
-        shutil.rmtree(manifest_dir(paths, stage), ignore_errors=True)
+def dependents(objs: tuple[Stage, ...], inputs: dict[str, dict], name: str) -> list[str]:
+    """`name` and every stage whose inputs name it, directly or through another."""
+    out = [name]
+    for stage in objs:
+        if stage.name not in out and any(dep in inputs.get(stage.name, {}) for dep in out):
+            out.append(stage.name)
+    return out
 
 
-def invalidate_changed(project, inputs: dict[str, dict]) -> None:
-    """Clear every stage whose recorded inputs differ from the current ones, and all downstream."""
-    paths = project.paths
-    downstream = {"corpus": ["precompute_val", "precompute_train", "train"],
-                  "precompute_val": ["train"], "precompute_train": ["train"], "train": []}
-    stale: list[str] = []
-    for stage in ("corpus", "precompute_val", "precompute_train", "train"):
-        man = read_manifest(paths, stage)
-        if man is None or stage in stale:
+def stale_stages(project, objs, inputs: dict[str, dict]) -> dict[str, str]:
+    """{stage: why} for every stage whose recorded inputs differ from the current ones, and
+    all their dependents; a train-like stage (manifest_first) with outputs but no manifest too."""
+    stale: dict[str, str] = {}
+    for stage in objs:
+        if stage.name not in inputs or stage.name in stale:
             continue
-        if man.get("fingerprint") != _digest(inputs[stage]):
-            keys = changed_keys(man.get("inputs", {}), inputs[stage])
-            log.warning("%s inputs changed (%s): redoing %s", stage, ", ".join(keys) or "format",
-                        " and ".join([stage, *downstream[stage]]))
-            for s in [stage, *downstream[stage]]:
-                if s not in stale:
-                    clear_outputs(paths, s)
-                    stale.append(s)
-    # A train manifest without checkpoints, or checkpoints without a manifest, are not trusted.
-    if read_manifest(paths, "train") is None and paths.checkpoints.is_dir() and "train" not in stale:
-        if (paths.checkpoints / "last.pt").exists():
-            clear_outputs(paths, "train")
-
-
-def verify_split(project, split: str, fingerprint: str) -> None:
-    """Recompute-instead-of-train-on: delete any shard that is truncated, corrupted or stale.
-    Verified shards are remembered by (size, mtime) so a restart does not re-hash them."""
-    from .. import shards
-
-    folder = project.paths.shard_dir(split)
-    record_path = folder / "verified.json"
-    record = atomic.read_json(record_path, {}) or {}
-    changed = False
-    for path in shards.shard_files(folder):
-        st = path.stat()
-        key = [st.st_size, st.st_mtime_ns]
-        if record.get(path.name) == key:
+        man = read_manifest(project.paths, stage)
+        if man is None:
+            folder = stage.folder(project.paths)
+            if stage.manifest_first and folder is not None and folder.is_dir() and any(folder.iterdir()):
+                stale[stage.name] = "outputs without a manifest"
             continue
-        reason = shards.verify_shard(path, fingerprint)
-        if reason:
-            log.warning("shard %s/%s is %s; recomputing it", split, path.name, reason)
-            path.unlink()
-            record.pop(path.name, None)
-        else:
-            record[path.name] = key
-        changed = True
-    for tmp in folder.glob(".*.tmp"):
-        tmp.unlink()  # a partial shard of a killed run
-    if changed:
-        atomic.write_json(record_path, record)
+        if man.get("fingerprint") != digest(inputs[stage.name]):
+            old = man.get("inputs") if isinstance(man.get("inputs"), dict) else {}
+            why = ", ".join(changed_keys(old, inputs[stage.name])) or "format"
+            for name in dependents(objs, inputs, stage.name):
+                stale.setdefault(name, f"{stage.name} inputs changed ({why})")
+    return stale
 
 
-def _expected_shards(project, split: str) -> int:
-    import math
+def invalidate(project, objs, stale: dict[str, str]) -> None:
+    logged: set[str] = set()
+    for stage in objs:
+        if stage.name not in stale:
+            continue
+        why = stale[stage.name]
+        if why not in logged:
+            logged.add(why)
+            redo = [s for s in stale if stale[s] == why]
+            log.warning("%s: redoing %s", why, " and ".join(redo))
+        stage.clear(project.paths)
 
-    from ..corpus import read_prompts
 
-    n = len(read_prompts(project.paths.data / f"{split}.txt"))
-    pc = project.settings.precompute
-    return max(1, math.ceil(n / (pc.val_shard_size if split == "val" else pc.shard_size)))
+def invalidate_changed(project, inputs: dict[str, dict] | None = None) -> None:
+    """Clear every stage whose recorded inputs differ from the current ones, and its dependents
+    (no validation: `run_stages` checks the new inputs first)."""
+    objs = stage_objects()
+    inputs = inputs if inputs is not None else stage_inputs(project, objs)
+    invalidate(project, objs, stale_stages(project, objs, inputs))
 
 
-def is_done(project, stage: str, inputs: dict[str, dict]) -> bool:
-    from .. import shards
-    from ..train import checkpoint_path, train_done
+# ---------------------------------------------------------------- done-ness
 
-    paths = project.paths
-    if stage in inputs:
-        man = read_manifest(paths, stage)
-        if man is None or man.get("fingerprint") != _digest(inputs[stage]) or not man.get("complete"):
+
+def is_done(project, stage: Stage, inputs: dict[str, dict], run: RunContext) -> bool:
+    if stage.name in inputs:
+        man = read_manifest(project.paths, stage)
+        if man is None or man.get("fingerprint") != digest(inputs[stage.name]) or not man.get("complete"):
             return False
-    if stage == "corpus":
-        return (paths.data / "train.txt").is_file() and (paths.data / "val.txt").is_file()
-    if stage.startswith("precompute_"):
-        split = stage.removeprefix("precompute_")
-        return len(shards.shard_files(paths.shard_dir(split))) >= _expected_shards(project, split)
-    if stage == "train":
-        return train_done(project)
-    best = checkpoint_path(paths.checkpoints, "best")
-    if stage == "export":
-        gguf = project.final_gguf
-        return best.exists() and gguf.exists() and gguf.stat().st_mtime_ns >= best.stat().st_mtime_ns
-    if stage == "eval":
-        gguf = project.final_gguf
-        return (paths.eval_json.exists() and gguf.exists()
-                and paths.eval_json.stat().st_mtime_ns >= gguf.stat().st_mtime_ns)
-    raise ValueError(stage)
+    return stage.is_done(project, run.for_stage(stage))
+
+
+# ---------------------------------------------------------------- the loop
 
 
 def prepare_run(paths: ProjectPaths):
@@ -224,86 +205,83 @@ def prepare_run(paths: ProjectPaths):
     return project
 
 
-def _pin_threads(threads: int) -> None:
-    import torch
-
-    torch.set_num_threads(threads)
-    if not torch.cuda.is_available():
-        # Bit-exact resume on CPU: same threads, deterministic kernels.
-        torch.use_deterministic_algorithms(True, warn_only=True)
-
-
-def run_stages(paths: ProjectPaths, report, only=None, force: bool = False) -> str:
-    from ..precompute import Stopped
-
-    project = prepare_run(paths)
-    _pin_threads(project.settings.train.threads)
-    if project.settings.precompute.mock_teacher:
-        log.warning("MOCK teacher: synthetic targets, a smoke test of the machinery, never a usable adapter")
-    report.fields(mock=project.settings.precompute.mock_teacher)
+def _plan(objs, only) -> list[Stage]:
     unknown = [s for s in (only or []) if s not in STAGES]
     if unknown:
         raise UserError(f"unknown stage {unknown[0]!r}; choose from {', '.join(STAGES)}.")
-    inputs = stage_inputs(project)
-    invalidate_changed(project, inputs)
-    ctx: dict = {}
-    for stage in STAGES:
-        if only and stage not in only:
-            continue
-        if stage == "eval" and not project.settings.export.run_eval:
-            report.begin_stage(stage)
-            report.end_stage(stage, "skipped", skipped=True, detail="export.run_eval is off")
-            continue
-        if stage.startswith("precompute_"):  # only whole, current shards count as done
-            verify_split(project, stage.removeprefix("precompute_"), _digest(inputs[stage]))
-        forced = force and stage in ("export", "eval")
-        if not forced and is_done(project, stage, inputs):
-            report.begin_stage(stage)
-            report.end_stage(stage, "done", skipped=True)
-            continue
-        if report.stop_requested():
-            return "stopped"
-        report.begin_stage(stage)
-        try:
-            outcome = _run_one(project, stage, inputs, report, ctx)
-        except Stopped:
-            outcome = "stopped"
+    return [s for s in objs if not only or s.name in only]
+
+
+def _check_stale(project, objs, stale: dict[str, str], run: RunContext) -> None:
+    """Validate before destroy: every stage about to be redone loads and checks its new inputs
+    (student file, teacher, settings) before anything is cleared. A run with nothing to clear
+    loads lazily, stage by stage (the corpus is then refused before any model loads)."""
+    for stage in objs:
+        if stage.name in stale:
+            stage.check(project, run.for_stage(stage))
+
+
+def run_stages(paths: ProjectPaths, report, only=None, force: bool = False) -> str:
+    from .. import hardware
+
+    project = prepare_run(paths)
+    hardware.pin_threads(project.settings.train.threads)
+    hardware.apply_determinism(hardware.resolve_device(project.settings.train.device))
+    if project.settings.precompute.mock_teacher:
+        log.warning("MOCK teacher: synthetic targets, a smoke test of the machinery, never a usable adapter")
+    report.fields(mock=project.settings.precompute.mock_teacher)
+    objs = stage_objects()
+    plan = _plan(objs, only)
+    inputs = stage_inputs(project, objs)
+    run = RunContext(fingerprints={k: digest(v) for k, v in inputs.items()}, force=force)
+    try:
+        stale = stale_stages(project, objs, inputs)
+        _check_stale(project, objs, stale, run)
+        invalidate(project, objs, stale)
+        return _loop(project, objs, plan, inputs, report, run)
+    finally:
+        run.release(keep=set())
+
+
+def _loop(project, objs, plan, inputs, report, run: RunContext) -> str:
+    for i, stage in enumerate(plan):
+        outcome = _visit(project, stage, inputs, report, run)
         if outcome == "stopped":
-            report.end_stage(stage, "stopped")
             return "stopped"
-        report.end_stage(stage, "done")
-        if stage == "precompute_train":
-            ctx.clear()
-            gc.collect()
-        # A stage that changed settings on disk (none today) would be reloaded here.
+        run.release(keep={k for s in plan[i + 1:] for k in getattr(s, "shares", ())})
     return "done"
 
 
-def _run_one(project, stage: str, inputs: dict, report, ctx: dict) -> str:
-    from ..corpus import run_corpus
-    from ..evaluate import run_eval
-    from ..outputs import run_export
-    from ..precompute import run_precompute
-    from ..train import run_train
+def _visit(project, stage: Stage, inputs, report, run: RunContext) -> str:
+    """Skip the stage (done, or turned off) or run it; reports either way."""
+    if stage.name == "eval" and not project.settings.export.run_eval:
+        report.begin_stage(stage.name)
+        report.end_stage(stage.name, "skipped", skipped=True, detail="export.run_eval is off")
+        return "done"
+    forced = run.force and stage.name in FORCEABLE
+    if not forced and is_done(project, stage, inputs, run):
+        report.begin_stage(stage.name)
+        report.end_stage(stage.name, "done", skipped=True)
+        return "done"
+    if report.stop_requested():
+        return "stopped"
+    report.begin_stage(stage.name)
+    outcome = _run_one(project, stage, inputs, report, run)
+    report.end_stage(stage.name, "stopped" if outcome == "stopped" else "done")
+    return outcome
 
+
+def _run_one(project, stage: Stage, inputs: dict, report, run: RunContext) -> str:
     paths = project.paths
-    if stage == "corpus":
-        clear_outputs(paths, "corpus")
-        run_corpus(project, report)
-        write_manifest(paths, stage, inputs[stage], complete=True)
-    elif stage.startswith("precompute_"):
-        split = stage.removeprefix("precompute_")
-        fp = _digest(inputs[stage])
-        if read_manifest(paths, stage) is None:
-            write_manifest(paths, stage, inputs[stage], complete=False)
-        run_precompute(project, report, split, ctx, fp)
-        write_manifest(paths, stage, inputs[stage], complete=True)
-    elif stage == "train":
-        if read_manifest(paths, stage) is None:
-            write_manifest(paths, stage, inputs[stage], complete=True)
-        return run_train(project, report, _digest(inputs[stage]))
-    elif stage == "export":
-        run_export(project, report)
-    elif stage == "eval":
-        run_eval(project, report)
-    return "done"
+    fingerprinted = stage.name in inputs
+    if stage.restart:
+        stage.clear(paths)
+    if fingerprinted and (stage.restart or read_manifest(paths, stage) is None):
+        write_manifest(paths, stage, inputs[stage.name], complete=stage.manifest_first)
+    try:
+        outcome = stage.run(project, report, run.for_stage(stage))
+    except Stopped:
+        outcome = "stopped"
+    if outcome == "done" and fingerprinted and not stage.manifest_first:
+        write_manifest(paths, stage, inputs[stage.name], complete=True)
+    return outcome

@@ -13,13 +13,16 @@ import os
 import shutil
 
 import pytest
+from pipeline_helpers import adapter_tensors, assert_same_tensors, make_project, run_pipeline
 
-from gguf_trainer import atomic, project as project_mod
+from gguf_trainer import atomic
+from gguf_trainer import project as project_mod
 from gguf_trainer.errors import UserError
 from gguf_trainer.packs import register
 from gguf_trainer.packs.base import TrainerPack
+from gguf_trainer.paths import ProjectPaths
 from gguf_trainer.runner import stages
-from pipeline_helpers import adapter_tensors, assert_same_tensors, make_project, run_pipeline
+from gguf_trainer.train import STAGE as train_stage
 
 
 class TinyResamplerPack(TrainerPack):
@@ -92,7 +95,7 @@ def _fresh_copy(reference, tmp_path):
 
 def _outputs(root):
     return {
-        "corpus": (root / "data" / "train.txt").exists(),
+        "corpus": ProjectPaths(root).samples("train").exists(),
         "precompute_val": any((root / "shards" / "val").glob("*.safetensors")),
         "precompute_train": any((root / "shards" / "train").glob("*.safetensors")),
         "train": (root / "checkpoints" / "last.pt").exists(),
@@ -157,15 +160,15 @@ def test_mock_flag_and_contract_are_in_the_shard_fingerprint(reference, tmp_path
     monkeypatch.setattr(TinyResamplerPack, "shard_contract", "tiny_test/2")
     assert stages.changed_keys(before, stages.stage_inputs(proj)["precompute_train"]) == ["contract"]
     proj = project_mod.update_settings(root, {"precompute.mock_teacher": False})
-    with pytest.raises(UserError, match="teacher snapshot"):  # a real teacher is needed, and mock shards are not reused
+    with pytest.raises(UserError, match="no real teacher"):  # a real teacher is needed, and mock shards are not reused
         stages.stage_inputs(proj)
 
 
 INTERRUPTIONS = {
-    "stop inside val precompute": dict(stop_when=lambda r: r.stop_checks == 2),
-    "stop between stages": dict(stop_when=lambda r: r.stop_checks == 4),
-    "stop inside train precompute": dict(stop_when=lambda r: r.stop_checks == 7),
-    "stop mid-epoch": dict(on_metrics=lambda step, row, r: step == 4 and r.request_stop()),
+    "stop inside val precompute": {"stop_when": lambda r: r.stop_checks == 2},
+    "stop between stages": {"stop_when": lambda r: r.stop_checks == 4},
+    "stop inside train precompute": {"stop_when": lambda r: r.stop_checks == 7},
+    "stop mid-epoch": {"on_metrics": lambda step, row, r: step == 4 and r.request_stop()},
 }
 
 
@@ -267,7 +270,7 @@ def test_steps_lowered_mid_run_then_raised_after_the_end(tmp_path, tiny_material
     assert last["step"] == 5 and proj.final_gguf.exists()  # read at the log step, honoured at once
     assert json.loads(proj.paths.eval_json.read_text())["trained_steps"] == 5
     project_mod.set_steps(root, 10)  # raising it un-finishes training
-    assert not stages.is_done(project_mod.load_project(root), "train", {})
+    assert not train_stage.is_done(project_mod.load_project(root), None)
     assert run_pipeline(root) == "done"
     last = json.loads((proj.paths.checkpoints / "last.json").read_text())
     assert last["step"] == 10 and last["steps"] == 10

@@ -17,6 +17,7 @@ import psutil
 import pytest
 
 from gguf_trainer import atomic
+from gguf_trainer.exit_codes import EXIT_INTERNAL, EXIT_USER
 from gguf_trainer.paths import ProjectPaths
 from gguf_trainer.runner import lock, state, status, supervisor
 
@@ -198,8 +199,8 @@ def test_supervisor_kill_also_kills_children_and_reads_as_stopped(project, monke
 
 
 @pytest.mark.parametrize("fail,code,error", [
-    ("user", 2, "train.steps must be positive; fix it with gguf-trainer set"),
-    ("bug", 1, "internal error (RuntimeError: fake bug); the traceback is in {log}")])
+    ("user", EXIT_USER, "train.steps must be positive; fix it with gguf-trainer set"),
+    ("bug", EXIT_INTERNAL, "internal error (RuntimeError: fake bug); the traceback is in {log}")])
 def test_failures_are_recorded_as_sentences(project, monkeypatch, fail, code, error):
     monkeypatch.setenv("FAKE_FAIL", fail)
     monkeypatch.setenv("FAKE_UNITS", "1")

@@ -15,6 +15,7 @@ from gguf_trainer.packs import ADAPTER_KINDS, get_pack, pack_ids
 from gguf_trainer.packs.mock import t5_like_ids
 from gguf_trainer.packs.qwen3vl_mageflow import EDIT_PREFIX, SUFFIX, T2I_PREFIX
 from gguf_trainer.project import TrainSettings, create_project, load_project
+from gguf_trainer.samples import Sample
 from gguf_trainer.student import load_tokenizer, tokenize
 
 WIDTH, DEPTH, IN_DIM = 64, 1, 32  # tiny adapter dims
@@ -130,16 +131,21 @@ def _mock(pack_id):
     return get_pack(pack_id).build_mock_teacher(None)
 
 
+def _samples(texts):
+    """Teachers take sample records (gguf_trainer.samples), not strings."""
+    return [Sample(t) for t in texts]
+
+
 def test_llada_mock_shapes(tokenizer):
     pack = get_pack("llada_image")
     teacher = _mock("llada_image")
     ids = _ids(pack, tokenizer, PROMPTS + [""])
-    rows = teacher.targets(PROMPTS + [""], ids)
+    rows = teacher.targets(_samples(PROMPTS + [""]), ids)
     assert teacher.is_mock and len(rows) == 3
     for r in rows:
         assert r.rows.shape == (256, 2560) and r.rows.dtype == torch.float32 and r.seed_ids is None
         assert torch.isfinite(r.rows).all()
-    assert teacher.lengths(PROMPTS, ids[:2]) == [len(i) + 256 for i in ids[:2]]
+    assert teacher.lengths(_samples(PROMPTS), ids[:2]) == [len(i) + 256 for i in ids[:2]]
 
 
 def test_t5_mock_shapes(tokenizer):
@@ -147,7 +153,7 @@ def test_t5_mock_shapes(tokenizer):
     teacher = _mock("t5xxl_pixart")
     long = " ".join(f"w{i}" for i in range(200))  # more words than the 120 window
     texts = PROMPTS + ["", long]
-    rows = teacher.targets(texts, _ids(pack, tokenizer, texts))
+    rows = teacher.targets(_samples(texts), _ids(pack, tokenizer, texts))
     n_words = [len(t.split()) for t in texts]
     for text, words, r in zip(texts, n_words, rows):
         n_real = min(words, 119) + 1  # words (cut to the window) + EOS
@@ -156,14 +162,14 @@ def test_t5_mock_shapes(tokenizer):
         assert r.seed_ids[n_real - 1] == 1  # EOS ends the real slots
         assert all(i >= 2 for i in r.seed_ids[: n_real - 1])
         assert r.seed_ids[n_real:] == [0] * (120 - n_real)
-    assert teacher.lengths(texts, [[]] * 4) == [min(w, 119) + 1 for w in n_words]
+    assert teacher.lengths(_samples(texts), [[]] * 4) == [min(w, 119) + 1 for w in n_words]
 
 
 def test_mageflow_mock_shapes(tokenizer):
     pack = get_pack("qwen3vl_mageflow")
     teacher = _mock("qwen3vl_mageflow")
     ids = _ids(pack, tokenizer, PROMPTS + [""])
-    rows = teacher.targets(PROMPTS + [""], ids)
+    rows = teacher.targets(_samples(PROMPTS + [""]), ids)
     for i, r in zip(ids, rows):
         assert r.rows.shape == (len(i), 2560) and r.sup_start == 34
 
@@ -172,8 +178,8 @@ def test_mageflow_mock_shapes(tokenizer):
 def test_mock_is_deterministic_and_prompt_dependent(tokenizer, pack_id):
     pack = get_pack(pack_id)
     ids = _ids(pack, tokenizer, PROMPTS)
-    a = _mock(pack_id).targets(PROMPTS, ids)
-    b = _mock(pack_id).targets(PROMPTS, ids)  # a second instance
+    a = _mock(pack_id).targets(_samples(PROMPTS), ids)
+    b = _mock(pack_id).targets(_samples(PROMPTS), ids)  # a second instance
     for ra, rb in zip(a, b):
         assert torch.equal(ra.rows, rb.rows) and ra.seed_ids == rb.seed_ids
     assert _mock(pack_id).identity == _mock(pack_id).identity
@@ -182,6 +188,6 @@ def test_mock_is_deterministic_and_prompt_dependent(tokenizer, pack_id):
     n = min(first.shape[0], second.shape[0])
     assert not torch.allclose(first[:n], second[:n], atol=1e-3)
     # a prompt differing in one word changes the rows too
-    (c,) = _mock(pack_id).targets([PROMPTS[0] + " extra"], _ids(pack, tokenizer, [PROMPTS[0] + " extra"]))
+    (c,) = _mock(pack_id).targets(_samples([PROMPTS[0] + " extra"]), _ids(pack, tokenizer, [PROMPTS[0] + " extra"]))
     n = min(first.shape[0], c.rows.shape[0])
     assert not torch.allclose(first[:n], c.rows[:n], atol=1e-3)

@@ -1,10 +1,10 @@
-"""precompute.file_sha256: the persistent hash cache of big input files."""
+"""materials.file_sha256: the persistent hash cache of big input files."""
 
 import hashlib
 import json
 import os
 
-from gguf_trainer.precompute import file_sha256
+from gguf_trainer.materials import file_sha256
 
 
 def test_sha256_is_cached_by_path_size_and_mtime(tmp_path):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from gguf_trainer.precompute import budget_batches, choose_budgets
+from gguf_trainer.hardware import budget_batches, choose_budgets
 from gguf_trainer.project import PrecomputeSettings
 from gguf_trainer.shards import Batch, Stats
 from gguf_trainer.train import compute_loss, lr_at
@@ -54,7 +54,7 @@ def test_budget_batches_small_cases():
 def test_budget_batches_greedy_fill_is_tight():
     """A batch closes only when the next item would break a limit: count, tokens, or the
     batch's real ÷ processed share falling under MIN_BATCH_EFFICIENCY."""
-    from gguf_trainer.precompute import MIN_BATCH_EFFICIENCY, PAD_SLACK_TOKENS
+    from gguf_trainer.hardware import MIN_BATCH_EFFICIENCY, PAD_SLACK_TOKENS
 
     rng = np.random.default_rng(SEED + 1)
     lengths = rng.integers(1, 300, 400).tolist()

@@ -1,0 +1,184 @@
+"""A project's materials: the files it trains from, where they are, and what identifies them.
+
+Owns: resolving material paths (student GGUF, student tokenizer, the pack's teacher files),
+which materials a project wants (`materials_for`), hashing big files with a persistent cache
+(`hashes.json` by path, size and mtime), and the teacher's identity for the shard
+fingerprint. Later: discovery and downloads. Must not: load models or import torch.
+
+    gguf, tok = student_paths(project)
+    folders = teacher_paths(project)            # {"teacher": Path(...)} for the pack's teacher materials
+    ident = teacher_identity(project)           # {"snapshot": "<sha256>", "files": 7}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from pathlib import Path
+
+from . import atomic
+from .errors import UserError
+
+log = logging.getLogger(__name__)
+
+# Files whose bytes define a model but are too big to hash at every start: identified by
+# name and size (a re-download of the same revision keeps both; a different checkpoint
+# changes at least the size or the index json that names it).
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack", ".onnx")
+SKIPPED_DIRS = (".cache", ".git", ".huggingface")  # download bookkeeping, not the model
+
+
+# ---------------------------------------------------------------- hashing
+
+
+def _read_cache(cache_file: Path | None) -> dict:
+    if cache_file is None:
+        return {}
+    cache = atomic.read_json(cache_file, {})
+    # A cache is only a speed-up: garbage in it (wrong type, hand edits) is dropped, never fatal.
+    return {k: v for k, v in cache.items() if isinstance(v, str)} if isinstance(cache, dict) else {}
+
+
+def file_sha256(path: Path, cache_file: Path | None = None) -> str:
+    """sha256 of a (multi-GB) file. With `cache_file`, a JSON map remembers it by path, size and
+    mtime, so a restart does not re-read the student GGUF; any rewrite of the file re-hashes."""
+    return files_sha256([Path(path)], cache_file)[0]
+
+
+def files_sha256(paths: list[Path], cache_file: Path | None = None) -> list[str]:
+    """sha256 of each file, through one read and at most one write of the cache."""
+    cache = _read_cache(cache_file)
+    out, changed = [], False
+    for path in paths:
+        st = path.stat()
+        key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+        if key not in cache:
+            h = hashlib.sha256()
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 24), b""):
+                    h.update(block)
+            cache[key] = h.hexdigest()
+            changed = True
+        out.append(cache[key])
+    if changed and cache_file is not None:
+        try:
+            atomic.write_json(cache_file, cache)
+        except OSError as e:  # a read-only project still trains; it only re-hashes next time
+            log.warning("could not update %s (%s); hashes are recomputed next start", cache_file, e)
+    return out
+
+
+# ---------------------------------------------------------------- which materials, where
+
+
+def _setting(settings, dotted: str):
+    node = settings
+    for part in dotted.split("."):
+        node = getattr(node, part, None)
+    return node
+
+
+def materials_for(project) -> tuple:
+    """The materials this project wants now: the student's, the teacher's unless the mock
+    teacher is on, and each optional one whose `wanted_when` setting is on (the SigVQ folder
+    when export.export_sigvq is set, image datasets when the corpus selects them)."""
+    from .packs.base import STUDENT_MATERIALS
+
+    pack, st = project.pack, project.settings
+    teacher = () if st.precompute.mock_teacher else pack.teacher_materials
+    wanted = []
+    for m in STUDENT_MATERIALS + tuple(teacher) + tuple(pack.optional_materials):
+        when = getattr(m, "wanted_when", "")
+        if m.required or (when and _setting(st, when)):
+            wanted.append(m)
+    return tuple(wanted)
+
+
+def _fix_for(material) -> str:
+    where = f"materials.{material.id}.path in project.json"
+    if material.repo:
+        return (f"download {material.repo} (huggingface-cli download {material.repo} --local-dir DIR) "
+                f"and set {where}")
+    return f"set {where}" + (f" ({material.hint})" if material.hint else "")
+
+
+def student_paths(project) -> tuple[Path, Path]:
+    """The student GGUF and its tokenizer folder; a UserError naming the path tried and the fix."""
+    from .packs.base import STUDENT_MATERIALS
+
+    gguf_mat, tok_mat = STUDENT_MATERIALS
+    gguf = project.material_path("student")
+    tok = project.material_path("student_tokenizer")
+    if gguf is None or not gguf.is_file():
+        tried = f"{gguf} does not exist" if gguf else "materials.student.path is not set"
+        raise UserError(f"the student GGUF is missing ({tried}); {_fix_for(gguf_mat)}.")
+    if tok is None or not (tok / "tokenizer.json").is_file():
+        tried = f"{tok} has no tokenizer.json" if tok else "materials.student_tokenizer.path is not set"
+        raise UserError(f"the student tokenizer is missing ({tried}); {_fix_for(tok_mat)}.")
+    return gguf, tok
+
+
+def teacher_paths(project) -> dict[str, Path]:
+    """Every teacher material of the pack that is set and present, by id; a required one that
+    is missing is a UserError naming the path tried and the command that fixes it."""
+    out = {}
+    for m in project.pack.teacher_materials:
+        path = project.material_path(m.id)
+        present = path is not None and (path.is_dir() if m.kind == "hf_snapshot" else path.is_file())
+        if present:
+            out[m.id] = path
+        elif m.required:
+            tried = f"{path} does not exist" if path else f"materials.{m.id}.path is not set"
+            raise UserError(f"the {m.title} for {project.pack.title} is missing ({tried}); {_fix_for(m)}, "
+                            "or turn on precompute.mock_teacher.")
+    return out
+
+
+# ---------------------------------------------------------------- identity
+
+
+def folder_identity(root: Path, cache_file: Path | None = None) -> dict:
+    """What defines a model folder: every file's relative name, plus its content hash (configs,
+    tokenizer models such as spiece.model, remote-code *.py, index json) or, for weight files,
+    its size. Content hashes go through the hashes.json cache."""
+    files = sorted(p for p in root.rglob("*")
+                   if p.is_file() and not any(part in SKIPPED_DIRS for part in p.relative_to(root).parts))
+    small = [p for p in files if p.suffix.lower() not in WEIGHT_SUFFIXES]
+    hashes = dict(zip(small, files_sha256(small, cache_file)))
+    h = hashlib.sha256()
+    for p in files:
+        h.update(p.relative_to(root).as_posix().encode() + b"\0")
+        h.update((hashes[p] if p in hashes else f"size:{p.stat().st_size}").encode() + b"\n")
+    return {"snapshot": h.hexdigest(), "files": len(files)}
+
+
+def teacher_identity(project, recorded: dict | None = None) -> dict:
+    """What identifies the teacher's outputs: the mock function, or every file of its folders.
+    When the teacher files are gone but `recorded` (the identity a finished precompute wrote
+    in its manifest) exists, that is returned: shards already made stay valid, and only a
+    stage that needs the teacher again asks for it."""
+    pack = project.pack
+    if project.settings.precompute.mock_teacher:
+        return pack.build_mock_teacher(project).identity
+    try:
+        folders = teacher_paths(project)
+    except UserError:
+        if recorded and "mock" not in recorded:  # a real teacher's record, not the mock's
+            log.info("the teacher files are missing; using the identity recorded with the shards")
+            return recorded
+        raise
+    if not folders:
+        raise UserError(f"{pack.title} has no real teacher to load; turn on precompute.mock_teacher.")
+    ident = {mid: folder_identity(p, project.paths.hashes_json) if p.is_dir()
+             else {"sha256": file_sha256(p, project.paths.hashes_json)} for mid, p in sorted(folders.items())}
+    return ident["teacher"] if list(ident) == ["teacher"] else ident
+
+
+def student_identity(project, recorded: str | None = None) -> str:
+    """sha256 of the student GGUF (cached), or the recorded one when the file is gone."""
+    gguf = project.material_path("student")
+    if (gguf is None or not gguf.is_file()) and recorded:
+        log.info("the student GGUF is missing; using the hash recorded with the shards")
+        return recorded
+    gguf, _tok = student_paths(project)
+    return file_sha256(gguf, project.paths.hashes_json)
