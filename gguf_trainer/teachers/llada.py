@@ -142,14 +142,28 @@ class LLaDATeacher:
             torch.cuda.empty_cache()
 
 
+def _backbone_class(te_dir: Path):
+    """(config, model class) from the snapshot's own code, named by its config's `auto_map`.
+    The class comes straight from the code files (re-imported when they change), never from
+    transformers' Auto registry, which keeps the first class it saw for a config class."""
+    from transformers import AutoConfig
+    from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
+    config = AutoConfig.from_pretrained(str(te_dir), trust_remote_code=True)
+    ref = (getattr(config, "auto_map", None) or {}).get("AutoModel")
+    if not ref:
+        raise UserError(f"{te_dir / 'config.json'} has no auto_map.AutoModel entry; this is not the "
+                        "LLaDA2-MoE text encoder gguf-trainer supports.")
+    return config, get_class_from_dynamic_module(ref, str(te_dir))
+
+
 def _meta_model(te_dir: Path):
     """The backbone on the meta device, from its config and remote code (no weights)."""
     from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModel
 
-    config = AutoConfig.from_pretrained(str(te_dir), trust_remote_code=True)
+    config, cls = _backbone_class(te_dir)
     with init_empty_weights():
-        return AutoModel.from_config(config, trust_remote_code=True)
+        return cls(config)
 
 
 def plan_backbone(root, budgets: Sequence[tuple[int | str, int]], placement: str = "sequential") -> dict:
@@ -182,7 +196,7 @@ def load_llada_teacher(root, *, format_prompt: Callable[[str], str], device="cpu
     snapshot's code is imported), the transformers-5 stand-ins, the backbone (placed by
     `device_map`, default: all on `device`), the RoPE repair, QueryFormer/TextProjection
     (strict), the tokenizer (right padding)."""
-    from transformers import AutoModel, AutoTokenizer
+    from transformers import AutoTokenizer
 
     root = check_snapshot(root)
     code_hash = trust.require_trust(root, project_dir)
@@ -190,8 +204,8 @@ def load_llada_teacher(root, *, format_prompt: Callable[[str], str], device="cpu
     dtype = compute_dtype(device)
     install_attn_mask_utils()
     dmap = device_map or {"": str(device)}
-    model = AutoModel.from_pretrained(str(root / "text_encoder"), trust_remote_code=True, dtype=dtype,
-                                      device_map=dmap)
+    config, cls = _backbone_class(root / "text_encoder")
+    model = cls.from_pretrained(str(root / "text_encoder"), config=config, dtype=dtype, device_map=dmap)
     model.eval()
     repair_rotary_tables(model)  # transformers 5 leaves remote models' inv_freq uninitialised
     backbone = model.get_decoder()  # the top-level forward crashes under transformers 5
