@@ -39,6 +39,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from . import atomic
+from .errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,8 @@ def _checksum(tensors: dict[str, torch.Tensor]) -> str:
         t = tensors[name].contiguous()
         h.update(name.encode())
         h.update(str(tuple(t.shape)).encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        if t.numel():
+            h.update(t.view(torch.uint8).numpy())  # hashed in place: no copy of the shard
     return h.hexdigest()
 
 
@@ -90,6 +92,46 @@ def verify_shard(path: Path, fingerprint: str) -> str | None:
     if _checksum(tensors) != meta.get("checksum"):
         return "checksum mismatch (corrupted)"
     return None
+
+
+class ShardCorrupted(UserError):
+    """A shard read for training or eval no longer matches the checksum it was written with
+    (changed on disk after its first verification, truncated, or gone). The pipeline catches
+    it, `discard()`s the file and runs the stages again: precompute redoes that shard and
+    training resumes from last.pt. Raised only where the shard is used, so a prefetch that is
+    never consumed deletes nothing."""
+
+    def __init__(self, path: Path, reason: str):
+        self.path, self.reason = Path(path), reason
+        super().__init__(f"shard {path} is {reason}; delete it and start again to recompute "
+                         "it (training resumes from last.pt).")
+
+    def discard(self) -> None:
+        """Delete the shard (derived data: the precompute stage recomputes a missing shard)."""
+        if not self.path.is_symlink() and self.path.is_file():
+            self.path.unlink()
+
+
+def load_verified(path: Path) -> dict[str, torch.Tensor]:
+    """The shard's tensors, checked against its checksum on every read: the size+mtime cache
+    of the precompute stage cannot see bytes that changed in place. ShardCorrupted otherwise."""
+    if path.exists() and not path.is_file():  # never delete what we did not write
+        raise UserError(f"{path} is not a shard file; move it away and start again to "
+                        "recompute the shard.")
+    meta = read_meta(path)
+    try:
+        tensors = load_file(str(path))
+    except FileNotFoundError:
+        raise ShardCorrupted(path, "missing") from None
+    except (SafetensorError, OSError, ValueError):
+        tensors = None
+    if tensors is None or meta is None or meta.get("format") != FORMAT:
+        reason = "unreadable or truncated"
+    elif _checksum(tensors) != meta.get("checksum"):
+        reason = "changed since it was written (checksum mismatch)"
+    else:
+        return tensors
+    raise ShardCorrupted(path, reason)
 
 
 @dataclass(frozen=True)
@@ -161,7 +203,7 @@ class Shard:
 
     def __init__(self, path: Path):
         self.path = path
-        self.t = load_file(str(path))
+        self.t = load_verified(path)
         self.n = int(self.t["student_len"].shape[0])
         self.s_off = _offsets(self.t["student_len"])
         self.t_off = _offsets(self.t["target_len"])

@@ -36,6 +36,7 @@ from gguf_trainer.stage_list import STAGES
 
 log = logging.getLogger("gguf_trainer.pipeline")
 
+MAX_SHARD_REPAIRS = 3  # shards found corrupted while training, recomputed within one run
 LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 StageRunner = Callable[[ProjectPaths, Report, "list[str] | None", bool], str]
 
@@ -47,8 +48,19 @@ def _default_run(paths: ProjectPaths, report: Report, only: list[str] | None, fo
     project = load_project(paths.root)
     report.fields(mock=bool(project.settings.precompute.mock_teacher))
     from gguf_trainer.runner.stages import run_stages  # lazy: imports torch
+    from gguf_trainer.shards import ShardCorrupted
 
-    return run_stages(paths, report, only, force)
+    for _ in range(MAX_SHARD_REPAIRS):
+        try:
+            return run_stages(paths, report, only, force)
+        except ShardCorrupted as e:
+            # Without the shard, running the stages again recomputes it (precompute) and
+            # resumes training from last.pt.
+            log.warning("shard %s is %s: recomputing it, then resuming", e.path.name, e.reason)
+            e.discard()
+            if only:
+                only = [s for s in STAGES if s in only or s.startswith("precompute_")]
+    return run_stages(paths, report, only, force)  # corrupt again: a failing disk, say so
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
