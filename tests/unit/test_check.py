@@ -1,0 +1,134 @@
+"""`gguf-trainer check`: an exported adapter against a ggk SD_DUMP_COND dump. The "engine" dump
+is written by the independent NumPy forward in tests/engine_reference.py."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from engine_reference import engine_forward
+
+from gguf_trainer.adapters import AdapterConfig, build_adapter
+from gguf_trainer.check import check_main, compare, read_dump, run_check, verdict_line
+from gguf_trainer.errors import UserError
+from gguf_trainer.export import write_adapter_gguf
+from gguf_trainer.packs import get_pack
+from gguf_trainer.student import load_student, tokenize
+
+PROMPT = "a sheep in sunglasses"
+HIDDEN = 64  # the tiny student's hidden size
+
+
+def _write_adapter(path, cfg: AdapterConfig, pack: str, seed: int = 0):
+    torch.manual_seed(seed)
+    module = build_adapter(cfg)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(0.05 * torch.randn_like(p))  # away from the init so rows differ per query
+    write_adapter_gguf(path, module.state_dict(), cfg, metadata={"adapter.pack": pack})
+    return path
+
+
+@pytest.fixture(scope="module")
+def student(tiny_materials):
+    return load_student(tiny_materials["student"], tiny_materials["tokenizer"])
+
+
+def _engine_dump(folder, adapter, student, pack: str, prompt: str, seed_ids=None):
+    """What ggk writes for one prompt: adapter_out.bin (+ tokens.txt or t5_ids.txt)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    ids = tokenize(student.tokenizer, [get_pack(pack).format_prompt(prompt)])[0]
+    x = torch.tensor([ids])
+    hidden = student.hidden(x, torch.ones_like(x))[0].numpy()
+    out = engine_forward(adapter, hidden, seed_ids=seed_ids).astype("<f4")
+    out.tofile(folder / "adapter_out.bin")
+    if seed_ids is None:
+        (folder / "tokens.txt").write_text("\n".join(map(str, ids)) + "\n")
+    else:
+        (folder / "t5_ids.txt").write_text("\n".join(map(str, seed_ids)) + "\n")
+    return out
+
+
+@pytest.fixture(scope="module")
+def llada_case(tmp_path_factory, student):
+    root = tmp_path_factory.mktemp("check")
+    cfg = AdapterConfig("resampler", HIDDEN, 2560, 64, 1, num_queries=256)
+    adapter = _write_adapter(root / "pig_llada_adapter-f16.gguf", cfg, "llada_image")
+    ref = _engine_dump(root / "dump", adapter, student, "llada_image", PROMPT)
+    return root, adapter, ref
+
+
+def test_matching_dump_is_healthy(llada_case, tiny_materials):
+    root, adapter, _ = llada_case
+    res = run_check(adapter, tiny_materials["student"], root / "dump", PROMPT, tiny_materials["tokenizer"])
+    print(f"check vs independent forward: cos {res['cos']:.7f} centred {res['cos_centered']:.7f} "
+          f"rel_mse {res['rel_mse']:.3g}")
+    assert res["pack"] == "llada_image" and res["rows"] == 256 and res["tokens_checked"]
+    assert res["cos_centered"] >= 0.9999 and res["cos"] >= 0.9999 and res["rel_mse"] < 1e-4
+    assert res["verdict"].startswith("healthy")
+
+
+def test_wrong_dump_is_broken(llada_case, tiny_materials, tmp_path):
+    _, adapter, ref = llada_case
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    ref[::-1].copy().tofile(bad / "context.bin")  # rows of the wrong queries: a scrambled target
+    res = run_check(adapter, tiny_materials["student"], bad, PROMPT, tiny_materials["tokenizer"])
+    print(f"check vs a wrong dump: centred {res['cos_centered']:.4f}")
+    assert res["cos_centered"] < 0.5 and res["verdict"].startswith("broken")
+    assert "broken-RoPE" in res["verdict"] and not res["tokens_checked"]
+
+
+def test_cli_body_prints_figures_and_json(llada_case, tiny_materials, capsys):
+    root, adapter, _ = llada_case
+    args = (adapter, tiny_materials["student"], root / "dump", PROMPT, tiny_materials["tokenizer"])
+    assert check_main(*args) == 0
+    text = capsys.readouterr().out
+    assert "centred cosine" in text and "rel_mse" in text and "verdict:  healthy" in text
+    assert check_main(*args, as_json=True) == 0
+    assert json.loads(capsys.readouterr().out)["cos_centered"] >= 0.9999
+
+
+def test_bad_inputs_are_one_sentence(llada_case, tiny_materials, tmp_path):
+    root, adapter, ref = llada_case
+    s, tok = tiny_materials["student"], tiny_materials["tokenizer"]
+    with pytest.raises(UserError, match="the student's tokenization of this prompt"):
+        run_check(adapter, s, root / "dump", PROMPT + " at night", tok)
+    with pytest.raises(UserError, match="holds none of context.bin"):
+        run_check(adapter, s, tmp_path, PROMPT, tok)
+    odd = tmp_path / "odd.bin"
+    ref[:, :-1].copy().tofile(odd)
+    with pytest.raises(UserError, match="not a whole number of f32 rows of 2560"):
+        run_check(adapter, s, odd, PROMPT, tok)
+    short = tmp_path / "short"
+    short.mkdir()
+    ref[:100].copy().tofile(short / "adapter_out.bin")
+    with pytest.raises(UserError, match="has 100 rows but the adapter makes 256"):
+        run_check(adapter, s, short, PROMPT, tok)
+
+
+def test_pixart_counts_only_real_slots(tmp_path, student, tiny_materials):
+    cfg = AdapterConfig("seeded_resampler", HIDDEN, 48, 64, 1, num_queries=12, seed_vocab=40)
+    adapter = _write_adapter(tmp_path / "pig_t5_adapter-f16.gguf", cfg, "t5xxl_pixart", seed=3)
+    seeds = [5, 9, 17, 1] + [0] * 8
+    ref = _engine_dump(tmp_path / "dump", adapter, student, "t5xxl_pixart", PROMPT, seeds)
+    ref[4:] = 1e3  # pad slots: the DiT masks them, so the check must too
+    ref.tofile(tmp_path / "dump" / "adapter_out.bin")
+    res = run_check(adapter, tiny_materials["student"], tmp_path / "dump", PROMPT, tiny_materials["tokenizer"])
+    assert res["pack"] == "t5xxl_pixart" and res["rows"] == 4 and res["cos"] >= 0.9999
+    (tmp_path / "dump" / "t5_ids.txt").unlink()
+    with pytest.raises(UserError, match="needs the engine's seed ids"):
+        run_check(adapter, tiny_materials["student"], tmp_path / "dump", PROMPT, tiny_materials["tokenizer"])
+
+
+def test_compare_centres_by_the_dumps_own_mean():
+    g = np.random.default_rng(0)
+    ref = 100.0 + g.normal(size=(256, 32))  # a large shared offset, like LLaDA's rows
+    pred = np.full_like(ref, 100.0)  # the mean alone: plain cosine ~1, centred ~0
+    res = compare(pred + 1e-3 * g.normal(size=ref.shape), ref)
+    assert res["cos"] > 0.99 and abs(res["cos_centered"]) < 0.1
+    assert verdict_line("llada_image", res).startswith("broken")
+    assert verdict_line("llada_image", {"cos_centered": 0.94}).startswith("weak")
+    assert read_dump.__doc__
