@@ -83,7 +83,72 @@ def load_checkpoint(path: Path) -> dict:
     missing = [k for k in REQUIRED_KEYS if not isinstance(ck, dict) or k not in ck]
     if missing:
         raise UserError(f"{path} is not a gguf-trainer checkpoint (no {missing[0]!r}); {fix}.")
-    return ck
+    wrong = next((k for k, ok in _VALUE_CHECKS.items() if not ok(ck[k])), None)
+    if wrong:
+        raise UserError(f"{path} is not a gguf-trainer checkpoint ({wrong!r} has the wrong "
+                        f"type or value); {fix}.")
+    _check_fits(ck, path, fix)
+    return Checkpoint(ck, path=Path(path))
+
+
+def _check_fits(ck: dict, path: Path, fix: str) -> None:
+    """The tensors are exactly those of the adapter its config builds (names and shapes),
+    checked on the meta device: nothing is allocated and no random numbers are drawn."""
+    from .adapters import AdapterConfig, build_adapter
+
+    try:
+        cfg = AdapterConfig.from_dict(ck["config"])
+        with torch.random.fork_rng(devices=[]), torch.device("meta"):
+            want = {k: tuple(v.shape) for k, v in build_adapter(cfg).state_dict().items()}
+    except (TypeError, ValueError, KeyError) as e:  # a config this version cannot build
+        raise UserError(f"{path} holds an adapter config gguf-trainer cannot build "
+                        f"({type(e).__name__}: {e}); {fix}.") from None
+    have = {k: tuple(v.shape) for k, v in ck["model"].items()}
+    bad = next((k for k in sorted(want.keys() | have.keys()) if want.get(k) != have.get(k)), None)
+    if bad is not None:
+        raise UserError(f"{path} does not hold the adapter its config describes (tensor {bad!r}: "
+                        f"{have.get(bad, 'missing')} instead of {want.get(bad, 'absent')}); {fix}.")
+    for key in ("mu", "sigma_f"):  # export folds them; eval standardizes with them
+        v = ck.get(key)
+        if v is not None and not (isinstance(v, torch.Tensor) and v.shape == (cfg.out_dim,)):
+            raise UserError(f"{path} has a {key!r} that is not {cfg.out_dim} numbers; {fix}.")
+
+
+class Checkpoint(dict):
+    """A loaded checkpoint: the dict torch.load returned, plus the file it came from (for
+    the sentence when its content does not fit the model)."""
+
+    def __init__(self, content: dict, path: Path):
+        super().__init__(content)
+        self.path = path
+
+
+def _count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+# What each required value must be before anything indexes into it (a hand-edited or
+# foreign checkpoint with the right keys would otherwise fail deep inside torch).
+_VALUE_CHECKS = {
+    "model": lambda v: isinstance(v, dict) and all(
+        isinstance(k, str) and isinstance(t, torch.Tensor) for k, t in v.items()),
+    "optimizer": lambda v: isinstance(v, dict),
+    "step": _count,
+    "planned_steps": _count,
+    "stream": lambda v: isinstance(v, dict) and set(v) == {"epoch", "shard_i", "batch_i"}
+    and all(_count(x) for x in v.values()),
+    "best_val_cos": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+    "rng": lambda v: isinstance(v, torch.Tensor) and v.dtype == torch.uint8,
+    "config": lambda v: isinstance(v, dict),
+}
+
+
+def does_not_fit(ck: dict, error: Exception) -> UserError:
+    """The sentence for a checkpoint whose tensors do not fit the model built for it."""
+    where = getattr(ck, "path", "the checkpoint")
+    detail = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
+    return UserError(f"{where} does not fit this project's adapter ({detail}); delete it to "
+                     "restart training from scratch.")
 
 
 def read_side(folder: Path, which: str) -> dict:
@@ -95,6 +160,10 @@ def read_side(folder: Path, which: str) -> dict:
 def model_from_checkpoint(ck: dict):
     from .adapters import AdapterConfig, build_adapter
 
-    model = build_adapter(AdapterConfig.from_dict(ck["config"]))
-    model.load_state_dict(ck["model"])
+    try:
+        model = build_adapter(AdapterConfig.from_dict(ck["config"]))
+        model.load_state_dict(ck["model"])
+    # a config or tensors from another geometry or tool: what the builder and torch raise
+    except (TypeError, ValueError, KeyError, RuntimeError) as e:
+        raise does_not_fit(ck, e) from None
     return model.eval()

@@ -30,6 +30,7 @@ from .checkpoints import (
     LAST,
     TrainProgress,
     checkpoint_path,
+    does_not_fit,
     finite,
     load_checkpoint,
     read_side,
@@ -131,9 +132,12 @@ def _resume(folder: Path, model, opt, steps: int) -> TrainProgress:
     if not checkpoint_path(folder, LAST).exists():
         return TrainProgress()
     ck = load_checkpoint(checkpoint_path(folder, LAST))
-    model.load_state_dict(ck["model"])
-    opt.load_state_dict(ck["optimizer"])
-    torch.set_rng_state(ck["rng"])
+    try:
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["optimizer"])
+        torch.set_rng_state(ck["rng"])
+    except (RuntimeError, ValueError, TypeError, KeyError) as e:  # another geometry, or edited
+        raise does_not_fit(ck, e) from None
     log.info("resuming from last.pt at step %d (planned then %d, now %d)", ck["step"], ck["planned_steps"], steps)
     return TrainProgress(ck["step"], StreamPos(**ck["stream"]), ck["best_val_cos"])
 
