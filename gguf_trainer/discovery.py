@@ -23,6 +23,12 @@ from .folder_check import check_folder, local_files
 GGUF_MAGIC = b"GGUF"
 
 
+def location(project, material) -> Path:
+    """Where a project's material is (its recorded path) or will be downloaded to."""
+    return project.material_path(material.id) or project.paths.materials / (
+        material.subdir or material.id)
+
+
 def candidate_roots(project_dir: Path, projects_root: Path | None = None) -> list[Path]:
     """Existing folders to search, first match wins, each once (by resolved path)."""
     project_dir = Path(project_dir).resolve()

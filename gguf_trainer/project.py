@@ -119,6 +119,20 @@ SEED_WHY = "seeds are 32-bit"
 class CorpusSettings(_Section):
     files: list[str] = S(label="Prompt files", help="local .txt/.jsonl prompt files (one prompt a line)",
                          kind="paths", default_factory=list)
+    presets: list[str] = S(label="Prompt datasets",
+                           help="public prompt datasets, downloaded as materials: gustavosta, "
+                                "midjourney, diffusiondb, vidprom", default_factory=list)
+    weights: dict[str, float] = S(label="Source weights",
+                                  help="share of the prompts per source (a dataset id or 'files'); "
+                                       "unset = in proportion to size", default_factory=dict,
+                                  advanced=True)
+    image_presets: list[str] = S(label="Image datasets",
+                                 help="image + caption datasets for image packs, downloaded as "
+                                      "materials: flickr30k, coco_captions", default_factory=list)
+    image_folders: list[str] = S(label="Image folders",
+                                 help="local folders of images (searched recursively; an optional "
+                                      "<name>.txt caption beside each image)", kind="paths",
+                                 default_factory=list)
     train_file: str = S("", "Ready-made train file", "a train.txt to use as is (with the val file)",
                         kind="path")
     val_file: str = S("", "Ready-made val file", "the val.txt that goes with the train file", kind="path")
@@ -134,6 +148,18 @@ class CorpusSettings(_Section):
                        le=1_000_000, advanced=True, why="a prompt is never that long")
     seed: Int = S(8, "Corpus seed", "shuffle and split seed", ge=0, le=2**32 - 1, advanced=True,
                   why=SEED_WHY)
+
+    @field_validator("presets", "image_presets")
+    @classmethod
+    def _known_sources(cls, v, info):
+        from .corpus_sources import known_ids
+
+        known = known_ids(info.field_name)
+        bad = [x for x in v if x not in known]
+        if bad:
+            raise ValueError(f"unknown {'dataset' if len(bad) == 1 else 'datasets'} "
+                             f"{', '.join(map(repr, bad))}; choose from {', '.join(known)}")
+        return list(dict.fromkeys(v))
 
     @model_validator(mode="after")
     def _lengths(self):

@@ -54,6 +54,7 @@ class Repo:
     files: dict[str, bytes]
     gated: bool = False
     private: bool = False
+    branches: tuple[str, ...] = ("main",)
     commit: str = field(default="")
 
     def __post_init__(self):
@@ -96,8 +97,11 @@ class HubServer:
         self._thread.start()
 
     def add_repo(self, repo_id: str, files: dict[str, bytes], repo_type: str = "model",
-                 gated: bool = False, private: bool = False) -> Repo:
-        repo = Repo(repo_id, repo_type, dict(files), gated, private)
+                 gated: bool = False, private: bool = False,
+                 branches: tuple[str, ...] = ("main",)) -> Repo:
+        """Serve `files`; `branches` are the revision names that resolve to its one commit
+        (e.g. "refs/convert/parquet", sent URL-encoded by the client)."""
+        repo = Repo(repo_id, repo_type, dict(files), gated, private, tuple(branches))
         self.repos[(repo_type, repo_id)] = repo
         return repo
 
@@ -148,15 +152,17 @@ class _Handler(BaseHTTPRequestHandler):
         self._dispatch(send_body=False)
 
     def _dispatch(self, send_body: bool) -> None:
-        path = unquote(urlsplit(self.path).path)
+        raw = urlsplit(self.path).path  # match before unquoting: a revision may hold %2F
+        path = unquote(raw)
         self.hub._record(self.command, path, {k.lower(): v for k, v in self.headers.items()})
-        m = re.match(r"^/api/(models|datasets)/(.+?)/(revision|tree)/([^/]+)(/.*)?$", path)
+        m = re.match(r"^/api/(models|datasets)/(.+?)/(revision|tree)/([^/]+)(/.*)?$", raw)
         if m:
-            return self._api(m.group(1)[:-1], m.group(2), m.group(3), m.group(4), m.group(5) or "")
-        m = re.match(r"^/(datasets/)?(.+?)/resolve/([^/]+)/(.+)$", path)
+            return self._api(m.group(1)[:-1], unquote(m.group(2)), m.group(3),
+                             unquote(m.group(4)), unquote(m.group(5) or ""))
+        m = re.match(r"^/(datasets/)?(.+?)/resolve/([^/]+)/(.+)$", raw)
         if m:
-            return self._resolve("dataset" if m.group(1) else "model", m.group(2), m.group(4),
-                                 send_body)
+            return self._resolve("dataset" if m.group(1) else "model", unquote(m.group(2)),
+                                 unquote(m.group(3)), unquote(m.group(4)), send_body)
         self._error(404, "RepoNotFound", "not a Hub endpoint")
 
     # ---- helpers -------------------------------------------------------------------------
@@ -199,7 +205,7 @@ class _Handler(BaseHTTPRequestHandler):
         repo = self._repo_or_error(repo_type, repo_id)
         if repo is None:
             return
-        if rev not in ("main", repo.commit):
+        if rev not in (*repo.branches, repo.commit):
             return self._error(404, "RevisionNotFound", f"Invalid rev id: {rev}")
         if kind == "revision":
             return self._json({
@@ -213,10 +219,13 @@ class _Handler(BaseHTTPRequestHandler):
         self._json([{"type": "directory", "path": f, "oid": "0" * 40} for f in folders]
                    + [repo.tree_entry(p) for p in paths])
 
-    def _resolve(self, repo_type: str, repo_id: str, filename: str, send_body: bool) -> None:
+    def _resolve(self, repo_type: str, repo_id: str, rev: str, filename: str,
+                 send_body: bool) -> None:
         repo = self._repo_or_error(repo_type, repo_id)
         if repo is None:
             return
+        if rev not in (*repo.branches, repo.commit):
+            return self._error(404, "RevisionNotFound", f"Invalid rev id: {rev}")
         if filename not in repo.files:
             return self._error(404, "EntryNotFound", f"{filename} does not exist", repo.commit)
         data = repo.files[filename]

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gguf_trainer import discovery, hub
+from gguf_trainer.corpus_sources import corpus_materials
 from gguf_trainer.errors import UserError
 from gguf_trainer.folder_check import MANIFEST_DIR, FolderCheck, check_folder
 from gguf_trainer.runner import jobs, lock
@@ -50,21 +51,24 @@ _listing_cache: dict[tuple, tuple[float, hub.Listing]] = {}
 
 # ---- which materials, where -------------------------------------------------------------
 def all_materials(project) -> tuple:
-    """Every material the pack declares (wanted or not), student's first."""
+    """Every material the pack declares (wanted or not), student's first, then the datasets
+    the corpus selects."""
     pack = project.pack
-    return tuple(dict.fromkeys(tuple(pack.materials) + tuple(getattr(pack, "optional_materials", ()))))
+    return tuple(dict.fromkeys(tuple(pack.materials) + tuple(pack.optional_materials)
+                               + corpus_materials(project.settings)))
 
 
 def wanted_ids(project) -> set[str]:
     from gguf_trainer.materials import materials_for
 
-    return {m.id for m in materials_for(project)}
+    return {m.id for m in materials_for(project) + corpus_materials(project.settings)}
 
 
-def destination(project, material) -> Path:
-    """Where a snapshot material is (its recorded path) or will be downloaded to."""
-    return project.material_path(material.id) or project.paths.materials / (
-        material.subdir or material.id)
+def revision(material) -> str:
+    return getattr(material, "revision", "main")  # datasets may name a branch (HubDataset)
+
+
+destination = discovery.location
 
 
 def job_folder(dest: Path) -> Path:
@@ -87,12 +91,13 @@ def _select(project, ids: list[str] | None, required_only: bool) -> list:
 def _listing(material, online: bool) -> tuple[hub.Listing | None, str | None]:
     if not online:
         return None, None
-    key = (material.repo, material.repo_type, tuple(material.patterns))
+    key = (material.repo, material.repo_type, tuple(material.patterns), revision(material))
     hit = _listing_cache.get(key)
     if hit and time.monotonic() - hit[0] < LISTING_TTL_S:
         return hit[1], None
     try:
-        listing = hub.list_remote(material.repo, material.repo_type, tuple(material.patterns))
+        listing = hub.list_remote(material.repo, material.repo_type, tuple(material.patterns),
+                                  revision(material))
     except UserError as e:  # shown with the status, never silently replaced by a guess
         return None, str(e)
     _listing_cache[key] = (time.monotonic(), listing)
@@ -359,7 +364,7 @@ def _start_one(project, m) -> dict:
     folder = job_folder(dest)
     folder.mkdir(parents=True, exist_ok=True)
     kwargs = {"dest": str(dest), "material_id": m.id, "repo": m.repo, "repo_type": m.repo_type,
-              "patterns": list(m.patterns), "project": str(project.dir)}
+              "patterns": list(m.patterns), "revision": revision(m), "project": str(project.dir)}
     try:
         st = jobs.start_job(folder, JOB_NAME, JOB_TARGET, kwargs)
     except lock.LockHeld as e:
@@ -423,7 +428,7 @@ def _download_here(project, m, on_progress) -> dict:
         handle = jobs.JobHandle(folder, JOB_NAME, state)
         handle.write()
         try:
-            result = _download(dest, m.id, m.repo, m.repo_type, tuple(m.patterns), "main",
+            result = _download(dest, m.id, m.repo, m.repo_type, tuple(m.patterns), revision(m),
                                lambda fields: (state["progress"].update(fields), handle.write()),
                                on_progress)
             state.update(status="done", result=result)
