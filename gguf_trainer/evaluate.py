@@ -67,6 +67,8 @@ def evaluate_gguf(project, gguf: Path, which: str = "best", device: str | torch.
     }
     if record["mock"]:
         record["note"] = MOCK_NOTE
+    else:  # real teacher: healthy / weak / broken against the pack's reference figures
+        record["health"] = pack.health_line(record["metrics"])
     return record
 
 
@@ -76,6 +78,8 @@ def run_eval(project, report) -> None:
     log.info("eval: %s %.4f (checkpoint %.4f, roundtrip %.6f, mean baseline %s)%s", record["headline"],
              record["val_cos"], record["checkpoint_metrics"]["val_cos"], record["roundtrip_cos"],
              record["baseline"].get(f"baseline_{record['headline']}"), " [MOCK]" if record["mock"] else "")
+    if record.get("health"):
+        log.info("eval: health %s", record["health"])
     report.progress(1, 1, "files", val_cos=record["val_cos"])
 
 

@@ -88,6 +88,8 @@ def run_export(project, report) -> None:
     """Export stage: best.pt -> <output_dir>/<name>-f16.gguf, then the optional copy."""
     project.output_dir.mkdir(parents=True, exist_ok=True)
     info = export_checkpoint(project, BEST, project.final_gguf, is_snapshot=False)
+    for companion in project.pack.write_companions(project, project.final_gguf):
+        record_export(project, companion, kind="companion")
     copy_to = project.settings.export.copy_to
     if copy_to:
         dest = Path(copy_to).expanduser() / project.final_gguf.name

@@ -173,6 +173,19 @@ class TrainerPack:
     def build_mock_teacher(self, project) -> Teacher:
         raise NotImplementedError
 
+    def write_companions(self, project, adapter_path: Path) -> list[Path]:
+        """Companion files the export writes next to the adapter (LLaDA: its SigVQ GGUF); the
+        export records them so the "output" reset removes them."""
+        return []
+
+    def health_line(self, metrics: dict) -> str | None:
+        """For a real teacher's eval: healthy / weak / broken against the pack's reference
+        figures (one table, shared with `gguf-trainer check`), or None without one."""
+        from ..check import VERDICTS, verdict_line
+
+        v = VERDICTS.get(self.id)
+        return verdict_line(self.id, metrics) if v and metrics.get(v.headline) is not None else None
+
     def engine_command(self, student: str = "<pig_clip.gguf>", adapter: str = "<adapter.gguf>",
                        extras: dict[str, str] | None = None) -> str:
         return self.engine_command_template.format(student=student, adapter=adapter, **(extras or {}))

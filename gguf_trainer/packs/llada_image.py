@@ -4,6 +4,8 @@ replaces the 16B LLaDA2-MoE text stack; targets are the QueryFormer rows after t
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from .base import Material, TrainerPack
 
 HUMAN = "<role>HUMAN</role> Generate an image"
@@ -21,6 +23,7 @@ class LLaDAImagePack(TrainerPack):
     default_name = "llada_adapter"
     shard_contract = "llada_image/3"
     max_len_student = 512
+    max_len_teacher = 2048 + 256  # 2048 text tokens (anchor-trainer §4.1) + the 256 queries
     headline = "cos_centered"  # plain cosine reads ~0.99 even for a zero prediction
     centered = True
     standardized = True
@@ -31,9 +34,12 @@ class LLaDAImagePack(TrainerPack):
                  "hf_snapshot", repo="inclusionAI/LLaDA-Image-Turbo", subdir="LLaDA-Image-Turbo",
                  size_gb=33.0, patterns=("model_index.json", "text_encoder/*", "queryformer/*",
                                          "text_projection/*", "tokenizer/*")),
+    )
+    # Its own folder: a file added to the teacher's folder would change the teacher's identity.
+    optional_materials = (
         Material("sigvq", "SigVQ vision encoder (for editing)", "hf_snapshot",
                  repo="inclusionAI/LLaDA-Image-Turbo", subdir="LLaDA-Image-Turbo-sigvq",
-                 size_gb=2.4, patterns=("sigvq/*",), required=False),
+                 size_gb=2.4, patterns=("sigvq/*",), required=False, wanted_when="export.export_sigvq"),
     )
     defaults = {
         "corpus.n_train": 60000, "corpus.n_val": 1024, "corpus.empty_frac": 0.01,
@@ -50,9 +56,10 @@ class LLaDAImagePack(TrainerPack):
     min_ggk = "0.5.7"
     engine_command_template = (
         "ggk diffuser engine -- --diffusion-model LLaDA-image-turbo-nvfp4.gguf "
-        "--vae pig_flux2_vae_fp32-f16.gguf --llm {student} --llm-adapter {adapter} "
-        "--llm_vision {sigvq} --ref-image sheep.png -p \"a sheep in sunglasses\" --cfg-scale 1.0 "
+        "--vae pig_flux2_vae_fp32-f16.gguf --llm {student} --llm-adapter {adapter}{vision} "
+        "-p \"a sheep in sunglasses\" --cfg-scale 1.0 "
         "--steps 4 --sampling-method euler --diffusion-fa -o out.png")
+    vision_args = " --llm_vision {sigvq} --ref-image sheep.png"  # editing; text-to-image without
     export_kv = {
         "adapter.qwen_hidden_source": "final_norm",
         "adapter.target": "llada_image_turbo text_projection query rows",
@@ -65,8 +72,65 @@ class LLaDAImagePack(TrainerPack):
         return f"{HUMAN}: {text}{ASSISTANT}" if text else f"{HUMAN}.{ASSISTANT}"
 
     def engine_command(self, student="<pig_clip.gguf>", adapter="<adapter.gguf>", extras=None):
-        extras = {"sigvq": "<pig_llada_sigvq-f16.gguf>", **(extras or {})}
-        return super().engine_command(student, adapter, extras)
+        """With a real adapter path, `--llm_vision` names its SigVQ companion only when that
+        file exists (text-to-image works without it); with placeholders it is always shown."""
+        import shlex
+
+        from ..sigvq_export import sigvq_file_for
+
+        sigvq = (extras or {}).get("sigvq")
+        if sigvq is None and adapter.startswith("<"):
+            sigvq = "<pig_llada_sigvq-f16.gguf>"
+        elif sigvq is None:
+            companion = sigvq_file_for(shlex.split(adapter)[0])
+            sigvq = shlex.quote(str(companion)) if companion.is_file() else None
+        vision = self.vision_args.format(sigvq=sigvq) if sigvq else ""
+        return self.engine_command_template.format(student=student, adapter=adapter, vision=vision)
+
+    def load_teacher(self, materials, plan, device):
+        """LLaDA2-MoE (remote code, after the trust check) + QueryFormer + TextProjection, the
+        backbone placed by the plan: all on `device` when resident or on the CPU, otherwise an
+        accelerate device map (the chosen GPU up to its budget, the other GPUs, then CPU RAM,
+        or balanced) computed on the meta device before any weight loads."""
+        from ..teachers.llada import load_llada_teacher, plan_backbone, plan_budgets
+
+        root = materials["teacher"]
+        budgets = plan_budgets(plan, device)
+        device_map = plan_backbone(root, budgets, plan.placement) if budgets else None
+        return load_llada_teacher(root, format_prompt=self.format_prompt, device=device,
+                                  device_map=device_map, max_len=self.max_len_teacher - self.num_queries)
+
+    def demo_materials(self, folder):
+        """The tiny LLaDA-like snapshot shipped with the package (real remote code, MoE, the
+        transformers-5 traps) and a tiny SigVQ; the demo trusts its own shipped code."""
+        import logging
+
+        from ..teachers import trust
+        from ..tiny.llada import copy_tiny_llada, copy_tiny_sigvq
+
+        teacher = copy_tiny_llada(folder / "LLaDA-Image-Turbo", with_sigvq=False)
+        sigvq = copy_tiny_sigvq(folder / "LLaDA-Image-Turbo-sigvq")
+        trust.confirm_trust(teacher)
+        logging.getLogger(__name__).info(
+            "demo: trusted the remote code of the tiny LLaDA teacher shipped with gguf-trainer (%s)", teacher)
+        return {"teacher": teacher, "sigvq": sigvq}
+
+    def write_companions(self, project, adapter_path):
+        """The SigVQ companion `<base>_sigvq-f16.gguf` next to the adapter (rebuilt only when
+        its source is newer); none, said in one line, when it is off or not downloaded."""
+        import logging
+
+        from ..sigvq_export import SOURCE, sigvq_file_for, source_in, write_sigvq_gguf
+
+        if not project.settings.export.export_sigvq:
+            return []
+        source = source_in(project.material_path("sigvq"))
+        if source is None:
+            logging.getLogger(__name__).info(
+                "export: no SigVQ companion (%s is not downloaded); the ggk command leaves --llm_vision "
+                "out: text-to-image works, editing needs the sigvq material", SOURCE)
+            return []
+        return [Path(write_sigvq_gguf(source, sigvq_file_for(adapter_path))["path"])]
 
     def build_mock_teacher(self, project):
         from .mock import MockQueryTeacher

@@ -179,6 +179,26 @@ def plan_backbone(root, budgets: Sequence[tuple[int | str, int]], placement: str
     return dmap
 
 
+def plan_budgets(plan, device) -> list[tuple[int | str, int]] | None:
+    """(device, bytes) in fill order for a hardware.Plan on a CUDA `device`: the chosen card up
+    to its budget less activation headroom, every other card up to its total less 1.5 GiB (when
+    that leaves > 2 GiB), then the CPU RAM budget. None when no device map is needed: a CPU run
+    keeps everything on the CPU."""
+    from ..hardware import MIN_HEADROOM_GIB
+
+    device = torch.device(device)
+    if device.type != "cuda" or plan.mode not in ("gpu", "offload"):
+        return None
+    chosen = device.index if device.index is not None else torch.cuda.current_device()
+    budgets: list[tuple[int | str, int]] = [(chosen, int(max(0.0, plan.gpu_gib - MIN_HEADROOM_GIB) * GIB))]
+    for i in range(torch.cuda.device_count()):
+        total = torch.cuda.get_device_properties(i).total_memory
+        if i != chosen and total - 1.5 * GIB > 2 * GIB:
+            budgets.append((i, int(total - 1.5 * GIB)))
+    budgets.append(("cpu", int(plan.cpu_gib * GIB)))
+    return budgets
+
+
 def _folder_hash(folder: Path) -> str:
     """sha256 over the small config files of a folder (weights are identified by size + name)."""
     h = hashlib.sha256()

@@ -174,5 +174,12 @@ def copy_tiny_llada(dest, with_sigvq: bool = True) -> Path:
     return dest
 
 
+def copy_tiny_sigvq(dest) -> Path:
+    """The shipped tiny SigVQ as `<dest>/sigvq/...` (the layout of the sigvq material)."""
+    dest = Path(dest)
+    shutil.copytree(SHIPPED / "sigvq", dest / "sigvq", dirs_exist_ok=True)
+    return dest
+
+
 if __name__ == "__main__":  # pragma: no cover - maintainer tool
     print(build_shipped())
