@@ -153,7 +153,10 @@ def does_not_fit(ck: dict, error: Exception) -> UserError:
 
 def read_side(folder: Path, which: str) -> dict:
     """`<which>.json` as written with the checkpoint, {} when absent or unreadable."""
-    side = atomic.read_json(side_path(folder, which), {})
+    try:
+        side = atomic.read_json(side_path(folder, which), {})
+    except (ValueError, OSError):  # garbage or a folder in its place: no summary
+        return {}
     return side if isinstance(side, dict) else {}
 
 

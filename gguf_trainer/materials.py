@@ -34,8 +34,12 @@ SKIPPED_DIRS = (".cache", ".git", ".huggingface")  # download bookkeeping, not t
 def _read_cache(cache_file: Path | None) -> dict:
     if cache_file is None:
         return {}
-    cache = atomic.read_json(cache_file, {})
-    # A cache is only a speed-up: garbage in it (wrong type, hand edits) is dropped, never fatal.
+    # A cache is only a speed-up: garbage in it (not JSON, wrong types, a folder in its place)
+    # is dropped and rebuilt, never fatal.
+    try:
+        cache = atomic.read_json(cache_file, {})
+    except (ValueError, OSError):
+        cache = {}
     return {k: v for k, v in cache.items() if isinstance(v, str)} if isinstance(cache, dict) else {}
 
 

@@ -143,7 +143,7 @@ class TrainerPack:
 
     @property
     def materials(self) -> tuple[Material, ...]:
-        return STUDENT_MATERIALS + self.teacher_materials
+        return STUDENT_MATERIALS + self.teacher_materials + self.optional_materials
 
     def format_prompt(self, text: str) -> str:
         """The exact string the student tokenizes for a corpus prompt (no template = raw)."""

@@ -371,3 +371,44 @@ def test_mock_env_is_recorded_when_a_run_starts(tmp_path, tiny_materials, monkey
     assert proj.settings.precompute.mock_teacher is True and proj.settings.train.threads >= 1
     monkeypatch.setenv(stages.MOCK_ENV, "0")
     assert not stages.env_wants_mock()
+
+
+# ----------------------------------------------------------------- validate before destroy
+
+
+def _tree_bytes(root):
+    """Every file under shards/ and checkpoints/ by relative path -> bytes."""
+    return {p.relative_to(root).as_posix(): p.read_bytes()
+            for folder in ("shards", "checkpoints") for p in sorted((root / folder).rglob("*")) if p.is_file()}
+
+
+def _bad_student(kind, reference, tmp_path):
+    good = reference["project"].material_path("student").read_bytes()
+    path = tmp_path / "new-student.gguf"
+    if kind == "adapter gguf":  # a valid GGUF that is not a pig_clip student
+        shutil.copy(reference["project"].final_gguf, path)
+    else:
+        path.write_bytes({"zero-byte": b"", "truncated": good[: len(good) // 3],
+                          "foreign bytes": b"PK\x03\x04" + bytes(range(256)) * 40,
+                          "gguf header only": good[:64]}[kind])
+    return {"materials.student.path": str(path)}
+
+
+BAD_INPUTS = ["zero-byte", "truncated", "foreign bytes", "gguf header only", "adapter gguf", "mock off, no teacher"]
+
+
+@pytest.mark.parametrize("kind", BAD_INPUTS)
+def test_a_bad_new_input_is_refused_before_anything_is_invalidated(kind, reference, tmp_path):
+    """Issue 8 class 1: shards (hours of GPU work) and checkpoints stay byte-identical, nothing
+    is moved aside, and the refusal is one sentence."""
+    root = _fresh_copy(reference, tmp_path)
+    before = _tree_bytes(root)
+    change = ({"precompute.mock_teacher": False} if kind == "mock off, no teacher"
+              else _bad_student(kind, reference, tmp_path))
+    project_mod.update_settings(root, change)
+    with pytest.raises(UserError) as err:
+        run_pipeline(root)
+    message = str(err.value)
+    assert "\n" not in message and "Traceback" not in message and message.endswith((".", ")")), message
+    assert _tree_bytes(root) == before
+    assert not any(p.name.startswith("checkpoints.stale-") for p in root.iterdir())

@@ -1,0 +1,117 @@
+"""hardware.plan_teacher and hardware.preflight as pure functions over fake machines (no GPU
+needed), and the per-device training-step choices."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gguf_trainer import hardware
+from gguf_trainer.errors import UserError
+from gguf_trainer.hardware import Hardware, plan_teacher, preflight
+from gguf_trainer.project import PrecomputeSettings
+
+TEACHER_GIB = 12.0  # the PixArt pack's T5-XXL need
+BIG_CARD = Hardware(has_cuda=True, gpu_total_gib=80, gpu_free_gib=78, cpu_total_gib=128, cpu_available_gib=100)
+SMALL_CARD = Hardware(has_cuda=True, gpu_total_gib=8, gpu_free_gib=7.5, cpu_total_gib=32, cpu_available_gib=24)
+LAPTOP = Hardware(has_cuda=False, cpu_total_gib=16, cpu_available_gib=10)
+
+
+def settings(**kw):
+    return PrecomputeSettings(**kw)
+
+
+@pytest.mark.parametrize("hw,mode", [(BIG_CARD, "gpu"), (SMALL_CARD, "offload"), (LAPTOP, "cpu")])
+def test_auto_mode_follows_the_hardware(hw, mode):
+    plan = plan_teacher(TEACHER_GIB, settings(), hw)
+    assert plan.mode == mode
+    if mode == "gpu":
+        assert plan.gpu_gib == pytest.approx(78) and plan.notes == ()
+    else:  # an automatic fallback says why, with both numbers
+        assert "GiB" in plan.notes[0] and f"{hardware.gpu_need_gib(TEACHER_GIB):.1f}" in plan.notes[0]
+
+
+def test_a_user_gpu_budget_caps_what_the_planner_may_use():
+    plan = plan_teacher(TEACHER_GIB, settings(gpu_mem_gib=10), BIG_CARD)
+    assert plan.mode == "offload" and plan.gpu_gib == 10  # 12 GiB + headroom does not fit in 10
+    assert plan_teacher(TEACHER_GIB, settings(gpu_mem_gib=40), BIG_CARD).mode == "gpu"
+    assert plan_teacher(TEACHER_GIB, settings(cpu_mem_gib=20), LAPTOP).cpu_gib == 10  # the smaller wins
+
+
+def test_explicit_mode_and_placement_are_kept():
+    plan = plan_teacher(TEACHER_GIB, settings(teacher_mode="cpu", placement="balanced"), BIG_CARD)
+    assert (plan.mode, plan.placement, plan.gpu_gib) == ("cpu", "balanced", 0.0)
+    assert plan.budgets == hardware.Budgets(*hardware.CPU_BUDGETS)
+
+
+def test_budgets_grow_with_the_memory_left_beside_the_teacher():
+    big = plan_teacher(TEACHER_GIB, settings(), BIG_CARD).budgets
+    tight = plan_teacher(TEACHER_GIB, settings(), Hardware(True, 24, 23, 64, 60)).budgets
+    assert big.tok_budget > tight.tok_budget > 0
+    given = plan_teacher(TEACHER_GIB, settings(teacher_batch=3, tok_budget=999), BIG_CARD).budgets
+    assert (given.teacher_batch, given.tok_budget) == (3, 999)  # user budgets win over auto
+
+
+def test_mock_needs_no_memory():
+    plan = plan_teacher(TEACHER_GIB, settings(teacher_mode="gpu"), LAPTOP, is_mock=True)
+    assert plan.mode == "mock" and preflight(TEACHER_GIB, plan, LAPTOP) == []
+
+
+@pytest.mark.parametrize("mode,hw,where,have", [
+    ("gpu", SMALL_CARD, "GPU memory", 7.5),
+    ("cpu", LAPTOP, "RAM", 10.0),
+    ("offload", Hardware(True, 8, 7.5, 16, 9), "RAM", 9.0),
+])
+def test_preflight_refuses_with_both_numbers(mode, hw, where, have):
+    plan = plan_teacher(TEACHER_GIB, settings(teacher_mode=mode), hw)
+    with pytest.raises(UserError) as err:
+        preflight(TEACHER_GIB, plan, hw)
+    msg = str(err.value)
+    need = hardware.gpu_need_gib(TEACHER_GIB) if mode == "gpu" else TEACHER_GIB
+    assert f"needs {need:.1f} GiB of {where}" in msg and f"only {have:.1f} GiB" in msg
+    assert "precompute." in msg and "\n" not in msg  # names the setting to change
+
+
+def test_preflight_refuses_a_card_mode_without_a_card():
+    plan = plan_teacher(TEACHER_GIB, settings(teacher_mode="gpu"), LAPTOP)
+    with pytest.raises(UserError, match="no CUDA device"):
+        preflight(TEACHER_GIB, plan, LAPTOP)
+
+
+def test_preflight_warns_when_close():
+    hw = Hardware(has_cuda=False, cpu_total_gib=16, cpu_available_gib=TEACHER_GIB / 0.95)
+    warnings = preflight(TEACHER_GIB, plan_teacher(TEACHER_GIB, settings(), hw), hw)
+    assert any("little room" in w and f"{TEACHER_GIB:.1f} GiB" in w for w in warnings)
+    roomy = preflight(TEACHER_GIB, plan_teacher(TEACHER_GIB, settings(), BIG_CARD), BIG_CARD)
+    assert roomy == []
+
+
+def test_read_hardware_on_this_machine():
+    hw = hardware.read_hardware(torch.device("cpu"))
+    assert not hw.has_cuda and hw.cpu_total_gib >= hw.cpu_available_gib > 0
+
+
+def test_step_choices_per_device():
+    assert hardware.adamw_options(torch.device("cpu")) == {"fused": True}  # torch >= 2.4
+    assert hardware.adamw_options(torch.device("cuda")) == {"fused": True}
+    assert hardware.adamw_options(torch.device("mps")) == {}
+    assert not hardware.deterministic_algorithms(torch.device("cpu"))
+    assert hardware.use_grad_checkpointing("on", torch.device("cpu"))
+    assert not hardware.use_grad_checkpointing("auto", torch.device("cpu"))
+
+
+def test_fused_adamw_steps_like_the_reference_loop():
+    """fused=True is the same algorithm: a few steps land within float rounding of foreach=False."""
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(17, 9)) for _ in range(3)]
+    copies = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    fused = torch.optim.AdamW(params, lr=1e-2, betas=(0.9, 0.95), weight_decay=0.01,
+                              **hardware.adamw_options(torch.device("cpu")))
+    plain = torch.optim.AdamW(copies, lr=1e-2, betas=(0.9, 0.95), weight_decay=0.01, foreach=False)
+    for _ in range(5):
+        for group, opt in ((params, fused), (copies, plain)):
+            opt.zero_grad()
+            sum((p * p).sum() for p in group).backward()
+            opt.step()
+    for a, b in zip(params, copies):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
