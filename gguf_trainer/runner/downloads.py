@@ -27,12 +27,11 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gguf_trainer import discovery, hub
+from gguf_trainer import discovery, disk_space, hub
 from gguf_trainer.corpus_sources import corpus_materials
 from gguf_trainer.errors import UserError
 from gguf_trainer.folder_check import MANIFEST_DIR, FolderCheck, check_folder
@@ -253,13 +252,8 @@ def check_disk(listing: hub.Listing, dest: Path) -> None:
     """Refuse a download that cannot fit: both numbers in the sentence."""
     have = check_folder(dest, (), listing.sizes())
     need = max(0, listing.bytes_total - have.bytes_done - have.bytes_partial)
-    probe = dest
-    while not probe.exists():
-        probe = probe.parent
-    free = shutil.disk_usage(probe).free
-    if need * DISK_MARGIN > free:
-        raise UserError(f"{listing.repo} needs {need / 1e9:.2f} GB more at {dest} but only "
-                        f"{free / 1e9:.2f} GB are free there; free space or link a copy.")
+    disk_space.require_free(dest, int(need * DISK_MARGIN), listing.repo,
+                            "free space or link a copy you already have")
 
 
 class _Meter:

@@ -1,0 +1,125 @@
+"""Material status, linking, disk pre-flight and the foreground download, in-process
+(the detached jobs are in tests/e2e/test_downloads.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gguf_trainer import disk_space
+from gguf_trainer.errors import UserError
+from gguf_trainer.project import create_project, load_project, update_settings
+from gguf_trainer.runner import downloads
+
+T5_REPO = "callgg/t5-v1_1-xxl-encoder-bf16"
+TOK_REPO = "callgg/pig-clip-tokenizer"
+T5_FILES = {"config.json": b"{}", "generation_config.json": b"{}", "model.safetensors": b"",
+            "special_tokens_map.json": b"{}", "spiece.model": b"sp" * 600,
+            "tokenizer_config.json": b"{}"}
+TOK_FILES = {n: b"{}" for n in ("config.json", "generation_config.json", "tokenizer.json",
+                                "tokenizer_config.json", "vocab.json", "merges.txt")}
+
+
+@pytest.fixture
+def t5(hub_server, tmp_path, monkeypatch):
+    import numpy as np
+    from safetensors.numpy import save
+
+    files = dict(T5_FILES, **{"model.safetensors": save({"w": np.ones(600, np.float32)})})
+    hub_server.add_repo(T5_REPO, files)
+    hub_server.add_repo(TOK_REPO, TOK_FILES)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("GGUF_TRAINER_MATERIALS", raising=False)
+    monkeypatch.setattr("gguf_trainer.project.PROJECTS_ROOT", tmp_path / "projects")
+    root = tmp_path / "projects" / "t5"
+    create_project(root, "t5xxl_pixart")
+    return root, files
+
+
+def _row(root, mid, online=False):
+    return next(r for r in downloads.material_statuses(root, online) if r["id"] == mid)
+
+
+def test_status_goes_missing_partial_ready(t5):
+    root, files = t5
+    dest = root / "materials" / "t5-v1_1-xxl-encoder-bf16"
+    assert _row(root, "teacher")["state"] == "missing"
+    assert _row(root, "student")["state"] == "missing" and "not set" in _row(root, "student")["error"]
+    dest.mkdir(parents=True)
+    (dest / "config.json").write_bytes(b"{}")
+    row = _row(root, "teacher")
+    assert row["state"] == "partial" and "spiece.model" in row["missing_files"]
+    online = _row(root, "teacher", online=True)  # the Hub's listing gives the real total
+    assert online["state"] == "partial" and online["files_total"] == 6
+    assert online["bytes_total"] == sum(len(v) for v in files.values())
+    lines = []
+    assert downloads.download_foreground(root, ["teacher"], on_line=lines.append) == 0
+    assert lines[-1].startswith("teacher: ready at")
+    assert _row(root, "teacher", online=True)["state"] == "ready"
+    assert load_project(root).material_path("teacher") == dest.resolve()
+    assert "is complete at" in (root / downloads.DOWNLOAD_LOG).read_text()
+
+
+def test_listing_failure_is_shown_not_hidden(t5, hub_server):
+    root, _ = t5
+    hub_server.add_repo(T5_REPO, T5_FILES, gated=True)
+    downloads._listing_cache.clear()
+    row = _row(root, "teacher", online=True)
+    assert row["state"] == "missing" and "gated" in row["note"]
+
+
+def test_link_refuses_incomplete_and_accepts_complete(t5, tmp_path):
+    root, files = t5
+    copy = tmp_path / "mine"
+    copy.mkdir()
+    for name, data in files.items():
+        if name != "spiece.model":
+            (copy / name).write_bytes(data)
+    with pytest.raises(UserError, match="not a complete copy.*spiece.model"):
+        downloads.link_material(root, "teacher", copy)
+    (copy / "spiece.model").write_bytes(files["spiece.model"])
+    row = downloads.link_material(root, "teacher", copy)
+    assert row["state"] == "ready" and row["linked"] and row["path"] == str(copy.resolve())
+    with pytest.raises(UserError, match="not a GGUF file"):
+        downloads.link_material(root, "student", copy / "config.json")
+
+
+def test_link_found_picks_copies_and_the_f16_student(t5, tmp_path, monkeypatch):
+    root, _files = t5
+    shared = tmp_path / "shared"
+    (shared / "pig-clip-tokenizer").mkdir(parents=True)
+    for name, data in TOK_FILES.items():
+        (shared / "pig-clip-tokenizer" / name).write_bytes(data)
+    (shared / "pig_clip-f16.gguf").write_bytes(b"GGUF" + b"\0" * 64)
+    (shared / "pig_clip-q4_k.gguf").write_bytes(b"GGUF" + b"\0" * 640)
+    monkeypatch.setenv("GGUF_TRAINER_MATERIALS", str(shared))
+    found = {d["id"]: d for d in downloads.link_found(root)}
+    assert set(found) == {"student", "student_tokenizer"}  # no teacher copy anywhere
+    assert found["student"]["path"].endswith("pig_clip-f16.gguf") and "f16" in found["student"]["message"]
+    assert _row(root, "student_tokenizer")["state"] == "ready"
+    assert downloads.link_found(root) == []  # nothing left to link
+
+
+def test_selected_datasets_become_materials(t5):
+    root, _ = t5
+    update_settings(root, {"corpus.presets": ["vidprom"], "corpus.image_presets": ["flickr30k"]})
+    rows = {r["id"]: r for r in downloads.material_statuses(root)}
+    assert rows["prompts_vidprom"]["wanted"] and rows["prompts_vidprom"]["repo_type"] == "dataset"
+    assert rows["images_flickr30k"]["state"] == "missing"
+
+
+def test_download_and_precompute_disk_preflight(t5, monkeypatch):
+    root, _ = t5
+    monkeypatch.setattr(disk_space, "free_bytes", lambda path: 1000)
+    lines = []
+    assert downloads.download_foreground(root, ["teacher"], on_line=lines.append) == 1
+    assert lines[-1].startswith("teacher: failed - callgg/t5-v1_1-xxl-encoder-bf16 needs 0.0 MB")
+    assert "only 0.0 MB are free" in lines[-1]
+    row = _row(root, "teacher")
+    assert row["state"] == "failed" and "are free" in row["error"]
+    with pytest.raises(UserError, match="precompute .* needs .* GB more"):
+        disk_space.check_precompute_disk(load_project(root))
+    monkeypatch.setattr(disk_space, "free_bytes", lambda path: 10**15)
+    assert disk_space.check_precompute_disk(load_project(root)) is None
+    assert json.dumps(downloads.material_statuses(root))  # statuses are JSON for the GUI
