@@ -14,6 +14,7 @@ Reads only; recording a link in project.json is the caller's job (runner.downloa
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from pathlib import Path
@@ -75,6 +76,13 @@ def hf_cache_snapshots(repo: str, repo_type: str = "model") -> list[tuple[Path, 
             pass
         out.append((snap, listing))
     return out
+
+
+def is_hf_cache_snapshot(path: Path) -> bool:
+    """True for `<hub cache>/<type>s--org--name/snapshots/<commit>` folders (and below)."""
+    parts = Path(path).parts
+    return any(a.startswith(("models--", "datasets--")) and b == "snapshots"
+               for a, b in itertools.pairwise(parts))
 
 
 def find_snapshot(material, roots: list[Path], exclude: Path | None = None) -> Path | None:

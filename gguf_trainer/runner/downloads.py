@@ -67,7 +67,14 @@ def revision(material) -> str:
     return getattr(material, "revision", "main")  # datasets may name a branch (HubDataset)
 
 
-destination = discovery.location
+def destination(project, material) -> Path:
+    """Where a material is, and where a download of it writes: its recorded path, except a
+    snapshot inside the Hugging Face cache (linked, read-only by contract: its files are
+    symlinks into shared blobs), which is re-downloaded into the project instead."""
+    path = discovery.location(project, material)
+    if material.kind == "hf_snapshot" and discovery.is_hf_cache_snapshot(path):
+        return project.paths.materials / (material.subdir or material.id)
+    return path
 
 
 def job_folder(dest: Path) -> Path:
@@ -112,7 +119,8 @@ def _base(project, material, wanted: set[str]) -> dict:
             "linked": bool(path) and not _is_inside(path, project.paths.materials),
             "state": "missing", "files_done": 0, "files_total": 0, "bytes_done": 0,
             "bytes_total": int(material.size_gb * 1e9), "bytes_partial": 0, "rate_bps": None,
-            "eta_s": None, "pid": None, "error": None, "missing_files": [], "note": None}
+            "eta_s": None, "pid": None, "error": None, "missing_files": [], "note": None,
+            "log": None}
 
 
 def _is_inside(path: Path, folder: Path) -> bool:
@@ -142,13 +150,20 @@ def material_status(project, material, online: bool = False, wanted: set | None 
     out = _base(project, material, wanted if wanted is not None else wanted_ids(project))
     if material.kind != "hf_snapshot":
         return _local_file_status(out, project, material)
-    dest = destination(project, material)
+    dest = discovery.location(project, material)
     out["path"] = str(dest)
+    if discovery.is_hf_cache_snapshot(dest):
+        dest_job = destination(project, material)  # a re-download goes to the project
+    else:
+        dest_job = dest
     listing, listing_error = _listing(material, online)
     check = check_folder(dest, material.patterns, listing.sizes() if listing else None)
     _apply_check(out, check)
     out["note"] = listing_error
-    job = jobs.job_status(job_folder(dest), JOB_NAME) if job_folder(dest).is_dir() else None
+    job = (jobs.job_status(job_folder(dest_job), JOB_NAME)
+           if job_folder(dest_job).is_dir() else None)
+    if job:
+        out["log"] = job["log"]
     if job and job["status"] == "running":
         prog = job["progress"]
         out.update(state="downloading", pid=job["pid"], rate_bps=prog.get("rate_bps"),
@@ -400,7 +415,7 @@ def download_foreground(root, ids: list[str] | None = None, required_only: bool 
             continue
         try:
             result = _download_here(project, m, on_progress)
-            on_line(f"{m.id}: ready at {result['path']} ({result['bytes'] / 1e9:.2f} GB)")
+            on_line(f"{m.id}: ready at {result['path']} ({disk_space.gb(result['bytes'])})")
         except lock.LockHeld as e:
             on_line(f"{m.id}: already downloading elsewhere (pid {e.pid})")
         except UserError as e:

@@ -123,3 +123,20 @@ def test_download_and_precompute_disk_preflight(t5, monkeypatch):
     monkeypatch.setattr(disk_space, "free_bytes", lambda path: 10**15)
     assert disk_space.check_precompute_disk(load_project(root)) is None
     assert json.dumps(downloads.material_statuses(root))  # statuses are JSON for the GUI
+
+
+def test_a_linked_hf_cache_snapshot_is_never_written_into(t5, tmp_path):
+    root, files = t5
+    snap = tmp_path / "hub" / "models--callgg--t5-v1_1-xxl-encoder-bf16" / "snapshots" / ("b" * 40)
+    snap.mkdir(parents=True)
+    for name, data in files.items():
+        (snap / name).write_bytes(data)
+    assert downloads.link_material(root, "teacher", snap)["state"] == "ready"
+    (snap / "spiece.model").unlink()
+    assert _row(root, "teacher")["state"] == "partial"
+    lines = []
+    assert downloads.download_foreground(root, ["teacher"], on_line=lines.append) == 0
+    dest = root / "materials" / "t5-v1_1-xxl-encoder-bf16"
+    assert lines[-1] == f"teacher: ready at {dest} (0.0 MB)"
+    assert not (snap / "spiece.model").exists() and (dest / "spiece.model").is_file()
+    assert load_project(root).material_path("teacher") == dest.resolve()
