@@ -10,7 +10,7 @@ import pytest
 from gguf_trainer import disk_space
 from gguf_trainer.errors import UserError
 from gguf_trainer.project import create_project, load_project, update_settings
-from gguf_trainer.runner import downloads
+from gguf_trainer.runner import downloads, material_status
 
 T5_REPO = "callgg/t5-v1_1-xxl-encoder-bf16"
 TOK_REPO = "callgg/pig-clip-tokenizer"
@@ -64,7 +64,7 @@ def test_status_goes_missing_partial_ready(t5):
 def test_listing_failure_is_shown_not_hidden(t5, hub_server):
     root, _ = t5
     hub_server.add_repo(T5_REPO, T5_FILES, gated=True)
-    downloads._listing_cache.clear()
+    material_status._listing_cache.clear()
     row = _row(root, "teacher", online=True)
     assert row["state"] == "missing" and "gated" in row["note"]
 
