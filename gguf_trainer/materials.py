@@ -98,11 +98,13 @@ def materials_for(project) -> tuple:
     return tuple(wanted)
 
 
-def _fix_for(material) -> str:
+def _fix_for(material, project_dir=None) -> str:
     where = f"materials.{material.id}.path in project.json"
-    if material.repo:
-        return (f"download {material.repo} (huggingface-cli download {material.repo} --local-dir DIR) "
-                f"and set {where}")
+    proj = project_dir or "DIR"
+    if material.repo:  # runner/downloads.py: resumable, verified, records the path itself
+        return (f"download {material.repo} (gguf-trainer download --project {proj} --id "
+                f"{material.id}, or Download under Setup → Materials) or link a copy you have "
+                f"(gguf-trainer link --project {proj} {material.id} PATH)")
     return f"set {where}" + (f" ({material.hint})" if material.hint else "")
 
 
@@ -115,10 +117,10 @@ def student_paths(project) -> tuple[Path, Path]:
     tok = project.material_path("student_tokenizer")
     if gguf is None or not gguf.is_file():
         tried = f"{gguf} does not exist" if gguf else "materials.student.path is not set"
-        raise UserError(f"the student GGUF is missing ({tried}); {_fix_for(gguf_mat)}.")
+        raise UserError(f"the student GGUF is missing ({tried}); {_fix_for(gguf_mat, project.paths.root)}.")
     if tok is None or not (tok / "tokenizer.json").is_file():
         tried = f"{tok} has no tokenizer.json" if tok else "materials.student_tokenizer.path is not set"
-        raise UserError(f"the student tokenizer is missing ({tried}); {_fix_for(tok_mat)}.")
+        raise UserError(f"the student tokenizer is missing ({tried}); {_fix_for(tok_mat, project.paths.root)}.")
     return gguf, tok
 
 
@@ -133,7 +135,7 @@ def teacher_paths(project) -> dict[str, Path]:
             out[m.id] = path
         elif m.required:
             tried = f"{path} does not exist" if path else f"materials.{m.id}.path is not set"
-            raise UserError(f"the {m.title} for {project.pack.title} is missing ({tried}); {_fix_for(m)}, "
+            raise UserError(f"the {m.title} for {project.pack.title} is missing ({tried}); {_fix_for(m, project.paths.root)}, "
                             "or turn on precompute.mock_teacher.")
     return out
 

@@ -104,7 +104,7 @@ def test_teacher_identity_uses_the_record_only_when_the_teacher_is_gone(tmp_path
     assert teacher_identity(proj, recorded={"snapshot": "old"}) == ident  # present: the files win
     gone = _project(tmp_path, materials={"teacher": {"path": str(tmp_path / "gone")}})
     assert teacher_identity(gone, recorded=ident) == ident
-    with pytest.raises(UserError, match="gone does not exist.*huggingface-cli download"):
+    with pytest.raises(UserError, match="gone does not exist.*gguf-trainer download --project .* --id teacher"):
         teacher_identity(gone)
     with pytest.raises(UserError):  # a mock record never stands in for a real teacher
         teacher_identity(gone, recorded={"mock": "t5xxl_pixart", "version": 1})
