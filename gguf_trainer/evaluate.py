@@ -68,7 +68,9 @@ def evaluate_gguf(project, gguf: Path, which: str = "best", device: str | torch.
     if record["mock"]:
         record["note"] = MOCK_NOTE
     else:  # real teacher: healthy / weak / broken against the pack's reference figures
-        record["health"] = pack.health_line(record["metrics"])
+        record["health"] = pack.health_line({**record["metrics"], "trained_steps": record["trained_steps"]})
+        if getattr(pack, "reference", None):
+            record["reference"] = dict(pack.reference)  # the recipe's published run, to compare with
     return record
 
 

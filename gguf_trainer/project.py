@@ -903,6 +903,7 @@ def ggk_command(project: Project) -> tuple[str, list[str]]:
         student_arg = str(student)
     cmd = pack.engine_command(student=shlex.quote(student_arg),
                               adapter=shlex.quote(str(project.final_gguf)))
+    notes += list(getattr(pack, "engine_notes", ()))  # the pack's advice for running it
     if project.settings.precompute.mock_teacher or "tiny" in student_arg:
         notes.append("this project's student is the demo's tiny stand-in, not the real pig_clip: "
                      "with ggk, pass the real pig_clip-f16.gguf as --llm; and a mock-teacher "
@@ -941,6 +942,8 @@ def describe_results(root: str | os.PathLike) -> dict:
                 f" vs mean baseline {base:.4f}" if isinstance(base, (int, float)) else "")
             if out["mock"]:
                 out["eval_line"] += "; MOCK teacher: a smoke test, not a usable adapter"
+            elif isinstance(ev.get("health"), str):
+                out["eval_line"] += f"; {ev['health']}"
     if out["gguf"]:
         out["ggk"], notes = ggk_command(project)
         out["notes"] += notes

@@ -23,6 +23,7 @@ specials, no template), so the ids do not move with transformers versions.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import logging
@@ -292,6 +293,19 @@ def encoder_dtype(device) -> torch.dtype:
     return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
 
 
+@contextlib.contextmanager
+def _quiet_progress():
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
+
+
 def load_encoder(root: Path, device, mode: str):
     """`T5EncoderModel` from `root`, placed for `mode` and in eval mode:
     gpu      every weight resident on `device` (bf16);
@@ -308,7 +322,8 @@ def load_encoder(root: Path, device, mode: str):
         raise UserError(f"teacher mode {mode} needs a CUDA device; set precompute.teacher_mode to cpu or auto.")
     dtype = encoder_dtype(device if mode != "cpu" else "cpu")
     kwargs = {"device_map": {"": str(device)}} if mode == "gpu" else {}
-    model = T5EncoderModel.from_pretrained(str(root), dtype=dtype, **kwargs)
+    with _quiet_progress():  # a tqdm bar per load would garble the pipeline log and CLI bars
+        model = T5EncoderModel.from_pretrained(str(root), dtype=dtype, **kwargs)
     model.eval().requires_grad_(False)
     if mode == "offload":
         from accelerate import cpu_offload

@@ -14,6 +14,7 @@ import sentencepiece as spm
 import torch
 
 from gguf_trainer.errors import UserError
+from gguf_trainer.hardware import Hardware
 from gguf_trainer.teachers import t5
 from gguf_trainer.teachers.t5_tiny import DEMO_DIR, TINY_T5_CONFIG
 
@@ -189,3 +190,102 @@ def test_ram_preflight_before_any_weight_loads():
     need = t5.encoder_gib(t5.check_snapshot(DEMO_DIR).n_params, "cpu")
     with pytest.raises(UserError, match=r"needs 0\.0 GiB of RAM in teacher mode cpu \(fp32 on the CPU\)"):
         t5.load_t5_teacher(DEMO_DIR, "cpu", "cpu", ram_limit_gib=need / 2)
+
+
+# ----------------------------------------------------------------- the pack's hooks and numbers
+
+XXL_CONFIG = {"model_type": "t5", "d_model": 4096, "d_kv": 64, "num_heads": 64, "d_ff": 10240, "num_layers": 24,
+              "vocab_size": 32128, "feed_forward_proj": "gated-gelu", "relative_attention_num_buckets": 32}
+
+
+@pytest.fixture(scope="module")
+def xxl_snapshot(tmp_path_factory):
+    """A T5-XXL-shaped snapshot whose weight file is sparse: a real safetensors header naming
+    every encoder tensor at its real shape, and 9.5 GB of holes (no disk used, nothing to load)."""
+    root = tmp_path_factory.mktemp("t5xxl")
+    (root / "config.json").write_text(json.dumps(XXL_CONFIG))
+    shutil.copy(DEMO_DIR / "spiece.model", root / "spiece.model")
+    table, offset = {}, 0
+    for name, shape in t5.expected_encoder_tensors(XXL_CONFIG).items():
+        size = 2 * int(torch.Size(shape).numel())
+        table[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    header = json.dumps(table).encode()
+    with open(root / "model.safetensors", "wb") as f:
+        f.write(len(header).to_bytes(8, "little") + header)
+        f.truncate(8 + len(header) + offset)
+    return root
+
+
+def test_check_of_a_full_size_snapshot_reads_only_headers(xxl_snapshot):
+    from gguf_trainer.packs import get_pack
+
+    pack = get_pack("t5xxl_pixart")
+    summary = pack.check_teacher({"teacher": xxl_snapshot})
+    assert summary.startswith("T5 encoder: 24 blocks, d_model 4096, 4.76B parameters (BF16, 8.87 GiB)"), summary
+    # the planner's figure: the pack's declared need matches the header's, bf16 with a card, fp32 without
+    assert pack.teacher_gib({"teacher": xxl_snapshot}, "cuda") == pytest.approx(pack.teacher_memory_gib, abs=0.05)
+    assert pack.teacher_gib({"teacher": xxl_snapshot}, "cpu") == pytest.approx(2 * 8.87, abs=0.01)
+
+
+CARD_24 = Hardware(has_cuda=True, gpu_total_gib=24, gpu_free_gib=23, cpu_total_gib=64, cpu_available_gib=48)
+CARD_6 = Hardware(has_cuda=True, gpu_total_gib=6, gpu_free_gib=5.5, cpu_total_gib=32, cpu_available_gib=20)
+CARD_6_SMALL_RAM = Hardware(has_cuda=True, gpu_total_gib=6, gpu_free_gib=5.5, cpu_total_gib=16, cpu_available_gib=8)
+NO_CARD = Hardware(has_cuda=False, cpu_total_gib=32, cpu_available_gib=24)
+NO_CARD_SMALL_RAM = Hardware(has_cuda=False, cpu_total_gib=16, cpu_available_gib=12)
+
+
+@pytest.mark.parametrize("machine,mode,refusal", [
+    (CARD_24, "gpu", None),  # 8.9 GiB of weights + headroom fits a 24 GiB card: resident
+    (CARD_6, "offload", None),  # a 6 GiB card streams the blocks; the weights sit in 20 GiB of RAM
+    (CARD_6_SMALL_RAM, "offload", r"needs 8\.9 GiB of RAM but only 8\.0 GiB"),
+    (NO_CARD, "cpu", None),  # fp32 on the CPU: 17.7 GiB of 24
+    (NO_CARD_SMALL_RAM, "cpu", r"needs 17\.7 GiB of RAM but only 12\.0 GiB"),
+])
+def test_mode_and_preflight_with_this_packs_numbers(xxl_snapshot, machine, mode, refusal):
+    from gguf_trainer.hardware import gpu_need_gib, plan_teacher, preflight
+    from gguf_trainer.packs import get_pack
+    from gguf_trainer.project import PrecomputeSettings
+
+    pack, hw = get_pack("t5xxl_pixart"), machine
+    need = pack.teacher_gib({"teacher": xxl_snapshot}, "cuda" if hw.has_cuda else "cpu")
+    if hw.has_cuda:
+        assert 11 <= gpu_need_gib(need) <= 12.5  # the "~12 GiB budget" of a resident T5-XXL
+    plan = plan_teacher(need, PrecomputeSettings(), hw)
+    assert plan.mode == mode
+    if refusal:
+        with pytest.raises(UserError, match=refusal):
+            preflight(need, plan, hw)
+    else:
+        preflight(need, plan, hw)
+
+
+def test_a_user_forced_cpu_mode_on_a_card_machine_is_checked_in_fp32(xxl_snapshot):
+    from gguf_trainer.hardware import Plan
+    from gguf_trainer.packs import get_pack
+
+    plan = Plan(mode="cpu", budgets=None, cpu_gib=12.0)
+    with pytest.raises(UserError, match=r"needs 17\.7 GiB of RAM in teacher mode cpu"):
+        get_pack("t5xxl_pixart").load_teacher({"teacher": xxl_snapshot}, plan, "cpu")
+
+
+def test_health_line_waits_for_2k_steps_and_names_the_reference():
+    from gguf_trainer.packs import get_pack
+
+    pack = get_pack("t5xxl_pixart")
+    early = pack.health_line({"cos": 0.41, "trained_steps": 40})
+    assert early.startswith("too early to judge at 40 steps") and "0.827 at 12.5k steps" in early
+    assert pack.health_line({"cos": 0.55, "trained_steps": 2500}).startswith("broken: cos 0.5500 < 0.6")
+    assert "seed or tokenizer path is broken" in pack.health_line({"cos": 0.55, "trained_steps": 2500})
+    assert pack.health_line({"cos": 0.82, "trained_steps": 12500}).startswith("healthy")
+    assert pack.health_line({"cos": 0.83, "trained_steps": 100}).startswith("healthy")
+    assert any("f16 or q8_0" in n and "0.09" in n for n in pack.engine_notes)
+
+
+def test_demo_materials_are_the_shipped_tiny_snapshot(tmp_path):
+    from gguf_trainer.packs import get_pack
+
+    files = get_pack("t5xxl_pixart").demo_materials(tmp_path)
+    assert set(files) == {"teacher"}
+    assert (files["teacher"] / "spiece.model").read_bytes() == (DEMO_DIR / "spiece.model").read_bytes()
+    assert t5.check_snapshot(files["teacher"]).n_tensors == 21
