@@ -77,9 +77,13 @@ def prepare_demo(pack_id: str | None = None, dest: Path | None = None, steps: in
     tokenizer = write_tiny_tokenizer_dir(materials / "pig-clip-tokenizer", tiny_qwen3_config())
     prompts = materials / "demo_prompts.txt"
     prompts.write_text("\n".join(demo_prompts()) + "\n", encoding="utf-8")
+    teacher_files = pack.demo_materials(materials)  # {} = the pack's mock teacher
     overrides = {**demo_overrides(pack.id, prompts, steps or 40),
-                 "materials": {"student": {"path": str(student)}, "student_tokenizer": {"path": str(tokenizer)}},
+                 "materials": {"student": {"path": str(student)}, "student_tokenizer": {"path": str(tokenizer)},
+                               **{mid: {"path": str(path)} for mid, path in teacher_files.items()}},
                  "export.output_dir": str(root / "output")}
+    if teacher_files:
+        overrides["precompute.mock_teacher"] = False
     create_project(root, pack.id, overrides=overrides)
     log.info("demo project ready at %s", root)
     return root
@@ -94,8 +98,10 @@ def describe_result(root: Path) -> str:
     lines = [f"adapter:   {proj.final_gguf}"]
     if ev:
         base = ev.get("baseline", {}).get(f"baseline_{ev['headline']}")
+        what = ("MOCK teacher — a smoke test, not a usable adapter" if ev.get("mock")
+                else "tiny real teacher — the real code path on toy weights")
         lines.append(f"eval:      {proj.paths.eval_json}  ({ev['headline']} {ev['val_cos']:.4f} vs mean baseline "
-                     f"{base if base is None else round(base, 4)}; MOCK teacher — a smoke test, not a usable adapter)")
+                     f"{base if base is None else round(base, 4)}; {what})")
     student = proj.material_path("student")
     lines.append("ggk:       " + proj.pack.engine_command(student=student.name if student else "pig_clip-f16.gguf",
                                                         adapter=str(proj.final_gguf)))

@@ -49,10 +49,11 @@ class Context:
         self.device = hardware.resolve_device(pc.device)
         self.pack = pack
         hw = hardware.read_hardware(self.device)
-        self.plan = hardware.plan_teacher(pack.teacher_memory_gib, pc, hw, is_mock=pc.mock_teacher)
-        for line in hardware.preflight(pack.teacher_memory_gib, self.plan, hw):
-            log.warning("%s", line)
         folders = {} if pc.mock_teacher else teacher_paths(project)
+        need_gib = pack.teacher_gib(folders, self.device) if folders else pack.teacher_memory_gib
+        self.plan = hardware.plan_teacher(need_gib, pc, hw, is_mock=pc.mock_teacher)
+        for line in hardware.preflight(need_gib, self.plan, hw):
+            log.warning("%s", line)
         gguf, tok = student_paths(project)
         self.student = load_student(gguf, tok, device=self.device,
                                     dtype=hardware.student_dtype(pc.student_dtype, self.device))

@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 ADAPTER_KINDS = ("resampler", "seeded_resampler", "token_aligned_vision")
+TINY_MARKER = "GGUF_TRAINER_TINY"  # tiny teacher builders put this file in the snapshot's root
 
 
 @dataclass(frozen=True)
@@ -164,6 +165,11 @@ class TrainerPack:
         raise UserError(f"the real {self.title} teacher is not in this version yet; turn on "
                         "precompute.mock_teacher (or set GGUF_TRAINER_MOCK_TEACHER=1) to run the pipeline.")
 
+    def teacher_gib(self, materials: dict[str, Path], device) -> float:
+        """The memory the teacher in these folders takes once loaded on `device` (the
+        pre-flight's need); default: the pack's reference figure."""
+        return self.teacher_memory_gib
+
     def demo_materials(self, folder: Path) -> dict[str, Path]:
         """Tiny teacher files for `gguf-trainer demo` written under `folder`, by material id
         ({} = the demo uses the mock teacher). Teacher packs supply theirs here, so the demo
@@ -178,13 +184,20 @@ class TrainerPack:
         export records them so the "output" reset removes them."""
         return []
 
-    def health_line(self, metrics: dict) -> str | None:
+    def health_line(self, metrics: dict, project=None) -> str | None:
         """For a real teacher's eval: healthy / weak / broken against the pack's reference
-        figures (one table, shared with `gguf-trainer check`), or None without one."""
+        figures (one table, shared with `gguf-trainer check`), or None without one. A tiny
+        demo teacher (its folder holds TINY_MARKER) has no reference figures."""
         from ..check import VERDICTS, verdict_line
 
         v = VERDICTS.get(self.id)
-        return verdict_line(self.id, metrics) if v and metrics.get(v.headline) is not None else None
+        if not v or metrics.get(v.headline) is None:
+            return None
+        root = project.material_path("teacher") if project is not None else None
+        if root is not None and (Path(root) / TINY_MARKER).exists():
+            return (f"n/a: a tiny demo teacher ({v.headline} {metrics[v.headline]:.4f}); the "
+                    f"{v.healthy} reference is for the real {self.title} teacher")
+        return verdict_line(self.id, metrics)
 
     def engine_command(self, student: str = "<pig_clip.gguf>", adapter: str = "<adapter.gguf>",
                        extras: dict[str, str] | None = None) -> str:

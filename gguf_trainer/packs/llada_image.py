@@ -100,6 +100,12 @@ class LLaDAImagePack(TrainerPack):
         return load_llada_teacher(root, format_prompt=self.format_prompt, device=device,
                                   device_map=device_map, max_len=self.max_len_teacher - self.num_queries)
 
+    def teacher_gib(self, materials, device):
+        """Its weight files (stored bf16) at the compute dtype: bf16 on CUDA, fp32 elsewhere."""
+        from ..teachers.llada import weights_gib
+
+        return weights_gib(materials["teacher"], device)
+
     def demo_materials(self, folder):
         """The tiny LLaDA-like snapshot shipped with the package (real remote code, MoE, the
         transformers-5 traps) and a tiny SigVQ; the demo trusts its own shipped code."""

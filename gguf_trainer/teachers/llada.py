@@ -179,6 +179,17 @@ def plan_backbone(root, budgets: Sequence[tuple[int | str, int]], placement: str
     return dmap
 
 
+WEIGHT_FOLDERS = ("text_encoder", "queryformer", "text_projection")
+
+
+def weights_gib(root, device) -> float:
+    """GiB the teacher's weights take once loaded: the safetensors bytes (stored bf16) scaled
+    to the compute dtype (x2 for fp32 off CUDA). The pre-flight's need, from the real files."""
+    stored = sum(p.stat().st_size for sub in WEIGHT_FOLDERS for p in (Path(root) / sub).glob("*.safetensors"))
+    scale = torch.tensor([], dtype=compute_dtype(torch.device(device))).element_size() / 2
+    return stored * scale / GIB
+
+
 def plan_budgets(plan, device) -> list[tuple[int | str, int]] | None:
     """(device, bytes) in fill order for a hardware.Plan on a CUDA `device`: the chosen card up
     to its budget less activation headroom, every other card up to its total less 1.5 GiB (when

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from gguf_trainer.packs.base import TINY_MARKER
+
 SHIPPED = Path(__file__).resolve().parent.parent / "packs" / "demo_materials" / "llada_image"
 CODE_FILES = ("configuration_llada2uni_moe.py", "modeling_llada2uni_moe.py", "fused_moe_ops.py")
 HIDDEN = 64
@@ -155,6 +157,8 @@ def build_shipped(root: Path = SHIPPED, seed: int = 0) -> Path:
               torch.bfloat16)
     _write_tokenizer(root / "tokenizer")
     _write_json(root / "model_index.json", MODEL_INDEX)
+    (root / TINY_MARKER).write_text("a tiny stand-in built by gguf_trainer.tiny.llada; no reference "
+                                    "figures apply\n", encoding="utf-8")
     gen = torch.Generator().manual_seed(seed + 2)
     sig = {n: (torch.randn(s, generator=gen) * 0.1).to(dt) for n, s, dt in SIGVQ_TENSORS}
     from safetensors.torch import save_file
