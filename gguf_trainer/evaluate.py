@@ -20,6 +20,7 @@ import torch
 
 from . import atomic, hardware
 from .checkpoints import BEST, checkpoint_path, load_checkpoint, model_from_checkpoint
+from .packs.base import TINY_MARKER
 from .scoring import forward, raw_prediction, score_batches
 from .shards import Stats, iter_batches, shard_files
 from .stage_list import Stage
@@ -69,6 +70,9 @@ def evaluate_gguf(project, gguf: Path, which: str = "best", device: str | torch.
         record["note"] = MOCK_NOTE
     else:  # real teacher: healthy / weak / broken against the pack's reference figures
         record["health"] = pack.health_line({**record["metrics"], "trained_steps": record["trained_steps"]})
+        teacher = project.material_path("teacher")
+        if record["health"] and teacher is not None and (teacher / TINY_MARKER).exists():
+            record["health"] = "n/a: a tiny demo teacher; the reference figures are for the real teacher"
         if getattr(pack, "reference", None):
             record["reference"] = dict(pack.reference)  # the recipe's published run, to compare with
     return record

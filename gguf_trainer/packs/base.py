@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 ADAPTER_KINDS = ("resampler", "seeded_resampler", "token_aligned_vision")
-TINY_MARKER = "GGUF_TRAINER_TINY"  # tiny teacher builders put this file in the snapshot's root
+TINY_MARKER = "GGUF_TRAINER_TINY"  # a tiny teacher's snapshot root holds it: no reference figures apply
 
 
 @dataclass(frozen=True)
@@ -184,20 +184,13 @@ class TrainerPack:
         export records them so the "output" reset removes them."""
         return []
 
-    def health_line(self, metrics: dict, project=None) -> str | None:
+    def health_line(self, metrics: dict) -> str | None:
         """For a real teacher's eval: healthy / weak / broken against the pack's reference
-        figures (one table, shared with `gguf-trainer check`), or None without one. A tiny
-        demo teacher (its folder holds TINY_MARKER) has no reference figures."""
+        figures (one table, shared with `gguf-trainer check`), or None without one."""
         from ..check import VERDICTS, verdict_line
 
         v = VERDICTS.get(self.id)
-        if not v or metrics.get(v.headline) is None:
-            return None
-        root = project.material_path("teacher") if project is not None else None
-        if root is not None and (Path(root) / TINY_MARKER).exists():
-            return (f"n/a: a tiny demo teacher ({v.headline} {metrics[v.headline]:.4f}); the "
-                    f"{v.healthy} reference is for the real {self.title} teacher")
-        return verdict_line(self.id, metrics)
+        return verdict_line(self.id, metrics) if v and metrics.get(v.headline) is not None else None
 
     def engine_command(self, student: str = "<pig_clip.gguf>", adapter: str = "<adapter.gguf>",
                        extras: dict[str, str] | None = None) -> str:

@@ -100,6 +100,20 @@ class LLaDAImagePack(TrainerPack):
         return load_llada_teacher(root, format_prompt=self.format_prompt, device=device,
                                   device_map=device_map, max_len=self.max_len_teacher - self.num_queries)
 
+    health_after_steps = 2000  # early in a run every adapter is under the floor
+
+    def health_line(self, metrics):
+        """Healthy / weak / broken by the shared verdict table (with `gguf-trainer check`), from
+        `health_after_steps` on, with the reference run."""
+        line = super().health_line(metrics)
+        steps = metrics.get("trained_steps")
+        if line is None:
+            return None
+        if isinstance(steps, int) and steps < self.health_after_steps and not line.startswith("healthy"):
+            line = (f"too early to judge at {steps} steps: from {self.health_after_steps} steps on, "
+                    "a centred cosine near 0.87 is the broken-RoPE teacher signature")
+        return f"{line}; reference: val centred cosine 0.965 / rel_mse 0.0024 (RTX 5090 run)"
+
     def teacher_gib(self, materials, device):
         """Its weight files (stored bf16) at the compute dtype: bf16 on CUDA, fp32 elsewhere."""
         from ..teachers.llada import weights_gib

@@ -163,7 +163,7 @@ class LLaDA2MoeDecoderLayer(nn.Module):
 class LLaDA2MoePreTrainedModel(PreTrainedModel):
     config_class = LLaDA2MoeConfig
     base_model_prefix = "model"
-    _no_split_modules = ["LLaDA2MoeDecoderLayer"]  # noqa: RUF012 (transformers reads a list)
+    _no_split_modules = ["LLaDA2MoeDecoderLayer"]
     _supports_sdpa = True
 
     def _init_weights(self, module):
