@@ -100,7 +100,8 @@ def _check_fits(ck: dict, path: Path, fix: str) -> None:
         cfg = AdapterConfig.from_dict(ck["config"])
         with torch.random.fork_rng(devices=[]), torch.device("meta"):
             want = {k: tuple(v.shape) for k, v in build_adapter(cfg).state_dict().items()}
-    except (TypeError, ValueError, KeyError) as e:  # a config this version cannot build
+    # a config this version cannot build (absurd sizes overflow even on the meta device)
+    except (TypeError, ValueError, KeyError, RuntimeError, OverflowError) as e:
         raise UserError(f"{path} holds an adapter config gguf-trainer cannot build "
                         f"({type(e).__name__}: {e}); {fix}.") from None
     have = {k: tuple(v.shape) for k, v in ck["model"].items()}

@@ -72,11 +72,13 @@ def _is_tmp_name(name: str) -> bool:
     return base.startswith(".") and base.endswith(".tmp")
 
 
-def os_error_sentence(exc: OSError, path: str | os.PathLike | None = None) -> str | None:
+def os_error_sentence(exc: OSError, path: str | os.PathLike | None = None,
+                      fallback: str | os.PathLike | None = None) -> str | None:
     """One sentence for an OSError the environment caused, or None when it looks like a bug.
 
     `path` names the file the user knows (the target of an atomic write, not its temp file);
-    without it the error's own file name is used (for a rename, the destination).
+    without it the error's own file name is used (for a rename, the destination), and
+    `fallback` (the project folder, say) when the error names no file (a write to an open one).
     """
     template = OS_ERROR_SENTENCES.get(exc.errno)
     if template is None:
@@ -85,16 +87,18 @@ def os_error_sentence(exc: OSError, path: str | os.PathLike | None = None) -> st
     if shown is None:
         names = [n for n in (exc.filename, exc.filename2) if n is not None]
         plain = [n for n in names if not _is_tmp_name(os.fsdecode(n))]
-        shown = (plain or names or ["a file"])[0]
+        shown = (plain or names or [fallback if fallback is not None else "a file"])[0]
     return template.format(path=os.fsdecode(shown)) + "."
 
 
-def as_user_error(exc: BaseException, path: str | os.PathLike | None = None) -> UserError | None:
-    """The UserError an edge should show for `exc`, or None when `exc` is a programmer error."""
+def as_user_error(exc: BaseException, path: str | os.PathLike | None = None,
+                  fallback: str | os.PathLike | None = None) -> UserError | None:
+    """The UserError an edge should show for `exc`, or None when `exc` is a programmer error.
+    `path` and `fallback`: see os_error_sentence (an edge passes its project folder as fallback)."""
     if isinstance(exc, UserError):
         return exc
     if isinstance(exc, OSError):
-        sentence = os_error_sentence(exc, path)
+        sentence = os_error_sentence(exc, path, fallback)
         if sentence is not None:
             return DiskError(sentence, exc.errno)
     return None

@@ -86,11 +86,15 @@ def exported_files(project) -> list[Path]:
 
 def run_export(project, report) -> None:
     """Export stage: best.pt -> <output_dir>/<name>-f16.gguf, then the optional copy."""
-    project.output_dir.mkdir(parents=True, exist_ok=True)
+    # Both folders are checked before anything is written: a copy_to that is a file or
+    # read-only must not leave a re-exported GGUF and a changed exports.json behind.
+    atomic.check_writable_folder(project.output_dir, "export.output_dir")
+    copy_to = project.settings.export.copy_to
+    if copy_to:
+        atomic.check_writable_folder(Path(copy_to).expanduser(), "export.copy_to")
     info = export_checkpoint(project, BEST, project.final_gguf, is_snapshot=False)
     for companion in project.pack.write_companions(project, project.final_gguf):
         record_export(project, companion, kind="companion")
-    copy_to = project.settings.export.copy_to
     if copy_to:
         dest = Path(copy_to).expanduser() / project.final_gguf.name
         dest.parent.mkdir(parents=True, exist_ok=True)

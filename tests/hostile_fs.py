@@ -81,21 +81,38 @@ def full_disk(folder: Path, spare_bytes: int = 0) -> Iterator[str]:
         backup = folder.with_name(folder.name + ".before-tmpfs")
         folder.rename(backup)
         folder.mkdir()
-        size = used + -(-spare_bytes // page) * page + page
+        size = used + -(-spare_bytes // page) * page
         assert _mount("-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder))
         try:
             shutil.copytree(backup, folder, dirs_exist_ok=True, symlinks=True)
             yield "tmpfs"
         finally:
             keep = folder.with_name(folder.name + ".after-tmpfs")
-            shutil.copytree(folder, keep, symlinks=True)
+            shutil.copytree(folder, keep, symlinks=True, ignore=shutil.ignore_patterns(FILLER))
             _umount(folder)
             folder.rmdir()
             keep.rename(folder)
             shutil.rmtree(backup)
         return
-    with file_size_limit(spare_bytes):
+    # Without root the limit caps each file, not the disk: keep it above what pytest and the
+    # logs write, so that it stops the big writes (shards, checkpoints, GGUF files) only.
+    with file_size_limit(max(spare_bytes, 64 << 10)):
         yield "rlimit"
+
+
+FILLER = ".disk-filler"
+
+
+def fill(folder: Path) -> None:
+    """Take every free byte of the (tmpfs) disk holding `folder`: from now on it is full."""
+    fd = os.open(folder / FILLER, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        for chunk in (1 << 20, 1 << 12, 1):
+            with contextlib.suppress(OSError):  # ENOSPC: this size no longer fits
+                while os.write(fd, b"\0" * chunk) == chunk:
+                    pass
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager

@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None, run: StageRunner | None = None) -> int:
         print(f"{paths.root} is not a gguf-trainer project (no project.json)", file=sys.stderr)
         return EXIT_NO_PROJECT
     try:
-        with _disk_errors_as_sentences(), _log_to_file(paths):
+        with _disk_errors_as_sentences(paths), _log_to_file(paths):
             try:
                 with lock.hold(paths):
                     return _run_locked(paths, args.only, args.force, run or _default_run)
@@ -103,18 +103,18 @@ def run_foreground(paths: ProjectPaths, only: list[str] | None = None, force: bo
     Ctrl-C stops gracefully after the current unit; a second one raises KeyboardInterrupt.
     Returns the exit code the detached pipeline would have.
     """
-    with _disk_errors_as_sentences(), _log_to_file(paths), lock.hold(paths):
+    with _disk_errors_as_sentences(paths), _log_to_file(paths), lock.hold(paths):
         return _run_locked(paths, only, force, run or _default_run, progress_cb, foreground=True)
 
 
 @contextlib.contextmanager
-def _disk_errors_as_sentences() -> Iterator[None]:
+def _disk_errors_as_sentences(paths: ProjectPaths) -> Iterator[None]:
     """An OSError the file system caused before or around the stages (no room or no write
     access for pipeline.log, the lock, stop.request) leaves as a DiskError sentence."""
     try:
         yield
     except OSError as e:
-        user = as_user_error(e)
+        user = as_user_error(e, fallback=paths.root)
         if user is None or user is e:
             raise
         raise user from e
@@ -146,7 +146,8 @@ def _run_stages_recorded(paths: ProjectPaths, report: Report, writer: StateWrite
         _close(paths, writer, "stopped", "aborted by Ctrl-C", 130)
         raise
     except Exception as e:  # the edge of the process: a sentence for the user, or a bug
-        user = as_user_error(e)  # UserError, or an OSError the disk caused (full, read-only)
+        # a UserError, or an OSError the disk caused (full, read-only): the user's to fix
+        user = as_user_error(e, fallback=paths.root)
         if user is not None:
             log.error("%s", user)
             log.debug("where it was raised", exc_info=True)
