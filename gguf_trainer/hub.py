@@ -127,13 +127,25 @@ def explain_hub_error(exc: Exception, repo: str, repo_type: str = "model") -> st
 
 def _hub_call(fn, repo: str, repo_type: str):
     """Run a huggingface_hub call, turning its failures into one-sentence UserErrors."""
-    import httpx2
     from huggingface_hub import errors as e
 
     try:
         return fn()
-    except (e.HfHubHTTPError, httpx2.HTTPError, OSError) as exc:
+    except (e.HfHubHTTPError, OSError, *_transport_errors()) as exc:
         raise UserError(explain_hub_error(exc, repo, repo_type) + ".") from None
+
+
+def _transport_errors() -> tuple[type[Exception], ...]:
+    """The HTTP library's network errors: huggingface_hub 1.x uses httpx, 2.x httpx2."""
+    import importlib
+
+    found = []
+    for name in ("httpx", "httpx2"):
+        try:
+            found.append(importlib.import_module(name).HTTPError)
+        except (ImportError, AttributeError):  # not the library this huggingface_hub uses
+            continue
+    return tuple(found)
 
 
 def list_remote(repo: str, repo_type: str = "model", patterns: tuple[str, ...] = (),
@@ -169,15 +181,13 @@ def partial_path(dest: Path, f: RemoteFile) -> Path:
 
 
 class _Bar:
-    """The tqdm-shaped object http_get drives; forwards byte counts to a callback."""
+    """The tqdm-shaped object http_get updates per chunk; forwards byte counts to a callback.
+    (Passed as http_get's `_tqdm_bar`, present from huggingface_hub 0.x to 2.x, so the client
+    draws no bar of its own and our counts include the resumed bytes.)"""
 
-    def __init__(self, path: str, total: int, on_progress: Progress | None):
-        self.path, self.total, self.on_progress, self.n = path, total, on_progress, 0
-
-    def __call__(self, *args, initial: int = 0, **kwargs):  # http_get instantiates the "class"
-        self.n = initial
+    def __init__(self, path: str, done: int, total: int, on_progress: Progress | None):
+        self.path, self.n, self.total, self.on_progress = path, done, total, on_progress
         self._report()
-        return self
 
     def __enter__(self):
         return self
@@ -236,7 +246,7 @@ def fetch_file(listing: Listing, f: RemoteFile, dest: Path,
             log.info("%s: resuming %s at %d of %d bytes", listing.repo, f.path, resume, f.size)
         _hub_call(lambda: http_get(meta.location, fh, resume_size=resume, headers=headers,
                                    expected_size=f.size, displayed_filename=f.path,
-                                   tqdm_class=_Bar(f.path, f.size, on_progress)),
+                                   _tqdm_bar=_Bar(f.path, resume, f.size, on_progress)),
                   listing.repo, listing.repo_type)
         fh.flush()
         os.fsync(fh.fileno())
