@@ -53,6 +53,7 @@ class LLaDAImagePack(TrainerPack):
         "eval": "Judge by val centred cosine and rel_mse; >= 0.96 is healthy, ~0.87 means a broken-RoPE teacher.",
     }
     teacher_memory_gib = 34.0
+    remote_code = True  # the backbone is the snapshot's own Python: trust records, teachers/trust.py
     min_ggk = "0.5.7"
     engine_command_template = (
         "ggk diffuser engine -- --diffusion-model LLaDA-image-turbo-nvfp4.gguf "

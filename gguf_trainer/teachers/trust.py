@@ -8,6 +8,9 @@ torch or transformers (the CLI and the GUI call it), or load any model.
     status = trust_status(root)        # {"trusted": bool, "reason": ..., "code_hash": ..., ...}
     confirm_trust(root)                # the user said yes (CLI --trust-remote-code, GUI button)
     require_trust(root)                # before loading: UserError with how to confirm
+
+The CLI (`--trust-remote-code` on run/start/download) and the GUI go through the project-level
+functions at the end: project_trust_status, confirm_project_trust, require_project_trust.
 """
 
 from __future__ import annotations
@@ -115,3 +118,36 @@ def require_trust(root, project_dir=None) -> str:
     raise UserError(f"the teacher snapshot {st['path']} is not trusted yet: {what} ({files}); "
                     f"read it, then confirm once with `gguf-trainer run {where} --trust-remote-code` "
                     "(or Trust remote code under Setup → Materials).")
+
+
+# ---------------------------------------------------------------- per project (CLI, control API)
+
+
+def _project_teacher(project):
+    """The teacher folder whose code the project would run, or None (no remote code, the mock
+    teacher, or no teacher folder yet)."""
+    if not getattr(project.pack, "remote_code", False) or project.settings.precompute.mock_teacher:
+        return None
+    root = project.material_path("teacher")
+    return root if root is not None and Path(root).is_dir() else None
+
+
+def project_trust_status(project) -> dict | None:
+    """trust_status of the project's teacher snapshot, or None when nothing needs trusting."""
+    root = _project_teacher(project)
+    return None if root is None else trust_status(root)
+
+
+def confirm_project_trust(project) -> dict | None:
+    """The user trusts the project's teacher code as it is now (`--trust-remote-code`, the
+    GUI's button); None when nothing needs trusting."""
+    root = _project_teacher(project)
+    return None if root is None else confirm_trust(root)
+
+
+def require_project_trust(project) -> None:
+    """Before a run starts: UserError with how to confirm when the teacher's code is not
+    trusted (the teacher loader checks again before importing anything)."""
+    root = _project_teacher(project)
+    if root is not None:
+        require_trust(root, project.dir)

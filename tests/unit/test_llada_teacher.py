@@ -397,3 +397,56 @@ def test_experts_refuse_autograd(teacher):
     with pytest.raises(RuntimeError, match="inference only"):
         teacher.backbone(input_ids=ids)
     _ = F  # torch.nn.functional is used by the hand computations above
+
+
+# ---------------------------------------------------------------- pack wiring
+
+
+def _fake_project(tmp_path, teacher=None, sigvq=None, mock=False, export_sigvq=True):
+    from types import SimpleNamespace
+
+    paths = {"teacher": teacher, "sigvq": sigvq}
+    return SimpleNamespace(
+        pack=PACK, dir=tmp_path / "proj", material_path=lambda mid: paths.get(mid),
+        settings=SimpleNamespace(precompute=SimpleNamespace(mock_teacher=mock),
+                                 export=SimpleNamespace(export_sigvq=export_sigvq)))
+
+
+def test_project_trust_functions(llada_env, snapshot, tmp_path):
+    root = shutil.copytree(snapshot, llada_env / "project_trust")
+    proj = _fake_project(tmp_path, teacher=root)
+    assert trust.project_trust_status(proj)["reason"] == "never"
+    with pytest.raises(UserError, match=f"--project {tmp_path / 'proj'} --trust-remote-code"):
+        trust.require_project_trust(proj)
+    assert trust.confirm_project_trust(proj)["trusted"]
+    trust.require_project_trust(proj)  # no error now
+    assert trust.project_trust_status(_fake_project(tmp_path, teacher=root, mock=True)) is None
+    assert trust.project_trust_status(_fake_project(tmp_path, teacher=None)) is None
+
+
+def test_export_without_sigvq_says_so_and_command_leaves_llm_vision_out(tmp_path, caplog):
+    adapter = tmp_path / "pig_llada_adapter-f16.gguf"
+    adapter.write_bytes(b"x")
+    with caplog.at_level("INFO"):
+        assert PACK.write_companions(_fake_project(tmp_path), adapter) == []
+    assert "no SigVQ companion" in caplog.text and "leaves --llm_vision out" in caplog.text
+    cmd = PACK.engine_command(student="pig_clip-q8_0.gguf", adapter=str(adapter))
+    assert "--llm_vision" not in cmd and "--ref-image" not in cmd and f"--llm-adapter {adapter}" in cmd
+    assert "--llm_vision <pig_llada_sigvq-f16.gguf>" in PACK.engine_command()  # the template view
+
+
+def test_export_writes_and_names_the_companion(tmp_path, snapshot):
+    adapter = tmp_path / "pig_llada_adapter-f16.gguf"
+    adapter.write_bytes(b"x")
+    (written,) = PACK.write_companions(_fake_project(tmp_path, sigvq=snapshot), adapter)
+    assert written == tmp_path / "pig_llada_sigvq-f16.gguf" and written.is_file()
+    assert f"--llm_vision {written} --ref-image" in PACK.engine_command(adapter=str(adapter))
+    assert PACK.write_companions(_fake_project(tmp_path, sigvq=snapshot, export_sigvq=False), adapter) == []
+
+
+def test_health_line_reads_the_shared_verdicts():
+    early = PACK.health_line({"cos_centered": 0.5, "trained_steps": 40})
+    assert early.startswith("too early to judge at 40 steps")
+    assert PACK.health_line({"cos_centered": 0.97, "trained_steps": 20000}).startswith("healthy")
+    assert PACK.health_line({"cos_centered": 0.87, "trained_steps": 20000}).startswith("broken")
+    assert "0.965" in PACK.health_line({"cos_centered": 0.95, "trained_steps": 20000})
