@@ -1,19 +1,23 @@
-"""`gguf-trainer`: every subcommand; each calls the functions the GUI calls (runner.supervisor).
+"""`gguf-trainer`: every subcommand; each handler only wraps a control function
+(runner.control, the same functions the GUI calls) and prints its answer.
 
-Owns the terminal: argument parsing, progress bars, one line of output per command, and the
-mapping of errors to exit codes. Must not: import torch/transformers/datasets/gguf at module
-level (`--help`, `status`, `stop`, `set`, `kill` stay light), run torch work except in the
+Owns the terminal: argument parsing, progress bars, the lines each command prints, and the
+mapping of errors to exit codes. Must not: decide anything itself (no business rule in
+argument parsing), import torch/transformers/datasets/gguf at module level (`--help`,
+`status`, `stop`, `set`, `kill`, `snapshot` stay light), run torch work except in the
 foreground `run`/`demo`, or show a traceback for anything a user caused.
 
 Usage:
+    gguf-trainer new    --pack ID DIR [--name N]
     gguf-trainer run    --project DIR [--only STAGE ...] [--force] [--steps N]
     gguf-trainer start  --project DIR [--only STAGE ...] [--force] [--steps N]
     gguf-trainer stop   --project DIR [--timeout S]
     gguf-trainer kill   --project DIR
     gguf-trainer status --project DIR [--json]
     gguf-trainer set    --project DIR [--steps N]
-    gguf-trainer snapshot --project DIR [--checkpoint last|best] [--eval] [--no-fresh] [--device D]
-    gguf-trainer reset  --project DIR corpus|shards|train|output
+    gguf-trainer snapshot --project DIR [--checkpoint last|best] [--eval] [--no-fresh]
+                          [--device D] [--detach]
+    gguf-trainer reset  --project DIR corpus|shards|train|output [--dry-run]
     gguf-trainer download --project DIR [--id ID ...] [--required-only]
     gguf-trainer materials --project DIR [--online] [--link-found] [--json]
     gguf-trainer link   --project DIR ID PATH
@@ -21,17 +25,9 @@ Usage:
     gguf-trainer demo   [--pack ID] [--dir DIR] [--steps N] [--no-run]
     gguf-trainer --auto-resume | --version | --help
 
-Exit codes:
-    | code | meaning                                                                  |
-    | ---- | ------------------------------------------------------------------------ |
-    | 0    | ok: done, stopped on request, or nothing to do (`stop` when nothing runs) |
-    | 1    | error: a bad value or usage, a broken project.json, already running,      |
-    |      | snapshot with no checkpoint, unknown pack, or the run failed              |
-    | 2    | no such project (the folder has no project.json)                         |
-    | 3    | `stop`: still finishing its step when the timeout ran out                |
-    | 130  | interrupted (Ctrl-C)                                                     |
+Exit codes: gguf_trainer.exit_codes (0 ok, 1 user error, 2 no such project, 3 stop still
+finishing, 4 internal error, 130 interrupted). `status` exits 1 when project.json is broken.
 """
-
 from __future__ import annotations
 
 import argparse
@@ -44,12 +40,20 @@ from pathlib import Path
 
 from gguf_trainer import __version__
 from gguf_trainer.errors import NoProjectError, UserError
-from gguf_trainer.runner import supervisor
-from gguf_trainer.runner.state import STAGES
+from gguf_trainer.exit_codes import (
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_NO_PROJECT,
+    EXIT_OK,
+    EXIT_STILL_STOPPING,
+)
+from gguf_trainer.exit_codes import EXIT_USER as EXIT_ERROR
+from gguf_trainer.runner import control, supervisor
 from gguf_trainer.runner.status import format_eta
+from gguf_trainer.stage_list import STAGES
+from gguf_trainer.ui import launch as gui_launch  # light: gradio loads only when served
 
-EXIT_OK, EXIT_ERROR, EXIT_NO_PROJECT, EXIT_STILL_STOPPING, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
-RESET_TARGETS = ("corpus", "shards", "train", "output")
+RESET_TARGETS = control.RESET_TARGETS
 SHOWN_FIELDS = ("step", "loss", "val_cos", "best_val_cos", "prompts_per_s", "detail")
 
 
@@ -66,27 +70,44 @@ def _out(text: str) -> None:
 
 
 # ---- commands -------------------------------------------------------------------------
-def cmd_run(args) -> int:
-    from gguf_trainer.project import load_project  # lazy: pydantic
+# Each handler parses nothing and decides nothing: it calls one control function
+# (runner.control, shared with the GUI) and prints its answer.
+def cmd_new(args) -> int:
+    view = control.new_project(args.dir, args.pack, args.name)
+    _out(f"project created: {view.root} (pack {args.pack}, name {view.settings['name']})")
+    _out(f"next: point materials.student.path (and the pack's other materials) at your files in "
+         f"{Path(view.root) / 'project.json'}, then: gguf-trainer run --project {view.root}")
+    return EXIT_OK
 
+
+def cmd_run(args) -> int:
     paths = supervisor.project_paths(args.project)
-    load_project(paths.root)  # a broken project.json is refused before anything runs
-    _apply_steps(paths.root, args.steps, refuse_if_running=True)
+    steps = _parse_steps(args.steps)  # every argument is checked before anything is written
+    control.preflight(paths.root, only=args.only)
+    if steps is not None:
+        _out(control.set_steps(paths.root, steps).message.split(";")[0])
     supervisor.remember_project(paths.root)
-    return _run_in_foreground(paths, args.only, args.force)
+    code = _run_in_foreground(paths, args.only, args.force)
+    if code == EXIT_OK and control.status(paths.root)["status"] == "done":
+        _out(control.results_text(paths.root))
+    return code
 
 
 def cmd_start(args) -> int:
     paths = supervisor.project_paths(args.project)
-    _apply_steps(paths.root, args.steps, refuse_if_running=True)
-    pid = supervisor.start(paths.root, only=args.only, force=args.force)
+    pid = control.start(paths.root, only=args.only, force=args.force,
+                        steps=_parse_steps(args.steps))
+    res = control.results(paths.root)
     _out(f"pipeline started (pid {pid}), logging to {paths.pipeline_log}; "
          f"follow it with: gguf-trainer status --project {paths.root}")
+    _out(f"when it is done: the adapter is {res['planned_gguf']}, the evaluation "
+         f"{paths.eval_json}; `gguf-trainer status --project {paths.root}` then prints the ggk "
+         "command")
     return EXIT_OK
 
 
 def cmd_stop(args) -> int:
-    outcome = supervisor.stop(args.project, timeout_s=args.timeout)
+    outcome = control.stop(args.project, timeout_s=args.timeout)
     if outcome == "not running":
         _out("not running; nothing to stop")
     elif outcome == "stopping":
@@ -97,7 +118,7 @@ def cmd_stop(args) -> int:
 
 
 def cmd_kill(args) -> int:
-    outcome = supervisor.kill(args.project)
+    outcome = control.kill(args.project)
     if outcome == "not running":
         _out("not running; nothing to kill")
     else:
@@ -107,49 +128,53 @@ def cmd_kill(args) -> int:
 
 
 def cmd_status(args) -> int:
-    info = supervisor.status(args.project)
+    info = control.status(args.project)
     if args.json:
-        _out(json.dumps(info, indent=2, sort_keys=True))
+        _out(json.dumps(info, indent=2, sort_keys=True, default=str))
     else:
         _out(format_status(info))
-    return EXIT_OK
+    return EXIT_ERROR if info.get("settings_error") else EXIT_OK
 
 
 def cmd_set(args) -> int:
-    from gguf_trainer import project  # lazy: pydantic (still no torch)
-
     paths = supervisor.project_paths(args.project)
-    train = project.load_project(paths.root).settings.train
     if args.steps is None:
-        _out(f"train.steps = {train.steps}")
+        _out(f"train.steps = {control.read_settings(paths.root).values['train']['steps']}")
         return EXIT_OK
-    steps = project.set_steps(paths.root, project.parse_steps(args.steps))
-    if supervisor.is_active(supervisor.status(paths.root)):
-        hint = f"the running pipeline picks it up within {train.log_every} steps (log_every)"
-    else:
-        hint = f"`gguf-trainer start --project {paths.root}` continues from the last checkpoint"
-    _out(f"train.steps = {steps}; {hint}")
+    _out(control.set_steps(paths.root, _parse_steps(args.steps)).message)
     return EXIT_OK
 
 
 def cmd_snapshot(args) -> int:
-    from gguf_trainer.runner.snapshot import run_snapshot_cli  # lazy: the lead's job module
+    from gguf_trainer.runner.snapshot import describe
 
     paths = supervisor.project_paths(args.project)
-    return run_snapshot_cli(paths.root, args.checkpoint, args.eval, not args.no_fresh, args.device)
+    job = control.request_snapshot(paths.root, args.checkpoint, args.eval, not args.no_fresh,
+                                   args.device)
+    if args.detach:
+        _out(f"snapshot job started (pid {job.get('pid')}); its state: gguf-trainer status "
+             f"--project {paths.root} (jobs.snapshot), its log: {job['log']}")
+        return EXIT_OK
+    job = control.wait_snapshot(paths.root)
+    if job["status"] == "done" and isinstance(job.get("result"), dict):
+        _out(describe(job["result"]))
+        return EXIT_OK
+    raise UserError(job.get("error") or f"the snapshot job ended {job['status']}; see {job['log']}")
 
 
 def cmd_reset(args) -> int:
-    from gguf_trainer.runner.reset import reset_project  # lazy
-
     paths = supervisor.project_paths(args.project)
-    info = supervisor.status(paths.root)
-    if supervisor.is_active(info):
-        raise UserError(f"the pipeline is running (pid {info['pid']}); stop it first with "
-                        f"gguf-trainer stop --project {paths.root}")
-    removed = reset_project(paths.root, args.target)
-    _out(f"reset {args.target}: removed {len(removed)} path(s)"
-         + "".join(f"\n  {p}" for p in removed))
+    if args.dry_run:
+        plan = control.reset_plan(paths.root, args.target)
+        _out(f"reset {args.target} would delete {len(plan.delete)} path(s)"
+             + "".join(f"\n  {p}" for p in plan.delete)
+             + "".join(f"\n  keep {k['path']}: {k['reason']}" for k in plan.keep)
+             + (f"\nnow refused: {plan.blocked}" if plan.blocked else ""))
+        return EXIT_OK
+    done = control.reset(paths.root, args.target)
+    _out(f"reset {args.target}: removed {len(done.deleted)} path(s)"
+         + "".join(f"\n  {p}" for p in done.deleted)
+         + "".join(f"\n  kept {k['path']}: {k['reason']}" for k in done.kept))
     return EXIT_OK
 
 
@@ -193,11 +218,7 @@ def cmd_demo(args) -> int:
     from gguf_trainer import demo  # lazy
     from gguf_trainer.runner.pipeline import EXIT_OK as PIPELINE_OK
 
-    steps = None
-    if args.steps is not None:
-        from gguf_trainer.project import parse_steps
-
-        steps = parse_steps(args.steps)
+    steps = _parse_steps(args.steps)
     root = demo.prepare_demo(args.pack, Path(args.dir) if args.dir else None, steps)
     _out(f"demo project ready: {root}")
     if args.no_run:
@@ -206,26 +227,18 @@ def cmd_demo(args) -> int:
     paths = supervisor.project_paths(root)
     supervisor.remember_project(paths.root)
     code = _run_in_foreground(paths, None, False)
-    if code == PIPELINE_OK and supervisor.status(paths.root)["status"] == "done":
-        # LEAD: gguf_trainer.demo.describe_result(dir) -> str: where the GGUF, eval.json
-        # and the ggk command are.
-        _out(demo.describe_result(paths.root))
+    if code == PIPELINE_OK and control.status(paths.root)["status"] == "done":
+        _out(control.results_text(paths.root))
     return code
 
 
 # ---- helpers --------------------------------------------------------------------------
-def _apply_steps(root: Path, steps_text: str | None, refuse_if_running: bool) -> None:
-    if steps_text is None:
-        return
-    from gguf_trainer import project  # lazy
-    from gguf_trainer.runner import lock
+def _parse_steps(text: str | None) -> int | None:
+    if text is None:
+        return None
+    from gguf_trainer.project import parse_steps  # lazy: pydantic
 
-    steps = project.parse_steps(steps_text)
-    info = supervisor.status(root)
-    if refuse_if_running and supervisor.is_active(info):
-        raise lock.LockHeld(info["pid"])
-    project.set_steps(root, steps)
-    _out(f"train.steps = {steps}")
+    return parse_steps(text)
 
 
 def _run_in_foreground(paths, only, force) -> int:
@@ -358,16 +371,42 @@ def format_status(info: dict) -> str:
         lines.append(f"{text}  {extra}".rstrip())
     if info.get("mock"):
         lines.append("  (mock teacher: numbers are not meaningful)")
+    job = (info.get("jobs") or {}).get("snapshot") or {}
+    if job.get("status") in ("running", "failed", "interrupted"):
+        lines.append(f"  snapshot job: {job.get('message')}")
+    res = info.get("results")
+    if isinstance(res, dict):
+        lines += [f"  {line}" for line in _results_lines(res)]
     return "\n".join(lines)
 
 
+def _results_lines(res: dict) -> list[str]:
+    lines = []
+    if res.get("gguf"):
+        lines.append(f"adapter:   {res['gguf']}")
+    if res.get("eval_json"):
+        lines.append(f"eval:      {res['eval_json']}"
+                     + (f"  ({res['eval_line']})" if res.get("eval_line") else ""))
+    if res.get("ggk"):
+        lines.append(f"ggk:       {res['ggk']}")
+    return lines + [f"note:      {n}" for n in res.get("notes") or []]
+
+
 # ---- parser ---------------------------------------------------------------------------
+def _pack_list() -> str:
+    from gguf_trainer.packs import pack_ids  # torch-free registry
+
+    return ", ".join(pack_ids())
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="gguf-trainer",
                      description="Train pig_clip adapters for the ggk engine.")
     parser.add_argument("--version", action="version", version=f"gguf-trainer {__version__}")
     parser.add_argument("--auto-resume", action="store_true",
-                        help="relaunch the last project if its run was interrupted")
+                        help="relaunch the last project if its run was interrupted, then open "
+                             "the GUI on it")
+    gui_launch.add_arguments(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     def command(name, func, help_, project=True):
@@ -383,6 +422,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--force", action="store_true", help="redo export/eval even if done")
         p.add_argument("--steps", metavar="N", help="set train.steps first (12000, 12_000, 40k)")
 
+    p = command("new", cmd_new, "create a project folder for a pack", project=False)
+    p.add_argument("--pack", required=True, metavar="ID", help=f"trainer pack: {_pack_list()}")
+    p.add_argument("--name", metavar="N", help="the GGUF's name (default: the pack's, e.g. "
+                   "pig_t5_adapter)")
+    p.add_argument("dir", metavar="DIR", help="the new project's folder")
     stage_args(command("run", cmd_run, "run the pipeline in this terminal, with progress bars"))
     stage_args(command("start", cmd_start, "start the pipeline detached (survives logout)"))
     p = command("stop", cmd_stop, "stop after the current step (saves; resumable)")
@@ -399,8 +443,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-fresh", action="store_true",
                    help="use the checkpoint on disk instead of asking the trainer to save")
     p.add_argument("--device", metavar="D", help="device for the eval (default: cpu while training)")
+    p.add_argument("--detach", action="store_true",
+                   help="return at once; the job's state shows in `status` (jobs.snapshot)")
     p = command("reset", cmd_reset, "delete a stage's outputs so it runs again")
     p.add_argument("target", choices=RESET_TARGETS)
+    p.add_argument("--dry-run", action="store_true", help="only list what would be deleted")
     p = command("download", cmd_download, "fetch missing materials here (Ctrl-C keeps a resumable partial)")
     p.add_argument("--id", nargs="+", metavar="ID", help="only these materials (default: all wanted)")
     p.add_argument("--required-only", action="store_true", help="skip optional materials")
@@ -415,7 +462,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", metavar="FILE")
     p.add_argument("--json", action="store_true")
     p = command("demo", cmd_demo, "build an offline demo project and train it", project=False)
-    p.add_argument("--pack", metavar="ID", help="trainer pack (default: the demo's default)")
+    p.add_argument("--pack", metavar="ID",
+                   help=f"trainer pack: {_pack_list()} (default: t5xxl_pixart)")
     p.add_argument("--dir", metavar="DIR", help="where to create it")
     p.add_argument("--steps", metavar="N")
     p.add_argument("--no-run", action="store_true", help="only prepare the project")
@@ -431,10 +479,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.auto_resume:
             _out(supervisor.auto_resume())
-        if args.command is None:
-            if not args.auto_resume:
-                parser.print_help()
-            return EXIT_OK
+        if args.command is None:  # bare `gguf-trainer` (and --auto-resume) open the GUI
+            return gui_launch.run_from_args(args)
         return args.func(args)
     except NoProjectError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -451,6 +497,17 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `gguf-trainer status | head`: the reader left; not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
+    except OSError as e:  # the file system said no: name the file and the reason
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"error: {where}{e.strerror or e}; check that it exists, is writable and the "
+              "disk has space", file=sys.stderr)
+        return EXIT_ERROR
+    except Exception as e:
+        if os.environ.get("GGUF_TRAINER_DEBUG"):
+            raise
+        print(f"internal error ({type(e).__name__}: {e}); this is a bug in gguf-trainer; rerun "
+              "with GGUF_TRAINER_DEBUG=1 for the traceback", file=sys.stderr)
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

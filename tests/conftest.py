@@ -7,12 +7,23 @@ Tiers: `pytest` runs unit + e2e (the README's test command); `-m browser` needs 
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 from hub_server import hub_server  # noqa: F401 - fixture: a local Hub-protocol server (HF_ENDPOINT)
 
 # Two cores on CI: keep torch from oversubscribing them in every test process.
 os.environ.setdefault("OMP_NUM_THREADS", "2")
+
+# Tests never touch the real home: ~/.gguf-trainer/settings.json (auto-resume's memory),
+# ~/gguf-trainer/projects (demo's default) and the Hugging Face cache all go to a
+# throw-away folder, set before any gguf_trainer module reads them (child processes
+# inherit it).
+_TEST_HOME = tempfile.mkdtemp(prefix="gguf-trainer-test-home-")
+os.environ["HOME"] = _TEST_HOME
+os.environ["GGUF_TRAINER_HOME"] = os.path.join(_TEST_HOME, ".gguf-trainer")
+os.environ["GGUF_TRAINER_PROJECTS"] = os.path.join(_TEST_HOME, "gguf-trainer", "projects")
+os.environ["HF_HOME"] = os.path.join(_TEST_HOME, ".cache", "huggingface")
 
 
 @pytest.fixture(scope="session")
@@ -39,7 +50,11 @@ def pytest_collection_modifyitems(config, items):
 def tiny_materials(tmp_path_factory):
     """A tiny pig_clip-layout student GGUF, its tokenizer/config folder and a prompt file."""
     from gguf_trainer.demo import demo_prompts
-    from gguf_trainer.tiny.student import tiny_qwen3_config, write_tiny_student, write_tiny_tokenizer_dir
+    from gguf_trainer.tiny.student import (
+        tiny_qwen3_config,
+        write_tiny_student,
+        write_tiny_tokenizer_dir,
+    )
 
     root = tmp_path_factory.mktemp("materials")
     prompts = root / "prompts.txt"

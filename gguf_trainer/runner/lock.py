@@ -96,7 +96,7 @@ def read_label(paths_or_file: ProjectPaths | Path) -> tuple[int, float] | None:
     """The "pid start_time" the last holder wrote, or None if absent/unparsable."""
     try:
         text = _lock_path(paths_or_file).read_text(encoding="ascii", errors="replace")
-    except FileNotFoundError:
+    except OSError:  # absent, a folder in its place, unreadable: no label
         return None
     parts = text.split()
     if len(parts) != 2:
@@ -155,7 +155,14 @@ def hold_file(lock_file: Path, what: str, retry_s: float = 1.0,
               retry_interval_s: float = 0.05) -> Iterator[int]:
     """`hold` for any lock file (e.g. the snapshot job's); refusal: LockHeld("<what> (pid N)")."""
     # O_CREAT without O_TRUNC: the file is created once and its inode never changes.
-    fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except IsADirectoryError:
+        raise UserError(f"{lock_file} is a folder; remove it (the tool keeps a lock file "
+                        "there).") from None
+    except PermissionError:
+        raise UserError(f"cannot write {lock_file}: the folder is read-only or not yours; "
+                        "check its permissions.") from None
     acquired = False
     try:
         deadline = time.monotonic() + retry_s
@@ -190,8 +197,8 @@ def holder(paths_or_file: ProjectPaths | Path, settle_s: float = 0.3) -> tuple[i
     lock_file = _lock_path(paths_or_file)
     try:
         fd = os.open(lock_file, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None  # never locked: the file is created by the first holder
+    except OSError:  # never locked (the first holder creates it), or unreadable: nobody
+        return None
     try:
         deadline = time.monotonic() + settle_s
         while True:
@@ -212,7 +219,7 @@ def is_locked(paths_or_file: ProjectPaths | Path) -> bool:
     """True while anyone holds the lock, named or not (e.g. a process in another container)."""
     try:
         fd = os.open(_lock_path(paths_or_file), os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
+    except OSError:
         return False
     try:
         if _try_flock(fd, fcntl.LOCK_SH):

@@ -4,52 +4,202 @@
     shards -> shards, checkpoints, eval.json, snapshots.json
     train  -> checkpoints, eval.json, snapshots.json
     output -> this project's exported GGUFs (final, copies, snapshots) by the exact paths
-              recorded in exports.json, never by name prefix; and snapshots.json
+              recorded in exports.json and snapshots.json, never by name prefix; then those
+              two records
 
-Refused while the pipeline or a snapshot job of the project runs. Returns what it deleted.
+Every delete goes through gguf_trainer.safe_delete: project folders only inside the
+project and never through a symlink; recorded exports only when they are still the
+regular file the tool wrote (size + sha256, or GGUF metadata naming this project).
+Anything else is reported in `kept` and left alone. `plan()` is the dry run and runs the
+same checks, so what it lists is exactly what `reset()` deletes.
+
+Refused while the pipeline or a snapshot job of the project runs. While deleting it holds
+the pipeline lock, so it is then the one writer of state.json: the stages it cleared are
+set back to "pending", and `status` no longer shows them done.
 """
 
 from __future__ import annotations
 
-import shutil
+import time
 from pathlib import Path
 
-from .. import atomic
+from .. import atomic, safe_delete
 from ..errors import UserError
 from ..paths import ProjectPaths
 from . import lock
 
 TARGETS = ("corpus", "shards", "train", "output")
+CLEARS = {  # stages whose outputs a reset removes (shown "pending" afterwards)
+    "corpus": ("corpus", "precompute_val", "precompute_train", "train", "export", "eval"),
+    "shards": ("precompute_val", "precompute_train", "train", "export", "eval"),
+    "train": ("train", "export", "eval"),
+    "output": ("export",),
+}
 
 
-def _planned(paths: ProjectPaths, target: str) -> list[Path]:
-    later = {"corpus": [paths.data, paths.shards], "shards": [paths.shards], "train": [], "output": []}[target]
+def _read_obj(path: Path) -> dict:
+    try:
+        data = atomic.read_json(path, {})
+    except (ValueError, OSError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def recorded_exports(paths: ProjectPaths) -> list[dict]:
+    """Files this project recorded writing (exports.json, plus snapshot GGUFs listed in
+    snapshots.json): [{path, kind, time, size, sha256, exists}], newest first. Any garbage
+    in the records reads as fewer (or no) entries."""
+    out: dict[str, dict] = {}
+    files = _read_obj(paths.exports_json).get("files")
+    for p, rec in (files.items() if isinstance(files, dict) else []):
+        rec = rec if isinstance(rec, dict) else {}
+        out[str(p)] = {"path": str(p), "kind": rec.get("kind") if isinstance(rec.get("kind"), str)
+                       else "file", "time": _num(rec.get("time")), "size": rec.get("size"),
+                       "sha256": rec.get("sha256")}
+    snaps = _read_obj(paths.snapshots_json).get("snapshots")
+    for e in snaps if isinstance(snaps, list) else []:
+        if not isinstance(e, dict) or not isinstance(e.get("path"), str):
+            continue
+        p = Path(e["path"])
+        p = p if p.is_absolute() else paths.root / p
+        key = str(p)
+        if key not in out and str(p.resolve()) not in out:
+            out[key] = {"path": key, "kind": "snapshot", "time": _num(e.get("time")),
+                        "size": e.get("size") if isinstance(e.get("sha256"), str) else None,
+                        "sha256": e.get("sha256")}
+    items = list(out.values())
+    for it in items:
+        it["exists"] = Path(it["path"]).is_file()
+        if it["exists"] and not isinstance(it.get("size"), int):
+            it["size"] = Path(it["path"]).stat().st_size
+    return sorted(items, key=lambda it: -(it["time"] or 0.0))
+
+
+def _num(v) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _project_name(paths: ProjectPaths) -> str | None:
+    from ..project import load_project
+
+    try:
+        return load_project(paths.root).settings.name
+    except UserError:
+        return None
+
+
+def _owned(paths: ProjectPaths, target: str) -> list[tuple[Path, str]]:
+    dirs = {"corpus": [paths.data, paths.shards], "shards": [paths.shards], "train": [],
+            "output": []}[target]
+    items = [(d, "dir") for d in dirs]
+    if target != "output":
+        items += [(paths.checkpoints, "dir"), (paths.eval_json, "file"),
+                  (paths.snapshots_json, "file")]
+    return items
+
+
+def _check_target(target: str) -> None:
+    if target not in TARGETS:
+        raise UserError(f"unknown reset target {target!r}; choose one of {', '.join(TARGETS)}.")
+
+
+def _blocked(paths: ProjectPaths, target: str) -> str | None:
+    from . import jobs
+
+    pid = lock.probe(paths)
+    if pid is not None:
+        return (f"the pipeline is running (pid {pid}); stop it first with "
+                f"gguf-trainer stop --project {paths.root}")
+    if jobs.is_running(paths.root, "snapshot"):
+        return f"a snapshot export is running; wait for it before resetting {target}"
+    return None
+
+
+def _decide(paths: ProjectPaths, target: str) -> tuple[list[tuple], list[dict]]:
+    """([(path, how, arg)], kept): what to delete (how: owned|recorded) and what to keep."""
+    todo, kept = [], []
     if target == "output":
-        man = atomic.read_json(paths.exports_json, {"files": {}}) or {"files": {}}
-        return [Path(p) for p in sorted(man["files"])] + [paths.exports_json, paths.snapshots_json]
-    return later + [paths.checkpoints, paths.eval_json, paths.snapshots_json]
+        name = _project_name(paths)
+        for it in recorded_exports(paths):
+            p = Path(it["path"])
+            if not (p.exists() or p.is_symlink()):
+                continue
+            reason = safe_delete.check_recorded_file(p, it, name)
+            if reason:
+                kept.append({"path": str(p), "reason": reason})
+            else:
+                todo.append((p, "recorded", it))
+        owned = [(paths.exports_json, "file"), (paths.snapshots_json, "file")]
+    else:
+        owned = _owned(paths, target)
+    for p, kind in owned:
+        if not (p.exists() or p.is_symlink()):
+            continue
+        reason = safe_delete.check_owned(p, paths.root, kind)
+        if reason:
+            kept.append({"path": str(p), "reason": reason})
+        else:
+            todo.append((p, "owned", kind))
+    return todo, kept
+
+
+def plan(paths: ProjectPaths, target: str) -> dict:
+    """The dry run: {target, delete: [paths], keep: [{path, reason}], blocked}."""
+    _check_target(target)
+    todo, kept = _decide(paths, target)
+    return {"target": target, "delete": [str(p) for p, _h, _a in todo], "keep": kept,
+            "blocked": _blocked(paths, target)}
+
+
+def reset(paths: ProjectPaths, target: str) -> dict:
+    """Delete what plan() lists; {target, deleted, kept}. UserError while a run or job is live."""
+    _check_target(target)
+    why = _blocked(paths, target)
+    if why:
+        raise UserError(why)
+    # Hold the pipeline lock while deleting, so a start cannot slip in after the check.
+    with lock.hold(paths, retry_s=0):
+        todo, kept = _decide(paths, target)
+        deleted = []
+        for p, how, arg in todo:
+            if how == "recorded":
+                v = safe_delete.remove_recorded_file(p, arg, _project_name(paths))
+            else:
+                v = safe_delete.remove_owned(p, paths.root, arg)
+            if v.deleted:
+                deleted.append(str(p))
+            elif v.reason:
+                kept.append({"path": str(p), "reason": v.reason})
+        _mark_pending(paths, CLEARS[target])
+    return {"target": target, "deleted": deleted, "kept": kept}
+
+
+def _mark_pending(paths: ProjectPaths, stages: tuple[str, ...]) -> None:
+    """state.json: the cleared stages back to pending (we hold the pipeline lock, so we
+    are its one writer now). A missing or unreadable state.json is left as it is."""
+    from .state import _pending_stage
+
+    state = _read_obj(paths.state_json)
+    if not state or not isinstance(state.get("stages"), dict):
+        return
+    for name in stages:
+        if name in state["stages"]:
+            fresh = _pending_stage()
+            fresh["detail"] = "reset"
+            state["stages"][name] = fresh
+    if state.get("status") == "done":
+        state["status"] = "stopped"  # the run's outputs are gone: it is no longer done
+        state["error"] = None
+    state["reset"] = {"time": time.time(), "stages": list(stages)}
+    try:
+        atomic.write_json(paths.state_json, state)
+    except (OSError, ValueError, TypeError):
+        pass  # status then still shows the old stages; the deletes already happened
 
 
 def reset_project(root, target: str) -> list[str]:
+    """Back-compatible wrapper: deleted paths (see reset)."""
     from ..project import load_project
 
-    if target not in TARGETS:
-        raise UserError(f"unknown reset target {target!r}; choose one of {', '.join(TARGETS)}.")
-    paths = load_project(root).paths
-    pid = lock.probe(paths)
-    if pid is not None:
-        raise UserError(f"the pipeline is running (pid {pid}); stop it before resetting {target}.")
-    if lock.probe_file(paths.snapshot_lock) is not None:
-        raise UserError(f"a snapshot export is running; wait for it before resetting {target}.")
-    # Hold the pipeline lock while deleting, so a start cannot slip in after the check.
-    with lock.hold(paths, retry_s=0):
-        deleted = []
-        for path in _planned(paths, target):
-            if path.is_dir():
-                shutil.rmtree(path)
-            elif path.exists():
-                path.unlink()
-            else:
-                continue
-            deleted.append(str(path))
-    return deleted
+    _check_target(target)
+    return reset(load_project(root).paths, target)["deleted"]

@@ -1,25 +1,33 @@
 """Snapshot job: a usable, step-tagged GGUF at any point of a run.
 
-While the train stage runs, the job drops `snapshot.request`; the trainer validates and
-saves last.pt at the current step, removes the file and keeps training (nothing is
-interrupted). `fresh=False`, or no training running, takes the checkpoint on disk. The
-GGUF is `<name>-step<N>-f16.gguf` with provenance KVs; an optional eval runs on the CPU
-while training owns the device. Every snapshot is recorded in snapshots.json.
+Clients start it as a DETACHED job (`start_job`, runner.jobs): the caller loads no torch
+and its state shows in `status --json` under jobs.snapshot. While the train stage runs, the
+job drops `snapshot.request`; the trainer validates and saves last.pt at the current step,
+removes the file and keeps training (nothing is interrupted). `fresh=False`, or no training
+running, takes the checkpoint on disk. The GGUF is `<name>-step<N>-f16.gguf` with
+provenance KVs; an optional eval runs on the CPU while training owns the device. Every
+snapshot is recorded in snapshots.json.
 
-One snapshot job per project at a time (its own lock); reset refuses while one runs.
+One snapshot job per project at a time (its lock, snapshot.lock, is the job's lock);
+reset refuses while one runs. Arguments, the project and the checkpoint are checked
+before anything is written or spawned.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 
 from .. import atomic
 from ..errors import UserError
-from . import lock
+from . import jobs, lock
 from .status import read_state
 
 log = logging.getLogger(__name__)
+
+JOB = "snapshot"
+CHECKPOINTS = ("last", "best")
 
 
 def _request_fresh(paths, timeout_s: float) -> bool:
@@ -34,46 +42,99 @@ def _request_fresh(paths, timeout_s: float) -> bool:
     return True
 
 
-def run_snapshot(root, checkpoint: str = "last", evaluate: bool = False, fresh: bool = True,
-                 device: str | None = None, timeout_s: float = 600.0) -> dict:
-    from ..evaluate import evaluate_gguf
-    from ..outputs import export_checkpoint, record_snapshot
-    from ..precompute import resolve_device
-    from ..project import load_project
-    from ..train import checkpoint_path, load_checkpoint
+def check_args(root, checkpoint: str, evaluate: bool, fresh: bool, device: str | None):
+    """Validate everything a snapshot needs without torch; returns the project."""
+    from ..project import check_device, load_project
 
+    if checkpoint not in CHECKPOINTS:
+        raise UserError(f"--checkpoint must be last or best, not {checkpoint!r}.")
+    if device is not None:
+        try:
+            check_device(device, "--device")
+        except ValueError as e:
+            raise UserError(f"--device {e}.") from None
     project = load_project(root)
     paths = project.paths
-    if checkpoint not in ("last", "best"):
-        raise UserError(f"--checkpoint must be last or best, not {checkpoint!r}.")
-    with lock.hold_file(paths.snapshot_lock, "a snapshot export is already running"):
-        state = read_state(paths) or {}
-        is_training = lock.probe(paths) is not None and state.get("stage") == "train"
-        if fresh and is_training:
-            if not _request_fresh(paths, timeout_s):
-                log.warning("the trainer did not answer the snapshot request; using the checkpoint on disk")
-        ck_path = checkpoint_path(paths.checkpoints, checkpoint)
-        if not ck_path.exists():
-            raise UserError(f"there is no {checkpoint}.pt checkpoint yet; train first or wait for the first save.")
-        ck = load_checkpoint(ck_path)
-        info = export_checkpoint(project, checkpoint, project.snapshot_gguf, is_snapshot=True, ck=ck)
-        entry = {"id": f"step{info['step']}-{checkpoint}", "step": info["step"],
-                 "planned_steps": info["planned_steps"], "checkpoint": checkpoint, "val_cos": info["val_cos"],
-                 "best_val_cos": info["best_val_cos"], "path": info["path"], "size": info["bytes"],
-                 "time": time.time(), "while_training": is_training, "mock": info["mock"], "eval": None}
-        if evaluate:
-            dev = device or ("cpu" if lock.probe(paths) is not None else project.settings.train.device)
-            ev = evaluate_gguf(project, paths.root / info["path"], checkpoint, resolve_device(dev), ck=ck)
-            entry["eval"] = {k: v for k, v in ev["metrics"].items() if isinstance(v, float)}
-            entry["eval"]["headline"] = ev["val_cos"]
-        record_snapshot(project, entry)
-        return entry
+    training = lock.probe(paths) is not None and (read_state(paths) or {}).get("stage") == "train"
+    ck = paths.checkpoints / f"{checkpoint}.pt"
+    if not ck.is_file() and not (fresh and training and checkpoint == "last"):
+        raise UserError(f"there is no {checkpoint}.pt checkpoint yet in {paths.checkpoints}; "
+                        "train first (gguf-trainer start) or wait for the first save.")
+    return project
+
+
+def start_job(paths, checkpoint: str = "last", evaluate: bool = False, fresh: bool = True,
+              device: str | None = None) -> dict:
+    """Check the arguments, then start the detached snapshot job; its state (jobs.job_status)."""
+    check_args(paths.root, checkpoint, evaluate, fresh, device)
+    return jobs.start_job(paths.root, JOB, "gguf_trainer.runner.snapshot:job_main",
+                          {"checkpoint": checkpoint, "evaluate": bool(evaluate),
+                           "fresh": bool(fresh), "device": device})
+
+
+def job_main(folder: Path, job, checkpoint: str = "last", evaluate: bool = False,
+             fresh: bool = True, device: str | None = None) -> dict:
+    """The job process body (runner.jobs holds snapshot.lock around it)."""
+    project = check_args(folder, checkpoint, evaluate, fresh, device)
+    return _snapshot(project, checkpoint, evaluate, fresh, device, 600.0, job)
+
+
+def run_snapshot(root, checkpoint: str = "last", evaluate: bool = False, fresh: bool = True,
+                 device: str | None = None, timeout_s: float = 600.0) -> dict:
+    """In this process (tests, scripts): the same work under the snapshot lock."""
+    project = check_args(root, checkpoint, evaluate, fresh, device)
+    with lock.hold_file(project.paths.snapshot_lock, "a snapshot export is already running"):
+        return _snapshot(project, checkpoint, evaluate, fresh, device, timeout_s, None)
+
+
+def _snapshot(project, checkpoint, evaluate, fresh, device, timeout_s, job) -> dict:
+    from ..checkpoints import checkpoint_path, load_checkpoint
+    from ..evaluate import evaluate_gguf
+    from ..hardware import resolve_device
+    from ..outputs import export_checkpoint, record_snapshot
+
+    paths = project.paths
+    state = read_state(paths) or {}
+    is_training = lock.probe(paths) is not None and state.get("stage") == "train"
+    if fresh and is_training:
+        if job is not None:
+            job.update(phase="asking the trainer to save")
+        if not _request_fresh(paths, timeout_s):
+            log.warning("the trainer did not answer the snapshot request; using the checkpoint on disk")
+    ck_path = checkpoint_path(paths.checkpoints, checkpoint)
+    if not ck_path.exists():
+        raise UserError(f"there is no {checkpoint}.pt checkpoint yet; train first or wait for the first save.")
+    if job is not None:
+        job.update(phase="exporting")
+    ck = load_checkpoint(ck_path)
+    info = export_checkpoint(project, checkpoint, project.snapshot_gguf, is_snapshot=True, ck=ck)
+    entry = {"id": f"step{info['step']}-{checkpoint}", "step": info["step"],
+             "planned_steps": info["planned_steps"], "checkpoint": checkpoint, "val_cos": info["val_cos"],
+             "best_val_cos": info["best_val_cos"], "path": info["path"], "size": info["bytes"],
+             "time": time.time(), "while_training": is_training, "mock": info["mock"], "eval": None}
+    try:
+        from ..safe_delete import sha256_file
+
+        entry["sha256"] = sha256_file(info["path"])  # lets `reset output` prove it is ours
+    except OSError:
+        pass
+    if evaluate:
+        if job is not None:
+            job.update(phase="evaluating")
+        dev = device or ("cpu" if lock.probe(paths) is not None else project.settings.train.device)
+        ev = evaluate_gguf(project, paths.root / info["path"], checkpoint, resolve_device(dev), ck=ck)
+        entry["eval"] = {k: v for k, v in ev["metrics"].items() if isinstance(v, float)}
+        entry["eval"]["headline"] = ev["val_cos"]
+    record_snapshot(project, entry)
+    return entry
 
 
 def describe(entry: dict) -> str:
-    score = entry["eval"]["headline"] if entry.get("eval") else entry.get("val_cos")
-    return (f"snapshot written: {entry['path']} (step {entry['step']}/{entry['planned_steps']}, "
-            f"{entry['checkpoint']}.pt, score {score if score is None else round(score, 4)})")
+    ev = entry.get("eval") if isinstance(entry.get("eval"), dict) else None
+    score = ev.get("headline") if ev else entry.get("val_cos")
+    score = round(score, 4) if isinstance(score, (int, float)) else None
+    return (f"snapshot written: {entry.get('path')} (step {entry.get('step')}/"
+            f"{entry.get('planned_steps')}, {entry.get('checkpoint')}.pt, score {score})")
 
 
 def run_snapshot_cli(root, checkpoint="last", evaluate=False, fresh=True, device=None) -> int:

@@ -55,7 +55,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-
 from gguf_trainer import atomic
 from gguf_trainer.paths import ProjectPaths
 from gguf_trainer.runner import lock
@@ -468,8 +467,8 @@ def read_metrics(paths: ProjectPaths, offset: int = 0) -> tuple[list[dict], int]
                 offset = 0
             f.seek(offset)
             data = f.read(size - offset)
-    except FileNotFoundError:
-        return [], 0
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError):
+        return [], 0  # absent, or a folder/unreadable in its place: no rows
     end = data.rfind(b"\n") + 1
     rows = []
     for line in data[:end].splitlines():

@@ -8,6 +8,7 @@ idle | running | stalled | interrupted | stopped | failed | done. Must not write
 from __future__ import annotations
 
 import logging
+import math
 import socket
 import time
 
@@ -17,7 +18,14 @@ from gguf_trainer import atomic
 from gguf_trainer.paths import ProjectPaths
 from gguf_trainer.runner import lock
 from gguf_trainer.runner.state import (
-    HEARTBEAT_STALE_S, STALL_MIN_S, STALL_UNITS, empty_state, exit_record_path, killed_marker_path,
+    HEARTBEAT_STALE_S,
+    RUN_STATUSES,
+    STAGE_STATUSES,
+    STALL_MIN_S,
+    STALL_UNITS,
+    empty_state,
+    exit_record_path,
+    killed_marker_path,
 )
 
 log = logging.getLogger(__name__)
@@ -25,25 +33,87 @@ log = logging.getLogger(__name__)
 _CRASH_SIGNALS = ("SIGSEGV", "SIGBUS", "SIGABRT", "SIGILL", "SIGFPE")
 
 
-def read_state(paths: ProjectPaths) -> dict | None:
-    """state.json as written, or None when there is none (or it is unreadable)."""
+def read_json_quiet(path, default=None):
+    """A JSON file the tool wrote, or `default` for ANY problem (absent, a folder in its
+    place, unreadable, not UTF-8, not JSON, nested too deep): observing never crashes."""
     try:
-        state = atomic.read_json(paths.state_json)
-    except ValueError:  # not JSON: someone edited it; treat as "no state" and say so in the log
-        log.warning("%s is not valid JSON; ignoring it", paths.state_json)
+        return atomic.read_json(path, default)
+    except (ValueError, OSError, RecursionError):
+        log.warning("%s is unreadable or not valid JSON; ignoring it", path)
+        return default
+
+
+def _num(v):
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) \
+        else None
+
+
+def _int(v):
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _str(v):
+    return v if isinstance(v, str) else None
+
+
+_STATE_TYPES = {"status": _str, "pid": _int, "pid_start_time": _num, "host": _str,
+                "started": _num, "finished": _num, "heartbeat": _num, "progress_time": _num,
+                "slowest_unit_s": _num, "stage": _str, "step": _num, "steps": _num,
+                "val_cos": _num, "best_val_cos": _num, "error": _str, "exit_code": _int}
+_STAGE_TYPES = {"status": _str, "started": _num, "finished": _num, "done": _num, "total": _num,
+                "unit": _str, "rate": _num, "eta_s": _num, "detail": _str}
+
+
+def sanitize_state(raw) -> dict | None:
+    """state.json content with every known key of the right type (wrong types become
+    "unknown"), stages that are not objects dropped; None if it is not an object."""
+    if not isinstance(raw, dict):
         return None
-    return state if isinstance(state, dict) else None
+    st = dict(raw)
+    for key, check in _STATE_TYPES.items():
+        if key in st:
+            st[key] = check(st[key])
+    if st.get("status") not in RUN_STATUSES:
+        st["status"] = None
+    st["mock"] = st.get("mock") is True
+    st["argv"] = [a for a in st["argv"] if isinstance(a, str)] if isinstance(st.get("argv"),
+                                                                            list) else None
+    stages = st.get("stages") if isinstance(st.get("stages"), dict) else {}
+    clean = {}
+    for name, stage in stages.items():
+        if not isinstance(stage, dict):
+            continue
+        stage = dict(stage)
+        for key, check in _STAGE_TYPES.items():
+            if key in stage:
+                stage[key] = check(stage[key])
+        if stage.get("status") not in STAGE_STATUSES:
+            stage["status"] = "pending"
+        stage["skipped"] = stage.get("skipped") is True
+        clean[str(name)] = stage
+    st["stages"] = clean
+    return st
+
+
+def read_state(paths: ProjectPaths) -> dict | None:
+    """state.json as written (sanitized: see sanitize_state), or None when there is none
+    or it is unreadable."""
+    return sanitize_state(read_json_quiet(paths.state_json))
 
 
 def read_exit_records(paths: ProjectPaths) -> list[dict]:
     """The launcher monitors' records, oldest first: {pid, pid_start_time, returncode,
     signal (name or null), time, argv, monitor_pid}."""
-    try:
-        data = atomic.read_json(exit_record_path(paths), {}) or {}
-    except ValueError:  # torn by hand-editing; the records are advisory
-        return []
+    data = read_json_quiet(exit_record_path(paths), {})  # advisory: garbage reads as none
     records = data.get("exits") if isinstance(data, dict) else None
-    return [r for r in records or [] if isinstance(r, dict)]
+    records = records if isinstance(records, list) else []
+    out = []
+    for r in records:
+        if isinstance(r, dict):
+            out.append({**r, "pid": _int(r.get("pid")), "pid_start_time": _num(r.get("pid_start_time")),
+                        "returncode": _int(r.get("returncode")), "signal": _str(r.get("signal")),
+                        "monitor_pid": _int(r.get("monitor_pid"))})
+    return out
 
 
 def find_exit_record(paths: ProjectPaths, state: dict) -> dict | None:
@@ -69,7 +139,7 @@ def death_sentence(record: dict | None, state: dict) -> str:
         if sig:
             return f"killed by {sig}"
         return f"exited with code {record.get('returncode')} without recording a result — see pipeline.log"
-    heartbeat = state.get("heartbeat") or 0.0
+    heartbeat = _num(state.get("heartbeat")) or 0.0
     if psutil.boot_time() > heartbeat:
         return "the machine restarted while the pipeline was running"
     return f"the pipeline process (pid {pid}) is gone without recording a result — see pipeline.log"
@@ -86,7 +156,7 @@ def format_eta(eta_s: float | None) -> str:
 
 
 def _same_process(a_pid, a_start, b_pid, b_start) -> bool:
-    if a_pid is None or a_pid != b_pid or a_start is None or b_start is None:
+    if _int(a_pid) is None or a_pid != b_pid or _num(a_start) is None or _num(b_start) is None:
         return False
     return abs(float(a_start) - float(b_start)) <= lock.START_TIME_TOLERANCE_S
 
@@ -106,8 +176,48 @@ def derive_status(paths: ProjectPaths, now: float | None = None) -> dict:
     """What clients show. state.json's keys plus: status (derived, see the module doc),
     state_status (as recorded), message (one line), pid (the verified lock holder or None:
     the only pid anyone may signal), last_pid, heartbeat_age_s, progress_age_s,
-    stall_after_s, exit (the exit record or None), project (the folder).
+    stall_after_s, exit (the exit record or None), project (the folder),
+    settings_error (the sentence when project.json is broken, else None: the message then
+    starts with it), jobs ({"snapshot": runner.jobs.job_status}), results (when done: where
+    the GGUF, eval.json and ggk command are; see control.results).
+    Answers for any content of the files the tool writes.
     """
+    out = _derive_run(paths, now)
+    out["settings_error"] = _settings_error(paths)
+    if out["settings_error"]:
+        out["message"] = f"project.json is broken: {out['settings_error']} ({out['message']})"
+    elif out["status"] == "stopped" and isinstance(out.get("reset"), dict) and \
+            out.get("state_status") == "stopped":
+        stages = out["reset"].get("stages")
+        if isinstance(stages, list):
+            out["message"] = (f"reset: {', '.join(map(str, stages))} cleared; start again to "
+                              "rebuild them")
+    from gguf_trainer.runner import jobs  # lazy: jobs imports the supervisor
+
+    out["jobs"] = {"snapshot": jobs.job_status(paths.root, "snapshot")}
+    out["results"] = None
+    if out["status"] == "done" and not out["settings_error"]:
+        try:
+            from gguf_trainer.project import describe_results
+
+            out["results"] = describe_results(paths.root)
+        except Exception as e:  # noqa: BLE001 - observing never crashes; say what failed
+            log.warning("cannot describe the results: %s", e)
+    return out
+
+
+def _settings_error(paths: ProjectPaths) -> str | None:
+    from gguf_trainer.errors import UserError
+    from gguf_trainer.project import load_project
+
+    try:
+        load_project(paths.root)
+    except UserError as e:
+        return str(e).replace("\n  ", " ").replace("\n", " ")
+    return None
+
+
+def _derive_run(paths: ProjectPaths, now: float | None = None) -> dict:
     now = time.time() if now is None else now
     state = read_state(paths)
     found = lock.holder(paths)
@@ -167,7 +277,8 @@ def _dead_status(out: dict, paths: ProjectPaths, state: dict) -> dict:
                           "from that machine" if host != socket.gethostname() else
                           "running, but its process cannot be named from here (a container?)")
         return out
-    killed = atomic.read_json(killed_marker_path(paths)) or {}
+    killed = read_json_quiet(killed_marker_path(paths), {})
+    killed = killed if isinstance(killed, dict) else {}
     if _same_process(killed.get("pid"), killed.get("pid_start_time"),
                      state.get("pid"), state.get("pid_start_time")):
         out["status"] = "stopped"

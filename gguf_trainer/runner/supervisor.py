@@ -164,6 +164,7 @@ def start(project_dir: str | os.PathLike, only: list[str] | None = None, force: 
     holder = lock.probe(paths)
     if holder is not None:
         raise lock.LockHeld(holder)
+    clear_stale_stop(paths)
     argv = [sys.executable, "-m", module, "--project", str(paths.root)]
     argv += ["--only", *only] if only else []
     argv += ["--force"] if force else []
@@ -171,6 +172,22 @@ def start(project_dir: str | os.PathLike, only: list[str] | None = None, force: 
     pid = _await_lock_holder(paths, proc, wait_s)
     remember_project(paths.root)
     return pid
+
+
+def clear_stale_stop(paths: ProjectPaths) -> bool:
+    """Remove a stop request nobody will answer (left by a `stop` that timed out, or
+    `stop --timeout 0`, before a `kill` or a crash), so the next start does not stop at
+    once. Only when no pipeline holds the lock. True if one was removed."""
+    if lock.probe(paths) is not None:
+        return False
+    try:
+        paths.stop_request.unlink()
+        return True
+    except FileNotFoundError:
+        return False
+    except IsADirectoryError:
+        raise UserError(f"{paths.stop_request} is a folder; remove it (the tool writes a "
+                        "stop request file there).") from None
 
 
 def _parent_of(pid: int) -> int | None:

@@ -41,7 +41,7 @@ def env(tmp_path, monkeypatch):
 def project(tmp_path):
     root = tmp_path / "proj"
     root.mkdir()
-    (root / "project.json").write_text("{}")
+    (root / "project.json").write_text('{"pack": "t5xxl_pixart"}')
     yield root
     _cleanup(ProjectPaths(root))
 
@@ -181,9 +181,12 @@ def test_kill9_is_interrupted_and_auto_resume_relaunches_only_that(project):
 def test_auto_resume_leaves_a_done_run_alone(project, monkeypatch):
     monkeypatch.setenv("FAKE_UNITS", "1")
     supervisor.start(project, module=FAKE)
-    wait_status(project, "done")
+    first = wait_status(project, "done")["last_pid"]
+    # The pipeline records "done" a moment before it exits and frees the lock.
+    wait_for(lambda: lock.probe(ProjectPaths(project)) is None)
     assert "is done; nothing to resume" in supervisor.auto_resume(module=FAKE)
-    assert lock.probe(ProjectPaths(project)) is None
+    assert lock.probe(ProjectPaths(project)) is None  # nothing was relaunched
+    assert supervisor.status(project)["last_pid"] == first
 
 
 def test_supervisor_kill_also_kills_children_and_reads_as_stopped(project, monkeypatch):

@@ -16,7 +16,7 @@ import pytest
 from gguf_trainer import atomic, cli
 from gguf_trainer.errors import UserError
 from gguf_trainer.paths import ProjectPaths
-from gguf_trainer.runner import lock, state, supervisor
+from gguf_trainer.runner import control, lock, state, supervisor
 
 STATUS_KEYS = {"status", "message", "pid", "stage", "stages", "step", "steps", "val_cos",
                "best_val_cos", "error", "mock", "heartbeat", "heartbeat_age_s",
@@ -29,11 +29,19 @@ def home(tmp_path, monkeypatch):
     return tmp_path / "home"
 
 
+@pytest.fixture(autouse=True)
+def served(monkeypatch):
+    """Bare `gguf-trainer` serves the GUI: record the launch instead of serving."""
+    calls = []
+    monkeypatch.setattr(cli.gui_launch, "serve", lambda opts: calls.append(opts) or 0)
+    return calls
+
+
 @pytest.fixture
 def project(tmp_path):
     root = tmp_path / "proj"
     root.mkdir()
-    (root / "project.json").write_text("{}")
+    (root / "project.json").write_text('{"pack": "t5xxl_pixart"}')
     return root
 
 
@@ -46,15 +54,15 @@ def run_cli(capsys, *argv):
 def test_help_lists_the_commands_and_auto_resume(capsys):
     code, out, _ = run_cli(capsys, "--help")
     assert code == 0
-    for word in ("run", "start", "stop", "kill", "status", "set", "snapshot", "reset",
+    for word in ("new", "run", "start", "stop", "kill", "status", "set", "snapshot", "reset",
                  "inspect", "demo", "--auto-resume", "--version"):
         assert word in out
-    assert "download" not in out
 
 
-def test_bare_command_prints_help(capsys):
-    code, out, _ = run_cli(capsys)
-    assert code == 0 and "usage: gguf-trainer" in out
+def test_bare_command_opens_the_gui(capsys, served):
+    code, _, _ = run_cli(capsys, "--no-browser", "--port", "8700")
+    assert code == 0 and len(served) == 1
+    assert (served[0].port, served[0].open_browser, served[0].host) == (8700, False, "127.0.0.1")
 
 
 def test_version(capsys):
@@ -123,9 +131,9 @@ def test_error_mapping(capsys, project, monkeypatch):
     monkeypatch.setattr(supervisor, "start", raiser(lock.LockHeld(4242)))
     code, _, err = run_cli(capsys, "start", "--project", str(project))
     assert code == 1 and "already running (pid 4242)" in err and "Traceback" not in err
-    monkeypatch.setattr(supervisor, "status", raiser(KeyboardInterrupt()))
+    monkeypatch.setattr(control, "status", raiser(KeyboardInterrupt()))
     assert run_cli(capsys, "status", "--project", str(project))[0] == 130
-    monkeypatch.setattr(supervisor, "status", raiser(UserError("a sentence.")))
+    monkeypatch.setattr(control, "status", raiser(UserError("a sentence.")))
     code, _, err = run_cli(capsys, "status", "--project", str(project))
     assert code == 1 and err.strip() == "error: a sentence."
 
@@ -135,13 +143,14 @@ def test_auto_resume_without_history(capsys, home):
     assert code == 0 and "auto-resume" in out and "no project" in out
 
 
-def test_auto_resume_leaves_finished_projects_alone(capsys, project):
+def test_auto_resume_leaves_finished_projects_alone(capsys, project, served):
     supervisor.remember_project(project)
     st = state.empty_state()
     st.update(status="done", pid=1, pid_start_time=1.0)
     atomic.write_json(ProjectPaths(project).state_json, st)
     code, out, _ = run_cli(capsys, "--auto-resume")
     assert code == 0 and "is done; nothing to resume" in out
+    assert served[-1].project == str(project.resolve())  # the GUI opens on it
 
 
 def _fresh(code: str) -> subprocess.CompletedProcess:

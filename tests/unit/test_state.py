@@ -31,7 +31,7 @@ class FakeClock:
 @pytest.fixture
 def paths(tmp_path):
     p = ProjectPaths(tmp_path)
-    p.project_json.write_text("{}")
+    p.project_json.write_text('{"pack": "t5xxl_pixart"}')
     return p
 
 
@@ -247,7 +247,7 @@ def test_derive_interrupted_says_how_it_died(paths):
     assert info["status"] == "interrupted"
     assert info["error"] == "killed by SIGKILL — out of memory?"
     assert info["exit"]["returncode"] == -9
-    assert info["stages"]["train"] == {"status": "interrupted", "eta_s": None}
+    assert info["stages"]["train"] == {"status": "interrupted", "eta_s": None, "skipped": False}
     assert on_disk(paths)["stages"]["train"]["status"] == "running"  # clients never write
 
 
