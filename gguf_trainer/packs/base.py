@@ -130,6 +130,9 @@ class TrainerPack:
     optional_materials: tuple[Material, ...] = ()  # wanted when their `wanted_when` setting is on
     defaults: dict[str, Any] = {}
     hints: dict[str, str] = {}
+    # Per-field GUI metadata for the settings this pack changes (dotted key -> label, help,
+    # ge/le, choices ...), laid over the schema's own (project.field_metadata merges them).
+    field_meta: dict[str, dict] = {}
     teacher_memory_gib: float = 0.0  # the teacher's weights in memory; the placement planner's need
     min_ggk: str = ""
     engine_command_template: str = ""

@@ -97,7 +97,7 @@ class UpdateResult:
 
     def message(self) -> str:
         """One line per problem, or "saved"; what the CLI prints."""
-        lines = [f"{k}: {v}" for k, v in self.errors.items()]
+        lines = list(self.errors.values())  # each sentence names its field
         lines += [f"{k}: {v}" for k, v in self.refused.items()]
         lines += [f"{k}: changed on disk to {c['disk']!r} since it was read; not overwritten "
                   "(reload and try again)" for k, c in self.conflicts.items()]
