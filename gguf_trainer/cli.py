@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 from gguf_trainer import __version__
-from gguf_trainer.errors import NoProjectError, UserError
+from gguf_trainer.errors import NoProjectError, UserError, as_user_error
 from gguf_trainer.exit_codes import (
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
@@ -497,17 +497,22 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `gguf-trainer status | head`: the reader left; not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
-    except OSError as e:  # the file system said no: name the file and the reason
-        where = f"{e.filename}: " if e.filename else ""
-        print(f"error: {where}{e.strerror or e}; check that it exists, is writable and the "
-              "disk has space", file=sys.stderr)
+    except OSError as e:  # the file system said no: one sentence naming the path
+        user = as_user_error(e, fallback=getattr(args, "project", None))
+        if user is None:
+            return _internal_error(e)
+        print(f"error: {user}", file=sys.stderr)
         return EXIT_ERROR
-    except Exception as e:
-        if os.environ.get("GGUF_TRAINER_DEBUG"):
-            raise
-        print(f"internal error ({type(e).__name__}: {e}); this is a bug in gguf-trainer; rerun "
-              "with GGUF_TRAINER_DEBUG=1 for the traceback", file=sys.stderr)
-        return EXIT_INTERNAL
+    except Exception as e:  # noqa: BLE001 - a bug: one line, the traceback on request
+        return _internal_error(e)
+
+
+def _internal_error(e: BaseException) -> int:
+    if os.environ.get("GGUF_TRAINER_DEBUG"):
+        raise e
+    print(f"internal error ({type(e).__name__}: {e}); this is a bug in gguf-trainer; rerun "
+          "with GGUF_TRAINER_DEBUG=1 for the traceback", file=sys.stderr)
+    return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

@@ -725,14 +725,7 @@ class _SettingsLock:
 
         self._cm = lock.hold_file(self.file, "project.json is being saved by another process",
                                   retry_s=SETTINGS_LOCK_WAIT_S)
-        try:
-            return self._cm.__enter__()
-        except IsADirectoryError:
-            raise UserError(f"{self.file} is a folder; remove it (the tool keeps a lock file "
-                            "there).") from None
-        except PermissionError:
-            raise UserError(f"cannot write in {self.file.parent}; the project folder is "
-                            "read-only.") from None
+        return self._cm.__enter__()  # lock.hold_file turns OS refusals into DiskError
 
     def __exit__(self, *exc):
         return self._cm.__exit__(*exc)

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import psutil
 
-from gguf_trainer.errors import UserError
+from gguf_trainer.errors import UserError, as_user_error
 from gguf_trainer.paths import ProjectPaths
 
 # A process is named by (pid, start time). The start time is read in seconds AFTER BOOT from
@@ -157,12 +157,11 @@ def hold_file(lock_file: Path, what: str, retry_s: float = 1.0,
     # O_CREAT without O_TRUNC: the file is created once and its inode never changes.
     try:
         fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    except IsADirectoryError:
-        raise UserError(f"{lock_file} is a folder; remove it (the tool keeps a lock file "
-                        "there).") from None
-    except PermissionError:
-        raise UserError(f"cannot write {lock_file}: the folder is read-only or not yours; "
-                        "check its permissions.") from None
+    except OSError as e:  # a folder in its place, read-only, full ...: one sentence
+        user = as_user_error(e, lock_file)
+        if user is None:
+            raise
+        raise user from None
     acquired = False
     try:
         deadline = time.monotonic() + retry_s
