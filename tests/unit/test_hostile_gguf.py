@@ -16,6 +16,7 @@ import pytest
 from gguf_trainer import cli
 from gguf_trainer.adapter_file import read_adapter
 from gguf_trainer.errors import UserError
+from gguf_trainer.exit_codes import EXIT_USER
 from gguf_trainer.gguf_bounds import MAX_METADATA_ITEMS, check_gguf
 
 U8, U32, STRING, ARRAY = 0, 4, 8, 9
@@ -115,7 +116,7 @@ def test_check_gguf_refuses_before_allocating(hostile):
 def test_inspect_cli_says_one_sentence(hostile, capsys):
     code = cli.main(["inspect", str(hostile)])
     out = capsys.readouterr()
-    assert code == cli.EXIT_ERROR and out.out == ""  # the CLI's user-error code
+    assert code == EXIT_USER and out.out == ""
     assert out.err.startswith("error: ") and "truncated or not a GGUF file" in out.err
     _one_sentence(out.err)
 

@@ -15,13 +15,13 @@ import struct
 import numpy as np
 import pytest
 import torch
+from pipeline_helpers import make_project
 
 from gguf_trainer import shards
 from gguf_trainer.errors import UserError
 from gguf_trainer.paths import ProjectPaths
 from gguf_trainer.project import update_settings
 from gguf_trainer.runner import pipeline
-from pipeline_helpers import make_project
 
 PACK = "t5xxl_pixart"
 
@@ -172,13 +172,15 @@ def _shard_in_use(paths, split):
 
 
 def _copy(finished, tmp_path):
-    root = tmp_path / "proj"
-    shutil.copytree(finished, root, symlinks=True)
+    """The project and its exported GGUF (next to it: output_dir "")."""
+    disk = tmp_path / "disk"
+    shutil.copytree(finished.parent, disk, symlinks=True)
+    root = disk / finished.name
     return root, ProjectPaths(root)
 
 
-@pytest.mark.parametrize("edit", ["flip_student_row", "flip_target_row", "swap_two_rows"])
-@pytest.mark.parametrize("split", ["train", "val"])
+@pytest.mark.parametrize("split,edit", [("train", "flip_student_row"), ("train", "swap_two_rows"),
+                                        ("val", "flip_target_row")])
 def test_training_on_a_changed_shard_recomputes_it_and_finishes(finished, tmp_path, edit, split):
     root, paths = _copy(finished, tmp_path)
     victim = _shard_in_use(paths, split)
@@ -196,7 +198,7 @@ def test_training_on_a_changed_shard_recomputes_it_and_finishes(finished, tmp_pa
 
 
 def test_eval_on_a_changed_val_shard_recomputes_it(finished, tmp_path):
-    root, paths = _copy(finished, tmp_path)
+    _root, paths = _copy(finished, tmp_path)
     victim = shards.shard_files(paths.shard_dir("val"))[0]
     original = shards.read_meta(victim)["checksum"]
     _in_place(victim, flip_target_row)
