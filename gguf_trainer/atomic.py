@@ -172,6 +172,14 @@ def read_json(path: str | os.PathLike, default: Any = None, fix: str = "fix or d
         raise BadJSONFile(f"{path} is a folder, not a JSON file; move it away.") from None
     except OSError as e:
         raise DiskError(f"could not read {path}: {os_error_sentence(e, path) or e}", e.errno) from e
+    return parse_json(raw, path, fix)
+
+
+def parse_json(raw: bytes, path: str | os.PathLike, fix: str = "fix or delete it") -> Any:
+    """The JSON value in `raw` (the bytes of `path`), or BadJSONFile naming `path` and `fix`:
+    not UTF-8 (a BOM is fine), not JSON, a number too long for Python's int parser, or nested
+    deeper than MAX_JSON_DEPTH (checked without recursion, so no reader recurses on it later).
+    For loaders that read the bytes themselves (project.json hashes them first)."""
     try:
         text = raw.decode("utf-8-sig")  # a BOM from a Windows editor is harmless
     except UnicodeDecodeError as e:
@@ -184,6 +192,9 @@ def read_json(path: str | os.PathLike, default: Any = None, fix: str = "fix or d
                           f"{e.colno}); {fix}.") from None
     except RecursionError:  # only a hand-made file nests this deep
         raise BadJSONFile(f"{path} nests deeper than {MAX_JSON_DEPTH} levels; {fix}.") from None
+    except ValueError as e:  # Python refuses integers of more than 4300 digits
+        raise BadJSONFile(f"{path} holds a number too long to read ({str(e)[:60]}…); "
+                          f"{fix}.") from None
     if _depth(obj) > MAX_JSON_DEPTH:
         raise BadJSONFile(f"{path} nests deeper than {MAX_JSON_DEPTH} levels; {fix}.")
     return obj

@@ -164,6 +164,9 @@ BAD_JSON = {
     "deep_100k": (_nested(100_000), "nests deeper"),
     "deep_65": (_nested(65), "nests deeper"),
     "deep_dicts": (b'{"a":' * 200 + b"1" + b"}" * 200, "nests deeper"),
+    "deep_500_lists": (b'{"train": {"steps": ' + _nested(500) + b"}}", "nests deeper"),
+    "huge_integer": (b'{"train": {"steps": 1' + b"0" * 5000 + b"}}", "number too long"),
+    "nul_bytes": (b"\0" * 64, "not valid JSON"),
 }
 
 
