@@ -28,6 +28,7 @@ from gguf_trainer.runner import jobs
 
 JOB_NAME = "download"
 LISTING_TTL_S = 600.0  # an online listing is reused this long, then asked again
+STALL_S = 15.0  # a running download that reported no bytes for this long shows rate 0
 _listing_cache: dict[tuple, tuple[float, hub.Listing]] = {}
 
 
@@ -151,11 +152,16 @@ def material_status(project, material, online: bool = False, wanted: set | None 
         prog = job["progress"]
         out.update(state="downloading", pid=job["pid"], rate_bps=prog.get("rate_bps"),
                    eta_s=prog.get("eta_s"))
+        quiet_s = time.time() - prog["updated"] if isinstance(prog.get("updated"), float) else 0
+        if quiet_s > STALL_S:  # the last rate would be a lie: no byte has come since
+            out.update(rate_bps=0, eta_s=None,
+                       note=f"no data from the Hub for {quiet_s:.0f} s (still trying)")
         for key in ("bytes_done", "bytes_total", "files_done", "files_total"):
             if isinstance(prog.get(key), int) and prog[key]:
                 out[key] = prog[key]
     elif check.is_complete:
         out["state"] = "ready"
+        _check_content(out, project, material, dest)
     elif job and job["status"] == "failed":
         out.update(state="failed", error=job["error"])
     elif check.bytes_done or check.bytes_partial:
@@ -163,6 +169,22 @@ def material_status(project, material, online: bool = False, wanted: set | None 
     if job and job["status"] in ("interrupted", "stopped") and not check.is_complete:
         out["note"] = "the last download was interrupted; start it again to resume"
     return out
+
+
+def _check_content(out: dict, project, material, dest: Path) -> None:
+    """A pack that can check its teacher from headers alone (tensor names and shapes, the
+    tokenizer; no weights read) says what the complete folder holds: `verified` True with the
+    summary as the note, or False with the sentence naming the file to fix as the error. The
+    state stays "ready" (every file is there); precompute refuses such a folder in seconds."""
+    check = getattr(project.pack, "check_teacher", None)
+    if check is None or material not in project.pack.teacher_materials:
+        return
+    try:
+        summary = check({material.id: dest})
+    except UserError as e:
+        out.update(verified=False, error=str(e))
+    else:
+        out.update(verified=True, note="; ".join(filter(None, [out.get("note"), summary])))
 
 
 def _apply_check(out: dict, check: FolderCheck) -> None:

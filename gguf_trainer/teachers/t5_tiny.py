@@ -1,6 +1,7 @@
 """The tiny real T5 teacher: a `T5EncoderModel` with random weights and small dimensions plus a
 small sentencepiece model trained here, laid out like the `callgg/t5-v1_1-xxl-encoder-bf16`
-snapshot (config.json, model.safetensors in bf16, spiece.model).
+snapshot (config.json, model.safetensors in bf16, spiece.model and the tokenizer/generation
+side files).
 
 `gguf-trainer demo --pack t5xxl_pixart` and the tests run the real teacher code
 (`teachers.t5`) on it offline. The shipped copy lives in `packs/demo_materials/t5xxl_pixart/`
@@ -46,6 +47,15 @@ ancient modern futuristic vintage peaceful dramatic colorful minimal abstract hi
 trending on artstation wide angle lens depth of field bokeh volumetric lighting golden hour studio"""
 
 
+# The snapshot's small side files, so its folder is as complete as the real one's patterns ask.
+SIDE_FILES = {
+    "generation_config.json": {"decoder_start_token_id": 0, "eos_token_id": 1, "pad_token_id": 0},
+    "special_tokens_map.json": {"eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>"},
+    "tokenizer_config.json": {"tokenizer_class": "T5Tokenizer", "eos_token": "</s>", "pad_token": "<pad>",
+                              "unk_token": "<unk>", "extra_ids": 0, "model_max_length": 512},
+}
+
+
 def tiny_spm_corpus() -> list[str]:
     from ..demo import demo_prompts
 
@@ -81,13 +91,15 @@ def tiny_encoder_state(seed: int = 0) -> dict:
 
 
 def build_tiny_t5(dest: Path = DEMO_DIR, seed: int = 0) -> Path:
-    """Write config.json, spiece.model and model.safetensors into `dest` (each atomically)."""
+    """Write config.json, spiece.model, model.safetensors and the side files into `dest`
+    (each atomically)."""
     from safetensors.torch import save_file
 
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     atomic.write_bytes(dest / "spiece.model", train_tiny_spm())
-    atomic.write_text(dest / "config.json", json.dumps(TINY_T5_CONFIG, indent=2, sort_keys=True) + "\n")
+    for name, content in {"config.json": TINY_T5_CONFIG, **SIDE_FILES}.items():
+        atomic.write_text(dest / name, json.dumps(content, indent=2, sort_keys=True) + "\n")
     with atomic.atomic_path(dest / "model.safetensors") as tmp:
         save_file(tiny_encoder_state(seed), str(tmp), metadata={"format": "pt"})
     return dest

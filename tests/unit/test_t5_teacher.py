@@ -159,9 +159,11 @@ def test_shipped_tiny_snapshot_is_what_the_builder_makes(tmp_path):
     from gguf_trainer.teachers.t5_tiny import build_tiny_t5
 
     rebuilt = build_tiny_t5(tmp_path / "t5")
-    for name in ("config.json", "spiece.model", "model.safetensors"):
+    shipped = sorted(p.name for p in DEMO_DIR.iterdir())
+    assert shipped == sorted(p.name for p in rebuilt.iterdir())
+    for name in shipped:
         assert (rebuilt / name).read_bytes() == (DEMO_DIR / name).read_bytes(), name
-    assert sum((DEMO_DIR / n).stat().st_size for n in ("config.json", "spiece.model", "model.safetensors")) < 300_000
+    assert sum((DEMO_DIR / n).stat().st_size for n in shipped) < 300_000
 
 
 def test_the_shipped_data_is_package_data():
@@ -289,3 +291,22 @@ def test_demo_materials_are_the_shipped_tiny_snapshot(tmp_path):
     assert set(files) == {"teacher"}
     assert (files["teacher"] / "spiece.model").read_bytes() == (DEMO_DIR / "spiece.model").read_bytes()
     assert t5.check_snapshot(files["teacher"]).n_tensors == 21
+
+
+def test_material_status_checks_the_teacher_from_its_headers(tmp_path, snapshot, tiny_materials):
+    """`gguf-trainer materials` (and the GUI's material rows): a complete teacher folder is read
+    from its headers; one holding the wrong weights says so in the sentence naming the file."""
+    from gguf_trainer.project import create_project
+    from gguf_trainer.runner.material_status import material_statuses
+
+    root = tmp_path / "proj"
+    create_project(root, "t5xxl_pixart", overrides={"materials": {
+        "teacher": {"path": str(snapshot)}, "student": {"path": str(tiny_materials["student"])},
+        "student_tokenizer": {"path": str(tiny_materials["tokenizer"])}}})
+    teacher = next(r for r in material_statuses(root) if r["id"] == "teacher")
+    assert teacher["state"] == "ready" and teacher["verified"] is True, teacher
+    assert teacher["note"].startswith("T5 encoder: 2 blocks, d_model 64"), teacher
+    config = json.loads((snapshot / "config.json").read_text())
+    (snapshot / "config.json").write_text(json.dumps({**config, "d_model": 128}))
+    teacher = next(r for r in material_statuses(root) if r["id"] == "teacher")
+    assert teacher["verified"] is False and "config.json implies" in teacher["error"], teacher
