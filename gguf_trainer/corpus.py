@@ -1,34 +1,97 @@
-"""Corpus stage (text): local prompt files or ready-made train/val files -> data/train.txt, data/val.txt.
+"""Corpus stage: local prompt files (+ images) or ready-made train/val files -> sample records
+`data/train.jsonl`, `data/val.jsonl` (format: gguf_trainer.samples), images in `data/images/`.
 
-Whitespace is normalised here, once, when the corpus files are written; from then on
-the exact line is what the student and the teacher see. One prompt per line, an empty
-line is an empty prompt (the adapter must learn the empty CFG prompt). The split is
-seeded, so the same settings and sources give the same files.
+Sources: `.txt` (one prompt per line) and `.jsonl` (a "text" string per line, optionally
+"images": [paths relative to the .jsonl file] for packs that take images). Any bytes are
+accepted, by one rule (`decode_lines` + `clean_text`), each case counted in the log:
+  * UTF-8, with or without a BOM, is read as is; a UTF-16 file with a BOM is decoded as UTF-16;
+  * a line that is not valid UTF-8 is decoded as Windows-1252 (latin-1 for the 5 bytes
+    cp1252 leaves undefined): legacy files are read, never dropped;
+  * a line holding NUL bytes is binary data (or UTF-16 without a BOM) and is skipped;
+  * lone surrogates (from JSON escapes) are removed, other control characters become spaces;
+  * a .jsonl line that is not a JSON object with a "text" string is skipped.
+Whitespace is normalised here, once; from then on the exact text is what the student and
+the teacher see. A corpus with no usable prompt (or fewer than the split needs) is refused
+here, with the counts of why, before any model loads. The split is seeded, so the same
+settings and sources give the same records.
 """
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 import logging
 import random
+import re
+import shutil
+from collections import Counter
 from pathlib import Path
 
 from . import atomic
 from .errors import UserError
+from .samples import Sample, write_samples
 
 log = logging.getLogger(__name__)
 
-TRAIN_TXT = "train.txt"
-VAL_TXT = "val.txt"
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+# Why a source line did not become a prompt (or was changed); logged and put in refusals.
+REASONS = {
+    "legacy": "lines not UTF-8, read as Windows-1252/latin-1",
+    "binary": "lines with NUL bytes (binary data, or UTF-16 without a BOM) skipped",
+    "surrogates": "prompts with lone surrogates removed",
+    "control": "prompts with control characters replaced by spaces",
+    "bad_json": "lines not a JSON object with a \"text\" string skipped",
+    "bad_images": "samples with a missing or unreadable image skipped",
+    "images_ignored": "samples whose images this pack ignores (it takes text only)",
+    "length": "prompts outside corpus.min_chars..max_chars",
+    "duplicate": "duplicates",
+}
 
 
 def normalize(text: str) -> str:
     return " ".join(text.split())
 
 
+def decode_lines(raw: bytes, tally: Counter) -> list[str | None]:
+    """The lines of a prompt file's bytes (None = a binary line, skipped). See the module doc."""
+    if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        return raw.decode("utf-16", errors="replace").replace("\r\n", "\n").split("\n")
+    raw = raw.removeprefix(codecs.BOM_UTF8)
+    out: list[str | None] = []
+    for line in raw.split(b"\n"):
+        line = line.removesuffix(b"\r")
+        if b"\x00" in line:
+            tally["binary"] += 1
+            out.append(None)
+            continue
+        try:
+            out.append(line.decode("utf-8"))
+        except UnicodeDecodeError:
+            tally["legacy"] += 1
+            try:
+                out.append(line.decode("cp1252"))
+            except UnicodeDecodeError:
+                out.append(line.decode("latin-1"))
+    return out
+
+
+def clean_text(text: str, tally: Counter) -> str:
+    """Text the tokenizer and a UTF-8 file can hold: no lone surrogates, no control characters,
+    whitespace collapsed."""
+    if _SURROGATE.search(text):
+        tally["surrogates"] += 1
+        text = _SURROGATE.sub("", text)
+    if _CONTROL.search(text.replace("\t", " ").replace("\n", " ").replace("\r", " ")):
+        tally["control"] += 1
+    return normalize(_CONTROL.sub(" ", text))
+
+
 def read_prompts(path: Path) -> list[str]:
-    """Prompts of a corpus file as written by this stage (one per line, '' = empty prompt)."""
+    """Prompts of a plain prompt list written by `write_prompts` (one per line, '' = empty)."""
     text = path.read_text(encoding="utf-8")
     return text[:-1].split("\n") if text else []
 
@@ -37,26 +100,50 @@ def write_prompts(path: Path, prompts: list[str]) -> None:
     atomic.write_text(path, "".join(p + "\n" for p in prompts))
 
 
-def _read_source(path: Path) -> list[str]:
+def _read_bytes(path: Path) -> bytes:
     if not path.is_file():
         raise UserError(f"prompt file {path} does not exist; fix the path under Corpus.")
-    if path.suffix.lower() == ".jsonl":
-        prompts = []
-        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                text = json.loads(line)["text"]
-            except (json.JSONDecodeError, KeyError, TypeError):
-                text = None
-            if not isinstance(text, str):
-                raise UserError(f"{path} line {n} is not a JSON object with a \"text\" string; "
-                                "fix or remove that line.")
-            prompts.append(text)
-        return prompts
-    if path.suffix.lower() == ".txt":
-        return path.read_text(encoding="utf-8").splitlines()
-    raise UserError(f"{path} is neither .txt (one prompt per line) nor .jsonl (a \"text\" field per line).")
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise UserError(f"prompt file {path} cannot be read ({e.strerror}); check the file.") from None
+
+
+def _jsonl_sample(line: str, base: Path, tally: Counter) -> Sample | None:
+    try:
+        rec = json.loads(line)
+    except json.JSONDecodeError:
+        rec = None
+    images = rec.get("images", []) if isinstance(rec, dict) else None
+    if (not isinstance(rec, dict) or not isinstance(rec.get("text"), str)
+            or not isinstance(images, list) or not all(isinstance(p, str) and p for p in images)):
+        tally["bad_json"] += 1
+        return None
+    return Sample(clean_text(rec["text"], tally), tuple((base / p) for p in images))
+
+
+def read_source(path: Path, tally: Counter | None = None) -> list[Sample]:
+    """The samples of one source file, decoded and cleaned (texts normalised, images as
+    absolute paths, not yet checked). `tally` receives the counts of `REASONS`."""
+    tally = Counter() if tally is None else tally
+    suffix = path.suffix.lower()
+    if suffix not in (".txt", ".jsonl"):
+        raise UserError(f"{path} is neither .txt (one prompt per line) nor .jsonl (a \"text\" field "
+                        "per line); convert it or remove it from Corpus.")
+    lines = decode_lines(_read_bytes(path), tally)
+    if lines and lines[-1] == "":
+        lines.pop()  # the final newline ends the last line; it is not an empty prompt
+    if suffix == ".txt":
+        out = [Sample(clean_text(s, tally)) for s in lines if s is not None]
+    else:
+        base = path.parent.resolve()
+        maybe = [_jsonl_sample(s, base, tally) for s in lines if s is not None and s.strip()]
+        out = [s for s in maybe if s is not None]
+    return out
+
+
+def _describe(tally: Counter) -> str:
+    return ", ".join(f"{n} {REASONS[k]}" for k, n in tally.items() if n)
 
 
 def source_files(settings) -> list[Path]:
@@ -66,43 +153,108 @@ def source_files(settings) -> list[Path]:
 
 
 def fingerprint_inputs(settings) -> dict:
-    """The corpus settings plus a hash of every source file: what makes data/ current."""
-    files = {}
+    """The corpus settings plus a hash of every source file and of the images they reference
+    (by path, size and mtime: re-reading every image at each start would cost minutes)."""
+    files, images = {}, hashlib.sha256()
     for p in source_files(settings):
-        h = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "missing"
-        files[str(p)] = h
-    return {"settings": settings.corpus.model_dump(mode="json"), "files": files}
-
-
-def _with_empties(prompts: list[str], frac: float, rng: random.Random) -> list[str]:
-    """Insert ~frac empty prompts at seeded random positions (real prompts are kept)."""
-    out = list(prompts)
-    for _ in range(round(len(prompts) * frac)):
-        out.insert(rng.randrange(len(out) + 1), "")
+        if not p.is_file():
+            files[str(p)] = "missing"
+            continue
+        raw = p.read_bytes()
+        files[str(p)] = hashlib.sha256(raw).hexdigest()
+        if p.suffix.lower() == ".jsonl" and b'"images"' in raw:
+            for s in read_source(p, Counter()):
+                for img in s.images:
+                    st = img.stat() if img.is_file() else None
+                    images.update(f"{img}|{st and st.st_size}|{st and st.st_mtime_ns}\n".encode())
+    out = {"settings": settings.corpus.model_dump(mode="json"), "files": files}
+    if images.digest() != hashlib.sha256().digest():
+        out["images"] = images.hexdigest()
     return out
 
 
-def build_split(settings) -> tuple[list[str], list[str]]:
+def _with_empties(samples: list[Sample], frac: float, rng: random.Random) -> list[Sample]:
+    """Insert ~frac empty text-only samples at seeded random positions (real ones are kept)."""
+    out = list(samples)
+    for _ in range(round(len(samples) * frac)):
+        out.insert(rng.randrange(len(out) + 1), Sample(""))
+    return out
+
+
+def _image_ok(path: Path) -> bool:
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as im:
+            im.verify()
+        return True
+    except (OSError, UnidentifiedImageError, ValueError, SyntaxError):
+        return False
+
+
+def _usable(path: Path, takes_images: bool, tally: Counter) -> list[Sample]:
+    """The samples of one source with their images checked; what was changed or skipped in
+    it is logged with the file's name."""
+    before = Counter(tally)
+    out = _check_images(read_source(path, tally), takes_images, tally)
+    new = tally - before
+    if new:
+        log.warning("corpus: %s: %s", path, _describe(new))
+    return out
+
+
+def _check_images(samples: list[Sample], takes_images: bool, tally: Counter) -> list[Sample]:
+    out = []
+    for s in samples:
+        if s.images and not takes_images:
+            tally["images_ignored"] += 1
+            s = Sample(s.text)
+        elif s.images and not all(p.is_file() and _image_ok(p) for p in s.images):
+            tally["bad_images"] += 1
+            continue
+        out.append(s)
+    return out
+
+
+def _refuse_few(n: int, need: int, n_lines: int, tally: Counter) -> UserError:
+    why = _describe(tally)
+    return UserError(f"only {n} usable prompts after filtering (of {n_lines} source lines"
+                     f"{': ' + why if why else ''}); need more than {need - 1}: add prompt files, "
+                     "fix their text or lower corpus.n_val / corpus.min_chars.")
+
+
+def build_split(settings, takes_images: bool = False) -> tuple[list[Sample], list[Sample]]:
+    """(train, val) samples. UserError when the sources give too few usable prompts."""
     c = settings.corpus
+    tally: Counter = Counter()
     if c.train_file or c.val_file:
         if not (c.train_file and c.val_file):
             raise UserError("set both corpus.train_file and corpus.val_file, or neither.")
-        train, val = (
-            [normalize(p) for p in _read_source(Path(f).expanduser())] for f in (c.train_file, c.val_file))
+        train, val = (_usable(Path(f).expanduser(), takes_images, tally)
+                      for f in (c.train_file, c.val_file))
+        for name, split in (("train_file", train), ("val_file", val)):
+            if not split:
+                raise UserError(f"corpus.{name} has no usable prompts"
+                                f"{' (' + _describe(tally) + ')' if tally else ''}; fix the file.")
         return train, val
     if not c.files:
         raise UserError("the corpus has no prompt sources; add .txt/.jsonl files under Corpus "
                         "(corpus.files) or set corpus.train_file and corpus.val_file.")
-    pool, seen = [], set()
+    pool, seen, n_lines = [], set(), 0
     for path in c.files:
-        for raw in _read_source(Path(path).expanduser()):
-            p = normalize(raw)
-            if c.min_chars <= len(p) <= c.max_chars and p.lower() not in seen:
-                seen.add(p.lower())
-                pool.append(p)
+        found = _usable(Path(path).expanduser(), takes_images, tally)
+        n_lines += len(found)
+        for s in found:
+            key = (s.text.lower(), s.images)
+            if not c.min_chars <= len(s.text) <= c.max_chars:
+                tally["length"] += 1
+            elif key in seen:
+                tally["duplicate"] += 1
+            else:
+                seen.add(key)
+                pool.append(s)
     if len(pool) < c.n_val + 8:
-        raise UserError(f"only {len(pool)} usable prompts after filtering; need more than {c.n_val + 8} "
-                        "(add prompt files or lower corpus.n_val).")
+        raise _refuse_few(len(pool), c.n_val + 8, n_lines + tally["bad_json"] + tally["binary"], tally)
     rng = random.Random(c.seed)
     rng.shuffle(pool)
     val, train = pool[: c.n_val], pool[c.n_val: c.n_val + c.n_train]
@@ -111,11 +263,63 @@ def build_split(settings) -> tuple[list[str], list[str]]:
     return _with_empties(train, c.empty_frac, rng), _with_empties(val, c.empty_frac, rng)
 
 
+def copy_images(samples: list[Sample], folder: Path) -> list[Sample]:
+    """The samples with each image copied to `folder` under its content hash (the corpus owns
+    its images: a source folder edited later cannot change shards made from it)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    done: dict[Path, Path] = {}
+    out = []
+    for s in samples:
+        if not s.images:
+            out.append(s)
+            continue
+        for p in s.images:
+            if p not in done:
+                digest = hashlib.sha256(p.read_bytes()).hexdigest()[:24]
+                dest = folder / (digest + (p.suffix.lower() if p.suffix.lower() in IMAGE_SUFFIXES
+                                           else ".img"))
+                if not dest.exists():
+                    with atomic.atomic_path(dest) as tmp:
+                        shutil.copyfile(p, tmp)
+                done[p] = dest
+        out.append(Sample(s.text, tuple(done[p] for p in s.images), s.extra))
+    return out
+
+
 def run_corpus(project, report) -> None:
-    train, val = build_split(project.settings)
-    out = project.paths.data
-    write_prompts(out / VAL_TXT, val)
-    write_prompts(out / TRAIN_TXT, train)
-    n_empty = sum(1 for p in train if not p)
-    log.info("corpus: %d train prompts (%d empty), %d val prompts", len(train), n_empty, len(val))
+    pack = project.pack
+    train, val = build_split(project.settings, takes_images=pack.vis_dim > 0)
+    paths = project.paths
+    write_samples(paths.samples("val"), copy_images(val, paths.data_images))
+    write_samples(paths.samples("train"), copy_images(train, paths.data_images))
+    n_empty = sum(1 for s in train if not s.text)
+    n_img = sum(1 for s in train + val if s.images)
+    log.info("corpus: %d train samples (%d empty), %d val samples, %d with images",
+             len(train), n_empty, len(val), n_img)
     report.progress(1, 1, "files", prompts=len(train) + len(val))
+
+
+# ---------------------------------------------------------------- the stage object
+
+from .stage_list import Stage
+
+
+class CorpusStage(Stage):
+    name = "corpus"
+    restart = True  # the split is rebuilt whole: a half-written data/ is never resumed
+
+    def inputs(self, project, upstream, recorded):
+        return fingerprint_inputs(project.settings)
+
+    def folder(self, paths):
+        return paths.data
+
+    def is_done(self, project, run):
+        return all(project.paths.samples(split).is_file() for split in ("train", "val"))
+
+    def run(self, project, report, run):
+        run_corpus(project, report)
+        return "done"
+
+
+STAGE = CorpusStage()

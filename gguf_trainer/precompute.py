@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from . import atomic, hardware, shards
+from . import atomic, hardware, shards, vision
 from .errors import UserError
 from .materials import student_identity, student_paths, teacher_identity, teacher_paths
 from .paths import VERIFIED_JSON
@@ -60,6 +60,9 @@ class Context:
         self.teacher = (pack.build_mock_teacher(project) if pc.mock_teacher
                         else pack.load_teacher(folders, self.plan, self.device))
         self.budgets = self.plan.budgets
+        # The project's frozen map (fitted when the fingerprint was taken): image rows reach
+        # the student through it, exactly as the engine splices them.
+        self.vision_proj = vision.load_vision_proj(project.paths.vision_proj) if pack.vis_dim else None
         log.info("precompute: teacher mode %s on %s, budgets %s", self.plan.mode, self.device, self.budgets)
 
     def close(self) -> None:
@@ -78,6 +81,7 @@ class _Sample:
     index: int  # position in the split
     sample: object  # the gguf_trainer.samples.Sample record the teacher gets
     ids: list[int]  # the student's token ids
+    vision: list = None  # VisionSegment per image (raw rows + start in ids); [] without images
 
 
 def _student_rows(ctx: Context, samples: list[_Sample]) -> list[torch.Tensor]:
@@ -87,8 +91,10 @@ def _student_rows(ctx: Context, samples: list[_Sample]) -> list[torch.Tensor]:
     b = ctx.budgets
     for batch in hardware.budget_batches([len(s.ids) for s in samples], b.student_batch, b.student_tok_budget):
         ids, keep = pad_batch([samples[i].ids for i in batch])
+        splices = [(j, seg.start, seg.rows.float() @ ctx.vision_proj.T)
+                   for j, i in enumerate(batch) for seg in samples[i].vision or ()]
         with torch.no_grad():
-            h = ctx.student.hidden(ids.to(ctx.device), keep.to(ctx.device)).float().cpu()
+            h = ctx.student.hidden(ids.to(ctx.device), keep.to(ctx.device), splices=splices).float().cpu()
         for j, i in enumerate(batch):
             out[i] = h[j, : len(samples[i].ids)].to(torch.bfloat16)
     return out
@@ -102,7 +108,9 @@ def _teacher_rows(ctx: Context, samples: list[_Sample], lengths: list[int], repo
         if report.stop_requested():
             raise Stopped()
         with torch.no_grad():
-            rows = ctx.teacher.targets([samples[i].sample for i in batch], [samples[i].ids for i in batch])
+            vis = [samples[i].vision or [] for i in batch] if ctx.vision_proj is not None else None
+            rows = ctx.teacher.targets([samples[i].sample for i in batch], [samples[i].ids for i in batch],
+                                       vis)
         for i, r in zip(batch, rows):
             out[i] = r
         on_batch((k + 1) / len(batches))
@@ -133,7 +141,41 @@ def build_shard(ctx: Context, samples: list[_Sample], report, on_batch,
         tensors["seed_ids"] = torch.tensor([t.seed_ids for t in targets], dtype=torch.int32)
     if ctx.pack.adapter_kind == "token_aligned_vision":
         tensors["sup_start"] = torch.tensor([t.sup_start for t in targets], dtype=torch.int32)
+    if ctx.vision_proj is not None:
+        tensors.update(_vision_tensors(samples, ctx.vision_proj.shape[1]))
     return tensors
+
+
+def _vision_tensors(samples: list[_Sample], vis_dim: int) -> dict[str, torch.Tensor]:
+    """Raw vision rows of every image (bf16), the token position of each row, rows per sample."""
+    segs = [seg for s in samples for seg in s.vision or ()]
+    rows = (torch.cat([seg.rows.float() for seg in segs]) if segs
+            else torch.zeros(0, vis_dim))
+    pos = [p for seg in segs for p in range(seg.start, seg.start + seg.rows.shape[0])]
+    return {"vis_rows": rows.to(torch.bfloat16), "vis_pos": torch.tensor(pos, dtype=torch.int32),
+            "vis_len": torch.tensor([sum(seg.rows.shape[0] for seg in s.vision or ()) for s in samples],
+                                    dtype=torch.int32)}
+
+
+def _vision_rows(ctx: Context, records: list) -> list[list[torch.Tensor]]:
+    """Raw vision rows per image of each record ([] for text-only records or packs)."""
+    if ctx.vision_proj is None or not any(r.images for r in records):
+        return [[] for _ in records]
+    with torch.no_grad():
+        return [list(ctx.teacher.vision(list(r.images))) if r.images else [] for r in records]
+
+
+def _segments(pack, ids: list[int], rows: list[torch.Tensor]):
+    """The VisionSegments of one sample, or None when its image-token runs do not match its
+    images (a prompt that spells `<|image_pad|>` itself): such a sample is dropped."""
+    from .packs.base import VisionSegment
+
+    if not pack.image_pad_id:
+        return []
+    runs = vision.image_runs(ids, pack.image_pad_id)
+    if [n for _, n in runs] != [r.shape[0] for r in rows]:
+        return None
+    return [VisionSegment(start, r) for (start, _), r in zip(runs, rows)]
 
 
 def tokenize_samples(ctx: Context, records: list, start: int) -> tuple[list[_Sample], list[int], dict]:
@@ -141,10 +183,16 @@ def tokenize_samples(ctx: Context, records: list, start: int) -> tuple[list[_Sam
     from .student import tokenize
 
     pack = ctx.pack
-    ids = tokenize(ctx.student.tokenizer, [pack.format_prompt(r.text) for r in records])
-    within = [_Sample(start + k, r, t) for k, (r, t) in enumerate(zip(records, ids))
-              if len(t) <= pack.max_len_student]
-    dropped = {"student": len(records) - len(within), "teacher": 0}
+    raw = _vision_rows(ctx, records)
+    ids = tokenize(ctx.student.tokenizer, [pack.student_text(r, [v.shape[0] for v in rows])
+                                           for r, rows in zip(records, raw)])
+    segments = [_segments(pack, t, rows) for t, rows in zip(ids, raw)]
+    within = [_Sample(start + k, r, t, seg) for k, (r, t, seg) in enumerate(zip(records, ids, segments))
+              if len(t) <= pack.max_len_student and seg is not None]
+    n_spelled = sum(1 for seg in segments if seg is None)
+    if n_spelled:
+        log.warning("precompute: dropped %d samples whose text spells the image token itself", n_spelled)
+    dropped = {"student": len(records) - len(within) - n_spelled, "teacher": 0}
     lengths = ctx.teacher.lengths([s.sample for s in within], [s.ids for s in within]) if within else []
     keep = [(s, n) for s, n in zip(within, lengths) if n <= pack.max_len_teacher]
     dropped["teacher"] = len(within) - len(keep)
@@ -259,12 +307,15 @@ class PrecomputeStage(Stage):
     def inputs(self, project, upstream, recorded):
         st, pack = project.settings, project.pack
         recorded = recorded or {}
+        student_sha = student_identity(project, recorded.get("student_sha256"))
+        teacher = teacher_identity(project, recorded.get("teacher"))
         return {
             "corpus": upstream["corpus"],
-            "student_sha256": student_identity(project, recorded.get("student_sha256")),
-            "teacher": teacher_identity(project, recorded.get("teacher")),
+            "student_sha256": student_sha,
+            "teacher": teacher,
             "contract": pack.shard_contract, "mock": st.precompute.mock_teacher,
-            "student_dtype": st.precompute.student_dtype, "vision_proj": None,
+            "student_dtype": st.precompute.student_dtype,
+            "vision_proj": vision.ensure_for_project(project, student_sha, teacher),
             "max_len_student": pack.max_len_student, "max_len_teacher": pack.max_len_teacher,
             "split": self.split, "shard_size": shard_size(project, self.split),
         }

@@ -16,7 +16,7 @@ from .shards import Batch, Stats, iter_batches
 
 
 def forward(model, batch: Batch) -> torch.Tensor:
-    return model(batch.hidden, mask=batch.mask, seed_ids=batch.seed_ids)
+    return model(batch.hidden, mask=batch.mask, seed_ids=batch.seed_ids, vis=batch.vis)
 
 
 def raw_prediction(pred, stats: Stats, standardized: bool) -> torch.Tensor:
@@ -33,6 +33,8 @@ def row_tags(batch: Batch) -> dict[str, torch.Tensor]:
         tags["eos"] = torch.arange(m.shape[1], device=m.device)[None, :] == last[:, None]
     if batch.sup_start is not None:  # rows the DiT consumes
         tags["slice"] = torch.arange(m.shape[1], device=m.device)[None, :] >= batch.sup_start[:, None]
+    if batch.vis_mask is not None:  # image tokens (cos_vis) and the rest (cos_txt)
+        tags["vis"], tags["txt"] = batch.vis_mask, ~batch.vis_mask
     return {k: masked_rows(v.unsqueeze(-1).float(), m).squeeze(-1).bool() for k, v in tags.items()}
 
 

@@ -39,8 +39,9 @@ from .checkpoints import (
 from .errors import UserError
 from .project import read_steps
 from .scoring import forward, validate
-from .shards import Batch, ShardStream, Stats, StreamPos, load_stats, shard_files, student_dim
+from .shards import Batch, ShardStream, Stats, StreamPos, dims, linear_fit, load_stats, shard_files
 from .stage_list import Stage
+from .vision import load_vision_proj
 
 log = logging.getLogger(__name__)
 
@@ -68,21 +69,30 @@ def compute_loss(pred, batch: Batch, stats: Stats, standardized: bool, cos_weigh
     return mse + cos_weight * (1.0 - cos), {"mse": float(mse.detach()), "cos": float(cos.detach())}
 
 
-def build_model(pack, cfg, seed: int, stats: Stats, vision_proj=None):
-    """A fresh adapter. Kinds trained on raw targets start with out_proj = (0, train mean),
-    so step 0 predicts exactly the per-dimension mean baseline and training improves on it
-    instead of first having to find it (standardized kinds already start near 0 = the mean)."""
-    from .adapters import build_adapter, set_vision_proj
+def build_model(pack, cfg, seed: int, stats: Stats, vision_proj=None, skip=None):
+    """A fresh adapter whose step 0 predicts exactly the per-dimension mean baseline, for
+    every kind (adapters.start_output: out_proj 0, bias = the mean in the space the kind
+    predicts, a token-aligned skip 0), or the linear `skip` map when given; training then
+    improves on it instead of first having to find it. Vision kinds get the project's
+    frozen vision_proj, which the export writes as it is."""
+    from .adapters import build_adapter, set_vision_proj, start_output
 
     torch.manual_seed(seed)
     model = build_adapter(cfg)
-    if not pack.standardized:
-        with torch.no_grad():
-            model.out_proj.weight.zero_()
-            model.out_proj.bias.copy_(stats.mu)
+    start_output(model, torch.zeros_like(stats.mu) if pack.standardized else stats.mu, skip)
     if vision_proj is not None:
         set_vision_proj(model, vision_proj)
     return model
+
+
+SKIP_START = "mean"  # token-aligned skip at step 0: "mean" (zero) or "ridge" (linear fit); see README
+
+
+def _skip_start(pack, cfg, train_files: list[Path], stats: Stats):
+    """The ridge start of a token-aligned skip (when SKIP_START says so), else None."""
+    if SKIP_START != "ridge" or cfg.kind != "token_aligned_vision":
+        return None
+    return linear_fit(train_files, stats if pack.standardized else None)
 
 
 def train_step(model, opt, params: list, batch: Batch, stats: Stats, standardized: bool,
@@ -150,8 +160,9 @@ def run_train(project, report, train_fp: str) -> str:
     device = hardware.resolve_device(s.device)
     train_files, val_files = shard_files(paths.shard_dir("train")), shard_files(paths.shard_dir("val"))
     stats = load_stats(train_files, s.sigma_floor)
-    cfg = pack.adapter_config(s, student_dim(train_files[0]))
-    model = build_model(pack, cfg, s.seed, stats).to(device)
+    cfg = pack.adapter_config(s, **dims(train_files[0]))  # the adapter's dims come from the shards
+    proj = load_vision_proj(paths.vision_proj) if cfg.vis_dim else None
+    model = build_model(pack, cfg, s.seed, stats, proj, _skip_start(pack, cfg, train_files, stats)).to(device)
     stats = _stats_to(stats, device)
     if hardware.use_grad_checkpointing(s.grad_checkpoint, device):
         _enable_grad_checkpointing(model)

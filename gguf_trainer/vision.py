@@ -155,13 +155,14 @@ def ensure_for_project(project, student_sha256: str, teacher: dict) -> str | Non
         return None
 
     def tables():
+        from .materials import student_paths, teacher_paths
         from .student import read_embed_table
 
         if project.settings.precompute.mock_teacher:
             t = pack.build_mock_teacher(project).embed_table()
         else:
-            t = load_teacher_table(project.material_path("teacher"))
-        return t, torch.from_numpy(read_embed_table(project.material_path("student")))
+            t = load_teacher_table(teacher_paths(project)["teacher"])
+        return t, torch.from_numpy(read_embed_table(student_paths(project)[0]))
 
     inputs = {"student_sha256": student_sha256, "teacher": teacher}
     return ensure_vision_proj(project.paths.vision_proj, inputs, tables)

