@@ -653,18 +653,8 @@ def read_raw_versioned(paths: ProjectPaths) -> tuple[Any, str]:
     version = hashlib.sha256(data).hexdigest()[:16]
     if len(data) > MAX_PROJECT_JSON_BYTES:
         raise UserError(f"{pj} is over 1 MiB, far more than settings take; fix or recreate it.")
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise UserError(f"{pj} is not UTF-8 text (byte {e.start}); save it as UTF-8.") from None
-    try:
-        return json.loads(text), version
-    except RecursionError:
-        raise UserError(f"{pj} is nested too deeply to be settings; fix or recreate it.") from None
-    except json.JSONDecodeError as e:
-        raise UserError(
-            f"{pj} is not valid JSON (line {e.lineno}: {e.msg}); fix or recreate it."
-        ) from None
+    # not UTF-8, not JSON, an integer Python will not parse, nesting that would recurse later
+    return atomic.parse_json(data, pj, fix="fix or recreate it"), version
 
 
 def read_raw(paths: ProjectPaths) -> Any:

@@ -352,3 +352,39 @@ def test_snapshot_on_a_full_or_read_only_disk(disk, fs):
     assert str(disk) in str(user)
     assert protected(disk) == before
     assert not list(disk.rglob("*.tmp")) and not list(disk.glob("*step*.gguf"))
+
+
+# ---------------------------------------------------------------- class 4: project.json
+
+
+def _deep(n: int) -> bytes:
+    return b'{"pack": "t5xxl_pixart", "train": {"steps": ' + b"[" * n + b"]" * n + b"}}"
+
+
+PROJECT_JSON = {
+    "latin1": '{"pack": "t5xxl_pixart", "name": "caf\xe9"}'.encode("latin-1"),
+    "utf16": '{"pack": "t5xxl_pixart"}'.encode("utf-16"),
+    "nested_100k": b"[" * 100_000 + b"]" * 100_000,
+    "nested_500": _deep(500),  # below the parser's recursion limit, above any reader's taste
+    "huge_integer": b'{"pack": "t5xxl_pixart", "train": {"steps": 1' + b"0" * 5000 + b"}}",
+    "nul_bytes": b"\0" * 100,
+    "truncated": b'{"pack": "t5xx',
+}
+
+
+@pytest.mark.parametrize("command", ["status", "set", "run"])
+@pytest.mark.parametrize("case", sorted(PROJECT_JSON))
+def test_a_broken_project_json_is_one_sentence(tmp_path, case, command, capsys):
+    from gguf_trainer.project import create_project
+
+    root = tmp_path / "p"
+    create_project(root, PACK)
+    (root / "project.json").write_bytes(PROJECT_JSON[case])
+    argv = {"status": ["status"], "set": ["set", "--steps", "5"], "run": ["run"]}[command]
+    code = cli.main([*argv, "--project", str(root)])
+    out = capsys.readouterr()
+    text = (out.err + out.out).strip()
+    assert code == EXIT_USER, text
+    assert "Traceback" not in text and "internal error" not in text and "\n" not in text, text
+    assert "project.json" in text
+    assert (root / "project.json").read_bytes() == PROJECT_JSON[case]
