@@ -388,3 +388,25 @@ def test_a_broken_project_json_is_one_sentence(tmp_path, case, command, capsys):
     assert "Traceback" not in text and "internal error" not in text and "\n" not in text, text
     assert "project.json" in text
     assert (root / "project.json").read_bytes() == PROJECT_JSON[case]
+
+
+# ---------------------------------------------------------------- class 7 through the pipeline
+
+
+@pytest.mark.parametrize("case", ["huge_u8_array", "data_past_eof", "huge_tensor_count"])
+def test_a_hostile_student_gguf_is_refused_before_anything_changes(disk, case):
+    from test_hostile_gguf import HOSTILE
+
+    paths = ProjectPaths(disk / "proj")
+    student = disk / "hostile-student.gguf"
+    student.write_bytes(HOSTILE[case])
+    update_settings(paths.root, {"materials.student.path": str(student)})
+    before = protected(disk)
+    before.pop("proj/project.json")
+    code, sentence = run(paths)
+    assert code == EXIT_USER, sentence
+    assert_one_sentence(sentence)
+    assert str(student) in sentence and "truncated or not a GGUF file" in sentence
+    after = protected(disk)
+    after.pop("proj/project.json")
+    assert after == before  # shards, checkpoints and exports survive a bad new student
