@@ -74,5 +74,5 @@ def adapter_tensors(gguf: Path) -> dict:
 
 def assert_same_tensors(a: dict, b: dict) -> None:
     assert a.keys() == b.keys()
-    for k in a:
-        assert (a[k] == b[k]).all(), f"tensor {k} differs"
+    for k, value in a.items():
+        assert (value == b[k]).all(), f"tensor {k} differs"

@@ -15,18 +15,18 @@ import sys
 import time
 
 import pytest
+from pipeline_helpers import adapter_tensors, assert_same_tensors, make_project
+from test_supervisor import wait_for as _wait_for
 
 from gguf_trainer.paths import ProjectPaths
 from gguf_trainer.runner import lock
-from pipeline_helpers import adapter_tensors, assert_same_tensors, make_project
-from test_supervisor import wait_for as _wait_for
 
 PACK = "qwen3vl_mageflow"  # the cheapest real pack on tiny settings
 
 
 def cli(*args, env=None, timeout=240) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "gguf_trainer.cli", *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})}, check=False)
 
 
 @pytest.fixture
@@ -72,8 +72,8 @@ def test_kill9_in_every_stage_then_resume_is_bit_identical(reference, tmp_path, 
         pid = wait_for(lambda: lock.probe(paths))
         if target:  # wait for that stage, then a random moment inside it
             try:
-                wait_for(lambda: read_state(root).get("stage") == target or read_state(root).get("status") == "done",
-                         timeout_s=60, poll_s=0.005)
+                wait_for(lambda t=target: read_state(root).get("stage") == t
+                         or read_state(root).get("status") == "done", timeout_s=60, poll_s=0.005)
             except AssertionError:
                 pass
         time.sleep(rng.uniform(0.0, 0.4))

@@ -12,6 +12,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
+from adapter_cases import CFGS, DEPTH, IN, OUT, QUERIES, VIS, VOCAB, WIDTH
 from engine_reference import engine_forward, read_engine_tensors, vision_project
 
 from gguf_trainer.adapter_file import read_adapter
@@ -19,7 +20,6 @@ from gguf_trainer.adapters import AdapterConfig, build_adapter, load_gguf, set_v
 from gguf_trainer.errors import UserError
 from gguf_trainer.export import fold_standardization, write_adapter_gguf
 
-from adapter_cases import CFGS, DEPTH, IN, OUT, QUERIES, VIS, VOCAB, WIDTH  # noqa: E402
 LEN = 7
 SEED = 1234
 RTOL = 1e-5
