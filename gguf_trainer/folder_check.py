@@ -146,6 +146,9 @@ def check_folder(folder: str | Path, patterns: tuple[str, ...] | list[str] = (),
     if listing is not None:
         listing = {p: s for p, s in listing.items() if matches(p, patterns)}
         missing = sorted(p for p, s in listing.items() if have.get(p) != s)
+        # a pattern the saved listing never covered (the pack's list grew since): not complete
+        missing += [f"{p} (not in the saved listing)" for p in patterns
+                    if not any(matches(f, (p,)) for f in listing)]
         source = "listing"
         total = sum(listing.values())
         n_total = len(listing)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -158,7 +159,8 @@ class _Meter:
         eta = (total - done) / rate if rate else None
         return {"bytes_done": done, "bytes_total": total, "files_done": self.files_done,
                 "files_total": len(self.sizes), "file": current,
-                "rate_bps": round(rate) if rate else None, "eta_s": round(eta, 1) if eta else None}
+                "rate_bps": round(rate) if rate else None, "eta_s": round(eta, 1) if eta else None,
+                "updated": time.time()}
 
 
 def _download(dest: Path, material_id: str, repo: str, repo_type: str, patterns: tuple,
@@ -183,9 +185,25 @@ def _download(dest: Path, material_id: str, repo: str, repo_type: str, patterns:
             "files": len(listing.files), "material": material_id}
 
 
+def _stop_at_once(job) -> None:
+    """SIGTERM/SIGINT end a download at once, even in the middle of a network read that may
+    wait minutes for a stalled server (runner.jobs' default only sets a flag checked between
+    steps). Raising from the handler interrupts the read; the partial file is kept, closed
+    by its `with`, and continued next time. The job records status "stopped". (`job.check()`
+    raises: the job process runs runner.jobs as __main__, so only the handle's own module
+    has the JobStopped class its runner catches.)"""
+    def stop(signum, _frame):
+        job.stop_requested = True
+        job.check()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+
+
 def download_job(folder: Path, job, *, dest: str, material_id: str, repo: str, repo_type: str,
                  patterns: list[str], revision: str = "main", project: str = "") -> dict:
     """The detached job body (runner.jobs target): fetch, verify, record the path."""
+    _stop_at_once(job)
     job.log.info("downloading %s (%s) into %s", repo, ", ".join(patterns), dest)
     result = _download(Path(dest), material_id, repo, repo_type, tuple(patterns), revision,
                        lambda fields: job.update(**fields))

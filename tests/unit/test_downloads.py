@@ -1,32 +1,24 @@
 """Material status, linking, disk pre-flight and the foreground download, in-process
-(the detached jobs are in tests/e2e/test_downloads.py)."""
+(the detached jobs are in tests/e2e/test_download_jobs.py)."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+from material_repos import T5_REPO, TOK_REPO, tiny_t5_files, tokenizer_files
 
 from gguf_trainer import disk_space
 from gguf_trainer.errors import UserError
 from gguf_trainer.project import create_project, load_project, update_settings
 from gguf_trainer.runner import downloads, material_status
 
-T5_REPO = "callgg/t5-v1_1-xxl-encoder-bf16"
-TOK_REPO = "callgg/pig-clip-tokenizer"
-T5_FILES = {"config.json": b"{}", "generation_config.json": b"{}", "model.safetensors": b"",
-            "special_tokens_map.json": b"{}", "spiece.model": b"sp" * 600,
-            "tokenizer_config.json": b"{}"}
-TOK_FILES = {n: b"{}" for n in ("config.json", "generation_config.json", "tokenizer.json",
-                                "tokenizer_config.json", "vocab.json", "merges.txt")}
+TOK_FILES = tokenizer_files()
 
 
 @pytest.fixture
 def t5(hub_server, tmp_path, monkeypatch):
-    import numpy as np
-    from safetensors.numpy import save
-
-    files = dict(T5_FILES, **{"model.safetensors": save({"w": np.ones(600, np.float32)})})
+    files = tiny_t5_files()
     hub_server.add_repo(T5_REPO, files)
     hub_server.add_repo(TOK_REPO, TOK_FILES)
     monkeypatch.chdir(tmp_path)
@@ -34,6 +26,7 @@ def t5(hub_server, tmp_path, monkeypatch):
     monkeypatch.setattr("gguf_trainer.project.PROJECTS_ROOT", tmp_path / "projects")
     root = tmp_path / "projects" / "t5"
     create_project(root, "t5xxl_pixart")
+    del files["README.md"]  # on the Hub, but not one of the pack's files
     return root, files
 
 
@@ -47,7 +40,7 @@ def test_status_goes_missing_partial_ready(t5):
     assert _row(root, "teacher")["state"] == "missing"
     assert _row(root, "student")["state"] == "missing" and "not set" in _row(root, "student")["error"]
     dest.mkdir(parents=True)
-    (dest / "config.json").write_bytes(b"{}")
+    (dest / "config.json").write_bytes(files["config.json"])
     row = _row(root, "teacher")
     assert row["state"] == "partial" and "spiece.model" in row["missing_files"]
     online = _row(root, "teacher", online=True)  # the Hub's listing gives the real total
@@ -56,14 +49,15 @@ def test_status_goes_missing_partial_ready(t5):
     lines = []
     assert downloads.download_foreground(root, ["teacher"], on_line=lines.append) == 0
     assert lines[-1].startswith("teacher: ready at")
-    assert _row(root, "teacher", online=True)["state"] == "ready"
+    row = _row(root, "teacher", online=True)
+    assert row["state"] == "ready", (row["error"], row["note"], row["missing_files"])
     assert load_project(root).material_path("teacher") == dest.resolve()
     assert "is complete at" in (root / downloads.DOWNLOAD_LOG).read_text()
 
 
 def test_listing_failure_is_shown_not_hidden(t5, hub_server):
     root, _ = t5
-    hub_server.add_repo(T5_REPO, T5_FILES, gated=True)
+    hub_server.add_repo(T5_REPO, tiny_t5_files(), gated=True)
     material_status._listing_cache.clear()
     row = _row(root, "teacher", online=True)
     assert row["state"] == "missing" and "gated" in row["note"]
@@ -114,7 +108,7 @@ def test_download_and_precompute_disk_preflight(t5, monkeypatch):
     monkeypatch.setattr(disk_space, "free_bytes", lambda path: 1000)
     lines = []
     assert downloads.download_foreground(root, ["teacher"], on_line=lines.append) == 1
-    assert lines[-1].startswith("teacher: failed - callgg/t5-v1_1-xxl-encoder-bf16 needs 0.0 MB")
+    assert lines[-1].startswith("teacher: failed - callgg/t5-v1_1-xxl-encoder-bf16 needs 0.2 MB")
     assert "only 0.0 MB are free" in lines[-1]
     row = _row(root, "teacher")
     assert row["state"] == "failed" and "are free" in row["error"]
@@ -137,6 +131,23 @@ def test_a_linked_hf_cache_snapshot_is_never_written_into(t5, tmp_path):
     lines = []
     assert downloads.download_foreground(root, ["teacher"], on_line=lines.append) == 0
     dest = root / "materials" / "t5-v1_1-xxl-encoder-bf16"
-    assert lines[-1] == f"teacher: ready at {dest} (0.0 MB)"
+    assert lines[-1] == f"teacher: ready at {dest} (0.2 MB)"
     assert not (snap / "spiece.model").exists() and (dest / "spiece.model").is_file()
     assert load_project(root).material_path("teacher") == dest.resolve()
+
+
+def test_a_download_that_stopped_receiving_shows_rate_zero(t5, monkeypatch):
+    import time
+
+    root, _ = t5
+    dest = root / "materials" / "t5-v1_1-xxl-encoder-bf16"
+    downloads.job_folder(dest).mkdir(parents=True)
+    progress = {"bytes_done": 5, "bytes_total": 10, "files_done": 0, "files_total": 6,
+                "rate_bps": 1000, "eta_s": 0.1, "updated": time.time()}
+    running = {"status": "running", "pid": 4242, "progress": progress, "error": None, "log": "x"}
+    monkeypatch.setattr(material_status.jobs, "job_status", lambda folder, name: running)
+    row = _row(root, "teacher")
+    assert row["state"] == "downloading" and row["rate_bps"] == 1000 and row["pid"] == 4242
+    progress["updated"] = time.time() - 100
+    row = _row(root, "teacher")
+    assert row["rate_bps"] == 0 and row["eta_s"] is None and "no data from the Hub" in row["note"]

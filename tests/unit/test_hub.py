@@ -185,3 +185,11 @@ def test_listing_sha256_matches_the_lfs_etag(hub_server):
     files = hub.list_remote("org/m").files
     assert files["w.safetensors"].sha256 == hashlib.sha256(data).hexdigest()
     assert files["small.json"].sha256 is None and os.path.basename("small.json")
+
+
+def test_a_pattern_the_saved_listing_never_covered_is_not_complete(hub_server, tmp_path):
+    hub_server.add_repo("org/m", {"config.json": b"{}", "tokenizer.json": b"{}"})
+    hub.fetch_listing(hub.list_remote("org/m", "model", ("config.json",)), tmp_path / "m")
+    assert check_folder(tmp_path / "m", ("config.json",)).is_complete
+    grown = check_folder(tmp_path / "m", ("config.json", "tokenizer.json"))
+    assert not grown.is_complete and grown.missing == ["tokenizer.json (not in the saved listing)"]
