@@ -22,6 +22,7 @@ Usage:
     gguf-trainer materials --project DIR [--online] [--link-found] [--json]
     gguf-trainer link   --project DIR ID PATH
     gguf-trainer inspect FILE [--json]
+    gguf-trainer check  --adapter A --student S --dump DIR --prompt P [--tokenizer DIR] [--json]
     gguf-trainer demo   [--pack ID] [--dir DIR] [--steps N] [--no-run]
     gguf-trainer --auto-resume | --version | --help
 
@@ -84,6 +85,7 @@ def cmd_run(args) -> int:
     paths = supervisor.project_paths(args.project)
     steps = _parse_steps(args.steps)  # every argument is checked before anything is written
     control.preflight(paths.root, only=args.only)
+    _trust_if_asked(args, paths.root)
     if steps is not None:
         _out(control.set_steps(paths.root, steps).message.split(";")[0])
     supervisor.remember_project(paths.root)
@@ -95,6 +97,7 @@ def cmd_run(args) -> int:
 
 def cmd_start(args) -> int:
     paths = supervisor.project_paths(args.project)
+    _trust_if_asked(args, paths.root)
     pid = control.start(paths.root, only=args.only, force=args.force,
                         steps=_parse_steps(args.steps))
     res = control.results(paths.root)
@@ -187,7 +190,17 @@ def cmd_download(args) -> int:
                                                  on_progress=bars, on_line=_out)
     finally:
         bars.close()
+    if not failures:
+        _trust_if_asked(args, args.project)
     return EXIT_ERROR if failures else EXIT_OK
+
+
+def _trust_if_asked(args, project_dir) -> None:
+    """--trust-remote-code: the user's once-per-snapshot decision (teachers/trust.py)."""
+    if getattr(args, "trust_remote_code", False):
+        from gguf_trainer.teachers.trust import confirm_for_project_dir  # torch-free
+
+        _out(confirm_for_project_dir(project_dir))
 
 
 def cmd_materials(args) -> int:
@@ -212,6 +225,12 @@ def cmd_inspect(args) -> int:
     from gguf_trainer.adapter_file import inspect_main  # lazy: reads GGUF
 
     return inspect_main(args.file, args.json)
+
+
+def cmd_check(args) -> int:
+    from gguf_trainer.check import check_main  # lazy: runs the student and the adapter
+
+    return check_main(args.adapter, args.student, args.dump, args.prompt, args.tokenizer, args.json)
 
 
 def cmd_demo(args) -> int:
@@ -421,6 +440,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"run only these stages ({', '.join(STAGES)})")
         p.add_argument("--force", action="store_true", help="redo export/eval even if done")
         p.add_argument("--steps", metavar="N", help="set train.steps first (12000, 12_000, 40k)")
+        trust_arg(p)
+
+    def trust_arg(p):
+        p.add_argument("--trust-remote-code", action="store_true",
+                       help="trust the teacher snapshot's own Python code (asked once per snapshot)")
 
     p = command("new", cmd_new, "create a project folder for a pack", project=False)
     p.add_argument("--pack", required=True, metavar="ID", help=f"trainer pack: {_pack_list()}")
@@ -451,6 +475,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("download", cmd_download, "fetch missing materials here (Ctrl-C keeps a resumable partial)")
     p.add_argument("--id", nargs="+", metavar="ID", help="only these materials (default: all wanted)")
     p.add_argument("--required-only", action="store_true", help="skip optional materials")
+    trust_arg(p)
     p = command("materials", cmd_materials, "show each material's status")
     p.add_argument("--online", action="store_true", help="check against the Hub's file listing")
     p.add_argument("--link-found", action="store_true", help="first link complete copies found on disk")
@@ -460,6 +485,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", metavar="PATH")
     p = command("inspect", cmd_inspect, "describe an adapter GGUF file", project=False)
     p.add_argument("file", metavar="FILE")
+    p.add_argument("--json", action="store_true")
+    p = command("check", cmd_check, "compare an adapter with the engine's SD_DUMP_COND dump", project=False)
+    p.add_argument("--adapter", required=True, metavar="A", help="the exported adapter GGUF")
+    p.add_argument("--student", required=True, metavar="S", help="the pig_clip GGUF the engine ran")
+    p.add_argument("--dump", required=True, metavar="DIR", help="the SD_DUMP_COND folder (or a .bin in it)")
+    p.add_argument("--prompt", required=True, metavar="P", help="the exact prompt the engine ran")
+    p.add_argument("--tokenizer", metavar="DIR", help="the student tokenizer folder (default: Qwen BPE)")
     p.add_argument("--json", action="store_true")
     p = command("demo", cmd_demo, "build an offline demo project and train it", project=False)
     p.add_argument("--pack", metavar="ID",

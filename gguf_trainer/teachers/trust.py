@@ -151,3 +151,17 @@ def require_project_trust(project) -> None:
     root = _project_teacher(project)
     if root is not None:
         require_trust(root, project.dir)
+
+
+def confirm_for_project_dir(project_dir) -> str:
+    """`--trust-remote-code` on run/start/download: confirm the project's teacher code and say
+    what was trusted, in one line (torch-free: the CLI calls it)."""
+    from ..project import load_project
+
+    project = load_project(project_dir)
+    st = confirm_project_trust(project)
+    if st is None:
+        return (f"--trust-remote-code: nothing to trust ({project.pack.title} runs no teacher code "
+                "of its own here, or its teacher is not downloaded yet)")
+    return (f"trusted the teacher code in {st['path']} ({len(st['files'])} .py files, sha256 "
+            f"{st['code_hash'][:12]}); a change to it will ask again")

@@ -132,3 +132,16 @@ def test_compare_centres_by_the_dumps_own_mean():
     assert verdict_line("llada_image", res).startswith("broken")
     assert verdict_line("llada_image", {"cos_centered": 0.94}).startswith("weak")
     assert read_dump.__doc__
+
+
+def test_cli_check_command(llada_case, tiny_materials, capsys):
+    from gguf_trainer.cli import main
+
+    root, adapter, _ = llada_case
+    code = main(["check", "--adapter", str(adapter), "--student", str(tiny_materials["student"]),
+                 "--dump", str(root / "dump"), "--prompt", PROMPT,
+                 "--tokenizer", str(tiny_materials["tokenizer"]), "--json"])
+    assert code == 0 and json.loads(capsys.readouterr().out)["verdict"].startswith("healthy")
+    assert main(["check", "--adapter", str(adapter), "--student", str(tiny_materials["student"]),
+                 "--dump", str(root / "nothing"), "--prompt", PROMPT]) == 1
+    assert "does not exist" in capsys.readouterr().err

@@ -450,3 +450,18 @@ def test_health_line_reads_the_shared_verdicts():
     assert PACK.health_line({"cos_centered": 0.97, "trained_steps": 20000}).startswith("healthy")
     assert PACK.health_line({"cos_centered": 0.87, "trained_steps": 20000}).startswith("broken")
     assert "0.965" in PACK.health_line({"cos_centered": 0.95, "trained_steps": 20000})
+
+
+def test_trust_remote_code_flag_confirms_the_projects_teacher(llada_env, snapshot, tmp_path, capsys):
+    from gguf_trainer.cli import build_parser
+    from gguf_trainer.project import create_project
+
+    root = shutil.copytree(snapshot, llada_env / "cli_trust")
+    proj = tmp_path / "proj"
+    create_project(proj, "llada_image", overrides={"materials": {"teacher": {"path": str(root)}}})
+    for cmd in ("run", "start", "download"):
+        assert build_parser().parse_args([cmd, "--project", str(proj), "--trust-remote-code"]).trust_remote_code
+    assert trust.trust_status(root)["reason"] == "never"
+    line = trust.confirm_for_project_dir(proj)
+    assert line.startswith(f"trusted the teacher code in {root}") and "3 .py files" in line
+    assert trust.trust_status(root)["trusted"]
