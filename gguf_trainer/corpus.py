@@ -49,6 +49,8 @@ REASONS = {
     "images_ignored": "samples whose images this pack ignores (it takes text only)",
     "length": "prompts outside corpus.min_chars..max_chars",
     "duplicate": "duplicates",
+    "empty": "dataset rows without a prompt skipped",
+    "bad_row": "dataset rows that could not be parsed skipped",
 }
 
 
@@ -223,8 +225,11 @@ def _refuse_few(n: int, need: int, n_lines: int, tally: Counter) -> UserError:
                      "fix their text or lower corpus.n_val / corpus.min_chars.")
 
 
-def build_split(settings, takes_images: bool = False) -> tuple[list[Sample], list[Sample]]:
-    """(train, val) samples. UserError when the sources give too few usable prompts."""
+def build_split(settings, takes_images: bool = False,
+                preset_pools: dict[str, list[str]] | None = None) -> tuple[list[Sample], list[Sample]]:
+    """(train, val) samples. UserError when the sources give too few usable prompts.
+    `preset_pools`: the prompts of the selected public datasets (corpus_sources.preset_pools),
+    mixed with the files by `corpus.weights` (prompt_presets.mix_pools)."""
     c = settings.corpus
     tally: Counter = Counter()
     if c.train_file or c.val_file:
@@ -237,26 +242,46 @@ def build_split(settings, takes_images: bool = False) -> tuple[list[Sample], lis
                 raise UserError(f"corpus.{name} has no usable prompts"
                                 f"{' (' + _describe(tally) + ')' if tally else ''}; fix the file.")
         return train, val
-    if not c.files:
+    if not c.files and not preset_pools:
         raise UserError("the corpus has no prompt sources; add .txt/.jsonl files under Corpus "
-                        "(corpus.files) or set corpus.train_file and corpus.val_file.")
-    pool, seen, n_lines = [], set(), 0
+                        "(corpus.files), pick prompt datasets (corpus.presets) or set "
+                        "corpus.train_file and corpus.val_file.")
+    seen: set = set()
+    pools: dict[str, list[Sample]] = {"files": []} if c.files else {}
+    n_lines = 0
+
+    def admit(s: Sample, pool: list[Sample]) -> None:  # one filter for files and datasets
+        key = (s.text.lower(), s.images)
+        if not c.min_chars <= len(s.text) <= c.max_chars:
+            tally["length"] += 1
+        elif key in seen:
+            tally["duplicate"] += 1
+        else:
+            seen.add(key)
+            pool.append(s)
+
     for path in c.files:
         found = _usable(Path(path).expanduser(), takes_images, tally)
         n_lines += len(found)
         for s in found:
-            key = (s.text.lower(), s.images)
-            if not c.min_chars <= len(s.text) <= c.max_chars:
-                tally["length"] += 1
-            elif key in seen:
-                tally["duplicate"] += 1
-            else:
-                seen.add(key)
-                pool.append(s)
-    if len(pool) < c.n_val + 8:
-        raise _refuse_few(len(pool), c.n_val + 8, n_lines + tally["bad_json"] + tally["binary"], tally)
+            admit(s, pools["files"])
+    for pid, texts in (preset_pools or {}).items():
+        pools[pid] = []
+        n_lines += len(texts)
+        for text in texts:
+            admit(Sample(clean_text(text, tally)), pools[pid])
+    n_usable = sum(len(p) for p in pools.values())
+    if n_usable < c.n_val + 8:
+        raise _refuse_few(n_usable, c.n_val + 8, n_lines + tally["bad_json"] + tally["binary"], tally)
     rng = random.Random(c.seed)
-    rng.shuffle(pool)
+    if preset_pools:
+        from .prompt_presets import mix_pools
+
+        pool = mix_pools(pools, dict(c.weights), c.n_val + c.n_train, rng)
+        log.info("corpus: %s", ", ".join(f"{k} {len(v)} usable" for k, v in pools.items()))
+    else:
+        pool = pools["files"]
+        rng.shuffle(pool)
     val, train = pool[: c.n_val], pool[c.n_val: c.n_val + c.n_train]
     if len(train) < c.n_train:
         log.warning("corpus: %d train prompts available, fewer than n_train=%d", len(train), c.n_train)
@@ -288,7 +313,15 @@ def copy_images(samples: list[Sample], folder: Path) -> list[Sample]:
 
 def run_corpus(project, report) -> None:
     pack = project.pack
-    train, val = build_split(project.settings, takes_images=pack.vis_dim > 0)
+    pools = None
+    if project.settings.corpus.presets:
+        from .corpus_sources import preset_pools
+
+        tally: Counter = Counter()
+        pools = preset_pools(project, tally)
+        if tally:
+            log.warning("corpus: prompt datasets: %s", _describe(tally))
+    train, val = build_split(project.settings, takes_images=pack.vis_dim > 0, preset_pools=pools)
     paths = project.paths
     write_samples(paths.samples("val"), copy_images(val, paths.data_images))
     write_samples(paths.samples("train"), copy_images(train, paths.data_images))
@@ -309,7 +342,13 @@ class CorpusStage(Stage):
     restart = True  # the split is rebuilt whole: a half-written data/ is never resumed
 
     def inputs(self, project, upstream, recorded):
-        return fingerprint_inputs(project.settings)
+        fp = fingerprint_inputs(project.settings)
+        c = project.settings.corpus
+        if c.presets or c.image_presets or c.image_folders:  # absent key: old corpora stay valid
+            from .corpus_sources import fingerprint
+
+            fp["sources"] = fingerprint(project)
+        return fp
 
     def folder(self, paths):
         return paths.data

@@ -188,3 +188,35 @@ def test_local_folder_same_names_in_subfolders_never_collide(tmp_path):
     assert tally["same_as_val"] + tally["duplicate"] == 1
     with pytest.raises(UserError, match="does not exist"):
         list(image_sources.folder_entries(tmp_path / "nope", tally))
+
+
+def test_corpus_mixes_a_downloaded_dataset_with_files_by_weight(hub_server, tmp_path, monkeypatch):
+    from material_repos import VIDPROM_REPO, vidprom_files, vidprom_prompt
+
+    from gguf_trainer import corpus, corpus_sources
+    from gguf_trainer.project import create_project, load_project
+    from gguf_trainer.runner import downloads
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("gguf_trainer.project.PROJECTS_ROOT", tmp_path / "projects")
+    hub_server.add_repo(VIDPROM_REPO, vidprom_files(300), repo_type="dataset")
+    mine = tmp_path / "mine.txt"
+    mine.write_text("\n".join(f"my own prompt number {i}" for i in range(300)) + "\n", "utf-8")
+    root = tmp_path / "projects" / "p"
+    create_project(root, "t5xxl_pixart", overrides={
+        "corpus.presets": ["vidprom"], "corpus.files": [str(mine)], "corpus.n_train": 200,
+        "corpus.n_val": 40, "corpus.weights": {"files": 3, "vidprom": 1}})
+    with pytest.raises(UserError, match="not downloaded.*gguf-trainer download .* --id prompts_vidprom"):
+        corpus_sources.preset_pools(load_project(root))
+    assert downloads.download_foreground(root, ["prompts_vidprom"], on_line=print) == 0
+    project = load_project(root)
+    pools = corpus_sources.preset_pools(project)
+    assert pools["vidprom"][:2] == [vidprom_prompt(0), vidprom_prompt(1)] and len(pools["vidprom"]) == 300
+    train, val = corpus.build_split(project.settings, preset_pools=pools)
+    texts = [s.text for s in train + val if s.text]
+    assert len(texts) == 240 and len(set(texts)) == 240
+    from_files = sum(t.startswith("my own") for t in texts)
+    assert from_files == 180  # 3 : 1
+    fp = corpus.STAGE.inputs(project, None, None)
+    assert fp["sources"]["presets"]["vidprom"]["repo"] == VIDPROM_REPO
+    assert fp["sources"]["presets"]["vidprom"]["commit"]
