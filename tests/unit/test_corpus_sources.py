@@ -220,3 +220,23 @@ def test_corpus_mixes_a_downloaded_dataset_with_files_by_weight(hub_server, tmp_
     fp = corpus.STAGE.inputs(project, None, None)
     assert fp["sources"]["presets"]["vidprom"]["repo"] == VIDPROM_REPO
     assert fp["sources"]["presets"]["vidprom"]["commit"]
+
+
+def test_project_image_sources_need_their_downloads_and_folders(tmp_path, monkeypatch):
+    from gguf_trainer import corpus_sources
+    from gguf_trainer.project import create_project, load_project, update_settings
+
+    monkeypatch.setattr("gguf_trainer.project.PROJECTS_ROOT", tmp_path / "projects")
+    pics = tmp_path / "pics"
+    (pics / "x").mkdir(parents=True)
+    (pics / "x" / "a.png").write_bytes(_img("red"))
+    root = tmp_path / "projects" / "mf"
+    create_project(root, "qwen3vl_mageflow", overrides={"corpus.image_folders": [str(pics)]})
+    entries = corpus_sources.image_entries(load_project(root))
+    assert [(e.source, e.key) for e in entries] == [("folder:pics", "x/a.png")]
+    before = corpus_sources.fingerprint(load_project(root))["image_folders"]
+    (pics / "x" / "b.png").write_bytes(_img("blue"))
+    assert corpus_sources.fingerprint(load_project(root))["image_folders"] != before
+    update_settings(root, {"corpus.image_presets": ["coco_captions"]})
+    with pytest.raises(UserError, match="COCO captions.* is not downloaded.*--id images_coco_captions"):
+        corpus_sources.image_entries(load_project(root))
