@@ -151,14 +151,26 @@ def read_adapter(path) -> AdapterView:
         r = _rest_name(name)
         if r is not None:
             rest[r] = info
-    _check_names(view, rest)
     if not rest:
-        _refuse(
-            view,
-            f"{path} has no adapter.* tensors, so the engine finds no adapter in it "
-            "(is it the student or another model?).",
-        )
+        arch = view.metadata.get("general.architecture")
+        llm = any(n.startswith(("blk.", "model.layers.", "model.embed_tokens", "token_embd"))
+                  for n in view.tensors)
+        if llm:  # the student pig_clip, or any LLM GGUF: say what it is and what goes here
+            _refuse(
+                view,
+                f"{path} is a language model ({arch or 'LLM layout'}), not an adapter: it has no "
+                "adapter.* tensors. It is what ggk takes as --llm (the student); inspect the "
+                "adapter GGUF gguf-trainer exported instead.",
+            )
+        else:
+            _check_names(view, rest)
+            _refuse(
+                view,
+                f"{path} has no adapter.* tensors, so the engine finds no adapter in it "
+                "(is it the student or another model?).",
+            )
         return view
+    _check_names(view, rest)
     _detect(view, rest)
     _check_variant(view, rest)
     _check_geometry(view, rest)

@@ -179,3 +179,17 @@ def test_status_json_is_light_in_a_fresh_interpreter(project, home):
                "        cli.main(argv)\n"
                "assert 'torch' not in sys.modules and 'transformers' not in sys.modules\n")
     assert r.returncode == 0, r.stderr
+
+
+def test_inspect_on_a_language_model_says_so(capsys, tiny_materials):
+    code, out, err = run_cli(capsys, "inspect", str(tiny_materials["student"]))
+    assert code == 1 and "Traceback" not in err
+    problems = [ln for ln in out.splitlines() if ln.strip().startswith("- ")]
+    assert len(problems) == 1 and "is a language model (qwen3), not an adapter" in problems[0]
+
+
+def test_demo_help_lists_the_pack_ids(capsys):
+    from gguf_trainer.packs import pack_ids
+
+    code, out, _ = run_cli(capsys, "demo", "--help")
+    assert code == 0 and all(p in out for p in pack_ids())
