@@ -893,11 +893,11 @@ def ggk_command(project: Project) -> tuple[str, list[str]]:
                      "adapter is a smoke test, not usable")
     # Companion files the command names (VAE, diffusion model ...) that are not next to the
     # adapter are the user's to fetch; say so instead of printing a broken path.
-    for token in shlex.split(cmd):
-        if token.endswith(".gguf") and "/" not in token and token != Path(student_arg).name \
-                and not (project.output_dir / token).exists():
-            notes.append(f"{token} is an engine file this command expects in ggk's working "
-                         "folder; it is not made by gguf-trainer")
+    engine_files = [t for t in shlex.split(cmd) if t.endswith(".gguf") and "/" not in t
+                    and t != Path(student_arg).name and not (project.output_dir / t).exists()]
+    if engine_files:
+        notes.append(f"{', '.join(engine_files)}: ggk's own model files (not made by "
+                     "gguf-trainer); run the command in the folder that holds them")
     return cmd, notes
 
 
