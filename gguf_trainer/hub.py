@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -215,13 +216,17 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+RETRY_WAITS_S = (2.0, 10.0, 30.0)  # after a refused or broken transfer that made progress
+
+
 def fetch_file(listing: Listing, f: RemoteFile, dest: Path,
                on_progress: Progress | None = None) -> Path:
-    """Download one file into `dest`, continuing its partial file; verified, then renamed."""
-    from huggingface_hub import get_hf_file_metadata, hf_hub_url
-    from huggingface_hub.file_download import http_get
-    from huggingface_hub.utils import build_hf_headers
+    """Download one file into `dest`, continuing its partial file; verified, then renamed.
 
+    A transfer that fails after receiving bytes (a signed CDN URL that expired mid-file, a
+    5xx, a dropped connection the client gave up on) is asked for again from where it
+    stopped, with a fresh URL, up to len(RETRY_WAITS_S) times; one that makes no progress
+    fails at once with its sentence."""
     final = Path(dest) / f.path
     if final.is_file() and final.stat().st_size == f.size:
         if on_progress:
@@ -229,6 +234,30 @@ def fetch_file(listing: Listing, f: RemoteFile, dest: Path,
         return final
     part = partial_path(dest, f)
     part.parent.mkdir(parents=True, exist_ok=True)
+    for wait_s in (*RETRY_WAITS_S, None):
+        before = part.stat().st_size if part.exists() else 0
+        try:
+            _transfer(listing, f, part, on_progress)
+            break
+        except UserError:
+            grew = part.exists() and part.stat().st_size > before
+            if wait_s is None or not grew:
+                raise
+            log.warning("%s: %s stopped at %d bytes; asking again in %.0f s", listing.repo,
+                        f.path, part.stat().st_size, wait_s)
+            time.sleep(wait_s)
+    _verify(part, f, listing.repo)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(part, final)
+    return final
+
+
+def _transfer(listing: Listing, f: RemoteFile, part: Path, on_progress: Progress | None) -> None:
+    """One HEAD (fresh location) + one ranged GET appending to `part`."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.file_download import http_get
+    from huggingface_hub.utils import build_hf_headers
+
     url = hf_hub_url(listing.repo, f.path, repo_type=listing.repo_type,
                      revision=listing.commit, endpoint=endpoint())
     headers = build_hf_headers(token=get_token() or False)
@@ -244,16 +273,14 @@ def fetch_file(listing: Listing, f: RemoteFile, dest: Path,
             resume = 0
         if resume:
             log.info("%s: resuming %s at %d of %d bytes", listing.repo, f.path, resume, f.size)
-        _hub_call(lambda: http_get(meta.location, fh, resume_size=resume, headers=headers,
-                                   expected_size=f.size, displayed_filename=f.path,
-                                   _tqdm_bar=_Bar(f.path, resume, f.size, on_progress)),
-                  listing.repo, listing.repo_type)
-        fh.flush()
-        os.fsync(fh.fileno())
-    _verify(part, f, listing.repo)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(part, final)
-    return final
+        try:
+            _hub_call(lambda: http_get(meta.location, fh, resume_size=resume, headers=headers,
+                                       expected_size=f.size, displayed_filename=f.path,
+                                       _tqdm_bar=_Bar(f.path, resume, f.size, on_progress)),
+                      listing.repo, listing.repo_type)
+        finally:  # what arrived is kept for the next try, even when this one failed
+            fh.flush()
+            os.fsync(fh.fileno())
 
 
 def _verify(part: Path, f: RemoteFile, repo: str) -> None:

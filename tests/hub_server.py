@@ -17,6 +17,9 @@ GatedRepo` unless the request carries an accepted token; private repos answer 40
 Test controls (all thread-safe):
 * `pause(path, after_bytes)`: a GET of that file sends `after_bytes` bytes, then waits
   until `release(path)` - a deterministic "mid-file" for kill tests (no timing guesses).
+* `break_after(path, after_bytes, then_status)`: the next GET of that file sends
+  `after_bytes` bytes and drops the connection, and the GET after that answers
+  `then_status` (403: the signed URL expired) - a transfer that breaks mid-file.
 * `requests`: every request as (method, url path, headers dict), to assert on Range
   headers, on how many times a file was fetched, or on the Authorization a client sent.
 
@@ -88,6 +91,7 @@ class HubServer:
         self.tokens: set[str] = set()
         self.requests: list[tuple[str, str, dict]] = []
         self._pauses: dict[str, tuple[int, threading.Event]] = {}
+        self._breaks: dict[str, list] = {}  # path -> [after_bytes or None, then_status or None]
         self._lock = threading.Lock()
         handler = type("Handler", (_Handler,), {"hub": self})
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -114,6 +118,22 @@ class HubServer:
             pause = self._pauses.pop(path, None)
         if pause:
             pause[1].set()
+
+    def break_after(self, path: str, after_bytes: int, then_status: int = 403) -> None:
+        with self._lock:
+            self._breaks[path] = [after_bytes, then_status]
+
+    def _take_break(self, path: str) -> tuple[int | None, int | None]:
+        """(bytes to send before dropping, status to answer instead) for this GET."""
+        with self._lock:
+            plan = self._breaks.get(path)
+            if not plan:
+                return None, None
+            if plan[0] is not None:
+                after, plan[0] = plan[0], None
+                return after, None
+            self._breaks.pop(path)
+            return None, plan[1]
 
     def get_requests(self, path_suffix: str, method: str = "GET") -> list[dict]:
         """Headers of every `method` request whose URL path ends with `path_suffix`."""
@@ -229,6 +249,9 @@ class _Handler(BaseHTTPRequestHandler):
         if filename not in repo.files:
             return self._error(404, "EntryNotFound", f"{filename} does not exist", repo.commit)
         data = repo.files[filename]
+        drop_after, status = self.hub._take_break(filename) if send_body else (None, None)
+        if status:
+            return self._error(status, "Forbidden", "Request has expired (signed URL)")
         start = 0
         m = _RANGE_RE.match(self.headers.get("Range", ""))
         if m and send_body:
@@ -245,19 +268,25 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data) - start))
         self.end_headers()
         if send_body:
-            self._send_body(filename, data, start)
+            self._send_body(filename, data, start, drop_after)
 
-    def _send_body(self, filename: str, data: bytes, start: int) -> None:
+    def _send_body(self, filename: str, data: bytes, start: int,
+                   drop_after: int | None = None) -> None:
         pause = self.hub._pause_for(filename)
         pos = start
         try:
             while pos < len(data):
+                if drop_after is not None and pos - start >= drop_after:
+                    self.close_connection = True  # promised more bytes: the client sees a break
+                    return
                 if pause and pos >= pause[0]:
                     pause[1].wait()
                     pause = None
                 end = min(len(data), pos + CHUNK)
                 if pause:
                     end = min(end, max(pause[0], pos + 1))
+                if drop_after is not None:
+                    end = min(end, start + drop_after)
                 self.wfile.write(data[pos:end])
                 self.wfile.flush()
                 pos = end

@@ -193,3 +193,22 @@ def test_a_pattern_the_saved_listing_never_covered_is_not_complete(hub_server, t
     assert check_folder(tmp_path / "m", ("config.json",)).is_complete
     grown = check_folder(tmp_path / "m", ("config.json", "tokenizer.json"))
     assert not grown.is_complete and grown.missing == ["tokenizer.json (not in the saved listing)"]
+
+
+def test_a_transfer_broken_mid_file_with_an_expired_url_is_asked_for_again(hub_server, tmp_path,
+                                                                          monkeypatch):
+    monkeypatch.setattr(hub, "RETRY_WAITS_S", (0.0,))
+    data = np.random.default_rng(1).bytes(12 * 1024 * 1024)  # > the client's 10 MiB chunk
+    hub_server.add_repo("org/big", {"weights.bin": data})
+    listing = hub.list_remote("org/big")
+    hub_server.break_after("weights.bin", 11 * 1024 * 1024, then_status=403)
+    hub.fetch_listing(listing, tmp_path / "big")
+    assert (tmp_path / "big" / "weights.bin").read_bytes() == data
+    gets = hub_server.get_requests("/weights.bin")
+    heads = hub_server.get_requests("/weights.bin", method="HEAD")
+    assert [h.get("range") for h in gets] == [None, "bytes=10485760-", "bytes=10485760-"]
+    assert len(heads) == 2  # a fresh location for the second try
+    hub_server.add_repo("org/big2", {"weights.bin": data})
+    hub_server.break_after("weights.bin", 0, then_status=403)  # no progress: fail at once
+    with pytest.raises(UserError, match="answered 403"):
+        hub.fetch_listing(hub.list_remote("org/big2"), tmp_path / "big2")
