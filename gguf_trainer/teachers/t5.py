@@ -391,7 +391,9 @@ class T5Teacher:
         """Real T5 slots of each sample (its cost in a trimmed batch)."""
         return [real_length(self.seed_ids(_text(s))) for s in samples]
 
-    def targets(self, samples: Sequence, student_ids=None) -> list:
+    def targets(self, samples: Sequence, student_ids=None, vision=None) -> list:
+        """One TargetRows per sample: the real rows (pieces + EOS) and the window ids. T5 reads
+        text only; `vision` is part of the protocol for image-aware teachers."""
         from ..packs.base import TargetRows
 
         found = [self._window(_text(s)) for s in samples]
@@ -408,6 +410,9 @@ class T5Teacher:
         """Free the encoder (the stage that opened the teacher calls this when it is done)."""
         import torch
 
+        if self.n_truncated:
+            log.info("teacher: %d prompt(s) were longer than the %d-slot T5 window and were cut to it",
+                     self.n_truncated, self.window)
         self.model = None
         gc.collect()
         if torch.cuda.is_available():

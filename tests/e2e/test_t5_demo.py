@@ -1,0 +1,104 @@
+"""`gguf-trainer demo --pack t5xxl_pixart` trains against the shipped tiny REAL T5 teacher
+(random T5EncoderModel + a small sentencepiece model) through the real teacher code, in a
+subprocess like a user runs it: the export is a seeded resampler with 120 queries that
+`inspect` reads and `load_gguf` runs, the shards hold the engine's T5 window ids, the
+adapter beats the mean baseline, and a changed `spiece.model` invalidates the shards."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from gguf_trainer import project as project_mod
+from gguf_trainer.samples import iter_samples
+from gguf_trainer.shards import load_verified, shard_files
+from gguf_trainer.teachers.t5 import SeedTokenizer
+
+pytestmark = pytest.mark.slow
+
+
+def cli(*args, home: Path, timeout=480) -> subprocess.CompletedProcess:
+    env = {**os.environ, "GGUF_TRAINER_HOME": str(home), "HOME": str(home)}
+    return subprocess.run([sys.executable, "-m", "gguf_trainer.cli", *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout, env=env, check=False)
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    base = tmp_path_factory.mktemp("t5demo")
+    root = base / "demo"
+    out = cli("demo", "--pack", "t5xxl_pixart", "--steps", 40, "--dir", root, home=base / "home")
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    return {"root": root, "stdout": out.stdout, "home": base / "home", "project": project_mod.load_project(root)}
+
+
+def test_demo_trains_against_the_tiny_real_teacher(demo):
+    proj = demo["project"]
+    assert proj.settings.precompute.mock_teacher is False
+    ev = json.loads(proj.paths.eval_json.read_text())
+    base = ev["baseline"]["baseline_cos"]
+    print(f"demo --pack t5xxl_pixart --steps 40 (tiny real T5): val cos {ev['val_cos']:.4f} vs mean baseline {base:.4f}")
+    assert ev["mock"] is False and "note" not in ev
+    assert ev["val_cos"] > base + 0.05  # learned the teacher beyond the per-dimension mean
+    assert ev["roundtrip_cos"] > 0.999
+    assert ev["health"].startswith("too early to judge at 40 steps") and "0.827" in ev["health"]
+    assert ev["reference"]["val cos"] == 0.827
+    # what the user reads at the end: the eval line with its health, the ggk command and the advice
+    assert "too early to judge" in demo["stdout"] and "f16 or q8_0" in demo["stdout"]
+    assert "--llm-adapter" in demo["stdout"]
+
+
+def test_the_shards_hold_the_engine_t5_window_ids(demo):
+    proj = demo["project"]
+    tok = SeedTokenizer(proj.material_path("teacher") / "spiece.model", window=120)
+    texts = [s.text for s in iter_samples(proj.paths.data / "val.jsonl")]
+    shard = load_verified(shard_files(proj.paths.shard_dir("val"))[0])
+    for index, ids, n_rows in zip(shard["sample_index"].tolist(), shard["seed_ids"].tolist(),
+                                  shard["target_len"].tolist()):
+        assert ids == tok.seed_ids(texts[index])
+        assert n_rows == sum(1 for i in ids if i)  # the real slots, EOS included, are stored
+    assert shard["target_rows"].shape[1] == 64  # the tiny teacher's d_model, read from the shards
+
+
+def test_inspect_reads_a_seeded_resampler_and_load_gguf_runs_it(demo):
+    from gguf_trainer.adapters import load_gguf
+    from gguf_trainer.student import load_student, pad_batch, tokenize
+
+    proj = demo["project"]
+    out = cli("inspect", "--json", proj.final_gguf, home=demo["home"], timeout=120)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["kind"] == "seeded_resampler"
+    assert report["geometry"]["num_queries"] == 120 and report["geometry"]["t5_vocab"] == 32128
+    adapter = load_gguf(proj.final_gguf)
+    student = load_student(proj.material_path("student"), proj.material_path("student_tokenizer"))
+    tok = SeedTokenizer(proj.material_path("teacher") / "spiece.model", window=120)
+    prompts = ["close-up portrait of a young lady", ""]
+    ids, keep = pad_batch(tokenize(student.tokenizer, prompts))
+    with torch.no_grad():
+        rows = adapter(student.hidden(ids, keep).float(), keep, torch.tensor([tok.seed_ids(p) for p in prompts]))
+    assert rows.shape == (2, 120, 64) and torch.isfinite(rows).all()
+
+
+def test_a_changed_spiece_model_invalidates_the_shards(demo, tmp_path):
+    from gguf_trainer.runner.stages import stage_inputs, stage_objects, stale_stages
+    from gguf_trainer.teachers.t5_tiny import train_tiny_spm
+
+    root = tmp_path / "proj"
+    shutil.copytree(demo["root"], root)
+    teacher = tmp_path / "teacher"
+    shutil.copytree(demo["project"].material_path("teacher"), teacher)
+    project_mod.update_settings(root, {"materials.teacher.path": str(teacher)})
+    proj = project_mod.load_project(root)
+    assert stale_stages(proj, stage_objects(), stage_inputs(proj)) == {}  # same files, same fingerprint
+    (teacher / "spiece.model").write_bytes(train_tiny_spm(vocab_size=200))
+    stale = stale_stages(proj, stage_objects(), stage_inputs(proj))
+    shard_stages = [name for name in stale if name.startswith("precompute")]
+    assert shard_stages and all("teacher" in stale[name] for name in shard_stages), stale
