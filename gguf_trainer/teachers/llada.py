@@ -30,7 +30,7 @@ import torch
 
 from ..errors import UserError
 from . import trust
-from .llada_compat import install_attn_mask_utils, repair_rotary_tables
+from .llada_compat import install_attn_mask_utils, repair_rotary_tables, rotary_modules
 from .placement import GIB, model_bytes, plan_device_map
 from .queryformer import WEIGHTS_FILE, QueryFormer, TextProjection, load_module
 
@@ -174,6 +174,10 @@ def plan_backbone(root, budgets: Sequence[tuple[int | str, int]], placement: str
     install_attn_mask_utils()
     model = _meta_model(root / "text_encoder")
     dmap = plan_device_map(model, budgets, placement)
+    # A rotary module holds no weights, only the table we repair after loading: keep it on
+    # the main device, never offloaded (a re-registered buffer is not in the offload map).
+    main = next(iter(dmap.values()))
+    dmap.update({name: main for name, _ in rotary_modules(model) if name in dmap})
     log.info("teacher: %.1f GiB of bf16 weights placed %s over %s", model_bytes(model) / GIB,
              placement, ", ".join(str(d) for d in dict.fromkeys(dmap.values())))
     return dmap
@@ -249,6 +253,6 @@ def load_llada_teacher(root, *, format_prompt: Callable[[str], str], device="cpu
                 "queryformer": _folder_hash(root / "queryformer"),
                 "text_projection": _folder_hash(root / "text_projection"),
                 "tokenizer": _folder_hash(root / "tokenizer"), "max_len": max_len}
-    return LLaDATeacher(backbone=backbone, embed=model.get_input_embeddings(), queryformer=qf,
+    return LLaDATeacher(backbone=backbone, embed=backbone.get_input_embeddings(), queryformer=qf,
                         projection=tp, tokenizer=tok, format_prompt=format_prompt, device=device,
                         dtype=dtype, identity=identity, max_len=max_len, device_map=dmap, _model=model)

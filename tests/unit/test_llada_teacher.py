@@ -332,6 +332,7 @@ def test_sequential_fills_the_chosen_gpu_first(snapshot):
     order = list(dict.fromkeys(dmap.values()))
     assert order[0] == 1 and order[-1] == "cpu"  # GPU 1 chosen: it fills before GPU 0
     assert dmap["model.language_model.word_embeddings"] == 1
+    assert dmap.pop("model.language_model.rotary_emb") == 1  # the repaired table stays on the main card
     seq = [{1: 0, 0: 1, "cpu": 2}[d] for d in dmap.values()]
     assert seq == sorted(seq)  # layers flow chosen GPU -> other GPUs -> CPU RAM
 
