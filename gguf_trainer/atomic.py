@@ -75,7 +75,7 @@ def _write_failure(exc: BaseException, path: Path, tmp: Path) -> DiskError | Non
     if err is None:
         return None
     sentence = os_error_sentence(OSError(err, os.strerror(err)), path)
-    return DiskError(f"could not write {path}: {sentence}", err)
+    return DiskError(sentence, err)  # it names `path` already
 
 
 @contextlib.contextmanager
