@@ -75,8 +75,7 @@ def prepare_demo(pack_id: str | None = None, dest: Path | None = None, steps: in
     materials.mkdir(parents=True, exist_ok=True)
     student = write_tiny_student(materials / "pig_clip-tiny-f16.gguf")
     tokenizer = write_tiny_tokenizer_dir(materials / "pig-clip-tokenizer", tiny_qwen3_config())
-    prompts = materials / "demo_prompts.txt"
-    prompts.write_text("\n".join(demo_prompts()) + "\n", encoding="utf-8")
+    prompts = pack.demo_corpus(materials, demo_prompts())  # MageFlow: + synthetic images
     teacher_files = pack.demo_materials(materials)  # {} = the pack's mock teacher
     overrides = {**demo_overrides(pack.id, prompts, steps or 40),
                  "materials": {"student": {"path": str(student)}, "student_tokenizer": {"path": str(tokenizer)},

@@ -179,6 +179,15 @@ class TrainerPack:
         never needs editing for a new teacher."""
         return {}
 
+    def demo_corpus(self, folder: Path, prompts: list[str]) -> Path:
+        """The demo's corpus file written under `folder` from `prompts` (one per line); image
+        packs write sample records with small synthetic images instead (see samples.py)."""
+        from ..atomic import write_text
+
+        path = folder / "demo_prompts.txt"
+        write_text(path, "".join(p + "\n" for p in prompts))
+        return path
+
     def build_mock_teacher(self, project) -> Teacher:
         raise NotImplementedError
 

@@ -128,9 +128,9 @@ class MageFlowPack(TrainerPack):
         blocks = "".join(image_block(i, n) for i, n in enumerate(image_tokens))
         return EDIT_PREFIX + blocks + sample.text + SUFFIX
 
-    def write_demo_corpus(self, folder, prompts):
+    def demo_corpus(self, folder, prompts):
         """The demo's corpus: small synthetic images (64–160 px, 4–20 vision tokens each) in
-        one- and two-image edit samples, plus text-only prompts. Returns the .jsonl path."""
+        one- and two-image edit samples, plus the text-only prompts. Returns the .jsonl path."""
         from .mageflow_demo import write_demo_corpus
 
         return write_demo_corpus(folder, prompts)
