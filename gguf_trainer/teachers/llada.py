@@ -20,7 +20,6 @@ Must not: know about projects or shards (the pack hands in paths, a prompt forma
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -214,16 +213,6 @@ def plan_budgets(plan, device) -> list[tuple[int | str, int]] | None:
     return budgets
 
 
-def _folder_hash(folder: Path) -> str:
-    """sha256 over the small config files of a folder (weights are identified by size + name)."""
-    h = hashlib.sha256()
-    for p in sorted(folder.rglob("*")):
-        if p.is_file() and ".cache" not in p.parts:
-            h.update(p.relative_to(folder).as_posix().encode())
-            h.update(p.read_bytes() if p.suffix in (".json", ".py", ".txt") else str(p.stat().st_size).encode())
-    return h.hexdigest()[:16]
-
-
 def load_llada_teacher(root, *, format_prompt: Callable[[str], str], device="cpu",
                        device_map: dict | None = None, max_len: int = MAX_LEN_TEACHER,
                        project_dir=None) -> LLaDATeacher:
@@ -248,11 +237,9 @@ def load_llada_teacher(root, *, format_prompt: Callable[[str], str], device="cpu
     tp = load_module(TextProjection, root / "text_projection", device, dtype)
     tok = AutoTokenizer.from_pretrained(str(root / "tokenizer"))
     tok.padding_side = "right"
-    identity = {"teacher": "llada_image", "code_hash": code_hash,
-                "text_encoder": _folder_hash(root / "text_encoder"),
-                "queryformer": _folder_hash(root / "queryformer"),
-                "text_projection": _folder_hash(root / "text_projection"),
-                "tokenizer": _folder_hash(root / "tokenizer"), "max_len": max_len}
+    # The shard fingerprint hashes every file of the folders (materials.teacher_identity); this
+    # names what ran, for logs and tests.
+    identity = {"teacher": "llada_image", "code_hash": code_hash, "max_len": max_len}
     return LLaDATeacher(backbone=backbone, embed=backbone.get_input_embeddings(), queryformer=qf,
                         projection=tp, tokenizer=tok, format_prompt=format_prompt, device=device,
                         dtype=dtype, identity=identity, max_len=max_len, device_map=dmap, _model=model)
