@@ -184,7 +184,7 @@ def linear_fit(files: list[Path], stats: Stats | None = None, max_rows: int = 65
 
     acc = None
     for path in files:
-        t = load_file(str(path))
+        t = load_verified(path)  # read for training: checked like every other read
         if not torch.equal(t["student_len"], t["target_len"]):
             raise ValueError(f"{path} is not token-aligned: a linear start needs one row per token")
         x, y = t["student_rows"].float(), t["target_rows"].float()
