@@ -79,6 +79,20 @@ def test_untrusted_snapshot_is_refused_with_how_to_confirm(llada_env):
     assert trust.trust_status(root)["reason"] == "never"
 
 
+def test_pack_hook_refuses_before_loading(llada_env, monkeypatch):
+    """The pipeline's path (pack.load_teacher): the sentence comes before any code is imported."""
+    from types import SimpleNamespace
+
+    import transformers.dynamic_module_utils as dmu
+
+    root = copy_tiny_llada(llada_env / "untrusted_pack", with_sigvq=False)
+    monkeypatch.setattr(dmu, "get_class_from_dynamic_module",
+                        lambda *a, **k: pytest.fail("remote code imported before the trust check"))
+    plan = SimpleNamespace(mode="cpu", placement="sequential", gpu_gib=0.0, cpu_gib=8.0)
+    with pytest.raises(UserError, match="not trusted yet"):
+        PACK.load_teacher({"teacher": root}, plan, torch.device("cpu"))
+
+
 def test_changed_code_asks_again(llada_env, snapshot):
     root = shutil.copytree(snapshot, llada_env / "changed")
     first = trust.confirm_trust(root)
