@@ -9,6 +9,7 @@ themselves on exit. Used by the class-4/5 tests (tests/unit/test_hostile_*.py).
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import os
 import resource
@@ -28,6 +29,7 @@ def _mount(*args: str) -> bool:
     return subprocess.run(["mount", *args], check=False, capture_output=True).returncode == 0
 
 
+@functools.cache
 def can_mount() -> bool:
     """True when this process may mount (root in a container that allows it)."""
     if not is_root() or shutil.which("mount") is None:
