@@ -72,13 +72,23 @@ def link_material(root, material_id: str, path) -> dict:
         raise UserError(f"unknown material {material_id!r}; this pack has "
                         f"{', '.join(m.id for m in all_materials(project))}.")
     path = Path(path).expanduser()
+    if not path.exists():
+        raise UserError(f"{path} does not exist; choose the folder or file again.")
     if material.kind == "hf_snapshot":
         check = check_folder(path, material.patterns)
-        if not check.is_complete:
+        inside = None if check.is_complete else discovery.find_snapshot(material, [path])
+        if inside is not None:  # the user named the folder that holds the snapshot
+            path = inside
+        elif not check.is_complete:
             what = ", ".join(check.missing[:3]) or "no matching files"
             raise UserError(f"{path} is not a complete copy of {material.repo} (missing: {what}); "
                             "finish copying it or download it instead.")
-    elif not (path.is_file() and discovery.is_gguf(path)):
+    elif path.is_dir():
+        found, _why = discovery.find_student([path])
+        if found is None:
+            raise UserError(f"{path} holds no pig_clip*.gguf; choose the .gguf file itself.")
+        path = found
+    elif not discovery.is_gguf(path):
         raise UserError(f"{path} is not a GGUF file; choose {material.hint or 'the .gguf file'}.")
     _record_path(root, material_id, path)
     _note(project, f"{material_id}: linked {path}")

@@ -77,6 +77,16 @@ def test_link_refuses_incomplete_and_accepts_complete(t5, tmp_path):
     assert row["state"] == "ready" and row["linked"] and row["path"] == str(copy.resolve())
     with pytest.raises(UserError, match="not a GGUF file"):
         downloads.link_material(root, "student", copy / "config.json")
+    # naming the folder that holds copies works too: the snapshot and the student inside it
+    holder = tmp_path / "models"
+    holder.mkdir()
+    copy.rename(holder / "t5-v1_1-xxl-encoder-bf16")
+    assert downloads.link_material(root, "teacher", holder)["path"] == str(
+        (holder / "t5-v1_1-xxl-encoder-bf16").resolve())
+    (holder / "pig_clip-f16.gguf").write_bytes(b"GGUF" + b"\0" * 8)
+    assert downloads.link_material(root, "student", holder)["path"].endswith("pig_clip-f16.gguf")
+    with pytest.raises(UserError, match="does not exist"):
+        downloads.link_material(root, "teacher", tmp_path / "nowhere")
 
 
 def test_link_found_picks_copies_and_the_f16_student(t5, tmp_path, monkeypatch):
