@@ -310,3 +310,17 @@ def test_material_status_checks_the_teacher_from_its_headers(tmp_path, snapshot,
     (snapshot / "config.json").write_text(json.dumps({**config, "d_model": 128}))
     teacher = next(r for r in material_statuses(root) if r["id"] == "teacher")
     assert teacher["verified"] is False and "config.json implies" in teacher["error"], teacher
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["gpu", "offload"])
+def test_card_modes_match_the_cpu_teacher(mode, teacher):
+    """On a CUDA machine: resident and streamed bf16 teachers give the fp32 CPU rows to bf16 accuracy."""
+    on_card = t5.load_t5_teacher(DEMO_DIR, "cuda", mode)
+    try:
+        for got, ref in zip(on_card.targets(PROMPTS), teacher.targets(PROMPTS)):
+            assert got.seed_ids == ref.seed_ids and got.rows.device.type == "cpu"
+            cos = torch.nn.functional.cosine_similarity(got.rows.float(), ref.rows, dim=-1)
+            assert cos.min().item() > 0.99, (mode, cos.min().item())
+    finally:
+        on_card.close()
