@@ -319,3 +319,31 @@ def test_cli_stop_timeout_is_exit_3_then_kill(project, monkeypatch):
     r = subprocess.run([*cli, "start", "--project", str(project / "nope")],
                        capture_output=True, text=True, timeout=30, check=False)
     assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("how", ["timed_out_then_kill", "no_wait_then_kill", "hand_written"])
+def test_a_leftover_stop_request_does_not_stop_the_next_start(project, how, monkeypatch):
+    """Class 10: a stop request nobody answered (stop timed out or did not wait, then kill;
+    or a stray file) is cleared at start, so the new run keeps running."""
+    paths = ProjectPaths(project)
+    if how == "hand_written":
+        paths.stop_request.write_text("{}")
+    else:
+        monkeypatch.setenv("FAKE_UNIT_S", "4")  # a unit outlasts the stop timeout
+        supervisor.start(project, module=FAKE)
+        monkeypatch.setenv("FAKE_UNIT_S", "0.05")
+        wait_for(lambda: supervisor.status(project)["stage"] == "corpus")
+        time.sleep(0.3)  # inside its first 4 s unit: the request waits for the unit's end
+        if how == "timed_out_then_kill":
+            with pytest.raises(supervisor.StopTimeout):
+                supervisor.stop(project, timeout_s=0.2, grace_s=100)
+        else:
+            assert supervisor.stop(project, timeout_s=0) == "stopping"
+        assert supervisor.kill(project) == "killed"
+        assert paths.stop_request.exists()  # what the next start must not obey
+    pid = supervisor.start(project, module=FAKE)
+    info = in_progress(project)
+    time.sleep(1.0)  # a leftover request would be obeyed at the next unit (0.05 s)
+    info = supervisor.status(project)
+    assert info["status"] == "running" and info["pid"] == pid
+    assert supervisor.stop(project, timeout_s=20) == "stopped"
