@@ -32,6 +32,10 @@ MAX_ARRAY_DEPTH = 8  # arrays of arrays; GGUFReader recurses once per level
 # GGUFReader keeps a numpy view per metadata array item (~100 bytes each). A 256k-token
 # vocabulary with scores, types and merges is ~1M items; 4M bounds its memory to well under 1 GiB.
 MAX_METADATA_ITEMS = 4 << 20
+# GGUFReader builds a Python object per key and per tensor. Real files hold tens of keys and
+# at most a few thousand tensors; these caps keep a file of tiny entries from costing GiBs.
+MAX_KEYS = 1 << 16
+MAX_TENSORS = 1 << 16
 DEFAULT_ALIGNMENT = 32
 ALIGNMENT_KEY = "general.alignment"
 
@@ -99,10 +103,14 @@ class _Scanner:
         # Each key/value needs at least 13 bytes and each tensor description 24: a count
         # that cannot fit in what is left of the file is refused before any loop runs.
         self._fits(n_kv, 13, "metadata entries")
+        if n_kv > MAX_KEYS:
+            raise _Refused(f"it declares {n_kv} metadata entries (at most {MAX_KEYS} are read)")
         keys: set[str] = set()
         for _ in range(n_kv):
             self._key_value(keys)
         self._fits(n_tensors, 24, "tensors")
+        if n_tensors > MAX_TENSORS:
+            raise _Refused(f"it declares {n_tensors} tensors (at most {MAX_TENSORS} are read)")
         tensors = [self._tensor_info(i) for i in range(n_tensors)]
         self._check_names(tensors)
         data_offset = -(-self.pos // self.alignment) * self.alignment

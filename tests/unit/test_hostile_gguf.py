@@ -17,7 +17,7 @@ from gguf_trainer import cli
 from gguf_trainer.adapter_file import read_adapter
 from gguf_trainer.errors import UserError
 from gguf_trainer.exit_codes import EXIT_USER
-from gguf_trainer.gguf_bounds import MAX_METADATA_ITEMS, check_gguf
+from gguf_trainer.gguf_bounds import MAX_KEYS, MAX_METADATA_ITEMS, MAX_TENSORS, check_gguf
 
 U8, U32, STRING, ARRAY = 0, 4, 8, 9
 F32 = 0  # ggml type
@@ -62,6 +62,9 @@ HOSTILE = {
     "too_many_items": header(0, 1) + kv("n", ARRAY, struct.pack("<IQ", U8, MAX_METADATA_ITEMS + 1))
                       + b"\x00" * (MAX_METADATA_ITEMS + 1),
     "huge_kv_count": header(0, 1 << 60),
+    "many_small_keys": header(0, MAX_KEYS + 1) + kv("", U8, b"\0") * (MAX_KEYS + 1),
+    "many_small_tensors": header(MAX_TENSORS + 1, 0)
+                          + b"".join(tinfo(f"t{i}", []) for i in range(MAX_TENSORS + 1)),
     "huge_tensor_count": header(1 << 60, 0),
     "huge_key_length": header(0, 1) + struct.pack("<Q", 1 << 63) + b"abc",
     "huge_string_value": header(0, 1) + kv("s", STRING, struct.pack("<Q", 1 << 62)),
