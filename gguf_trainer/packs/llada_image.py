@@ -102,6 +102,8 @@ class LLaDAImagePack(TrainerPack):
                                   device_map=device_map, max_len=self.max_len_teacher - self.num_queries)
 
     health_after_steps = 2000  # early in a run every adapter is under the floor
+    reference = {"val cos_centered": 0.965, "rel_mse": 0.0024, "run": "RTX 5090, ~55 min of training",
+                 "broken-RoPE signature": "~0.87 centred cosine"}
 
     def health_line(self, metrics):
         """Healthy / weak / broken by the shared verdict table (with `gguf-trainer check`), from
