@@ -54,6 +54,9 @@ class LLaDAImagePack(TrainerPack):
     }
     teacher_memory_gib = 34.0
     remote_code = True  # the backbone is the snapshot's own Python: trust records, teachers/trust.py
+    health_after_steps = 2000  # early in a run every adapter is under the floor
+    reference = {"val cos_centered": 0.965, "rel_mse": 0.0024, "run": "RTX 5090, ~55 min of training",
+                 "broken-RoPE signature": "~0.87 centred cosine"}
     min_ggk = "0.5.7"
     engine_command_template = (
         "ggk diffuser engine -- --diffusion-model LLaDA-image-turbo-nvfp4.gguf "
@@ -100,10 +103,6 @@ class LLaDAImagePack(TrainerPack):
         device_map = plan_backbone(root, budgets, plan.placement) if budgets else None
         return load_llada_teacher(root, format_prompt=self.format_prompt, device=device,
                                   device_map=device_map, max_len=self.max_len_teacher - self.num_queries)
-
-    health_after_steps = 2000  # early in a run every adapter is under the floor
-    reference = {"val cos_centered": 0.965, "rel_mse": 0.0024, "run": "RTX 5090, ~55 min of training",
-                 "broken-RoPE signature": "~0.87 centred cosine"}
 
     def health_line(self, metrics):
         """Healthy / weak / broken by the shared verdict table (with `gguf-trainer check`), from
