@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from gguf_trainer import atomic
-from gguf_trainer.errors import UserError
+from gguf_trainer.errors import UserError, as_user_error
 from gguf_trainer.runner import lock
 
 log = logging.getLogger(__name__)
@@ -211,10 +211,15 @@ class JobHandle:
         self.log = logging.getLogger(f"gguf_trainer.job.{name}")
 
     def write(self) -> None:
+        path = state_path(self.folder, self.name)
         try:
-            atomic.write_json(state_path(self.folder, self.name), _jsonable(self.state))
+            atomic.write_json(path, _jsonable(self.state))
         except OSError as e:  # disk full: the job goes on; the final write retries
-            self.log.warning("cannot write %s: %s", state_path(self.folder, self.name), e)
+            # No room for a new file: overwrite the old record through its own blocks, so a
+            # job that ended is never left "running" (readers tolerate a torn record).
+            data = (json.dumps(_jsonable(self.state), indent=2, sort_keys=True) + "\n").encode()
+            if not atomic.rewrite_in_place(path, data):
+                self.log.warning("cannot write %s: %s", path, e)
 
     def update(self, **fields: Any) -> None:
         self.state.setdefault("progress", {}).update(fields)
@@ -262,15 +267,17 @@ def run_job(folder: Path, name: str, target: str, job_id: str, kwargs: dict) -> 
         state.update(status="done", result=_jsonable(result))
     except JobStopped:
         state.update(status="stopped", error="stopped on request")
-    except UserError as e:
-        state.update(status="failed", error=str(e))
-        print(f"error: {e}", flush=True)
-        code = 1
     except Exception as e:  # noqa: BLE001 - last resort: the log gets the traceback
-        traceback.print_exc(file=sys.stdout)
-        state.update(status="failed", error=f"internal error ({type(e).__name__}); "
-                                            f"see {log_path(folder, name)}")
-        code = 3
+        user = as_user_error(e, fallback=folder)  # a UserError, or what the disk refused
+        if user is not None:
+            state.update(status="failed", error=str(user))
+            print(f"error: {user}", flush=True)
+            code = 1
+        else:
+            traceback.print_exc(file=sys.stdout)
+            state.update(status="failed", error=f"internal error ({type(e).__name__}); "
+                                                f"see {log_path(folder, name)}")
+            code = 3
     state["finished"] = time.time()
     job.write()
     print(f"{name} job {state['status']}" + (f": {state['error']}" if state["error"] else ""),
