@@ -351,7 +351,8 @@ def encode_windows(model, windows: Sequence[Sequence[int]], device, trim: bool =
 
 
 def _text(sample) -> str:
-    """Samples are corpus strings today and sample records (mapping or object with .text) soon."""
+    """The prompt of a sample: a `samples.Sample` record (.text), a mapping with "text", or a
+    plain string (tests, the benchmark)."""
     if isinstance(sample, str):
         return sample
     if isinstance(sample, Mapping):
