@@ -480,3 +480,24 @@ def test_trust_remote_code_flag_confirms_the_projects_teacher(llada_env, snapsho
     line = trust.confirm_for_project_dir(proj)
     assert line.startswith(f"trusted the teacher code in {root}") and "3 .py files" in line
     assert trust.trust_status(root)["trusted"]
+
+
+@pytest.mark.gpu
+def test_cuda_resident_and_offloaded_match_the_cpu_rows(snapshot, teacher):
+    """bf16 on the card, resident and with most layers streamed from CPU RAM by the device map,
+    against the fp32 CPU rows."""
+    cpu = teacher.encode(PROMPTS)
+    resident = load_llada_teacher(snapshot, format_prompt=PACK.format_prompt, device="cuda:0")
+    dmap = plan_backbone(snapshot, [(0, 150_000), ("cpu", 64 * GIB)])
+    assert "cpu" in dmap.values()
+    offloaded = load_llada_teacher(snapshot, format_prompt=PACK.format_prompt, device="cuda:0",
+                                   device_map=dmap)
+    a, b = resident.encode(PROMPTS), offloaded.encode(PROMPTS)
+
+    def cos(x, y):
+        return F.cosine_similarity(x.flatten(1), y.flatten(1)).min().item()
+
+    print(f"cuda bf16 vs cpu fp32: min cos {cos(a, cpu):.5f}; offloaded vs resident {cos(b, a):.6f}")
+    assert cos(a, cpu) > 0.99 and cos(b, a) > 0.9999
+    resident.close()
+    offloaded.close()
