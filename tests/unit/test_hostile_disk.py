@@ -194,3 +194,29 @@ def test_read_json_accepts_what_we_write_and_a_bom(tmp_path):
     (tmp_path / "dir.json").mkdir()
     with pytest.raises(atomic.BadJSONFile, match="is a folder"):
         atomic.read_json(tmp_path / "dir.json")
+
+
+# ---------------------------------------------------------------- final records on a full disk
+
+
+def test_final_records_survive_a_full_disk(tmp_path):
+    """state.json (pipeline) and <name>-job.json (jobs) must not stay "running" for a
+    process that ended: with no room for a new file they are rewritten in place."""
+    from hostile_fs import fill
+
+    from gguf_trainer.runner.jobs import JobHandle, state_path
+
+    folder = tmp_path / "proj"
+    folder.mkdir()
+    job = JobHandle(folder, "snapshot", {"status": "running", "error": None, "note": "x" * 300})
+    job.write()
+    with full_disk(folder, spare_bytes=64 << 10) as kind:
+        if kind != "tmpfs":
+            pytest.skip("needs a real full disk (tmpfs as root): RLIMIT_FSIZE caps files only")
+        fill(folder)
+        with pytest.raises(DiskError):  # really full: a new file cannot be written
+            atomic.write_bytes(folder / "probe", b"x")
+        job.state.update(status="failed", error="the disk is full.", note="")
+        job.write()
+        assert atomic.read_json(state_path(folder, "snapshot"))["status"] == "failed"
+    assert not list(folder.glob("*.tmp"))
