@@ -101,4 +101,10 @@ def as_user_error(exc: BaseException, path: str | os.PathLike | None = None,
         sentence = os_error_sentence(exc, path, fallback)
         if sentence is not None:
             return DiskError(sentence, exc.errno)
+    # The machine's size, not the code: Python's MemoryError, torch's (CUDA) OutOfMemoryError.
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        where = "the GPU" if type(exc).__name__ == "OutOfMemoryError" else "this machine"
+        return UserError(f"{where} ran out of memory; lower train.batch_size or the precompute "
+                         "batches (precompute.teacher_batch, precompute.student_batch), or close "
+                         "other programs, and start again (the run resumes).")
     return None

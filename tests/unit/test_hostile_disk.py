@@ -133,6 +133,13 @@ def test_bugs_stay_internal(exc):
     assert as_user_error(exc) is None
 
 
+@pytest.mark.parametrize("exc", [MemoryError(), torch.cuda.OutOfMemoryError("CUDA out of memory")])
+def test_out_of_memory_is_the_machine_not_a_bug(exc):
+    user = as_user_error(exc)
+    assert isinstance(user, UserError) and "ran out of memory" in str(user)
+    assert "train.batch_size" in str(user)
+
+
 def test_check_writable_folder(tmp_path):
     assert atomic.check_writable_folder(tmp_path / "new" / "out", "export.output_dir").is_dir()
     (tmp_path / "file").write_text("x")
