@@ -410,3 +410,17 @@ def test_a_hostile_student_gguf_is_refused_before_anything_changes(disk, case):
     after = protected(disk)
     after.pop("proj/project.json")
     assert after == before  # shards, checkpoints and exports survive a bad new student
+
+
+def test_the_detached_pipeline_on_a_read_only_project(disk, capsys):
+    """`python -m gguf_trainer.runner.pipeline` (what `start` spawns): the sentence on stderr,
+    which the supervisor's monitor keeps, and the user-error exit code."""
+    paths = ProjectPaths(disk / "proj")
+    before = tree_bytes(disk)
+    with read_only(disk):
+        code = pipeline.main(["--project", str(paths.root)])
+    err = capsys.readouterr().err
+    assert code == EXIT_USER
+    assert_one_sentence(err)
+    assert "read-only" in err or "permission" in err
+    assert tree_bytes(disk) == before
