@@ -427,6 +427,13 @@ def describe_error(e: dict) -> tuple[str, str]:
         return where, f"{where}: " + str(e["msg"]).removeprefix("Value error, ")
     info, _model = _field_info(loc)
     bad = _short_repr(e.get("input"))
+    if loc == ("pack",):
+        from .packs import pack_ids
+
+        return where, f"pack: {bad} is not a pack; choose one of {', '.join(pack_ids())}"
+    if info is None and loc and loc[0] == "materials":
+        return where, (f"{where}: {bad} is not allowed; a material is written as "
+                       '"materials": {"<id>": {"path": "/path/to/it"}}')
     if info is None:
         return where, f"{where}: {bad}: {e['msg']}"
     extra = info.json_schema_extra or {}

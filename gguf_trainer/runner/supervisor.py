@@ -336,16 +336,21 @@ def settings_path() -> Path:
 def read_settings() -> dict:
     try:
         data = atomic.read_json(settings_path(), {})
-    except ValueError:  # hand-edited into invalid JSON: behave as if empty, say so
+    except (ValueError, OSError):  # garbage, a folder, unreadable: behave as if empty, say so
         log.warning("%s is not valid JSON; ignoring it", settings_path())
         return {}
     return data if isinstance(data, dict) else {}
 
 
 def remember_project(project_dir: str | os.PathLike) -> None:
+    """Record the project for --auto-resume. Best effort: a settings file that cannot be
+    written (a folder in its place, a read-only home) never stops a run; it is logged."""
     settings = read_settings()
     settings["last_project"] = str(Path(project_dir).expanduser().resolve())
-    atomic.write_json(settings_path(), settings)
+    try:
+        atomic.write_json(settings_path(), settings)
+    except (OSError, UserError) as e:
+        log.warning("cannot remember the project for --auto-resume: %s", e)
 
 
 def auto_resume(module: str = PIPELINE_MODULE) -> str:
