@@ -281,6 +281,26 @@ def start(root: PathLike, only: list[str] | None = None, force: bool = False,
     return supervisor.start(paths.root, only=only, force=force)
 
 
+def export(root: PathLike, evaluate: bool = True) -> int:
+    """Re-export (and re-evaluate) from best.pt in a detached pipeline: `start --only export
+    eval --force`. Works after the teacher folder was deleted (fingerprints come from the
+    recorded manifests). Returns the pid."""
+    return start(root, only=["export", "eval"] if evaluate else ["export"], force=True)
+
+
+def read_metrics(root: PathLike, offset: int = 0) -> tuple[list[dict], int]:
+    """metrics.jsonl rows appended since byte `offset` and the next offset (see
+    runner.state.read_metrics: a row whose step is <= one already held means a resume
+    truncated the file; drop held rows from that step on)."""
+    from gguf_trainer.runner.state import read_metrics as _read
+
+    try:
+        offset = max(0, int(offset))
+    except (TypeError, ValueError):
+        offset = 0
+    return _read(_paths(root), offset)
+
+
 def preflight(root: PathLike, only: list[str] | None = None) -> None:
     """The checks `start` and `run` make before anything is written or launched: a valid
     project.json, the run not already live, no name clash in the output folder, and a

@@ -523,3 +523,15 @@ def test_control_imports_no_torch():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                        check=False)
     assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
+
+
+def test_read_metrics_follows_new_rows(proj):
+    path = ProjectPaths(proj).metrics_jsonl
+    path.write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.5}\n{"step": 3')
+    rows, off = control.read_metrics(proj, 0)
+    assert [r["step"] for r in rows] == [1, 2]
+    with open(path, "a") as f:
+        f.write(', "loss": 1.0}\n')
+    rows, off2 = control.read_metrics(proj, off)
+    assert [r["step"] for r in rows] == [3] and off2 > off
+    assert control.read_metrics(proj, "garbage")[0][0]["step"] == 1
