@@ -31,6 +31,7 @@ from pathlib import Path
 from . import atomic
 from .errors import UserError
 from .samples import Sample, write_samples
+from .stage_list import Stage
 
 log = logging.getLogger(__name__)
 
@@ -311,8 +312,8 @@ def copy_images(samples: list[Sample], folder: Path) -> list[Sample]:
     return out
 
 
-def run_corpus(project, report) -> None:
-    pack = project.pack
+def make_split(project) -> tuple[list[Sample], list[Sample]]:
+    """(train, val) samples from the project's sources; UserError when they are unusable."""
     pools = None
     if project.settings.corpus.presets:
         from .corpus_sources import preset_pools
@@ -321,7 +322,11 @@ def run_corpus(project, report) -> None:
         pools = preset_pools(project, tally)
         if tally:
             log.warning("corpus: prompt datasets: %s", _describe(tally))
-    train, val = build_split(project.settings, takes_images=pack.vis_dim > 0, preset_pools=pools)
+    return build_split(project.settings, takes_images=project.pack.vis_dim > 0, preset_pools=pools)
+
+
+def run_corpus(project, report, split: tuple[list[Sample], list[Sample]] | None = None) -> None:
+    train, val = split or make_split(project)
     paths = project.paths
     write_samples(paths.samples("val"), copy_images(val, paths.data_images))
     write_samples(paths.samples("train"), copy_images(train, paths.data_images))
@@ -334,12 +339,14 @@ def run_corpus(project, report) -> None:
 
 # ---------------------------------------------------------------- the stage object
 
-from .stage_list import Stage
+
+SPLIT_KEY = "corpus_split"  # the split `check` built, reused by `run` in the same pipeline run
 
 
 class CorpusStage(Stage):
     name = "corpus"
     restart = True  # the split is rebuilt whole: a half-written data/ is never resumed
+    shares = (SPLIT_KEY,)
 
     def inputs(self, project, upstream, recorded):
         fp = fingerprint_inputs(project.settings)
@@ -356,8 +363,13 @@ class CorpusStage(Stage):
     def is_done(self, project, run):
         return all(project.paths.samples(split).is_file() for split in ("train", "val"))
 
+    def check(self, project, run) -> None:
+        """Validate before destroy: a changed corpus that gives no usable prompts is refused
+        here, before its old samples, the shards or the checkpoints are touched."""
+        run.cache[SPLIT_KEY] = make_split(project)
+
     def run(self, project, report, run):
-        run_corpus(project, report)
+        run_corpus(project, report, run.cache.pop(SPLIT_KEY, None))
         return "done"
 
 
