@@ -143,13 +143,22 @@ def test_load_gguf_refuses(hostile):
 def test_bounds_agree_with_gguf_reader_on_whole_files(tmp_path, tiny_materials):
     """A whole file passes and the pre-scan finds the data region where GGUFReader does."""
     import gguf
+    import numpy as np
 
     meta = header(1, 2) + kv("general.alignment", U32, struct.pack("<I", 64))
     meta += kv("tok", ARRAY, struct.pack("<IQ", STRING, 2) + gstr("a") + gstr("bc"))
     good = padded(meta + tinfo("adapter.query", [4, 2]), 64) + b"\0" * 32
     path = tmp_path / "good.gguf"
     path.write_bytes(good)
-    for p in (path, tiny_materials["student"]):
+    big_endian = tmp_path / "be.gguf"
+    w = gguf.GGUFWriter(str(big_endian), "x", endianess=gguf.GGUFEndian.BIG)
+    w.add_array("toks", ["a", "bc"])
+    w.add_tensor("t", np.zeros((2, 4), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    for p in (path, big_endian, tiny_materials["student"]):
         layout = check_gguf(p)
         assert layout.data_offset == gguf.GGUFReader(p).data_offset
     # one byte less of tensor data and the same file is refused
