@@ -35,9 +35,13 @@ def resolve_device(name: str) -> torch.device:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise UserError(f"device {name!r} was chosen but no CUDA device is available; choose cpu or auto.")
     try:
-        return torch.device(name)
+        device = torch.device(name)
     except RuntimeError:
         raise UserError(f"device {name!r} is not a device; choose auto, cpu or cuda[:N].") from None
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise UserError(f"device {name!r} was chosen but this machine has {torch.cuda.device_count()} CUDA "
+                        f"device(s) (cuda:0..); choose one of them or auto.")
+    return device
 
 
 def student_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -84,6 +88,26 @@ def adamw_options(device: torch.device) -> dict:
     one kernel over all parameters instead of a per-tensor loop (~24 % of a CPU step)."""
     fused_devices = ("cuda", "cpu") if _torch_at_least(2, 4) else ("cuda",)
     return {"fused": True} if device.type in fused_devices else {}
+
+
+TRAIN_BYTES_PER_PARAM = 16  # fp32 weight + gradient + AdamW's two moments
+
+
+def training_state_gib(n_params: int) -> float:
+    """Memory the adapter's training state takes (activations come on top)."""
+    return n_params * TRAIN_BYTES_PER_PARAM / GIB
+
+
+def check_training_fits(n_params: int, device: torch.device, hw: Hardware, what: str) -> None:
+    """Refuse settings whose adapter cannot even hold its training state on the device (an
+    absurd width or depth), before anything is invalidated; both numbers in the sentence."""
+    need = training_state_gib(n_params)
+    have = hw.gpu_total_gib if device.type == "cuda" else hw.cpu_total_gib
+    if need > have:
+        where = "GPU memory" if device.type == "cuda" else "RAM"
+        raise UserError(f"an adapter with {what} has {n_params / 1e6:.0f}M parameters whose training "
+                        f"state needs {need:.1f} GiB of {where}, but the machine has {have:.1f} GiB; "
+                        "lower train.width or train.depth.")
 
 
 def use_grad_checkpointing(setting: str, device: torch.device) -> bool:

@@ -62,9 +62,13 @@ def export_checkpoint(project, which: str, dest, is_snapshot: bool, ck: dict | N
     dest = Path(dest(int(ck["step"])) if callable(dest) else dest)
     cfg = AdapterConfig.from_dict(ck["config"])
     fold = {"mu": ck["mu"], "sigma_f": ck["sigma_f"]} if ck.get("standardized") else {}
+    kind = "snapshot" if is_snapshot else "final"
+    # Recorded before the file lands, so a kill between the two never leaves a GGUF of this
+    # project that it does not know it wrote (a restart would take it for another project's).
+    record_export(project, dest, kind=kind, pending=True)
     info = write_adapter_gguf(dest, ck["model"], cfg, metadata=export_metadata(project, ck, which, is_snapshot),
                               name=project.settings.name, **fold)
-    record_export(project, dest, kind="snapshot" if is_snapshot else "final")
+    record_export(project, dest, kind=kind)
     log.info("export: wrote %s: %d f16 + %d f32 tensors (%s.pt, step %d/%d, val cos %s)%s", dest,
              info["n_f16"], info["n_f32"], which, ck["step"], ck["planned_steps"], ck.get("val_cos"),
              " [MOCK teacher]" if ck.get("mock") else "")
@@ -72,16 +76,32 @@ def export_checkpoint(project, which: str, dest, is_snapshot: bool, ck: dict | N
             "val_cos": ck.get("val_cos"), "best_val_cos": ck.get("best_val_cos"), "mock": bool(ck.get("mock"))}
 
 
-def record_export(project, path: Path, kind: str) -> None:
-    man = atomic.read_json(project.paths.exports_json, {"files": {}}) or {"files": {}}
-    man["files"][str(Path(path).resolve())] = {"kind": kind, "time": time.time()}
-    atomic.write_json(project.paths.exports_json, man)
+def record_export(project, path: Path, kind: str, pending: bool = False) -> None:
+    """Record `path` as this project's in exports.json: before it is written (`pending`), then
+    with its size and sha256 once written, so `reset output` can prove the file is ours."""
+    from .safe_delete import file_record
+
+    try:
+        man = atomic.read_json(project.paths.exports_json, {}) or {}
+    except (ValueError, OSError):  # a garbage record is rebuilt from what is written next
+        man = {}
+    files = man.get("files") if isinstance(man, dict) and isinstance(man.get("files"), dict) else {}
+    path = Path(path).resolve()
+    entry = {"kind": kind, "time": time.time()}
+    if not pending:
+        entry.update(file_record(path))
+    files[str(path)] = entry
+    atomic.write_json(project.paths.exports_json, {**(man if isinstance(man, dict) else {}), "files": files})
 
 
 def exported_files(project) -> list[Path]:
     """This project's GGUFs that still exist, by the exact paths it recorded."""
-    man = atomic.read_json(project.paths.exports_json, {"files": {}}) or {"files": {}}
-    return [Path(p) for p in sorted(man["files"]) if Path(p).exists()]
+    try:
+        man = atomic.read_json(project.paths.exports_json, {}) or {}
+    except (ValueError, OSError):  # garbage: nothing provably ours
+        return []
+    files = man.get("files") if isinstance(man, dict) and isinstance(man.get("files"), dict) else {}
+    return [Path(p) for p in sorted(files) if Path(p).exists()]
 
 
 def run_export(project, report) -> None:
@@ -98,6 +118,7 @@ def run_export(project, report) -> None:
     if copy_to:
         dest = Path(copy_to).expanduser() / project.final_gguf.name
         dest.parent.mkdir(parents=True, exist_ok=True)
+        record_export(project, dest, kind="copy", pending=True)
         with atomic.atomic_path(dest) as tmp:
             shutil.copyfile(project.final_gguf, tmp)
         record_export(project, dest, kind="copy")

@@ -283,19 +283,23 @@ class TrainStage(Stage):
         return paths.checkpoints
 
     def check(self, project, run) -> None:
-        """The device exists and the adapter these settings describe can be built (on the meta
-        device: no memory), before old checkpoints are moved aside."""
-        from .adapters import build_adapter
+        """The device exists, the adapter these settings describe can be built (on the meta
+        device: no memory) and its training state fits the device's memory — all before old
+        checkpoints are moved aside."""
+        from .adapters import build_adapter, trainable_parameters
 
         s = project.settings.train
-        hardware.resolve_device(s.device)
+        device = hardware.resolve_device(s.device)
         cfg = project.pack.adapter_config(s, project.pack.in_dim)
         try:
             with torch.device("meta"):
-                build_adapter(cfg)
+                model = build_adapter(cfg)
         except (ValueError, RuntimeError) as e:
             raise UserError(f"the adapter settings (train.width {s.width}, train.depth {s.depth}) "
                             f"do not make an adapter: {e}; fix them in project.json.") from None
+        n_params = sum(p.numel() for p in trainable_parameters(model))
+        hardware.check_training_fits(n_params, device, hardware.read_hardware(device),
+                                     f"train.width {s.width}, train.depth {s.depth}")
 
     def is_done(self, project, run) -> bool:
         return train_done(project)

@@ -394,7 +394,10 @@ def _bad_student(kind, reference, tmp_path):
     return {"materials.student.path": str(path)}
 
 
-BAD_INPUTS = ["zero-byte", "truncated", "foreign bytes", "gguf header only", "adapter gguf", "mock off, no teacher"]
+SETTING_CHANGES = {"mock off, no teacher": {"precompute.mock_teacher": False},
+                   "absurd width": {"train.width": 16384, "train.depth": 64},  # within the schema, not the RAM
+                   "no such device": {"train.device": "cuda:7", "train.lr": 1e-3}}
+BAD_INPUTS = ["zero-byte", "truncated", "foreign bytes", "gguf header only", "adapter gguf", *SETTING_CHANGES]
 
 
 @pytest.mark.parametrize("kind", BAD_INPUTS)
@@ -403,8 +406,7 @@ def test_a_bad_new_input_is_refused_before_anything_is_invalidated(kind, referen
     is moved aside, and the refusal is one sentence."""
     root = _fresh_copy(reference, tmp_path)
     before = _tree_bytes(root)
-    change = ({"precompute.mock_teacher": False} if kind == "mock off, no teacher"
-              else _bad_student(kind, reference, tmp_path))
+    change = SETTING_CHANGES.get(kind) or _bad_student(kind, reference, tmp_path)
     project_mod.update_settings(root, change)
     with pytest.raises(UserError) as err:
         run_pipeline(root)
@@ -412,3 +414,32 @@ def test_a_bad_new_input_is_refused_before_anything_is_invalidated(kind, referen
     assert "\n" not in message and "Traceback" not in message and message.endswith((".", ")")), message
     assert _tree_bytes(root) == before
     assert not any(p.name.startswith("checkpoints.stale-") for p in root.iterdir())
+
+
+def test_export_is_recorded_before_the_file_lands(reference, tmp_path, monkeypatch):
+    """A kill between writing the GGUF and recording it must not make the next start take the
+    project's own GGUF for another project's (the name-clash refusal)."""
+    from gguf_trainer import outputs
+    from gguf_trainer.project import check_name_clash
+
+    root = _fresh_copy(reference, tmp_path)
+    proj = project_mod.update_settings(root, {"export.output_dir": str(tmp_path / "out")})
+    real = outputs.record_export
+
+    class Killed(BaseException):
+        pass
+
+    def die_after_write(project, path, kind, pending=False):
+        if not pending:
+            raise Killed()  # as if kill -9 landed between the write and the final record
+        real(project, path, kind, pending)
+
+    monkeypatch.setattr(outputs, "record_export", die_after_write)
+    with pytest.raises(Killed):
+        run_pipeline(root, only=["export"], force=True)
+    monkeypatch.setattr(outputs, "record_export", real)
+    assert proj.final_gguf.exists()
+    check_name_clash(project_mod.load_project(root))  # ours: no refusal
+    assert run_pipeline(root, only=["export"], force=True) == "done"
+    files = json.loads(proj.paths.exports_json.read_text())["files"]
+    assert files[str(proj.final_gguf.resolve())]["sha256"]  # the final record proves it is ours

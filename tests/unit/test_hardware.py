@@ -115,3 +115,23 @@ def test_fused_adamw_steps_like_the_reference_loop():
             opt.step()
     for a, b in zip(params, copies):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_training_state_must_fit_the_machine():
+    n = 3 * 2**30  # 3G parameters: 48 GiB of fp32 weight, gradient and AdamW moments
+    with pytest.raises(UserError) as err:
+        hardware.check_training_fits(n, torch.device("cpu"), LAPTOP, "train.width 8192, train.depth 48")
+    msg = str(err.value)
+    assert "48.0 GiB of RAM" in msg and "16.0 GiB" in msg and "train.width 8192" in msg
+    hardware.check_training_fits(n, torch.device("cuda"), BIG_CARD, "w")  # 80 GiB card: fits
+
+
+def test_resolve_device_refuses_what_is_not_there(monkeypatch):
+    assert hardware.resolve_device("cpu") == torch.device("cpu")
+    with pytest.raises(UserError, match="not a device"):
+        hardware.resolve_device("gpu0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert hardware.resolve_device("cuda:1") == torch.device("cuda:1")
+    with pytest.raises(UserError, match="has 2 CUDA device"):
+        hardware.resolve_device("cuda:7")
