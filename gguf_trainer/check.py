@@ -25,6 +25,7 @@ from .errors import UserError
 # the engine's adapter output, a plain LLM run.
 DUMP_FILES = ("context.bin", "adapter_out.bin", "llm_hidden.bin")
 TOKENS_TXT = "tokens.txt"
+QWEN_HIDDEN = "qwen_hidden.bin"  # the engine's student states: tells a student problem from an adapter one
 T5_IDS_TXT = "t5_ids.txt"
 
 
@@ -112,7 +113,8 @@ def _pack_for(module) -> str:
 
 
 def predict(adapter, student, prompt: str, pack_id: str, seed_ids=None):
-    """The adapter's rows [Q, out_dim] for one prompt, and the student ids it read."""
+    """The adapter's rows [Q, out_dim] for one prompt, the student ids it read and the student
+    states [L, hidden]."""
     import torch
 
     from .packs import get_pack
@@ -125,7 +127,7 @@ def predict(adapter, student, prompt: str, pack_id: str, seed_ids=None):
     with torch.no_grad():
         seeds = None if seed_ids is None else torch.tensor([seed_ids])
         out = adapter(hidden, seed_ids=seeds)
-    return out[0].float().cpu().numpy(), ids
+    return out[0].float().cpu().numpy(), ids, hidden[0].float().cpu().numpy()
 
 
 def run_check(adapter_path, student_path, dump, prompt: str, tokenizer_dir=None) -> dict:
@@ -144,7 +146,7 @@ def run_check(adapter_path, student_path, dump, prompt: str, tokenizer_dir=None)
 
         tokenizer_dir = qwen_tokenizer_dir()
     student = load_student(student_path, tokenizer_dir)
-    pred, ids = predict(adapter, student, prompt, pack_id, seed_ids)
+    pred, ids, hidden = predict(adapter, student, prompt, pack_id, seed_ids)
     ref = read_dump(dump, pred.shape[1])
     if ref.shape[0] != pred.shape[0]:
         raise UserError(f"the dump has {ref.shape[0]} rows but the adapter makes {pred.shape[0]}; "
@@ -156,18 +158,28 @@ def run_check(adapter_path, student_path, dump, prompt: str, tokenizer_dir=None)
                         "engine ran, without weights syntax.")
     keep = None if pack_id != "t5xxl_pixart" else np.array([i != 0 for i in seed_ids])
     figures = compare(pred, ref, keep)
-    return {"adapter": str(adapter_path), "dump": str(dump), "pack": pack_id, "prompt": prompt,
+    student_cos = None
+    if (dump_dir / QWEN_HIDDEN).is_file():
+        engine_states = read_dump(dump_dir / QWEN_HIDDEN, hidden.shape[1])
+        if engine_states.shape == hidden.shape:
+            student_cos = compare(hidden, engine_states)["cos"]
+    return {"student_cos": student_cos,"adapter": str(adapter_path), "dump": str(dump), "pack": pack_id, "prompt": prompt,
             "student_tokens": len(ids), "tokens_checked": engine_ids is not None, **figures,
             "verdict": verdict_line(pack_id, figures), "thresholds": asdict(VERDICTS[pack_id])}
 
 
 def format_check(res: dict) -> str:
+    student = []
+    if res.get("student_cos") is not None:
+        student.append(f"student:  cosine {res['student_cos']:.6f} to the engine's {QWEN_HIDDEN} "
+                       "(a quantized --llm lowers it; the adapter figures include that)")
     return "\n".join([
         f"adapter:  {res['adapter']} ({res['pack']})",
         (f"dump:     {res['dump']} ({res['rows']} rows; student tokens "
          f"{'match' if res['tokens_checked'] else 'not checked: no tokens.txt'})"),
         (f"cosine {res['cos']:.6f}   centred cosine {res['cos_centered']:.6f}   "
          f"rel_mse {res['rel_mse']:.6g}   worst centred row {res['worst_row_cos_centered']:.4f}"),
+        *student,
         f"verdict:  {res['verdict']}",
     ])
 

@@ -44,6 +44,7 @@ def _engine_dump(folder, adapter, student, pack: str, prompt: str, seed_ids=None
     hidden = student.hidden(x, torch.ones_like(x))[0].numpy()
     out = engine_forward(adapter, hidden, seed_ids=seed_ids).astype("<f4")
     out.tofile(folder / "adapter_out.bin")
+    hidden.astype("<f4").tofile(folder / "qwen_hidden.bin")
     if seed_ids is None:
         (folder / "tokens.txt").write_text("\n".join(map(str, ids)) + "\n")
     else:
@@ -68,6 +69,7 @@ def test_matching_dump_is_healthy(llada_case, tiny_materials):
     assert res["pack"] == "llada_image" and res["rows"] == 256 and res["tokens_checked"]
     assert res["cos_centered"] >= 0.9999 and res["cos"] >= 0.9999 and res["rel_mse"] < 1e-4
     assert res["verdict"].startswith("healthy")
+    assert res["student_cos"] > 0.99999  # the same student as the engine's states
 
 
 def test_wrong_dump_is_broken(llada_case, tiny_materials, tmp_path):
@@ -87,6 +89,7 @@ def test_cli_body_prints_figures_and_json(llada_case, tiny_materials, capsys):
     assert check_main(*args) == 0
     text = capsys.readouterr().out
     assert "centred cosine" in text and "rel_mse" in text and "verdict:  healthy" in text
+    assert "student:  cosine 1.0" in text
     assert check_main(*args, as_json=True) == 0
     assert json.loads(capsys.readouterr().out)["cos_centered"] >= 0.9999
 
