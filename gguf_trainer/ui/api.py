@@ -110,22 +110,23 @@ def read_eval(project: str) -> dict | None:
 
 
 def materials(project: str) -> dict:
-    """Material status (present, missing, downloading, sizes, progress)."""
-    fn = common.feature("gguf_trainer.runner.control:materials",
-                        "gguf_trainer.runner.control:material_status")
+    """Each material's status: {"available": bool, "materials": [{id, title, state
+    (missing|partial|downloading|ready|failed), bytes_done, bytes_total, rate_bps, eta_s,
+    path, required, error, ...}]}; `available` is false on a version without downloads."""
+    fn = common.feature("gguf_trainer.runner.downloads:material_statuses")
     if fn is None:
         return {"available": False, "message": f"material status is {common.NOT_AVAILABLE}"}
     return {"available": True, "materials": fn(project)}
 
 
-def download_missing(project: str) -> dict:
-    """Start detached downloads of every missing material."""
-    fn = common.feature("gguf_trainer.runner.control:download_missing")
+def download_missing(project: str, ids: list[str] | None = None) -> dict:
+    """Start detached downloads of the missing materials (or of `ids`); a material already
+    downloading is reported, never started twice. {"started": [{id, action, pid, message}]}"""
+    fn = common.feature("gguf_trainer.runner.downloads:start_download")
     if fn is None:
         raise UserError(f"downloads are {common.NOT_AVAILABLE}; put the files in place and "
                         "set their paths in Setup")
-    out = fn(project)
-    return out if isinstance(out, dict) else {"started": out}
+    return {"started": fn(project, list(ids) if ids else None)}
 
 
 def reset_plan(project: str, target: str) -> dict:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gradio as gr
 
 from gguf_trainer import __version__
+from gguf_trainer.errors import UserError
 from gguf_trainer.paths import ProjectPaths
 from gguf_trainer.runner import control
 from gguf_trainer.ui import (
@@ -35,9 +36,8 @@ CSS = """
 #stage-strip .stage-failed, #stage-strip .stage-interrupted { border-color: #d9480f !important;
   background: #fdece4 !important; color: #8a2d08 !important; }
 #stage-strip .stage-stopped, #stage-strip .stage-stalled { border-color: #e0a52a !important; background: #fdf6e3 !important; }
-#stage-strip .stage-pending { opacity: 0.75; }
-.field-error textarea, .field-error input { border-color: #d9480f !important; }
-.field-error [data-testid="block-info"] { color: #d9480f !important; }
+#stage-strip button.stage:disabled { opacity: 1; cursor: default; }
+#stage-strip .stage-pending { opacity: 0.7 !important; }
 """
 
 _launch_roots: list[str] = []
@@ -86,6 +86,8 @@ def build_app(roots: list[str] | None = None, project: str | None = None) -> gr.
             state_changed = sig != cur.state_sig
             plot_changed = live.read_new_metrics(cur, paths)
             info = control.status(proj) if (state_changed or plot_changed or "info" not in cur.shown) else None
+            if info is not None and not info.get("mock"):
+                info["mock"] = configured_mock(proj)
             cur.shown["info"] = 1
             ups: list = []
             if info is not None:
@@ -113,7 +115,18 @@ def build_app(roots: list[str] | None = None, project: str | None = None) -> gr.
                 return gr.skip()
             return train_tab.hardware_md(control.status(proj))
 
-        hw_timer.tick(hw_tick, [project_state], [train.live_hw], queue=False, api_visibility="private")
+        mat_outs = [setup.materials_md, setup.download, setup.one_material, setup.one_download]
+
+        def slow_tick(proj, cur: live.Cursor):
+            """Every HW_TICK_S: live hardware readings and the material status (downloads
+            move without the pipeline running); the materials only when they changed."""
+            if not proj:
+                return [gr.skip()] * (1 + len(mat_outs))
+            mats = setup_tab.materials_view(proj)
+            return [hw_tick(proj), *(mats if cur.changed("materials", mats) else [gr.skip()] * len(mats))]
+
+        hw_timer.tick(slow_tick, [project_state, cursor], [train.live_hw, *mat_outs], queue=False,
+                      api_visibility="private")
         train.log_scale.change(**refresh)
         logs.which.change(**refresh)
 
@@ -144,7 +157,19 @@ def build_app(roots: list[str] | None = None, project: str | None = None) -> gr.
         app.load(on_load, None, [project_state, read_state, *setup_tab.load_outputs(setup)],
                  api_visibility="private").then(**after_open).then(**refresh)
         api.register(app)
+        # The UI's own events are not API: only api.ENDPOINTS are documented for clients.
+        for fn in app.fns.values():
+            if fn.api_name not in api.ENDPOINTS:
+                fn.api_visibility = "private"
     return app
+
+
+def configured_mock(project: str) -> bool:
+    """A project set to the mock teacher is labelled MOCK even before its run records it."""
+    try:
+        return bool(control.read_settings(project).values["precompute"]["mock_teacher"])
+    except (UserError, KeyError):
+        return False
 
 
 def header_text(project: str, info: dict) -> str:

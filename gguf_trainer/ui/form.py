@@ -170,8 +170,7 @@ def fill(form: Form, values: dict | None, pack_id: str | None) -> list:
             out.append(gr.update(visible=False))
             continue
         out.append(gr.update(visible=True, value=to_widget(meta, get_dotted(values, f.key)),
-                             label=meta.get("label") or f.key, info=info_text(meta),
-                             elem_classes=["field"]))
+                             label=meta.get("label") or f.key, info=info_text(meta)))
     return out
 
 
@@ -192,7 +191,7 @@ def mark(form: Form, result: dict, pack_id: str | None) -> list:
     for f in form.fields.values():
         meta = metas.get(f.key, f.meta)
         if f.key in problems:
-            out.append(gr.update(info=f"⚠ {problems[f.key]}", elem_classes=["field", "field-error"]))
+            out.append(gr.update(info=f"⚠ {problems[f.key]}"))
         else:
-            out.append(gr.update(info=info_text(meta), elem_classes=["field"]))
+            out.append(gr.update(info=info_text(meta)))
     return out

@@ -19,6 +19,7 @@ from gguf_trainer import atomic
 from gguf_trainer.errors import UserError
 from gguf_trainer.project import PROJECTS_ROOT
 from gguf_trainer.runner import control
+from gguf_trainer.runner.status import format_eta
 from gguf_trainer.ui import api, common, files, form, recent
 
 
@@ -37,6 +38,10 @@ class SetupParts:
     project_md: gr.Markdown
     materials_md: gr.Markdown
     download: gr.Button
+    one_material: gr.Dropdown
+    one_download: gr.Button
+    trust_md: gr.Markdown
+    trust_button: gr.Button
     token: gr.Textbox
     token_save: gr.Button
     token_md: gr.Markdown
@@ -112,7 +117,13 @@ def build() -> SetupParts:
 
     with gr.Accordion("Materials", open=True, elem_id="setup-materials"):
         materials_md = gr.Markdown("", elem_id="materials-md")
-        download = gr.Button("Download missing", interactive=False, elem_id="btn-download")
+        with gr.Row(equal_height=True):
+            download = gr.Button("Download missing", interactive=False, elem_id="btn-download")
+            one_material = gr.Dropdown([], label="One material", scale=2, elem_id="one-material")
+            one_download = gr.Button("Download it", interactive=False, scale=0, elem_id="btn-download-one")
+        trust_md = gr.Markdown("", visible=False, elem_id="trust-md")
+        trust_button = gr.Button("Trust and run this code", visible=False, variant="stop",
+                                 elem_id="btn-trust")
         with gr.Row(equal_height=True):
             token = gr.Textbox(label="Hugging Face token (stored in huggingface_hub's token file; "
                                      "never shown again)", type="password", scale=4, elem_id="hf-token")
@@ -125,7 +136,7 @@ def build() -> SetupParts:
     save_md = gr.Markdown("", elem_id="save-md")
     return SetupParts(recent_dd, open_path, open_browse, open_button, pack, pack_info, create_parent,
                       create_browse, create_name, create_button, project_md, materials_md, download,
-                      token, token_save, token_md, fm, save, save_md, browser, target, root, folder,
+                      one_material, one_download, trust_md, trust_button, token, token_save, token_md, fm, save, save_md, browser, target, root, folder,
                       entries, up, use, close, roots_text, roots_save)
 
 
@@ -162,28 +173,69 @@ def store_token(token: str) -> str:
 
 
 # ---- materials (optional feature) ----------------------------------------------------
-def materials_view(project: str | None) -> tuple[str, dict]:
+DOWNLOADABLE = ("missing", "partial", "failed")
+
+
+def materials_view(project: str | None) -> tuple:
+    """(table markdown, Download-missing button, per-material dropdown, its button)."""
+    off = gr.update(interactive=False)
     if not project:
-        return "", gr.update(interactive=False)
+        return "", off, gr.update(choices=[], value=None), off
     got = api.materials(project)
     if not got.get("available"):
-        return (f"Material status and downloads are {common.NOT_AVAILABLE}: put the files in place "
-                "and set their paths below."), gr.update(interactive=False)
-    mats = got["materials"]
-    items = mats.get("materials", mats) if isinstance(mats, dict) else mats
-    rows, missing, busy = [], 0, False
-    for m in items or []:
-        st = m.get("status", "")
-        busy |= st in ("downloading", "running")
-        missing += st in ("missing", "partial")
-        size = common.fmt_size(m.get("bytes") or m.get("size"))
-        prog = m.get("progress")
-        rows.append([m.get("title") or m.get("id"), "required" if m.get("required", True) else "optional", st,
-                     size, "—" if prog is None else f"{100 * prog:.0f}%",
-                     common.fmt_size(m.get("rate")) + "/s" if m.get("rate") else "—",
-                     common.fmt(m.get("eta_s")), m.get("path") or ""])
-    table = common.md_table(["material", "", "status", "size", "progress", "rate", "ETA (s)", "path"], rows)
-    return table or "This pack needs no materials.", gr.update(interactive=bool(missing) and not busy)
+        return ((f"Material status and downloads are {common.NOT_AVAILABLE}: put the files in "
+                 "place and set their paths below."), off, gr.update(choices=[], value=None), off)
+    rows, can_fetch, busy = [], [], False
+    for m in got["materials"]:
+        st = m.get("state", "")
+        busy |= st == "downloading"
+        if st in DOWNLOADABLE and m.get("kind") == "hf_snapshot" and m.get("wanted", True):
+            can_fetch.append((m.get("title") or m["id"], m["id"]))
+        done, total = m.get("bytes_done"), m.get("bytes_total")
+        prog = f"{100 * done / total:.0f}%" if total and done is not None else "—"
+        rate = f"{common.fmt_size(m['rate_bps'])}/s" if m.get("rate_bps") else "—"
+        eta = format_eta(m.get("eta_s")) if st == "downloading" else "—"
+        why = m.get("error") or m.get("note") or ""
+        rows.append([m.get("title") or m["id"], "required" if m.get("required") else "optional",
+                     st.upper() if st == "failed" else st,
+                     f"{common.fmt_size(done)} / {common.fmt_size(total)}", prog, rate, eta,
+                     f"`{m.get('path') or ''}`" + (f" — {why}" if why else "")])
+    table = common.md_table(["material", "", "status", "size", "progress", "rate", "ETA", "where"], rows)
+    # Disabled while a download runs (a second click can never start a duplicate) and when
+    # every file is present.
+    fetch = gr.update(interactive=bool(can_fetch) and not busy)
+    return (table or "This pack needs no materials."), fetch, \
+        gr.update(choices=can_fetch, value=can_fetch[0][1] if can_fetch else None), fetch
+
+
+# ---- trusting a teacher snapshot's own code (optional feature) ------------------------
+def _untrusted(project: str | None) -> list[dict]:
+    status = common.feature("gguf_trainer.teachers.trust:trust_status")
+    if not project or status is None:
+        return []
+    got = api.materials(project)
+    out = []
+    for m in got.get("materials") or []:
+        path = m.get("path")
+        if m.get("kind") == "hf_snapshot" and m.get("state") == "ready" and path and Path(path).is_dir():
+            st = status(path)
+            if not st["trusted"]:
+                out.append({**st, "title": m.get("title") or m["id"]})
+    return out
+
+
+def trust_view(project: str | None) -> tuple:
+    items = _untrusted(project)
+    if not items:
+        return gr.update(value="", visible=False), gr.update(visible=False)
+    lines = [("**This teacher runs its own Python code** (`trust_remote_code`). Read it, then "
+             "confirm once; changed code asks again.")]
+    for it in items:
+        why = "its code changed since you confirmed it" if it["reason"] == "changed" else "never confirmed"
+        files = ", ".join(f"`{f}`" for f in it["files"][:8]) + (" …" if len(it["files"]) > 8 else "")
+        lines.append(f"* {it['title']}: `{it['path']}` ({why}); runs {files}; code sha256 "
+                     f"`{it['code_hash'][:16]}…`")
+    return gr.update(value="\n".join(lines), visible=True), gr.update(visible=True)
 
 
 # ---- wiring ---------------------------------------------------------------------------
@@ -200,7 +252,8 @@ def project_summary(view: dict) -> str:
 
 
 def load_outputs(p: SetupParts) -> list:
-    return [p.project_md, p.recent, p.open_path, p.save, p.materials_md, p.download, *p.form.comps,
+    return [p.project_md, p.recent, p.open_path, p.save, p.materials_md, p.download, p.one_material,
+            p.one_download, p.trust_md, p.trust_button, *p.form.comps,
             *[f.browse for f in p.form.path_fields]]
 
 
@@ -211,15 +264,14 @@ def load_values(p: SetupParts, project: str | None) -> tuple[list, dict | None]:
         return ([("No project open: create one or open a folder." if not recents else
                   "No project open: pick a recent project or create one."),
                  gr.update(choices=recents, value=None), gr.skip(), gr.update(interactive=False),
-                 "", gr.update(interactive=False), *form.fill(p.form, None, None),
+                 *materials_view(None), *trust_view(None), *form.fill(p.form, None, None),
                  *form.browse_visibility(p.form, None, None)], None)
     view = control.open_project(project)
     values = view.settings if view.ok else None
     pack_id = (view.pack or {}).get("id")
     read = {"values": values, "version": view.version} if values else None
-    mat_md, mat_btn = materials_view(project)
     return ([project_summary(view.as_dict()), gr.update(choices=recents, value=view.root), view.root,
-             gr.update(interactive=values is not None), mat_md, mat_btn,
+             gr.update(interactive=values is not None), *materials_view(project), *trust_view(project),
              *form.fill(p.form, values, pack_id), *form.browse_visibility(p.form, pack_id, values)], read)
 
 
@@ -274,9 +326,10 @@ def wire(p: SetupParts, project: gr.State, read: gr.State, cursor: gr.State, aft
         return "", store_token(tok)
 
     @common.user_errors
-    def do_download(proj):
-        api.download_missing(common.need_project(proj))
-        gr.Info("downloads started (they continue if you close the GUI)")
+    def do_download(proj, one=None):
+        res = api.download_missing(common.need_project(proj), [one] if one else None)
+        for line in res["started"]:
+            gr.Info(line["message"])
         return materials_view(proj)
 
     open_outs = [project, read, *outs]
@@ -287,7 +340,19 @@ def wire(p: SetupParts, project: gr.State, read: gr.State, cursor: gr.State, aft
     p.pack.change(pack_description, [p.pack], [p.pack_info])
     p.save.click(do_save, [project, read, *p.form.comps], [read, p.save_md, *p.form.comps])
     p.token_save.click(do_token, [p.token], [p.token, p.token_md])
-    p.download.click(do_download, [project], [p.materials_md, p.download])
+    mat_outs = [p.materials_md, p.download, p.one_material, p.one_download]
+
+    @common.user_errors
+    def do_trust(proj):
+        confirm = common.feature("gguf_trainer.teachers.trust:confirm_trust")
+        for it in _untrusted(common.need_project(proj)):
+            confirm(it["path"])
+            gr.Info(f"trusted: {it['path']}")
+        return trust_view(proj)
+
+    p.trust_button.click(do_trust, [project], [p.trust_md, p.trust_button])
+    p.download.click(do_download, [project], mat_outs)
+    p.one_download.click(do_download, [project, p.one_material], mat_outs)
     _wire_browser(p, project)
 
 

@@ -71,9 +71,11 @@ def build() -> TrainParts:
             with gr.Row():
                 log_scale = gr.Checkbox(False, label="log10 loss", elem_id="log-scale", scale=0)
             loss_plot = gr.LinePlot(EMPTY_CHART, x="step", y="value", color="series", height=260,
-                                    title="Loss", elem_id="loss-plot", label="loss")
+                                    title="Loss", elem_id="loss-plot", label="loss",
+                                    color_map={"loss": "#4f6ef7"})
             cos_plot = gr.LinePlot(EMPTY_CHART, x="step", y="value", color="series", height=260,
-                                   title="Cosine", elem_id="cos-plot", label="cosine")
+                                   title="Cosine", elem_id="cos-plot", label="cosine",
+                                   color_map={"train cos": "#2f9e63", "val cos": "#e0a52a"})
         with gr.Column(scale=2):
             metrics = gr.Markdown("", elem_id="train-metrics")
             with gr.Row(equal_height=True):

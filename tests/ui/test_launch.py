@@ -1,0 +1,117 @@
+"""Launching the GUI: who must log in, the security switches, the port, no torch in the GUI.
+
+The launch itself is intercepted (`serve(..., launch=...)`): a share tunnel needs the
+internet, and these checks are about what we pass to Gradio, not about Gradio.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from gguf_trainer import cli
+from gguf_trainer.errors import UserError
+from gguf_trainer.ui import launch
+from gguf_trainer.ui.launch import LaunchOptions
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("GGUF_TRAINER_HOME", str(tmp_path / "gt_home"))
+    monkeypatch.setenv("GGUF_TRAINER_PROJECTS", str(tmp_path / "projects"))
+
+
+def intercepted(opts: LaunchOptions):
+    said, launched = [], []
+
+    def fake_launch(app, **kwargs):
+        launched.append((app, kwargs))
+        return 0
+
+    assert launch.serve(opts, launch=fake_launch, say=said.append) == 0
+    return said, launched[0][1]
+
+
+def test_loopback_default_has_no_login_and_the_security_switches():
+    said, kw = intercepted(LaunchOptions(port=_free_port(), open_browser=False))
+    assert kw["server_name"] == "127.0.0.1" and kw["auth"] is None and kw["share"] is False
+    assert kw["strict_cors"] is True and kw["ssr_mode"] is False and kw["run_history"] is False
+    assert kw["enable_monitoring"] is False and kw["allowed_paths"] == [] and kw["inbrowser"] is False
+    blocked = " ".join(kw["blocked_paths"])
+    assert ".ssh" in blocked and "huggingface" in blocked
+    assert said == []
+
+
+def test_share_generates_a_password_printed_once():
+    said, kw = intercepted(LaunchOptions(port=_free_port(), share=True, open_browser=False))
+    user, password = kw["auth"]
+    assert kw["share"] is True and user == launch.GENERATED_USER and len(password) >= 12
+    assert len(said) == 1 and password in said[0] and "share link" in said[0]
+    _, kw2 = intercepted(LaunchOptions(port=_free_port(), share=True, open_browser=False))
+    assert kw2["auth"][1] != password  # generated per launch, never stored
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.7", "::", "myhost.example"])
+def test_non_loopback_host_always_logs_in(host):
+    opts = LaunchOptions(host=host, port=8655, open_browser=False)
+    assert launch.needs_auth(opts)
+    said = []
+    user, password = launch.resolve_auth(opts, say=said.append)
+    assert user == "trainer" and password in said[0]
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "::1", "127.0.0.2"])
+def test_loopback_hosts_need_no_login(host):
+    assert not launch.needs_auth(LaunchOptions(host=host))
+
+
+def test_explicit_auth_is_used_and_checked():
+    said, kw = intercepted(LaunchOptions(port=_free_port(), share=True, auth="ann:s3cret:x",
+                                         open_browser=False))
+    assert kw["auth"] == ("ann", "s3cret:x") and said == []
+    for bad in ("nopassword", ":pw", "user:"):
+        with pytest.raises(UserError, match="user:password"):
+            launch.parse_auth(bad)
+
+
+def test_busy_port_is_one_sentence(capsys):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(UserError) as err:
+            launch.check_port_free("127.0.0.1", port)
+        assert "\n" not in str(err.value) and f"port {port}" in str(err.value) and "--port" in str(err.value)
+        code = cli.main(["--no-browser", "--port", str(port)])
+    assert code == 1
+    _, stderr = capsys.readouterr()
+    assert stderr.strip().startswith("error: port") and "Traceback" not in stderr
+
+
+def test_cli_flags_reach_the_launch(monkeypatch, tmp_path):
+    seen = []
+    monkeypatch.setattr(launch, "serve", lambda opts: seen.append(opts) or 0)
+    assert cli.main(["--no-browser", "--port", "9123", "--host", "0.0.0.0", "--share", "--auth", "a:b",
+                     "--root", str(tmp_path), "--root", "/srv"]) == 0
+    o = seen[0]
+    assert (o.port, o.host, o.share, o.auth, o.open_browser, o.roots) == (
+        9123, "0.0.0.0", True, "a:b", False, [str(tmp_path), "/srv"])
+
+
+def test_importing_and_building_the_gui_imports_no_torch():
+    code = ("import sys; from gguf_trainer.ui.app import build_app; build_app(); "
+            "import gguf_trainer.ui.launch, gguf_trainer.cli; "
+            "bad = [m for m in ('torch', 'transformers', 'datasets') if m in sys.modules]; "
+            "print(bad); sys.exit(1 if bad else 0)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
