@@ -35,6 +35,9 @@ from .stage_list import Stage
 
 log = logging.getLogger(__name__)
 
+# The engine hard-codes a 6-token "Image i: <|vision_start|>" header: from image 10 on it
+# splices at the wrong positions (engine-contract §3.2), so a sample holds at most 9 images.
+MAX_IMAGES = 9
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -48,6 +51,7 @@ REASONS = {
     "bad_json": "lines not a JSON object with a \"text\" string skipped",
     "bad_images": "samples with a missing or unreadable image skipped",
     "images_ignored": "samples whose images this pack ignores (it takes text only)",
+    "too_many_images": "samples with more than 9 images (the engine's limit) skipped",
     "length": "prompts outside corpus.min_chars..max_chars",
     "duplicate": "duplicates",
     "empty": "dataset rows without a prompt skipped",
@@ -212,6 +216,9 @@ def _check_images(samples: list[Sample], takes_images: bool, tally: Counter) -> 
         if s.images and not takes_images:
             tally["images_ignored"] += 1
             s = Sample(s.text)
+        elif len(s.images) > MAX_IMAGES:
+            tally["too_many_images"] += 1
+            continue
         elif s.images and not all(p.is_file() and _image_ok(p) for p in s.images):
             tally["bad_images"] += 1
             continue
@@ -365,7 +372,12 @@ class CorpusStage(Stage):
 
     def check(self, project, run) -> None:
         """Validate before destroy: a changed corpus that gives no usable prompts is refused
-        here, before its old samples, the shards or the checkpoints are touched."""
+        here, before its old samples, the shards or the checkpoints are touched. (Not for
+        image sources: building that split stores images under data/, which invalidation is
+        about to clear; it is built by `run`.)"""
+        c = project.settings.corpus
+        if project.pack.vis_dim and (c.image_presets or c.image_folders):
+            return
         run.cache[SPLIT_KEY] = make_split(project)
 
     def run(self, project, report, run):

@@ -340,3 +340,17 @@ def test_sample_record_format(tmp_path):
     path.write_text('{"text": "ok"}\nnot json\n', encoding="utf-8")
     with pytest.raises(UserError, match="line 2"):
         read_samples(path)
+
+
+def test_more_than_nine_images_is_skipped_and_counted(tmp_path, caplog):
+    for i in range(10):
+        _png(tmp_path / f"{i}.png", (i * 20, 0, 0))
+    rows = [{"text": p} for p in make_prompts(20)]
+    rows += [{"text": "nine images here", "images": [f"{i}.png" for i in range(9)]},
+             {"text": "ten images here", "images": [f"{i}.png" for i in range(10)]}]
+    src = tmp_path / "c.jsonl"
+    src.write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
+    train, val = corpus.build_split(settings(files=[str(src)], n_val=2, empty_frac=0.0), takes_images=True)
+    texts = [s.text for s in train + val]
+    assert "nine images here" in texts and "ten images here" not in texts
+    assert "1 samples with more than 9 images" in caplog.text
