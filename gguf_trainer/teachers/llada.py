@@ -235,7 +235,8 @@ def load_llada_teacher(root, *, format_prompt: Callable[[str], str], device="cpu
     backbone = model.get_decoder()  # the top-level forward crashes under transformers 5
     qf = load_module(QueryFormer, root / "queryformer", device, dtype)
     tp = load_module(TextProjection, root / "text_projection", device, dtype)
-    tok = AutoTokenizer.from_pretrained(str(root / "tokenizer"))
+    # trusted with the rest of the snapshot: a custom tokenizer class is code in the same folder
+    tok = AutoTokenizer.from_pretrained(str(root / "tokenizer"), trust_remote_code=True)
     tok.padding_side = "right"
     # The shard fingerprint hashes every file of the folders (materials.teacher_identity); this
     # names what ran, for logs and tests.

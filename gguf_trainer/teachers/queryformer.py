@@ -18,6 +18,7 @@ Equations (anchor-trainer §4.1):
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import ClassVar
 
@@ -27,6 +28,7 @@ from torch import nn
 
 from ..errors import UserError
 
+log = logging.getLogger(__name__)
 WEIGHTS_FILE = "diffusion_pytorch_model.safetensors"
 CONFIG_FILE = "config.json"
 
@@ -200,6 +202,9 @@ def module_config(cls, folder: Path) -> dict:
         raise UserError(f"{path} is missing; download the teacher snapshot again.") from None
     except (OSError, ValueError) as e:
         raise UserError(f"{path} cannot be read ({e}); download the teacher snapshot again.") from None
+    unknown = sorted(k for k in raw if not k.startswith("_") and k not in cls.DEFAULTS)
+    if unknown:  # a key we do not read may change the math: say so where it can be found
+        log.warning("%s: keys %s are not read by gguf-trainer's %s", path, unknown, cls.__name__)
     return {k: type(v)(raw.get(k, v)) for k, v in cls.DEFAULTS.items()}
 
 
