@@ -15,6 +15,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
+from adapter_cases import CFGS, DEPTH, IN, OUT, QUERIES, VIS, VOCAB, WIDTH
 
 from gguf_trainer.adapter_file import (
     expected_tensors,
@@ -28,7 +29,6 @@ from gguf_trainer.adapters import build_adapter, load_gguf
 from gguf_trainer.errors import UserError
 from gguf_trainer.export import write_adapter_gguf
 
-from adapter_cases import CFGS, DEPTH, IN, OUT, QUERIES, VIS, VOCAB, WIDTH  # noqa: E402
 RANK = 16
 Q8 = gguf.GGMLQuantizationType.Q8_0
 BF16 = gguf.GGMLQuantizationType.BF16
