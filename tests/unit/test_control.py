@@ -161,7 +161,10 @@ def test_readme_settings_table_is_generated_from_the_schema():
     assert begin in readme and end in readme
     table = readme.split(begin, 1)[1].split(end, 1)[0].strip()
     assert table == settings_table_markdown(), (
-        "README's settings table is stale: paste control.settings_table_markdown() between the markers")
+        "README's settings table is stale; regenerate it with: python -c \"import pathlib; "
+        "from gguf_trainer.project import settings_table_markdown as t; p = pathlib.Path('README.md'); "
+        "s = p.read_text(); a, b = '<!-- settings-table:begin -->', '<!-- settings-table:end -->'; "
+        "p.write_text(s.split(a)[0] + a + chr(10) + t() + chr(10) + b + s.split(b)[1])\"")
 
 
 # ---- class 1: physical bounds, validated before anything is invalidated -------------------
