@@ -329,7 +329,31 @@ def make_split(project) -> tuple[list[Sample], list[Sample]]:
         pools = preset_pools(project, tally)
         if tally:
             log.warning("corpus: prompt datasets: %s", _describe(tally))
+    c = project.settings.corpus
+    if project.pack.vis_dim and (c.image_presets or c.image_folders):
+        return _image_split(project, pools)
     return build_split(project.settings, takes_images=project.pack.vis_dim > 0, preset_pools=pools)
+
+
+def _image_split(project, pools) -> tuple[list[Sample], list[Sample]]:
+    """Image packs with image sources: edit instructions synthesized from the captions
+    (instructions.py), plus the prompt files / datasets as text-only samples (optional)."""
+    from .corpus_sources import image_entries
+    from .image_sources import describe_tally
+    from .instructions import Mix, build_image_corpus
+
+    c = project.settings.corpus
+    texts: list[str] = []
+    if c.files or pools:
+        train, val = build_split(project.settings, takes_images=False, preset_pools=pools)
+        texts = [s.text for s in val + train if s.text]
+    tally: Counter = Counter()
+    entries = image_entries(project, tally)
+    train, val, made = build_image_corpus(entries, texts, Mix.from_counts(c.n_train, c.n_val),
+                                          project.paths.data_images, c.seed, c.empty_frac)
+    tally.update(made)
+    log.info("corpus: image sources: %s", describe_tally(tally))
+    return train, val
 
 
 def run_corpus(project, report, split: tuple[list[Sample], list[Sample]] | None = None) -> None:

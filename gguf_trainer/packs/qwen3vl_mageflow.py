@@ -4,12 +4,10 @@ final-norm state of every token. Engine facts: engine-contract §3.2."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+# Reference-image preprocessing (engine-contract §3.2) lives in mageflow_images; re-exported
+# here because tests and the mock teacher take these names from the pack.
+from ..mageflow_images import CLIP_MEAN, CLIP_STD, FACTOR, MAX_SIDE, preprocess_image, target_size  # noqa: F401
 from .base import Material, TrainerPack
-
-if TYPE_CHECKING:  # pragma: no cover
-    import numpy as np
 
 # Copied exactly from the engine (engine-contract §3.2); token counts are checked in tests.
 EDIT_PREFIX = (
@@ -26,50 +24,17 @@ T2I_START = 34
 IMAGE_HEADER_TOKENS = 6  # "Image i: <|vision_start|>"
 IMAGE_PAD = "<|image_pad|>"
 IMAGE_PAD_ID = 151655
-# Reference-image preprocessing (engine-contract §3.2): patch 16 × merge 2, long side ≤ 384.
-FACTOR = 32
-MAX_SIDE = 384
-CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+# Shard bytes (bf16 rows): an image sample of ~235 tokens stores the teacher's and the
+# student's state of every token, 144 raw vision rows and its ids; a text sample ~60 tokens.
+IMAGE_SAMPLE_BYTES = 235 * (2560 + 1024) * 2 + 144 * 2560 * 2 + 235 * 4  # ~2.4 MB
+TEXT_SAMPLE_BYTES = 60 * (2560 + 1024) * 2 + 60 * 4  # ~0.43 MB
+REFERENCE_LINE = "reference (trainer5): val cos 0.915 = vision 0.80 / text 0.98"
+VISION_HINT = "a lagging vision cosine means vis_in or the width is the limiter, not the student"
 
 
 def image_block(i: int, n: int) -> str:
     """Image i (0-based) with n vision tokens, as the engine writes it into the edit template."""
     return f"Image {i + 1}: <|vision_start|>" + IMAGE_PAD * n + "<|vision_end|>"
-
-
-def target_size(h: int, w: int) -> tuple[int, int]:
-    """(h̄, w̄): each side rounded to a multiple of 32 (≥ 32); a long side over 384 is scaled
-    down first, in float32 as the engine does."""
-    import numpy as np
-
-    def rounded(side: int) -> int:
-        return max(FACTOR, int(np.floor(side / FACTOR + 0.5)) * FACTOR)
-
-    if max(h, w) <= MAX_SIDE:
-        return rounded(h), rounded(w)
-    beta = np.float32(MAX_SIDE) / np.float32(max(h, w))
-    return tuple(max(FACTOR, int(np.floor(np.float32(s) * beta / FACTOR)) * FACTOR) for s in (h, w))
-
-
-def preprocess_image(path) -> np.ndarray:
-    """(3, h̄, w̄) float32: nearest resize to cover (h̄, w̄), centre crop, clamp to [0, 1] and
-    OpenAI-CLIP normalisation (engine `clip_preprocess`). (h̄/32)·(w̄/32) vision tokens."""
-    import numpy as np
-    from PIL import Image
-
-    with Image.open(path) as im:
-        x = np.asarray(im.convert("RGB"), dtype=np.float32) / 255.0  # (h, w, 3)
-    h, w = x.shape[:2]
-    th, tw = target_size(h, w)
-    scale = max(np.float32(tw) / np.float32(w), np.float32(th) / np.float32(h))
-    rh, rw = max(th, int(np.float32(scale) * np.float32(h))), max(tw, int(np.float32(scale) * np.float32(w)))
-    rows, cols = np.arange(rh) * h // rh, np.arange(rw) * w // rw  # nearest, integer index
-    x = x[rows][:, cols]
-    top, left = (rh - th) // 2, (rw - tw) // 2
-    x = np.clip(x[top: top + th, left: left + tw], 0.0, 1.0)
-    x = (x - np.array(CLIP_MEAN, dtype=np.float32)) / np.array(CLIP_STD, dtype=np.float32)
-    return np.ascontiguousarray(x.transpose(2, 0, 1))
 
 
 class MageFlowPack(TrainerPack):
@@ -95,14 +60,19 @@ class MageFlowPack(TrainerPack):
     )
     defaults = {
         "corpus.empty_frac": 0.015,
+        # the trainer5 mix: 56k single-image + 3k two-image + 27k text-only; val 1024 + 512
+        # (instructions.Mix.from_counts splits n_train / n_val in these proportions)
+        "corpus.n_train": 86000, "corpus.n_val": 1536,
         "precompute.shard_size": 512, "precompute.val_shard_size": 256,
         "train.width": 1024, "train.depth": 4, "train.steps": 20000, "train.batch_size": 32,
         "train.lr": 2e-4, "train.warmup": 1000, "export.export_sigvq": False,
     }
     hints = {
         "train": "Reference (trainer5): val cos 0.915 (vision 0.80, text 0.98).",
-        "eval": "Judge by cos_slice (the rows the DiT consumes) and the cos_vis / cos_txt split.",
+        "eval": "Judge by cos_slice (the rows the DiT consumes) and the cos_vis / cos_txt split; "
+                + VISION_HINT + ".",
     }
+    reference = {"val cos": 0.915, "cos_vis": 0.80, "cos_txt": 0.98, "recipe": "trainer5, width 1024, depth 4"}
     teacher_memory_gib = 9.0
     engine_command_template = (
         "ggk diffuser engine -- --diffusion-model mageflow-edit-turbo-nvfp4.gguf "
@@ -114,7 +84,8 @@ class MageFlowPack(TrainerPack):
         "adapter.teacher": "Qwen/Qwen3-VL-4B-Instruct",
         "adapter.teacher_tap": "final_norm",
     }
-    bytes_per_sample = 60 * (2560 + 1024) * 2 + 60 * 4
+    # the reference mix's average (59k image : 27k text samples): ~1.8 MB, ~170 GB with the margin
+    bytes_per_sample = (59 * IMAGE_SAMPLE_BYTES + 27 * TEXT_SAMPLE_BYTES) // 86
     image_pad_id = IMAGE_PAD_ID
 
     def format_prompt(self, text: str) -> str:
@@ -135,11 +106,53 @@ class MageFlowPack(TrainerPack):
 
         return write_demo_corpus(folder, prompts)
 
-    def build_teacher(self, project, device):
-        from ..errors import UserError
+    def teacher_gib(self, materials, device):
+        """The tower and the text stack as they sit in memory (bf16 with a CUDA card, fp32 on a
+        CPU-only machine), from the snapshot's headers: a snapshot that would not load fails
+        here, in seconds."""
+        import torch
 
-        raise UserError("the real Qwen3-VL teacher is not in this version yet; tick 'mock teacher' "
-                        "under Precompute (or set GGUF_TRAINER_MOCK_TEACHER=1) to run the pipeline.")
+        from ..teachers.qwen3vl import check_snapshot
+
+        return check_snapshot(materials["teacher"]).gib("cpu" if torch.device(device).type != "cuda" else "gpu")
+
+    def load_teacher(self, materials, plan, device):
+        """Qwen3-VL from the snapshot, placed as planned: gpu (resident), offload (tower on the
+        card, text stack streamed from RAM), cpu (fp32). Templates are checked against its
+        tokenizer first."""
+        from ..teachers.qwen3vl import load_qwen3vl_teacher
+
+        return load_qwen3vl_teacher(materials["teacher"], device, plan.mode, student_text=self.student_text,
+                                    ram_limit_gib=plan.cpu_gib)
+
+    def check_teacher(self, materials) -> str:
+        """Header-only check of the snapshot (config, tokenizer, complete shards): its summary."""
+        from ..teachers.qwen3vl import check_snapshot
+
+        return check_snapshot(materials["teacher"]).summary()
+
+    def demo_materials(self, folder):
+        """A tiny real Qwen3-VL (the transformers class, seeded random weights, the real Qwen
+        tokenizer): the demo runs the real teacher code offline."""
+        from ..tiny.qwen3vl import copy_tiny_qwen3vl
+
+        return {"teacher": copy_tiny_qwen3vl(folder / "Qwen3-VL-tiny")}
+
+    def health_line(self, metrics):
+        """cos_slice with the vision / text split against the trainer5 reference, and where to
+        look when the vision positions lag."""
+        if metrics.get("cos_slice") is None:
+            return None
+        parts = [f"cos_slice {metrics['cos_slice']:.4f}"]
+        for key in ("cos_vis", "cos_txt"):
+            if metrics.get(key) is not None:
+                base = metrics.get(f"baseline_{key}")
+                parts.append(f"{key} {metrics[key]:.4f}" + (f" (mean baseline {base:.4f})" if base is not None else ""))
+        line = ", ".join(parts) + "; " + REFERENCE_LINE
+        vis, txt = metrics.get("cos_vis"), metrics.get("cos_txt")
+        if vis is not None and txt is not None and txt - vis > 0.25:
+            line += "; " + VISION_HINT
+        return line
 
     def build_mock_teacher(self, project):
         from .mock import MockVisionTokenTeacher

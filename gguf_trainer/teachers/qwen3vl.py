@@ -1,0 +1,374 @@
+"""The MageFlow pack's real teacher: Qwen3-VL-4B-Instruct as ggk's MageFlow conditioner runs it
+(engine-contract §3.2, §4b).
+
+Owns: the template check (the 64-token edit prefix, the 34-token text-to-image prefix, the
+6-token `Image N: <|vision_start|>` header, counted by the snapshot's tokenizer at every load:
+the engine hard-codes these counts, so a tokenizer that disagrees is refused, naming the
+template), the engine's splice positions (70, then +1+n+6 per further image), the vision tower
+(raw `pooler_output` rows = the main merger, deepstack dropped as ggk drops it), the text stack
+over the templated ids with the raw rows spliced over the `<|image_pad|>` runs, position ids
+all equal (M-RoPE with t = h = w, i.e. plain rope) and the final-norm state of every token.
+Placement: `gpu` (all resident, bf16), `offload` (vision tower resident, text stack streamed
+from RAM with accelerate's cpu_offload, bf16), `cpu` (fp32: bf16 matmul on CPUs is hundreds of
+times slower). Must not: know projects, settings or the planner (the pack's hook passes the
+resolved snapshot folder and the planned mode).
+
+    report = check_snapshot(root)                       # headers only: names, dims, tokenizer
+    teacher = load_qwen3vl_teacher(root, device, "gpu", student_text=pack.student_text)
+    rows = teacher.vision([path, ...])                  # [n_i, vis_dim] float32 per image
+    out = teacher.targets(samples, student_ids, segments)   # [TargetRows(rows [L, hidden])]
+    teacher.close()
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import UserError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+log = logging.getLogger(__name__)
+
+TEACHER_MODES = ("gpu", "offload", "cpu")
+VISION_START_ID, VISION_END_ID, IMAGE_PAD_ID = 151652, 151653, 151655
+# Vision tokens per vision-tower batch (the tower's attention is per image: this only bounds
+# the activations held at once).
+VIS_TOKENS_PER_BATCH = {"cuda": 8192, "cpu": 1024}
+VISUAL_PREFIXES = ("model.visual.", "visual.")
+
+
+# ---------------------------------------------------------------- templates (the engine's counts)
+
+
+def _templates():
+    from ..packs import qwen3vl_mageflow as p
+
+    return p
+
+
+def count_tokens(tokenizer, text: str) -> int:
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def check_templates(tokenizer, max_images: int = 9) -> dict[str, int]:
+    """The token counts the engine hard-codes, measured with `tokenizer`: the edit prefix (64),
+    the text-to-image prefix (34) and every image header `Image i: <|vision_start|>` (6, for
+    i = 1..max_images; ten or more images break the engine's assumption). UserError naming
+    the template whose count differs (the engine would splice images at the wrong rows)."""
+    p = _templates()
+    want = {"edit prefix": (p.EDIT_PREFIX, p.EDIT_START), "text-to-image prefix": (p.T2I_PREFIX, p.T2I_START)}
+    for i in range(max_images):
+        want[f"image {i + 1} header"] = (f"Image {i + 1}: <|vision_start|>", p.IMAGE_HEADER_TOKENS)
+    got = {}
+    for name, (text, n) in want.items():
+        got[name] = count_tokens(tokenizer, text)
+        if got[name] != n:
+            raise UserError(f"the MageFlow {name} is {got[name]} tokens with this tokenizer, but ggk "
+                            f"hard-codes {n}: the teacher's tokenizer is not Qwen3-VL's (or the template "
+                            "was edited); use the Qwen/Qwen3-VL-4B-Instruct tokenizer files.")
+    ids = tokenizer("<|vision_start|><|image_pad|><|vision_end|>", add_special_tokens=False)["input_ids"]
+    if list(ids) != [VISION_START_ID, IMAGE_PAD_ID, VISION_END_ID]:
+        raise UserError(f"the tokenizer maps <|vision_start|><|image_pad|><|vision_end|> to {list(ids)}, not "
+                        f"{[VISION_START_ID, IMAGE_PAD_ID, VISION_END_ID]}; use the Qwen3-VL tokenizer files.")
+    return got
+
+
+def splice_starts(counts: Sequence[int]) -> list[int]:
+    """Where the engine splices each image's rows: 64 + 6 = 70 for the first, then each next
+    image 1 (`<|vision_end|>`) + n_prev + 6 (the next header) later."""
+    p = _templates()
+    out, at = [], p.EDIT_START + p.IMAGE_HEADER_TOKENS
+    for n in counts:
+        out.append(at)
+        at += n + 1 + p.IMAGE_HEADER_TOKENS
+    return out
+
+
+def check_splices(ids: Sequence[int], counts: Sequence[int]) -> None:
+    """The image runs of `ids` sit where the engine splices them, framed by vision start/end;
+    UserError otherwise (the sample's text would shift the engine's rows)."""
+    for start, n in zip(splice_starts(counts), counts):
+        ok = (start + n < len(ids) and ids[start - 1] == VISION_START_ID and ids[start + n] == VISION_END_ID
+              and all(t == IMAGE_PAD_ID for t in ids[start: start + n]))
+        if not ok:
+            raise UserError(f"an image run of {n} tokens is not at row {start} where ggk splices it; the "
+                            "edit template or its image headers do not tokenize as the engine assumes.")
+
+
+def sup_start(has_images: bool) -> int:
+    """First row the DiT consumes: 64 for the edit template, 34 for text-to-image."""
+    p = _templates()
+    return p.EDIT_START if has_images else p.T2I_START
+
+
+# ---------------------------------------------------------------- snapshot check (headers only)
+
+
+@dataclass
+class SnapshotReport:
+    root: Path
+    text_hidden: int  # out_dim: the final-norm width
+    vis_dim: int  # the merger's output width (= text hidden for Qwen3-VL)
+    vocab: int
+    text_bytes: int  # the text stack as stored (everything outside model.visual.)
+    vision_bytes: int
+    n_params_text: int
+    n_params_vision: int
+
+    def summary(self) -> str:
+        return (f"Qwen3-VL: text hidden {self.text_hidden}, vision out {self.vis_dim}, vocab {self.vocab}; "
+                f"text stack {self.n_params_text / 1e9:.2f}B, vision tower {self.n_params_vision / 1e6:.0f}M "
+                f"parameters ({(self.text_bytes + self.vision_bytes) / 1024**3:.2f} GiB stored)")
+
+    def gib(self, mode: str) -> float:
+        """Weights in memory for `mode`: bf16 on a card or streamed, fp32 for cpu."""
+        per = 4 if mode == "cpu" else 2
+        return (self.n_params_text + self.n_params_vision) * per / 1024**3
+
+
+def check_snapshot(root: Path) -> SnapshotReport:
+    """config.json (a Qwen3-VL config), the tokenizer files, and every weight shard present
+    and complete (its header and byte count), from headers alone; UserError naming the file."""
+    from .t5 import _numel, read_safetensors_header
+
+    root = Path(root)
+    if not root.is_dir():
+        raise UserError(f"the Qwen3-VL teacher snapshot {root} does not exist; download it or set "
+                        "materials.teacher.path.")
+    try:
+        config = json.loads((root / "config.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"{root / 'config.json'} is missing; download the Qwen3-VL snapshot again.") from None
+    except ValueError:
+        raise UserError(f"{root / 'config.json'} is not valid JSON; download the Qwen3-VL snapshot again.") from None
+    if config.get("model_type") != "qwen3_vl" or "text_config" not in config or "vision_config" not in config:
+        raise UserError(f"{root / 'config.json'} is not a Qwen3-VL config (model_type "
+                        f"{config.get('model_type')!r}); point materials.teacher.path at "
+                        "Qwen/Qwen3-VL-4B-Instruct.")
+    if not (root / "tokenizer.json").is_file():
+        raise UserError(f"{root / 'tokenizer.json'} is missing; download the Qwen3-VL snapshot again.")
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            files = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        except (ValueError, KeyError, AttributeError):
+            raise UserError(f"{index} is not a weight index; download the snapshot again.") from None
+    else:
+        files = sorted(p.name for p in root.glob("*.safetensors"))
+    if not files:
+        raise UserError(f"{root} has no *.safetensors weights; run the download again.")
+    sizes = {"BF16": 2, "F16": 2, "F32": 4}
+    tb = vb = tp = vp = 0
+    for name in files:
+        if not (root / name).is_file():
+            raise UserError(f"{root / name} is missing (named by the weight index); run the download again "
+                            "(it resumes).")
+        for tensor, info in read_safetensors_header(root / name).items():
+            n = _numel(info["shape"])
+            if tensor.startswith("lm_head."):
+                continue  # the teacher never runs the LM head
+            if tensor.startswith(VISUAL_PREFIXES):
+                vp, vb = vp + n, vb + n * sizes.get(info["dtype"], 4)
+            else:
+                tp, tb = tp + n, tb + n * sizes.get(info["dtype"], 4)
+    tc, vc = config["text_config"], config["vision_config"]
+    return SnapshotReport(root, int(tc["hidden_size"]), int(vc.get("out_hidden_size", tc["hidden_size"])),
+                          int(tc["vocab_size"]), tb, vb, tp, vp)
+
+
+# ---------------------------------------------------------------- the teacher
+
+
+def _check_rotary(text_model) -> None:
+    """The text rotary table must be the config's (a model built on the meta device and
+    loaded can keep an uninitialised non-persistent buffer: every target would be wrong)."""
+    import torch
+
+    rot = text_model.rotary_emb
+    inv = rot.inv_freq.detach().float().cpu()
+    dim = inv.numel() * 2
+    theta = float(text_model.config.rope_parameters.get("rope_theta", 5e6))
+    want = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    if not torch.allclose(inv, want, rtol=1e-4):
+        raise UserError("the Qwen3-VL text rotary table did not load as the config describes; this "
+                        "transformers version is not supported for the teacher (pip install "
+                        "'transformers>=4.57,<6').")
+
+
+class Qwen3VLTeacher:
+    """See the module docstring. `student_text(sample, counts)` is the pack's template (the
+    same string the student tokenizes): the teacher tokenizes it with its own tokenizer and
+    refuses when the ids differ from the student's."""
+
+    is_mock = False
+
+    def __init__(self, model, tokenizer, device, mode: str, student_text: Callable,
+                 report: SnapshotReport | None = None):
+        import torch
+
+        self.model, self.tokenizer, self.mode = model, tokenizer, mode
+        self.text = model.language_model
+        self.visual = model.visual
+        self.device = torch.device(device) if mode != "cpu" else torch.device("cpu")
+        self.dtype = next(self.visual.parameters()).dtype
+        self.student_text = student_text
+        self.report = report
+        self.identity = {"teacher": "qwen3_vl", "tap": "final_norm"}
+        self._table = self.text.embed_tokens.weight  # gpu/cpu: the live table; offload: a RAM copy
+        vc = model.config.vision_config
+        self.patch, self.merge = int(vc.patch_size), int(vc.spatial_merge_size)
+        self.vis_dim = int(getattr(vc, "out_hidden_size", model.config.text_config.hidden_size))
+        self.out_dim = int(model.config.text_config.hidden_size)
+
+    # -- vision tower -------------------------------------------------------------------------
+
+    def vision(self, images: Sequence) -> list[torch.Tensor]:
+        """Raw merger rows (n_i, vis_dim) float32 on the CPU for each image path, in order: the
+        engine's preprocessing, the tower in batches of ≤ VIS_TOKENS_PER_BATCH merged tokens,
+        `pooler_output` only (deepstack is not used by ggk)."""
+        import numpy as np
+        import torch
+
+        from ..mageflow_images import patchify, preprocess_image
+
+        prepared = []
+        for path in images:
+            try:
+                prepared.append(patchify(preprocess_image(path)))
+            except (OSError, ValueError) as e:
+                raise UserError(f"{path} is not a readable image ({e}); rebuild the corpus.") from None
+        cap = VIS_TOKENS_PER_BATCH["cuda" if self.device.type == "cuda" else "cpu"]
+        out: list[torch.Tensor] = []
+        k = 0
+        while k < len(prepared):
+            batch, tokens = [], 0
+            while k < len(prepared) and (not batch or tokens + self._n(prepared[k]) <= cap):
+                batch.append(prepared[k])
+                tokens += self._n(prepared[k])
+                k += 1
+            rows = torch.from_numpy(np.concatenate([r for r, _ in batch]))
+            grid = torch.tensor([g for _, g in batch], dtype=torch.long, device=self.device)
+            with torch.inference_mode():
+                res = self.visual(rows.to(self.device, self.dtype), grid_thw=grid)
+            merged = res.pooler_output.float().cpu()
+            out += [t.clone() for t in torch.split(merged, [self._n(b) for b in batch])]
+        return out
+
+    def _n(self, prepared) -> int:
+        _, (t, gh, gw) = prepared
+        return t * gh * gw // (self.merge * self.merge)
+
+    def embed_table(self) -> torch.Tensor:
+        """The token embedding table as float32 on the CPU (the vision_proj fit)."""
+        return self._table.detach().float().cpu()
+
+    # -- text stack ---------------------------------------------------------------------------
+
+    def lengths(self, samples: Sequence, student_ids: Sequence[Sequence[int]]) -> list[int]:
+        return [len(ids) for ids in student_ids]
+
+    def _ids(self, sample, student_ids: Sequence[int], counts: list[int]) -> list[int]:
+        """The teacher's own ids of the sample's template; UserError when they differ from the
+        student's or the image runs are not where the engine splices them."""
+        text = self.student_text(sample, counts)
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] or [0]
+        if list(ids) != list(student_ids):
+            raise UserError("the teacher's and the student's tokenizers give different ids for the same "
+                            "template; use the pig_clip tokenizer folder with the Qwen3-VL snapshot (both "
+                            "are the Qwen vocabulary).")
+        if counts:
+            check_splices(ids, counts)
+        return list(ids)
+
+    def targets(self, samples: Sequence, student_ids: Sequence[Sequence[int]], vision=None) -> list:
+        """Final-norm rows of every token (L, hidden) per sample, images spliced."""
+        import torch
+
+        from ..packs.base import TargetRows
+
+        vision = vision or [[] for _ in samples]
+        ids = [self._ids(s, sid, [seg.rows.shape[0] for seg in segs])
+               for s, sid, segs in zip(samples, student_ids, vision)]
+        width = max(len(x) for x in ids)
+        table_dev = self._table.device
+        embeds = torch.zeros(len(ids), width, self.out_dim, dtype=self.dtype, device=self.device)
+        mask = torch.zeros(len(ids), width, dtype=torch.long, device=self.device)
+        for b, (row_ids, segs) in enumerate(zip(ids, vision)):
+            e = self._table[torch.tensor(row_ids, dtype=torch.long, device=table_dev)]
+            e = e.to(self.device, self.dtype).clone()
+            for seg in segs:  # raw merger rows over the <|image_pad|> run, as the engine splices
+                e[seg.start: seg.start + seg.rows.shape[0]] = seg.rows.to(self.device, self.dtype)
+            embeds[b, : len(row_ids)] = e
+            mask[b, : len(row_ids)] = 1
+        with torch.inference_mode():
+            # position_ids None: every M-RoPE axis gets arange(L), i.e. plain 1-D rope, as ggk
+            # runs MageFlow's text stack; no deepstack embeds are passed.
+            h = self.text(inputs_embeds=embeds, attention_mask=mask, use_cache=False).last_hidden_state
+        h = h.float().cpu()
+        return [TargetRows(rows=h[b, : len(x)].clone(), sup_start=sup_start(bool(segs)))
+                for b, (x, segs) in enumerate(zip(ids, vision))]
+
+    def close(self) -> None:
+        import torch
+
+        self.model = self.text = self.visual = self._table = None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def compute_dtype(device, mode: str):
+    import torch
+
+    return torch.bfloat16 if mode != "cpu" and torch.device(device).type == "cuda" else torch.float32
+
+
+def load_qwen3vl_teacher(root: Path, device, mode: str, student_text: Callable,
+                         ram_limit_gib: float = 0.0) -> Qwen3VLTeacher:
+    """Check the snapshot from its headers and the templates against its tokenizer (both fail
+    in seconds, before any weight loads), then load `Qwen3VLModel` placed for `mode`."""
+    import torch
+    from transformers import Qwen3VLModel
+
+    from ..student import load_tokenizer
+    from .t5 import _quiet_progress
+
+    if mode not in TEACHER_MODES:
+        raise ValueError(f"teacher mode {mode!r} is not one of {TEACHER_MODES}")
+    device = torch.device(device)
+    if mode != "cpu" and device.type != "cuda":
+        raise UserError(f"teacher mode {mode} needs a CUDA device; set precompute.teacher_mode to cpu or auto.")
+    report = check_snapshot(root)
+    need = report.gib(mode)
+    if mode in ("offload", "cpu") and ram_limit_gib and need > ram_limit_gib:
+        raise UserError(f"the Qwen3-VL teacher needs {need:.1f} GiB of RAM in teacher mode {mode} but only "
+                        f"{ram_limit_gib:.1f} GiB is available; use a CUDA card, raise "
+                        "precompute.cpu_mem_gib, or close other programs.")
+    tokenizer = load_tokenizer(root)
+    counts = check_templates(tokenizer)
+    log.info("teacher: %s; mode %s; templates %d/%d tokens, image header %d", report.summary(), mode,
+             counts["edit prefix"], counts["text-to-image prefix"], counts["image 1 header"])
+    with _quiet_progress():
+        model = Qwen3VLModel.from_pretrained(str(root), dtype=compute_dtype(device, mode))
+    model.eval().requires_grad_(False)
+    _check_rotary(model.language_model)
+    if mode == "gpu":
+        model.to(device)
+    elif mode == "offload":
+        from accelerate import cpu_offload
+
+        model.visual.to(device)
+        text = model.language_model
+        emb = text.embed_tokens
+        text.embed_tokens = None  # the table stays a plain RAM module: rows are gathered on the CPU
+        cpu_offload(text, execution_device=device)
+        text.embed_tokens = emb
+    return Qwen3VLTeacher(model, tokenizer, device, mode, student_text, report)
