@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import decimal
 import difflib
+import functools
 import hashlib
 import json
 import math
@@ -208,6 +209,9 @@ class PrecomputeSettings(_Section):
 
     mock_teacher: bool = S(False, "Mock teacher", "synthetic targets with the real shapes: a smoke "
                            "test, never a usable adapter")
+    processes: Int = S(1, "Processes", "ranks computing shards in parallel (one per GPU); shard k "
+                       "goes to rank k mod N, the shards are the same for any N", ge=1, le=1024,
+                       advanced=True, why="one process per card; more than 1024 ranks is no machine")
 
 
 class TrainSettings(_Section):
@@ -244,6 +248,9 @@ class TrainSettings(_Section):
                   why=SEED_WHY)
     threads: Int = S(0, "CPU threads", "0 = pinned at the first start", ge=0, le=4096, live=True,
                      advanced=True, why="no machine has more cores")
+    processes: Int = S(1, "Processes", "data-parallel ranks (one per GPU), each a slice of every "
+                       "batch; the batch size stays the global batch", ge=1, le=1024,
+                       advanced=True, why="one process per card; more than 1024 ranks is no machine")
 
     @field_validator("steps", mode="before")
     @classmethod
@@ -526,7 +533,13 @@ def _meta_for(key: str, info, section: str) -> dict:
 
 
 def schema_fields() -> list[dict]:
-    """Metadata of every schema field (not per-material), in display order."""
+    """Metadata of every schema field (not per-material), in display order (a fresh copy:
+    the GUI asks on every render, the schema never changes in a process)."""
+    return copy.deepcopy(_schema_fields())
+
+
+@functools.lru_cache(maxsize=1)
+def _schema_fields() -> list[dict]:
     out = []
     for name, info in ProjectSettings.model_fields.items():
         ann = info.annotation
