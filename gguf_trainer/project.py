@@ -913,6 +913,14 @@ def ggk_command(project: Project) -> tuple[str, list[str]]:
                      "adapter is a smoke test, not usable")
     # Companion files the command names (VAE, diffusion model ...) that are not next to the
     # adapter are the user's to fetch; say so instead of printing a broken path.
+    # A companion the pack names (LLaDA's SigVQ) that this project did not export is left
+    # out of the command by the pack; say so rather than leave the user wondering.
+    placeholders = re.findall(r"<([^<>\s]+)>", pack.engine_command())
+    left_out = [p for p in placeholders if p not in ("pig_clip.gguf", "adapter.gguf")
+                and f"<{p}>" not in cmd and p.rsplit(".", 1)[0].rsplit("-", 1)[0] not in cmd]
+    for name in left_out:
+        notes.append(f"{name} was not exported by this project, so the command leaves it out "
+                     "(text-to-image runs without it; for editing, export it: export.export_sigvq)")
     engine_files = [t for t in shlex.split(cmd) if t.endswith(".gguf") and "/" not in t
                     and t != Path(student_arg).name and not (project.output_dir / t).exists()]
     if engine_files:

@@ -538,3 +538,20 @@ def test_read_metrics_follows_new_rows(proj):
     rows, off2 = control.read_metrics(proj, off)
     assert [r["step"] for r in rows] == [3] and off2 > off
     assert control.read_metrics(proj, "garbage")[0][0]["step"] == 1
+
+
+def test_a_companion_that_was_not_exported_is_left_out_with_a_note(tmp_path):
+    from gguf_trainer.project import load_project
+
+    control.new_project(tmp_path / "l", "llada_image",
+                        overrides={"export.output_dir": str(tmp_path / "out")})
+    project = load_project(tmp_path / "l")
+    project.final_gguf.parent.mkdir(parents=True)
+    project.final_gguf.write_bytes(b"GGUF")
+    res = control.results(tmp_path / "l")
+    assert "--llm_vision" not in res["ggk"] and "<" not in res["ggk"]
+    assert any("pig_llada_sigvq-f16.gguf was not exported" in n for n in res["notes"])
+    project.companion_gguf("sigvq").write_bytes(b"GGUF")
+    res = control.results(tmp_path / "l")
+    assert f"--llm_vision {project.companion_gguf('sigvq')}" in res["ggk"]
+    assert not any("was not exported" in n for n in res["notes"])
