@@ -161,8 +161,13 @@ def _vision_rows(ctx: Context, records: list) -> list[list[torch.Tensor]]:
     """Raw vision rows per image of each record ([] for text-only records or packs)."""
     if ctx.vision_proj is None or not any(r.images for r in records):
         return [[] for _ in records]
-    with torch.no_grad():
-        return [list(ctx.teacher.vision(list(r.images))) if r.images else [] for r in records]
+    with torch.no_grad():  # one call for the shard's images: the teacher batches its tower
+        rows = list(ctx.teacher.vision([p for r in records for p in r.images]))
+    out, at = [], 0
+    for r in records:
+        out.append(rows[at: at + len(r.images)])
+        at += len(r.images)
+    return out
 
 
 def _segments(pack, ids: list[int], rows: list[torch.Tensor]):
