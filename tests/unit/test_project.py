@@ -276,7 +276,9 @@ REFERENCE_DEFAULTS = {
 # anchor-trainer.md §2.2, the per-pack overrides (llada_image has none).
 REFERENCE_PACK_OVERRIDES = {
     "llada_image": {},
-    "qwen3vl_mageflow": {"corpus.empty_frac": 0.015, "precompute.shard_size": 512,
+    # n_train / n_val: the trainer5 mix (56k + 3k two-image + 27k text; val 1024 + 512) as totals
+    "qwen3vl_mageflow": {"corpus.empty_frac": 0.015, "corpus.n_train": 86000, "corpus.n_val": 1536,
+                         "precompute.shard_size": 512,
                          "precompute.val_shard_size": 256, "train.width": 1024, "train.depth": 4,
                          "train.steps": 20000, "train.batch_size": 32, "export.export_sigvq": False,
                          "precompute.teacher_batch": 0, "precompute.tok_budget": 0,
