@@ -907,10 +907,12 @@ def ggk_command(project: Project) -> tuple[str, list[str]]:
     cmd = pack.engine_command(student=shlex.quote(student_arg),
                               adapter=shlex.quote(str(project.final_gguf)))
     notes += list(getattr(pack, "engine_notes", ()))  # the pack's advice for running it
-    if project.settings.precompute.mock_teacher or "tiny" in student_arg:
+    if "tiny" in Path(student_arg).name:
         notes.append("this project's student is the demo's tiny stand-in, not the real pig_clip: "
-                     "with ggk, pass the real pig_clip-f16.gguf as --llm; and a mock-teacher "
-                     "adapter is a smoke test, not usable")
+                     "its adapter only fits that stand-in, so this command shows the shape of a "
+                     "real one; train against the real pig_clip-f16.gguf for ggk")
+    if project.settings.precompute.mock_teacher:
+        notes.append("MOCK teacher: this adapter is a smoke test of the machinery, not usable")
     # Companion files the command names (VAE, diffusion model ...) that are not next to the
     # adapter are the user's to fetch; say so instead of printing a broken path.
     # A companion the pack names (LLaDA's SigVQ) that this project did not export is left
