@@ -81,8 +81,18 @@ def cmd_new(args) -> int:
     return EXIT_OK
 
 
+def _launch(args):
+    from gguf_trainer.runner.launch import Launch
+
+    return Launch(args.processes, args.num_machines, args.machine_rank, args.main_process_ip,
+                  args.main_process_port, args.accelerate_config)
+
+
 def cmd_run(args) -> int:
     paths = supervisor.project_paths(args.project)
+    launch = control.resolve_launch(paths.root, _launch(args))
+    if launch.needed():
+        return _run_launched(paths, args, launch)
     steps = _parse_steps(args.steps)  # every argument is checked before anything is written
     control.preflight(paths.root, only=args.only)
     _trust_if_asked(args, paths.root)
@@ -95,11 +105,46 @@ def cmd_run(args) -> int:
     return code
 
 
+def _run_launched(paths, args, launch) -> int:
+    """`run` with several processes or machines: accelerate's launcher in this terminal.
+    Machine rank 0 shows the bars (it owns state.json); the others only wait for the end."""
+    from gguf_trainer.runner import launch as launch_mod
+
+    if launch.is_main_machine:
+        steps = _parse_steps(args.steps)
+        control.preflight(paths.root, only=args.only)
+        _trust_if_asked(args, paths.root)
+        if steps is not None:
+            _out(control.set_steps(paths.root, steps).message.split(";")[0])
+        supervisor.remember_project(paths.root)
+    pipeline_args = ["--project", str(paths.root)] + (["--only", *args.only] if args.only else []) \
+        + (["--force"] if args.force else [])
+    bars = _ProgressBars() if launch.is_main_machine else None
+    try:
+        rc = launch_mod.run_foreground(paths, launch, pipeline_args, bars)
+    finally:
+        if bars is not None:
+            bars.close()
+    if not launch.is_main_machine:
+        _out(f"machine rank {launch.machine_rank}: the ranks here ended (code {rc}); "
+             f"machine rank 0 shows the run: gguf-trainer status --project {paths.root}")
+        return EXIT_OK if rc == 0 else EXIT_ERROR
+    info = supervisor.status(paths.root)
+    if info["status"] == "stopped":
+        _out(f"stopped; resume with: gguf-trainer run --project {paths.root}")
+    elif info["status"] == "done":
+        _out(control.results_text(paths.root))
+    else:
+        print(f"{info['status']}: {info.get('error') or 'see ' + str(paths.pipeline_log)}",
+              file=sys.stderr)
+    return EXIT_OK if info["status"] in ("done", "stopped") else EXIT_ERROR
+
+
 def cmd_start(args) -> int:
     paths = supervisor.project_paths(args.project)
     _trust_if_asked(args, paths.root)
     pid = control.start(paths.root, only=args.only, force=args.force,
-                        steps=_parse_steps(args.steps))
+                        steps=_parse_steps(args.steps), launch=_launch(args))
     res = control.results(paths.root)
     _out(f"pipeline started (pid {pid}), logging to {paths.pipeline_log}; "
          f"follow it with: gguf-trainer status --project {paths.root}")
@@ -136,6 +181,10 @@ def cmd_status(args) -> int:
         _out(json.dumps(info, indent=2, sort_keys=True, default=str))
     else:
         _out(format_status(info))
+        from gguf_trainer.distributed import format_ranks  # torch-free
+
+        for line in format_ranks(info):
+            _out(line)
     return EXIT_ERROR if info.get("settings_error") else EXIT_OK
 
 
@@ -442,6 +491,20 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--steps", metavar="N", help="set train.steps first (12000, 12_000, 40k)")
         trust_arg(p)
 
+    def launch_args(p):  # several processes or machines: accelerate's launcher (README)
+        p.add_argument("--processes", type=int, metavar="N",
+                       help="processes on this machine (one per GPU); default: the larger of "
+                            "precompute.processes and train.processes")
+        p.add_argument("--num-machines", type=int, default=1, metavar="M",
+                       help="machines sharing the project folder")
+        p.add_argument("--machine-rank", type=int, default=0, metavar="R",
+                       help="this machine's rank (0 holds the project)")
+        p.add_argument("--main-process-ip", metavar="IP", help="address of machine rank 0")
+        p.add_argument("--main-process-port", type=int, metavar="PORT",
+                       help="rendezvous port on machine rank 0")
+        p.add_argument("--accelerate-config", metavar="FILE",
+                       help="an `accelerate config` file, passed to accelerate launch as it is")
+
     def trust_arg(p):
         p.add_argument("--trust-remote-code", action="store_true",
                        help="trust the teacher snapshot's own Python code (asked once per snapshot)")
@@ -451,8 +514,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", metavar="N", help="the GGUF's name (default: the pack's, e.g. "
                    "pig_t5_adapter)")
     p.add_argument("dir", metavar="DIR", help="the new project's folder")
-    stage_args(command("run", cmd_run, "run the pipeline in this terminal, with progress bars"))
-    stage_args(command("start", cmd_start, "start the pipeline detached (survives logout)"))
+    for name, func, help_ in (("run", cmd_run, "run the pipeline in this terminal, with progress bars"),
+                              ("start", cmd_start, "start the pipeline detached (survives logout)")):
+        p = command(name, func, help_)
+        stage_args(p)
+        launch_args(p)
     p = command("stop", cmd_stop, "stop after the current step (saves; resumable)")
     p.add_argument("--timeout", type=float, default=supervisor.STOP_TIMEOUT_S, metavar="S",
                    help="seconds to wait (0: do not wait); exit 3 if still stopping")

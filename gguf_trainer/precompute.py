@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from . import atomic, hardware, shards, vision
+from . import atomic, distributed, hardware, shards, vision
 from .errors import UserError
 from .materials import student_identity, student_paths, teacher_identity, teacher_paths
 from .paths import VERIFIED_JSON
@@ -46,7 +46,7 @@ class Context:
         from .student import load_student
 
         pc, pack = project.settings.precompute, project.pack
-        self.device = hardware.resolve_device(pc.device)
+        self.device = distributed.rank_device(hardware.resolve_device(pc.device))
         self.pack = pack
         hw = hardware.read_hardware(self.device)
         folders = {} if pc.mock_teacher else teacher_paths(project)
@@ -242,12 +242,16 @@ def run_precompute(project, report, split: str, cache: dict, fingerprint: str) -
     folder.mkdir(parents=True, exist_ok=True)
     meta = {"fingerprint": fingerprint, "contract": project.pack.shard_contract,
             "mock": str(project.settings.precompute.mock_teacher).lower(), "pack": project.pack.id}
-    done = sum(1 for k in range(n_shards) if (folder / shards.shard_name(split, k)).exists())
+    count = lambda: sum(1 for k in range(n_shards) if (folder / shards.shard_name(split, k)).exists())
+    done = count()
     report.progress(done, n_shards, "shards")
+    n_ranks = distributed.stage_ranks(project, f"precompute_{split}")  # shard k -> rank k mod N
     for k in range(n_shards):
         path = folder / shards.shard_name(split, k)
-        if path.exists():
+        if path.exists() or not distributed.owns(k, n_ranks):
             continue
+        if n_ranks > 1:  # the other ranks' shards count too
+            done = count()
         if CACHE_KEY not in cache:
             report.fields(detail="loading the student and the teacher")
         ctx = context(project, cache)
@@ -342,9 +346,15 @@ class PrecomputeStage(Stage):
     def run(self, project, report, run) -> str:
         try:
             run_precompute(project, report, self.split, run.cache, run.fingerprint)
+            stopped = False
         except Stopped:
-            return "stopped"
-        return "done"
+            stopped = True
+        # Launched: every rank waits here for the others' shards; one stopped rank stops the run.
+        stopped = distributed.any_true(stopped)
+        if distributed.world().is_distributed:  # the bar counts every rank's shards
+            report.progress(len(shards.shard_files(self.folder(project.paths))),
+                            expected_shards(project, self.split), "shards")
+        return "stopped" if stopped else "done"
 
 
 PRECOMPUTE_VAL = PrecomputeStage("val")

@@ -67,6 +67,22 @@ def write_shard(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, st
     metadata = {**meta, "format": FORMAT, "checksum": _checksum(tensors)}
     with atomic.atomic_path(path, suffix=SUFFIX) as tmp:
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata)
+        _sort_metadata(tmp)
+
+
+def _sort_metadata(path: Path) -> None:
+    """safetensors writes the metadata in hash-map order, which differs between processes;
+    sorted, the same shard is the same bytes whichever process (or rank) wrote it. The header
+    keeps its length (same keys and values), so only the header is rewritten."""
+    with open(path, "r+b") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+        header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+        text = json.dumps(header, separators=(",", ":")).encode()
+        if len(text) > n:  # never: the same keys and values
+            return
+        f.seek(8)
+        f.write(text.ljust(n, b" "))
 
 
 def read_meta(path: Path) -> dict[str, str] | None:
@@ -350,9 +366,13 @@ class ShardStream:
             rows = perm[p.batch_i * self.batch_size: (p.batch_i + 1) * self.batch_size].tolist()
             if rows:
                 self.pos = StreamPos(p.epoch, p.shard_i, p.batch_i + 1)
-                return collate(shard, rows, f, self.fixed_rows)
+                return self._collate(shard, rows, f)
             last = p.shard_i + 1 >= len(self.files)
             self.pos = StreamPos(p.epoch + 1, 0, 0) if last else StreamPos(p.epoch, p.shard_i + 1, 0)
+
+    def _collate(self, shard: Shard, rows: list[int], file_index: int) -> Batch:
+        """The batch of `rows` (distributed.TrainRanks keeps this rank's slice of them)."""
+        return collate(shard, rows, file_index, self.fixed_rows)
 
     def __iter__(self) -> Iterator[Batch]:
         while True:

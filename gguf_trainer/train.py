@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from . import hardware
+from . import distributed, hardware
 from .checkpoints import (
     BEST,
     LAST,
@@ -96,19 +96,26 @@ def _skip_start(pack, cfg, train_files: list[Path], stats: Stats):
 
 
 def train_step(model, opt, params: list, batch: Batch, stats: Stats, standardized: bool,
-               cos_weight: float, grad_clip: float, autocast) -> tuple[torch.Tensor, dict]:
+               cos_weight: float, grad_clip: float, autocast, ranks=None) -> tuple[torch.Tensor, dict]:
     """One optimisation step: forward and loss -> backward -> clip -> step. A non-finite loss
-    returns before anything is updated (the caller stops the run)."""
+    returns before anything is updated (the caller stops the run). With `ranks`
+    (distributed.TrainRanks) `batch` is this rank's slice of the global batch: the loss and
+    the gradients are those of the global batch on every rank."""
     with autocast:
         pred = forward(model, batch)
     loss, parts = compute_loss(pred.float(), batch, stats, standardized, cos_weight)
+    shown = loss
+    if ranks is not None:
+        loss, parts, shown = ranks.share_loss(loss, parts, batch, cos_weight)
     if not math.isfinite(parts["mse"]) or not math.isfinite(parts["cos"]):
-        return loss, parts
+        return shown, parts
     opt.zero_grad(set_to_none=True)
     loss.backward()
+    if ranks is not None:
+        ranks.sum_gradients(params)
     torch.nn.utils.clip_grad_norm_(params, grad_clip, foreach=True)
     opt.step()
-    return loss, parts
+    return shown, parts
 
 
 def make_optimizer(params: list, lr: float, weight_decay: float, device: torch.device):
@@ -157,7 +164,9 @@ def run_train(project, report, train_fp: str) -> str:
     from .adapters import trainable_parameters
 
     s, pack, paths = project.settings.train, project.pack, project.paths
-    device = hardware.resolve_device(s.device)
+    device = distributed.rank_device(hardware.resolve_device(s.device))
+    ranks = distributed.train_ranks(project)  # None when this process trains alone
+    main = ranks is None or ranks.is_main  # validates, saves, writes metrics
     train_files, val_files = shard_files(paths.shard_dir("train")), shard_files(paths.shard_dir("val"))
     stats = load_stats(train_files, s.sigma_floor)
     cfg = pack.adapter_config(s, **dims(train_files[0]))  # the adapter's dims come from the shards
@@ -171,12 +180,14 @@ def run_train(project, report, train_fp: str) -> str:
     folder = paths.checkpoints
     folder.mkdir(parents=True, exist_ok=True)
     prog = _resume(folder, model, opt, s.steps)
+    distributed.resume_ranks(checkpoint_path(folder, LAST), ranks, prog.step)
     report.truncate_metrics(prog.step)
     steps = s.steps
     log.info("train: %s adapter, %.1fM trainable params, %d train rows, %d dims floored at sigma %.3g, "
              "batch %d, %d steps, device %s", cfg.kind, sum(p.numel() for p in params) / 1e6, stats.n,
              stats.n_floored, s.sigma_floor, s.batch_size, steps, device)
-    stream = ShardStream(train_files, s.seed, s.batch_size, pack.fixed_rows, prog.stream)
+    stream = (ShardStream(train_files, s.seed, s.batch_size, pack.fixed_rows, prog.stream) if ranks is None
+              else ranks.stream(train_files, s.seed, s.batch_size, pack.fixed_rows, prog.stream))
     extra = lambda val=None: {
         "config": cfg.to_dict(), "mu": stats.mu.cpu(), "sigma_f": stats.sigma_f.cpu(), "planned_steps": steps,
         "train_fp": train_fp, "pack": pack.id, "mock": project.settings.precompute.mock_teacher,
@@ -192,7 +203,7 @@ def run_train(project, report, train_fp: str) -> str:
             group["lr"] = lr
         batch = stream.next_batch().to(device)
         loss, parts = train_step(model, opt, params, batch, stats, pack.standardized, s.cos_weight,
-                                 s.grad_clip, autocast)
+                                 s.grad_clip, autocast, ranks)
         if not torch.isfinite(loss):
             raise UserError(f"the loss became {float(loss.detach())} at step {prog.step + 1}; the run stopped and "
                             "last.pt keeps the last good step. Lower train.lr and start again.")
@@ -209,9 +220,12 @@ def run_train(project, report, train_fp: str) -> str:
                 steps = max(new, prog.step)
             report.progress(prog.step, steps, "steps", step=prog.step, steps=steps, loss=float(loss.detach()), lr=lr)
         is_snapshot = snapshot.requested()
+        is_stop = report.stop_requested()
+        if ranks is not None:  # rank 0 decides for all ranks, at the same step
+            is_stop, is_snapshot, steps = ranks.agree(is_stop, is_snapshot, steps)
         is_scheduled = prog.step % s.val_every == 0 or prog.step == steps
         val = None
-        if is_scheduled or is_snapshot:
+        if (is_scheduled or is_snapshot) and main:
             val = validate(model, val_files, pack, stats, s.batch_size, device)
             report.metrics(prog.step, {"val_cos": val["val_cos"], "val_rel_mse": val["rel_mse"]})
             # Only scheduled validations pick best.pt: a snapshot leaves the run's result unchanged.
@@ -219,16 +233,17 @@ def run_train(project, report, train_fp: str) -> str:
                 prog.best_val_cos = val["val_cos"]
                 save_checkpoint(folder, BEST, model, opt, prog, extra(val))
             report.fields(val_cos=val["val_cos"], best_val_cos=prog.best_val_cos)
-        is_stop = report.stop_requested()
         if prog.step % s.save_every == 0 or is_stop or is_snapshot or prog.step == steps:
-            save_checkpoint(folder, LAST, model, opt, prog, extra(val))
-        if is_snapshot:
+            every_rank = ranks.rank_states(prog.stream) if ranks is not None else {}
+            if main:
+                save_checkpoint(folder, LAST, model, opt, prog, extra(val) | every_rank)
+        if is_snapshot and main:
             snapshot.done(prog.step)
         if is_stop and prog.step < steps:
             log.info("stop requested: saved last.pt at step %d", prog.step)
             report.progress(prog.step, steps, "steps", step=prog.step, steps=steps)
             return "stopped"
-    if not checkpoint_path(folder, BEST).exists():
+    if main and not checkpoint_path(folder, BEST).exists():
         save_checkpoint(folder, BEST, model, opt, prog, extra())
     report.progress(prog.step, steps, "steps", step=prog.step, steps=steps)
     return "done"

@@ -269,7 +269,7 @@ def settings_table_markdown() -> str:
 
 # ---- runs -----------------------------------------------------------------------------
 def start(root: PathLike, only: list[str] | None = None, force: bool = False,
-          steps: Any = None) -> int:
+          steps: Any = None, launch=None) -> int:
     """Launch the pipeline detached; returns the pipeline's pid once it holds the lock.
     `steps` (optional) is stored first. Refused (UserError) while it runs, when
     project.json is broken, when another project in the same output folder has the same
@@ -278,7 +278,22 @@ def start(root: PathLike, only: list[str] | None = None, force: bool = False,
     preflight(paths.root, only=only)
     if steps is not None:
         _set_steps_idle(paths, steps)
-    return supervisor.start(paths.root, only=only, force=force)
+    launch = resolve_launch(paths.root, launch)
+    if not launch.is_main_machine:
+        raise UserError("start runs machine rank 0 (it holds the project); on the other "
+                        "machines use `gguf-trainer run` with the same flags.")
+    return supervisor.start(paths.root, only=only, force=force, launch=launch)
+
+
+def resolve_launch(root: PathLike, launch=None):
+    """The launch of a run (runner.launch.Launch): the flags given, the processes per
+    machine from precompute.processes / train.processes when no flag says."""
+    from gguf_trainer import project
+    from gguf_trainer.runner.launch import Launch
+
+    launch = (launch or Launch()).resolved(project.load_project(_paths(root).root).settings)
+    launch.check()
+    return launch
 
 
 def export(root: PathLike, evaluate: bool = True) -> int:

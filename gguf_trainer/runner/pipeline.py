@@ -80,6 +80,10 @@ def main(argv: list[str] | None = None, run: StageRunner | None = None) -> int:
     if not paths.exists():
         print(f"{paths.root} is not a gguf-trainer project (no project.json)", file=sys.stderr)
         return EXIT_NO_PROJECT
+    if int(os.environ.get("RANK", "0") or 0) > 0:  # a launched run's other ranks: no lock
+        from gguf_trainer.runner import follower
+
+        return follower.main(paths)
     try:
         with _disk_errors_as_sentences(paths), _log_to_file(paths):
             try:
@@ -130,8 +134,13 @@ def _run_locked(paths: ProjectPaths, only: list[str] | None, force: bool, run: S
     log.info("pipeline pid %d started on %s (only=%s, force=%s)", os.getpid(), paths.root,
              only or "all", force)
     writer.start()
+    from gguf_trainer import distributed
+
+    watch = distributed.start_lead(paths, writer)  # launched (accelerate): greet, watch ranks
     with _signals_set_stop(report, foreground):
         code = _run_stages_recorded(paths, report, writer, only, force, run)
+    if watch is not None:
+        watch.stop()
     log.info("pipeline exits with code %d (%s)", code, writer.snapshot()["status"])
     return code
 

@@ -222,10 +222,10 @@ def _check_stale(project, objs, stale: dict[str, str], run: RunContext) -> None:
 
 
 def run_stages(paths: ProjectPaths, report, only=None, force: bool = False) -> str:
-    from .. import hardware
+    from .. import distributed, hardware
 
     project = prepare_run(paths)
-    hardware.pin_threads(project.settings.train.threads)
+    hardware.pin_threads(distributed.rank_threads(project.settings.train.threads))
     hardware.apply_determinism(hardware.resolve_device(project.settings.train.device))
     if project.settings.precompute.mock_teacher:
         log.warning("MOCK teacher: synthetic targets, a smoke test of the machinery, never a usable adapter")
@@ -238,7 +238,9 @@ def run_stages(paths: ProjectPaths, report, only=None, force: bool = False) -> s
         stale = stale_stages(project, objs, inputs)
         _check_stale(project, objs, stale, run)
         invalidate(project, objs, stale)
-        return _loop(project, objs, plan, inputs, report, run)
+        outcome = _loop(project, objs, plan, inputs, report, run)
+        distributed.lead_end(outcome)  # launched: the other ranks leave too
+        return outcome
     finally:
         run.release(keep=set())
 
@@ -278,6 +280,9 @@ def _run_one(project, stage: Stage, inputs: dict, report, run: RunContext) -> st
         stage.clear(paths)
     if fingerprinted and (stage.restart or read_manifest(paths, stage) is None):
         write_manifest(paths, stage, inputs[stage.name], complete=stage.manifest_first)
+    from .. import distributed
+
+    distributed.lead(stage.name, run.fingerprints.get(stage.name))  # launched: ranks join
     try:
         outcome = stage.run(project, report, run.for_stage(stage))
     except Stopped:

@@ -78,7 +78,7 @@ def _child_env() -> dict:
 
 
 def spawn_detached(argv: list[str], log_path: Path, cwd: Path,
-                   exit_path: Path | None = None) -> subprocess.Popen:
+                   exit_path: Path | None = None, extra_env: dict | None = None) -> subprocess.Popen:
     """Start `argv` in a new session, stdin /dev/null, output appended to `log_path`.
 
     A banner "===== launch <time>: <cmd>" goes to the log first. With `exit_path`, the job
@@ -99,7 +99,7 @@ def spawn_detached(argv: list[str], log_path: Path, cwd: Path,
         out.flush()
         proc = subprocess.Popen(cmd, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True,
-                                close_fds=True, env=_child_env())
+                                close_fds=True, env={**_child_env(), **(extra_env or {})})
     threading.Thread(target=proc.wait, name=f"reap-{proc.pid}", daemon=True).start()
     return proc
 
@@ -146,7 +146,7 @@ def project_paths(project_dir: str | os.PathLike) -> ProjectPaths:
 
 # ---- start / stop / kill / status -----------------------------------------------------
 def start(project_dir: str | os.PathLike, only: list[str] | None = None, force: bool = False,
-          module: str = PIPELINE_MODULE, wait_s: float = START_WAIT_S) -> int:
+          module: str = PIPELINE_MODULE, wait_s: float = START_WAIT_S, launch=None) -> int:
     """Launch the pipeline detached; returns the pid of the lock holder once it is up.
 
     Refuses with LockHeld ("already running (pid N)") if a pipeline holds the project, also
@@ -168,7 +168,12 @@ def start(project_dir: str | os.PathLike, only: list[str] | None = None, force: 
     argv = [sys.executable, "-m", module, "--project", str(paths.root)]
     argv += ["--only", *only] if only else []
     argv += ["--force"] if force else []
-    proc = spawn_detached(argv, paths.pipeline_log, paths.root, state.exit_record_path(paths))
+    extra_env = None
+    if launch is not None and launch.needed():  # several processes: accelerate's launcher
+        extra_env = {k: v for k, v in launch.env().items() if k.startswith("GGUF_TRAINER_")}
+        argv = launch.argv(argv[3:])
+    proc = spawn_detached(argv, paths.pipeline_log, paths.root, state.exit_record_path(paths),
+                          extra_env)
     pid = _await_lock_holder(paths, proc, wait_s)
     remember_project(paths.root)
     return pid
@@ -197,11 +202,23 @@ def _parent_of(pid: int) -> int | None:
         return None
 
 
+def _ancestors(pid: int, depth: int = 3) -> list[int]:
+    """The parent, grandparent... of `pid`: rank 0 of a launched run is the grandchild of
+    the monitor (monitor -> accelerate's launcher -> ranks)."""
+    out = []
+    for _ in range(depth):
+        pid = _parent_of(pid)
+        if not pid:
+            break
+        out.append(pid)
+    return out
+
+
 def _await_lock_holder(paths: ProjectPaths, proc: subprocess.Popen, wait_s: float) -> int:
     deadline = time.monotonic() + wait_s
     while True:
         found = lock.holder(paths, settle_s=0.05)
-        if found and _parent_of(found[0]) == proc.pid:
+        if found and proc.pid in _ancestors(found[0]):
             return found[0]
         if proc.returncode is not None:
             return _launch_outcome(paths, proc, found)
@@ -309,6 +326,9 @@ def kill(project_dir: str | os.PathLike, wait_s: float = KILL_WAIT_S) -> str:
                 for p in psutil.Process(pid).children(recursive=True)]
     except psutil.NoSuchProcess:
         return "not running"
+    from gguf_trainer import distributed  # torch-free
+
+    kids += distributed.local_rank_processes(paths.root)  # a launched run's other ranks here
     marker = state.killed_marker_path(paths)
     atomic.write_json(marker, {"pid": pid, "pid_start_time": start_time, "time": time.time(),
                                "by_pid": os.getpid()})

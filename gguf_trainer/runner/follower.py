@@ -1,0 +1,83 @@
+"""A follower rank (rank > 0 of a launched run): no lock, no state.json. It waits for rank 0
+to name each stage, does its part of the distributed ones (precompute shards k with
+k mod N == rank, its slice of every training batch) and reports in ranks/rank-NNNNN.json;
+its log is ranks/rank-NNNNN.log. See gguf_trainer.distributed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+
+from gguf_trainer import distributed
+from gguf_trainer.errors import UserError, as_user_error
+from gguf_trainer.exit_codes import EXIT_INTERNAL, EXIT_OK, EXIT_USER
+
+log = logging.getLogger("gguf_trainer.follower")
+
+
+def main(paths) -> int:
+    w = distributed.world()
+    distributed.rank_dir(paths.root).mkdir(exist_ok=True)
+    handler = logging.FileHandler(distributed.rank_dir(paths.root) / f"rank-{w.rank:05d}.log",
+                                  encoding="utf-8")
+    from gguf_trainer.runner.pipeline import LOG_FORMAT
+
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        return _follow(paths, w)
+    finally:
+        root.removeHandler(handler)
+        handler.close()
+
+
+def _follow(paths, w) -> int:
+    from gguf_trainer import hardware
+    from gguf_trainer.project import load_project
+    from gguf_trainer.runner.stages import RunContext, stage_objects
+
+    distributed.init(cpu=distributed.wants_cpu(load_project(paths.root)))
+    run_id = distributed.hello(paths, None)
+    report = distributed.RankReport(paths, run_id)
+    signal.signal(signal.SIGINT, lambda *_: report.request_stop())  # Ctrl-C reaches every rank
+    log.info("rank %d of %d joined run %s", w.rank, w.size, run_id)
+    objs = {s.name: s for s in stage_objects()}
+    run = RunContext()
+    try:
+        while True:
+            msg = distributed.broadcast_object(None)
+            if "end" in msg:
+                log.info("rank 0 ended the run (%s)", msg["end"])
+                report.close(msg["end"])
+                return EXIT_OK
+            name = msg["stage"]
+            if name not in distributed.DISTRIBUTED_STAGES:
+                continue
+            distributed._stage_groups(name)
+            project = load_project(paths.root)  # rank 0 may have recorded run settings
+            hardware.pin_threads(distributed.rank_threads(project.settings.train.threads))
+            if name == "train":
+                run.release(keep=set())  # the teacher is not needed any more
+                if w.rank >= distributed.stage_ranks(project, "train"):
+                    continue
+            run.fingerprint = msg["fingerprint"]
+            report.begin_stage(name)
+            outcome = objs[name].run(project, report, run)
+            report.end_stage(name, outcome)
+    except Exception as e:  # the rank's sentence goes to its file; rank 0 ends the run
+        user = e if isinstance(e, UserError) else as_user_error(e, fallback=paths.root)
+        if user is not None:
+            log.error("%s", user)
+            report.fail(str(user))
+            return EXIT_USER
+        log.exception("rank %d failed", w.rank)
+        report.fail(f"internal error ({type(e).__name__}: {e}); the traceback is in "
+                    f"ranks/rank-{w.rank:05d}.log")
+        return EXIT_INTERNAL
+    finally:
+        with contextlib.suppress(Exception):
+            run.release(keep=set())
