@@ -138,6 +138,11 @@ def signal_verified(pid: int, start_time: float, sig: int) -> bool:
 def project_paths(project_dir: str | os.PathLike) -> ProjectPaths:
     """ProjectPaths of an existing project; NoProjectError (CLI exit 2) otherwise."""
     paths = ProjectPaths(project_dir)
+    if paths.root.is_file():
+        raise UserError(f"{paths.root} is a file, not a project folder; check the --project path")
+    if paths.project_json.is_dir():
+        raise UserError(f"{paths.project_json} is a folder, not a file; move it away and "
+                        "recreate the project (gguf-trainer new --pack ID DIR)")
     if not paths.exists():
         raise NoProjectError(f"{paths.root} is not a gguf-trainer project (no project.json); "
                              "check the --project path")

@@ -555,3 +555,24 @@ def test_a_companion_that_was_not_exported_is_left_out_with_a_note(tmp_path):
     res = control.results(tmp_path / "l")
     assert f"--llm_vision {project.companion_gguf('sigvq')}" in res["ggk"]
     assert not any("was not exported" in n for n in res["notes"])
+
+
+@pytest.mark.parametrize("case", ["project_json_folder", "project_is_a_file", "empty_json",
+                                  "not_an_object", "non_utf8", "deep"])
+def test_status_of_a_broken_project_is_one_sentence(tmp_path, capsys, case):
+    root = tmp_path / "p"
+    if case == "project_is_a_file":
+        root.write_text("x")
+    else:
+        root.mkdir()
+        pj = root / "project.json"
+        if case == "project_json_folder":
+            pj.mkdir()
+        else:
+            pj.write_bytes({"empty_json": b"", "not_an_object": b"[1]", "non_utf8": b"\xff\xfe{",
+                            "deep": b"[" * 100000}[case])
+    before = tree(tmp_path)
+    code, out, err = run_cli(capsys, "status", "--project", root)
+    assert code == EXIT_USER and "Traceback" not in out + err
+    assert "project.json" in out + err or "not a project folder" in err
+    assert tree(tmp_path) == before
