@@ -72,11 +72,18 @@ class Stage:
         raise NotImplementedError
 
     def clear(self, paths) -> None:
-        import shutil
+        # The one delete rule (gguf_trainer.safe_delete): only inside the project, never
+        # through a symlink; what it will not delete is refused with a sentence.
+        from .errors import UserError
+        from .safe_delete import remove_owned
 
         folder = self.folder(paths)
         if folder is not None:
-            shutil.rmtree(folder, ignore_errors=True)
+            verdict = remove_owned(folder, paths.root, "dir")
+            if verdict.reason:
+                raise UserError(f"{folder} {verdict.reason.removesuffix('; left alone')}, so the "
+                                f"{self.name} stage cannot be redone there; move it away and "
+                                "start again.")
 
     def __repr__(self) -> str:
         return f"<stage {self.name}>"
