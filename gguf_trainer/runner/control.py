@@ -211,7 +211,7 @@ def update_settings(root: PathLike, changes: dict[str, Any],
 
     Under the project's settings lock (the pipeline's own writes take it too): re-read
     project.json; a changed field whose value on disk differs from `expected` (what the
-    caller read: a SettingsRead, or its `values`) is a conflict and is not written; a field
+    caller read: a SettingsRead, its as_dict() or its `values`) is a conflict, not written; a field
     whose change would invalidate a live run's outputs is refused with the reason; invalid
     values are reported per field and then nothing is written. The other fields are
     written atomically. `expected=None` skips the conflict check (the CLI's `set`).
@@ -221,6 +221,8 @@ def update_settings(root: PathLike, changes: dict[str, Any],
     paths = _paths(root)
     live = _live_run(paths)
     base = expected.values if isinstance(expected, SettingsRead) else expected
+    if isinstance(base, dict) and isinstance(base.get("values"), dict) and "version" in base:
+        base = base["values"]  # a SettingsRead that travelled as JSON (gradio_client)
     out = project.compare_and_set(paths, changes, base, live_run=live)
     return UpdateResult(**out)
 

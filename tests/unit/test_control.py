@@ -576,3 +576,10 @@ def test_status_of_a_broken_project_is_one_sentence(tmp_path, capsys, case):
     assert code == EXIT_USER and "Traceback" not in out + err
     assert "project.json" in out + err or "not a project folder" in err
     assert tree(tmp_path) == before
+
+
+def test_compare_and_set_accepts_a_read_that_travelled_as_json(proj):
+    seen = json.loads(json.dumps(control.read_settings(proj).as_dict()))
+    control.set_steps(proj, 777)
+    res = control.update_settings(proj, {"train.steps": 5}, seen)
+    assert "train.steps" in res.conflicts and not res.applied
