@@ -276,14 +276,17 @@ def start(root: PathLike, only: list[str] | None = None, force: bool = False,
     `steps` (optional) is stored first. Refused (UserError) while it runs, when
     project.json is broken, when another project in the same output folder has the same
     name, or when the materials are missing (with the path tried and the fix)."""
+    from gguf_trainer.project import parse_steps
+
     paths = _paths(root)
+    steps = None if steps is None else parse_steps(steps)  # every check before any write
     preflight(paths.root, only=only)
-    if steps is not None:
-        _set_steps_idle(paths, steps)
     launch = resolve_launch(paths.root, launch)
     if not launch.is_main_machine:
         raise UserError("start runs machine rank 0 (it holds the project); on the other "
                         "machines use `gguf-trainer run` with the same flags.")
+    if steps is not None:
+        _set_steps_idle(paths, steps)
     return supervisor.start(paths.root, only=only, force=force, launch=launch)
 
 
