@@ -149,10 +149,16 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--shapes", nargs="+", choices=sorted(SHAPES))
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--rounds", type=int, help="rounds per shape (default: 7, quick 2)")
+    parser.add_argument("--steps", type=int, help="step pairs per round (default: per shape)")
     args = parser.parse_args(argv)
     cfg = dict(QUICK if args.quick else FULL)
     if args.shapes:
         cfg["shapes"] = args.shapes
+    if args.rounds:
+        cfg["rounds"] = args.rounds
+    if args.steps:
+        cfg["steps"] = dict.fromkeys(SHAPES, args.steps)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
