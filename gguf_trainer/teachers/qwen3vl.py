@@ -360,6 +360,15 @@ def load_qwen3vl_teacher(root: Path, device, mode: str, student_text: Callable,
         model = Qwen3VLModel.from_pretrained(str(root), dtype=compute_dtype(device, mode))
     model.eval().requires_grad_(False)
     _check_rotary(model.language_model)
+    place(model, device, mode)
+    return Qwen3VLTeacher(model, tokenizer, device, mode, student_text, report)
+
+
+def place(model, device, mode: str) -> None:
+    """Put a loaded (CPU) Qwen3VLModel where `mode` says: gpu = all on `device`; offload = the
+    vision tower on `device`, the text stack's weights in RAM, each module copied to `device`
+    just for its forward (accelerate cpu_offload; the embedding table stays a plain RAM module,
+    rows are gathered on the CPU); cpu = left as is."""
     if mode == "gpu":
         model.to(device)
     elif mode == "offload":
@@ -368,7 +377,6 @@ def load_qwen3vl_teacher(root: Path, device, mode: str, student_text: Callable,
         model.visual.to(device)
         text = model.language_model
         emb = text.embed_tokens
-        text.embed_tokens = None  # the table stays a plain RAM module: rows are gathered on the CPU
+        text.embed_tokens = None
         cpu_offload(text, execution_device=device)
         text.embed_tokens = emb
-    return Qwen3VLTeacher(model, tokenizer, device, mode, student_text, report)

@@ -165,3 +165,18 @@ def test_the_ridge_fit_recovers_a_known_linear_map(snapshot):
     assert weight.shape == (32, HIDDEN)
     assert torch.allclose(weight, a, atol=1e-3)
     assert fit["cos_mean"] > 0.9999 and fit["rel_mse"] < 1e-6 and fit["shared_vocab"] == 151936
+
+
+def test_gpu_benchmark_script_runs_quick(capsys):
+    """The prepared GPU benchmark, on the tiny dims on the CPU: the script itself works."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_qwen3vl_gpu.py"
+    spec = importlib.util.spec_from_file_location("bench_qwen3vl_gpu", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    result = bench.main(["--quick"])
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == result
+    assert result["gpu"]["samples"] == 12 and result["gpu"]["tokens"] > 12 * 34
+    assert result["offload"].startswith("skipped")
