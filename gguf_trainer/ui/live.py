@@ -133,6 +133,15 @@ def chart_rows(cur: Cursor, names: dict[str, str], log10: bool = False) -> dict:
             steps.append(x)
             values.append(y)
             labels.append(label)
+    if steps:
+        # Gradio's LinePlot fixes its colour domain from the first data it draws: a series
+        # that appears later (val cos after the first validation) would get no colour. One
+        # NaN row per series still without points registers it and draws nothing.
+        for key, label in names.items():
+            if label not in labels:
+                steps.append(steps[0])
+                values.append(math.nan)
+                labels.append(label)
     return {"step": steps, "value": values, "series": labels}
 
 

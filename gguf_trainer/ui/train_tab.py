@@ -20,8 +20,9 @@ from gguf_trainer.ui import api, common, hardware, live
 
 ACTIVE = ("running", "stalled")
 STAGE_CLASSES = ("stage", "stage-box")
-EMPTY_CHART = pd.DataFrame({"step": pd.Series([], dtype=float), "value": pd.Series([], dtype=float),
-                            "series": pd.Series([], dtype=str)})
+# No data is None, never an empty DataFrame: a LinePlot that starts from an empty frame draws
+# no lines for the data that arrives later (Gradio 6.31).
+EMPTY_CHART = None
 METRIC_LABELS = {"loss": "loss", "cos": "train cos", "val_cos": "val cos", "best_val_cos": "best val cos",
                  "lr": "learning rate", "steps_per_s": "steps/s", "mse": "mse", "rel_mse": "rel mse",
                  "val_rel_mse": "val rel mse"}
@@ -190,7 +191,7 @@ def hardware_md(info: dict) -> str:
     return "\n".join(lines)
 
 
-def chart(cur: live.Cursor, names: dict, log10: bool = False) -> pd.DataFrame:
+def chart(cur: live.Cursor, names: dict, log10: bool = False) -> pd.DataFrame | None:
     df = pd.DataFrame(live.chart_rows(cur, names, log10))
     return df if len(df) else EMPTY_CHART
 

@@ -29,7 +29,11 @@ def browser():
     if not Path(CHROMIUM).exists():
         pytest.fail(f"Chromium not found at {CHROMIUM}: install it with `apt-get install -y chromium` "
                     "(or point GGUF_TRAINER_CHROMIUM at a chromium binary)", pytrace=False)
-    from playwright.sync_api import sync_playwright
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.fail("the playwright package is missing: pip install playwright (Chromium itself "
+                    "comes from apt: apt-get install -y chromium)", pytrace=False)
 
     with sync_playwright() as pw:
         b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
@@ -62,6 +66,12 @@ def tab(pg, name):
 
 def stage_text(pg, stage):
     return pg.locator(f"#stage-{stage}").inner_text()
+
+
+def lines_drawn(pg, plot: str) -> bool:
+    """Vega draws each series as an SVG path; an empty or missing `d` is no line."""
+    paths = pg.locator(f"{plot} .mark-line path")
+    return paths.count() > 0 and len(paths.first.get_attribute("d") or "") > 10
 
 
 def train_step(pg) -> int | None:
@@ -101,7 +111,8 @@ def test_gui_run_stop_resume_copy_and_screenshots(page, gui, shots, demo_root):
     assert "stage-done" in pg.locator("#stage-corpus").get_attribute("class")
     assert "stage-running" in pg.locator("#stage-train").get_attribute("class")
     assert "MOCK" in pg.locator("#train-banner").inner_text()
-    wait_for(lambda: pg.locator("#loss-plot canvas, #loss-plot svg").count() > 0, 30, "the loss chart")
+    wait_for(lambda: lines_drawn(pg, "#loss-plot"), 60, "the loss chart's line")
+    wait_for(lambda: lines_drawn(pg, "#cos-plot"), 60, "the cosine chart's lines")
     wait_for(lambda: "loss" in pg.locator("#train-metrics").inner_text(), 30, "current metrics")
 
     # Stop: "stopping…" until the run has ended, then Resume
@@ -123,6 +134,8 @@ def test_gui_run_stop_resume_copy_and_screenshots(page, gui, shots, demo_root):
     assert "stage-done" in pg.locator("#stage-eval").get_attribute("class")
     assert f"/{target} steps" in stage_text(pg, "train")
     pg.wait_for_timeout(1500)  # let the chart finish drawing
+    strokes = pg.locator("#cos-plot .mark-line path").evaluate_all("ps => ps.map(p => p.getAttribute('stroke'))")
+    assert len(strokes) == 2 and all(strokes), strokes  # train cos and val cos, each coloured
     pg.screenshot(path=str(shots / "gui-train.png"), full_page=True)
 
     # Output: the ggk command, and Copy puts it on the clipboard
@@ -173,6 +186,6 @@ def test_file_browser_and_field_errors(page, gui, demo_root):
     width = pg.locator("#f-train-width input")
     width.fill("100")
     pg.locator("#btn-save").click()
-    wait_for(lambda: "multiple of 64" in pg.locator("#f-train-width").inner_text(), 30, "the field error")
-    assert "⚠" in pg.locator("#f-train-width").inner_text()
+    wait_for(lambda: "⚠" in pg.locator("#f-train-width").inner_text(), 30, "the field error")
+    assert "100 is not a multiple of 64" in pg.locator("#f-train-width").inner_text()
     assert pg.errors == [], pg.errors

@@ -59,3 +59,12 @@ def test_log_follows_new_bytes_only(tmp_path):
     assert live.read_new_log(cur, paths, "pipeline") and cur.log_text.endswith("two\nthree\n")
     paths.pipeline_log.write_text("new\n")  # rotated / shorter: start over
     assert live.read_new_log(cur, paths, "pipeline") and cur.log_text == "new\n"
+
+
+def test_a_series_without_points_is_registered_but_not_drawn():
+    cur = live.Cursor()
+    cur.series["cos"] = live.Series(xs=[5, 10], ys=[0.3, 0.4], seen=2)
+    rows = live.chart_rows(cur, live.COS_SERIES)
+    assert rows["series"] == ["train cos", "train cos", "val cos"]
+    assert rows["step"][2] == 5 and rows["value"][2] != rows["value"][2]  # NaN: no line
+    assert live.chart_rows(live.Cursor(), live.COS_SERIES)["step"] == []  # nothing yet: no rows
