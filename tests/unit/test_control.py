@@ -333,9 +333,16 @@ def _plant(path: Path, content: bytes | None) -> None:
 
 @pytest.mark.parametrize("name", TOOL_FILES)
 @pytest.mark.parametrize("content", list(GARBAGE))
-def test_status_and_the_control_api_answer_for_any_file_content(proj, capsys, name, content):
+def test_status_and_the_control_api_answer_for_any_file_content(proj, capsys, monkeypatch,
+                                                               name, content):
+    from gguf_trainer.runner import supervisor
+
     _plant(proj / name, GARBAGE[content])
+    supervisor.remember_project(proj)
+    launched = []
+    monkeypatch.setattr(supervisor, "start", lambda root, **kw: launched.append(root) or 4242)
     before = tree(proj)
+    assert supervisor.auto_resume().startswith("auto-resume: ")  # answers; maybe relaunches
     for argv in (["status"], ["status", "--json"], ["stop", "--timeout", "0"], ["kill"]):
         code, out, err = run_cli(capsys, *argv, "--project", proj)
         assert code == EXIT_OK, (argv, err)
