@@ -245,6 +245,8 @@ def run_precompute(project, report, split: str, cache: dict, fingerprint: str) -
     count = lambda: sum(1 for k in range(n_shards) if (folder / shards.shard_name(split, k)).exists())
     done = count()
     report.progress(done, n_shards, "shards")
+    if done < n_shards:
+        _disk_preflight(project, split)
     n_ranks = distributed.stage_ranks(project, f"precompute_{split}")  # shard k -> rank k mod N
     for k in range(n_shards):
         path = folder / shards.shard_name(split, k)
@@ -272,6 +274,21 @@ def run_precompute(project, report, split: str, cache: dict, fingerprint: str) -
         report.progress(done, n_shards, "shards", prompts_per_s=round(rate, 2))
         log.info("precompute[%s] shard %05d: %d prompts in %.1fs (%.1f p/s), %d shards left",
                  split, k, len(samples), time.monotonic() - t0, rate, n_shards - done)
+
+
+def _disk_preflight(project, split: str) -> None:
+    """Before the first shard of a run: the estimate of the shard bytes still to write (the
+    pack's bytes per sample × the corpus), refused with both numbers when the disk cannot
+    hold them, a warning when they would leave under 10% free."""
+    from .disk_space import check_precompute_disk, gb, precompute_need_bytes
+
+    need = precompute_need_bytes(project)
+    if need:
+        log.info("precompute[%s]: the shards still to write need ~%s (~%s per sample)", split, gb(need),
+                 gb(project.pack.bytes_per_sample))
+    tight = check_precompute_disk(project)
+    if tight:
+        log.warning("precompute: %s", tight)
 
 
 def verify_split(project, split: str, fingerprint: str) -> None:
