@@ -180,3 +180,33 @@ def test_gpu_benchmark_script_runs_quick(capsys):
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == result
     assert result["gpu"]["samples"] == 12 and result["gpu"]["tokens"] > 12 * 34
     assert result["offload"].startswith("skipped")
+
+
+def test_offload_placement_streams_the_text_stack_and_keeps_the_rows(teacher, snapshot, pictures):
+    """The offload placement (accelerate cpu_offload on the text stack, the embedding table a
+    plain RAM module), exercised with the CPU as the execution device: the text weights leave
+    the module (meta), the table stays, and the rows are the resident teacher's."""
+    from transformers import Qwen3VLModel
+
+    model = Qwen3VLModel.from_pretrained(str(snapshot), dtype=torch.float32).eval()
+    qwen3vl.place(model, torch.device("cpu"), "offload")
+    assert model.language_model.layers[0].mlp.up_proj.weight.device.type == "meta"
+    assert model.language_model.embed_tokens.weight.device.type == "cpu"
+    streamed = qwen3vl.Qwen3VLTeacher(model, teacher.tokenizer, "cpu", "offload", PACK.student_text)
+    rows = teacher.vision(pictures[:1])
+    sample = Sample("make it night", tuple(pictures[:1]))
+    ids = _ids(teacher.tokenizer, sample, [rows[0].shape[0]])
+    segs = [[VisionSegment(70, rows[0])]]
+    want = teacher.targets([sample], [ids], segs)[0].rows
+    got = streamed.targets([sample], [ids], segs)[0].rows
+    assert torch.allclose(got, want, atol=1e-5)
+    assert torch.allclose(streamed.vision(pictures[:1])[0], rows[0], atol=1e-5)
+
+
+def test_health_line_has_the_reference_and_the_vision_hint():
+    lagging = PACK.health_line({"cos_slice": 0.70, "cos_vis": 0.55, "cos_txt": 0.95})
+    assert "cos_slice 0.7000" in lagging and "0.915 = vision 0.80 / text 0.98" in lagging
+    assert "vis_in or the width is the limiter" in lagging
+    even = PACK.health_line({"cos_slice": 0.91, "cos_vis": 0.80, "cos_txt": 0.98})
+    assert "limiter" not in even and "cos_vis 0.8000" in even
+    assert PACK.health_line({"cos": 0.5}) is None
