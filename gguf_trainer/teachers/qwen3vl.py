@@ -232,35 +232,39 @@ class Qwen3VLTeacher:
 
     def vision(self, images: Sequence) -> list[torch.Tensor]:
         """Raw merger rows (n_i, vis_dim) float32 on the CPU for each image path, in order: the
-        engine's preprocessing, the tower in batches of ≤ VIS_TOKENS_PER_BATCH merged tokens,
-        `pooler_output` only (deepstack is not used by ggk)."""
+        engine's preprocessing, the tower in batches of ≤ VIS_TOKENS_PER_BATCH merged tokens
+        (images are prepared batch by batch: a shard's 500 pictures at 144 tokens would be
+        ~2 GB of patch rows at once), `pooler_output` only (deepstack is not used by ggk)."""
+        from ..mageflow_images import patchify, preprocess_image
+
+        cap = VIS_TOKENS_PER_BATCH["cuda" if self.device.type == "cuda" else "cpu"]
+        out: list[torch.Tensor] = []
+        batch, tokens = [], 0
+        for path in images:
+            try:
+                prepared = patchify(preprocess_image(path))
+            except (OSError, ValueError) as e:
+                raise UserError(f"{path} is not a readable image ({e}); rebuild the corpus.") from None
+            n = self._n(prepared)
+            if batch and tokens + n > cap:
+                out += self._tower(batch)
+                batch, tokens = [], 0
+            batch.append(prepared)
+            tokens += n
+        if batch:
+            out += self._tower(batch)
+        return out
+
+    def _tower(self, batch) -> list[torch.Tensor]:
         import numpy as np
         import torch
 
-        from ..mageflow_images import patchify, preprocess_image
-
-        prepared = []
-        for path in images:
-            try:
-                prepared.append(patchify(preprocess_image(path)))
-            except (OSError, ValueError) as e:
-                raise UserError(f"{path} is not a readable image ({e}); rebuild the corpus.") from None
-        cap = VIS_TOKENS_PER_BATCH["cuda" if self.device.type == "cuda" else "cpu"]
-        out: list[torch.Tensor] = []
-        k = 0
-        while k < len(prepared):
-            batch, tokens = [], 0
-            while k < len(prepared) and (not batch or tokens + self._n(prepared[k]) <= cap):
-                batch.append(prepared[k])
-                tokens += self._n(prepared[k])
-                k += 1
-            rows = torch.from_numpy(np.concatenate([r for r, _ in batch]))
-            grid = torch.tensor([g for _, g in batch], dtype=torch.long, device=self.device)
-            with torch.inference_mode():
-                res = self.visual(rows.to(self.device, self.dtype), grid_thw=grid)
-            merged = res.pooler_output.float().cpu()
-            out += [t.clone() for t in torch.split(merged, [self._n(b) for b in batch])]
-        return out
+        rows = torch.from_numpy(np.concatenate([r for r, _ in batch]))
+        grid = torch.tensor([g for _, g in batch], dtype=torch.long, device=self.device)
+        with torch.inference_mode():
+            res = self.visual(rows.to(self.device, self.dtype), grid_thw=grid)
+        merged = res.pooler_output.float().cpu()
+        return [t.clone() for t in torch.split(merged, [self._n(b) for b in batch])]
 
     def _n(self, prepared) -> int:
         _, (t, gh, gw) = prepared

@@ -210,3 +210,14 @@ def test_health_line_has_the_reference_and_the_vision_hint():
     even = PACK.health_line({"cos_slice": 0.91, "cos_vis": 0.80, "cos_txt": 0.98})
     assert "limiter" not in even and "cos_vis 0.8000" in even
     assert PACK.health_line({"cos": 0.5}) is None
+
+
+def test_vision_batches_by_the_token_cap_give_the_same_rows(teacher, pictures, monkeypatch):
+    whole = teacher.vision(pictures)
+    monkeypatch.setitem(qwen3vl.VIS_TOKENS_PER_BATCH, "cpu", 5)  # one picture per tower call
+    calls = []
+    tower = teacher._tower
+    monkeypatch.setattr(teacher, "_tower", lambda batch: calls.append(len(batch)) or tower(batch))
+    split = teacher.vision(pictures)
+    assert calls == [1, 1, 1]
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(whole, split))
