@@ -40,6 +40,7 @@ PathLike = str | os.PathLike
 RESET_TARGETS = ("corpus", "shards", "train", "output")
 LOGS = ("pipeline", "snapshot", "download")
 TAIL_MAX_BYTES = 256 * 1024
+MOCK_ENV = "GGUF_TRAINER_MOCK_TEACHER"  # the pipeline's switch (runner.stages), read here too
 
 
 # ---- result types (plain dataclasses: `asdict()` gives the JSON a GUI API returns) --------
@@ -338,7 +339,27 @@ def preflight(root: PathLike, only: list[str] | None = None) -> None:
     if holder is not None:
         raise lock.LockHeld(holder)
     project.check_name_clash(proj)
+    _check_materials(proj, only)
     clear_stale_requests(paths.root)
+
+
+def _check_materials(proj, only: list[str] | None) -> None:
+    """Precompute still to do: the student and the teacher must be there now, so `start`
+    says what is missing (the path tried, the command that fixes it) instead of launching a
+    pipeline that fails a few seconds later. Torch-free (file checks only)."""
+    from gguf_trainer import materials
+
+    pre = ("precompute_val", "precompute_train")
+    if only and not any(s in pre for s in only):
+        return
+    done = all((proj.paths.shard_dir(split) / "manifest.json").is_file() for split in
+               ("val", "train"))
+    if done:  # a resume or a re-export: the pipeline decides what it needs
+        return
+    materials.student_paths(proj)
+    env_mock = os.environ.get(MOCK_ENV, "").strip().lower() not in ("", "0", "false")
+    if not (proj.settings.precompute.mock_teacher or env_mock):
+        materials.teacher_paths(proj)
 
 
 def clear_stale_requests(root: PathLike) -> list[str]:

@@ -128,6 +128,7 @@ def test_error_mapping(capsys, project, monkeypatch):
 
     monkeypatch.setattr(supervisor, "stop", raiser(supervisor.StopTimeout("still finishing")))
     assert run_cli(capsys, "stop", "--project", str(project))[0] == 3
+    monkeypatch.setattr(control, "_check_materials", lambda *a: None)  # a bare project
     monkeypatch.setattr(supervisor, "start", raiser(lock.LockHeld(4242)))
     code, _, err = run_cli(capsys, "start", "--project", str(project))
     assert code == 1 and "already running (pid 4242)" in err and "Traceback" not in err

@@ -590,3 +590,18 @@ def test_compare_and_set_accepts_a_read_that_travelled_as_json(proj):
     control.set_steps(proj, 777)
     res = control.update_settings(proj, {"train.steps": 5}, seen)
     assert "train.steps" in res.conflicts and not res.applied
+
+
+def test_start_names_a_missing_student_before_launching(proj, capsys, tiny_materials, monkeypatch):
+    before = tree(proj)
+    code, _, err = run_cli(capsys, "start", "--project", proj)
+    assert code == EXIT_USER and "materials.student.path is not set" in err
+    one_sentence(err)
+    assert tree(proj) == before
+    control.update_settings(proj, {"materials.student.path": str(tiny_materials["student"]),
+                                   "materials.student_tokenizer.path": str(tiny_materials["tokenizer"])},
+                            None)
+    code, _, err = run_cli(capsys, "start", "--project", proj)
+    assert code == EXIT_USER and "gguf-trainer download --project" in err  # the teacher
+    monkeypatch.setenv("GGUF_TRAINER_MOCK_TEACHER", "1")
+    control.preflight(proj)  # the mock teacher needs no teacher files
