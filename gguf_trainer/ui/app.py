@@ -9,6 +9,8 @@ on (`--auto-resume`), else the last project used.
 
 from __future__ import annotations
 
+import threading
+
 import gradio as gr
 
 from gguf_trainer import __version__
@@ -41,6 +43,7 @@ CSS = """
 """
 
 _launch_roots: list[str] = []
+_tick_lock = threading.Lock()  # ticks take milliseconds; one at a time keeps cursors whole
 
 
 def launch_roots() -> list[str]:
@@ -77,10 +80,14 @@ def build_app(roots: list[str] | None = None, project: str | None = None) -> gr.
             """Inputs: the open project, this tab's cursor and display options. Outputs:
             header, the Train tab's live parts, the log text and the Output tab; gr.skip()
             for everything unchanged (nothing is sent when nothing changed)."""
-            if cur.project != proj:
-                cur.reset_for(proj)
             if not proj:
                 return [gr.skip()] * len(tick_outs)
+            with _tick_lock:  # a page-load refresh and a timer tick may overlap on one cursor
+                return _tick(proj, cur, which_log, follow, log10)
+
+        def _tick(proj, cur: live.Cursor, which_log, follow, log10):
+            if cur.project != proj:
+                cur.reset_for(proj)
             paths = ProjectPaths(proj)
             sig = live.state_signature(paths)
             state_changed = sig != cur.state_sig

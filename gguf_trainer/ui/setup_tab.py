@@ -46,6 +46,8 @@ class SetupParts:
     token_save: gr.Button
     token_md: gr.Markdown
     form: form.Form
+    preflight: gr.Button
+    preflight_md: gr.Markdown
     save: gr.Button
     save_md: gr.Markdown
     # file browser
@@ -75,7 +77,7 @@ def pack_description(pack_id: str | None) -> str:
 
 
 def build() -> SetupParts:
-    with gr.Accordion("Project", open=True, elem_id="setup-project"):
+    with gr.Accordion("Open or create a project", open=True, elem_id="setup-project"):
         project_md = gr.Markdown("No project open.", elem_id="project-md")
         with gr.Row(equal_height=True):
             recent_dd = gr.Dropdown([], label="Recent projects", scale=3, elem_id="recent")
@@ -115,7 +117,7 @@ def build() -> SetupParts:
                                     lines=3, value="\n".join(files.saved_roots()), elem_id="fb-roots")
             roots_save = gr.Button("Save roots", size="sm")
 
-    with gr.Accordion("Materials", open=True, elem_id="setup-materials"):
+    with gr.Accordion("Material status and Hugging Face token", open=True, elem_id="setup-materials"):
         materials_md = gr.Markdown("", elem_id="materials-md")
         with gr.Row(equal_height=True):
             download = gr.Button("Download missing", interactive=False, elem_id="btn-download")
@@ -131,13 +133,17 @@ def build() -> SetupParts:
         token_md = gr.Markdown(token_status(), elem_id="token-md")
 
     fm = form.build()
-    with gr.Row():
-        save = gr.Button("Save settings", variant="primary", elem_id="btn-save", interactive=False)
+    with gr.Row(equal_height=True):
+        preflight_btn = gr.Button("Check memory (pre-flight of the saved settings)", scale=1,
+                                  elem_id="btn-preflight")
+        save = gr.Button("Save settings", variant="primary", elem_id="btn-save", interactive=False, scale=2)
+    preflight_md = gr.Markdown("", elem_id="preflight-md")
     save_md = gr.Markdown("", elem_id="save-md")
     return SetupParts(recent_dd, open_path, open_browse, open_button, pack, pack_info, create_parent,
                       create_browse, create_name, create_button, project_md, materials_md, download,
-                      one_material, one_download, trust_md, trust_button, token, token_save, token_md, fm, save, save_md, browser, target, root, folder,
-                      entries, up, use, close, roots_text, roots_save)
+                      one_material, one_download, trust_md, trust_button, token, token_save,
+                      token_md, fm, preflight_btn, preflight_md, save, save_md, browser, target,
+                      root, folder, entries, up, use, close, roots_text, roots_save)
 
 
 # ---- HF token -------------------------------------------------------------------------
@@ -176,6 +182,14 @@ def store_token(token: str) -> str:
 DOWNLOADABLE = ("missing", "partial", "failed")
 
 
+def _where(path: str | None) -> str:
+    """The last two parts of a path (the full path is in the field below the table)."""
+    if not path:
+        return "—"
+    parts = Path(path).parts
+    return "`…/" + "/".join(parts[-2:]) + "`" if len(parts) > 2 else f"`{path}`"
+
+
 def materials_view(project: str | None) -> tuple:
     """(table markdown, Download-missing button, per-material dropdown, its button)."""
     off = gr.update(interactive=False)
@@ -199,7 +213,7 @@ def materials_view(project: str | None) -> tuple:
         rows.append([m.get("title") or m["id"], "required" if m.get("required") else "optional",
                      st.upper() if st == "failed" else st,
                      f"{common.fmt_size(done)} / {common.fmt_size(total)}", prog, rate, eta,
-                     f"`{m.get('path') or ''}`" + (f" — {why}" if why else "")])
+                     _where(m.get("path")) + (f" — {why}" if why else "")])
     table = common.md_table(["material", "", "status", "size", "progress", "rate", "ETA", "where"], rows)
     # Disabled while a download runs (a second click can never start a duplicate) and when
     # every file is present.
@@ -340,6 +354,14 @@ def wire(p: SetupParts, project: gr.State, read: gr.State, cursor: gr.State, aft
     p.pack.change(pack_description, [p.pack], [p.pack_info])
     p.save.click(do_save, [project, read, *p.form.comps], [read, p.save_md, *p.form.comps])
     p.token_save.click(do_token, [p.token], [p.token, p.token_md])
+
+    @common.user_errors
+    def do_preflight(proj):
+        from gguf_trainer.ui import preflight
+
+        return preflight.to_markdown(preflight.verdict(common.need_project(proj)))
+
+    p.preflight.click(do_preflight, [project], [p.preflight_md])
     mat_outs = [p.materials_md, p.download, p.one_material, p.one_download]
 
     @common.user_errors

@@ -182,6 +182,10 @@ def test_file_browser_and_field_errors(page, gui, demo_root):
     wait_for(lambda: "outside the browse roots" in pg.locator("body").inner_text(), 20, "the refusal")
     assert "passwd" not in pg.locator("#fb-entries").inner_text()
 
+    # the memory pre-flight of the saved settings, asked in a subprocess (the GUI has no torch)
+    pg.locator("#btn-preflight").click()
+    wait_for(lambda: "Pre-flight: fits" in pg.locator("#preflight-md").inner_text(), 120, "the pre-flight")
+
     # an invalid value is refused next to its field, nothing else is lost
     width = pg.locator("#f-train-width input")
     width.fill("100")
