@@ -9,7 +9,11 @@ accepted, by one rule (`decode_lines` + `clean_text`), each case counted in the 
     cp1252 leaves undefined): legacy files are read, never dropped;
   * a line holding NUL bytes is binary data (or UTF-16 without a BOM) and is skipped;
   * lone surrogates (from JSON escapes) are removed, other control characters become spaces;
-  * a .jsonl line that is not a JSON object with a "text" string is skipped.
+  * a .jsonl line that is not a JSON object with a "text" string is skipped;
+  * prompt-weight syntax (`(x)`, `(x:1.2)`, `[x]`, `\\(`) is rewritten to the text the engine
+    tokenizes for it (prompt_syntax.training_text, an exact port of the engine's parser), so
+    training sees the words inference sees and never the brackets; a prompt the engine's
+    parser throws on is skipped.
 Whitespace is normalised here, once; from then on the exact text is what the student and
 the teacher see. A corpus with no usable prompt (or fewer than the split needs) is refused
 here, with the counts of why, before any model loads. The split is seeded, so the same
@@ -30,6 +34,7 @@ from pathlib import Path
 
 from . import atomic
 from .errors import UserError
+from .prompt_syntax import training_text
 from .samples import Sample, write_samples
 from .stage_list import Stage
 
@@ -56,6 +61,8 @@ REASONS = {
     "duplicate": "duplicates",
     "empty": "dataset rows without a prompt skipped",
     "bad_row": "dataset rows that could not be parsed skipped",
+    "syntax": "prompts with weight syntax ( ) [ ] \\ rewritten to the text the engine tokenizes",
+    "syntax_error": "prompts with a weight the engine cannot read skipped",
 }
 
 
@@ -86,15 +93,17 @@ def decode_lines(raw: bytes, tally: Counter) -> list[str | None]:
     return out
 
 
-def clean_text(text: str, tally: Counter) -> str:
+def clean_text(text: str, tally: Counter) -> str | None:
     """Text the tokenizer and a UTF-8 file can hold: no lone surrogates, no control characters,
-    whitespace collapsed."""
+    the engine's weight syntax resolved, whitespace collapsed. None: the engine cannot run it.
+    Every prompt of every pack passes here (captions of image sources pass the same
+    prompt_syntax.training_text in image_sources)."""
     if _SURROGATE.search(text):
         tally["surrogates"] += 1
         text = _SURROGATE.sub("", text)
     if _CONTROL.search(text.replace("\t", " ").replace("\n", " ").replace("\r", " ")):
         tally["control"] += 1
-    return normalize(_CONTROL.sub(" ", text))
+    return training_text(normalize(_CONTROL.sub(" ", text)), tally)
 
 
 def read_prompts(path: Path) -> list[str]:
@@ -126,7 +135,8 @@ def _jsonl_sample(line: str, base: Path, tally: Counter) -> Sample | None:
             or not isinstance(images, list) or not all(isinstance(p, str) and p for p in images)):
         tally["bad_json"] += 1
         return None
-    return Sample(clean_text(rec["text"], tally), tuple((base / p) for p in images))
+    text = clean_text(rec["text"], tally)
+    return None if text is None else Sample(text, tuple((base / p) for p in images))
 
 
 def read_source(path: Path, tally: Counter | None = None) -> list[Sample]:
@@ -141,7 +151,8 @@ def read_source(path: Path, tally: Counter | None = None) -> list[Sample]:
     if lines and lines[-1] == "":
         lines.pop()  # the final newline ends the last line; it is not an empty prompt
     if suffix == ".txt":
-        out = [Sample(clean_text(s, tally)) for s in lines if s is not None]
+        texts = (clean_text(s, tally) for s in lines if s is not None)
+        out = [Sample(t) for t in texts if t is not None]
     else:
         base = path.parent.resolve()
         maybe = [_jsonl_sample(s, base, tally) for s in lines if s is not None and s.strip()]
@@ -273,14 +284,20 @@ def build_split(settings, takes_images: bool = False,
         n_lines += len(found)
         for s in found:
             admit(s, pools["files"])
+    n_lines += tally["bad_json"] + tally["binary"] + tally["syntax_error"]  # lines skipped in files
     for pid, texts in (preset_pools or {}).items():
         pools[pid] = []
         n_lines += len(texts)
+        before = Counter(tally)
         for text in texts:
-            admit(Sample(clean_text(text, tally)), pools[pid])
+            cleaned = clean_text(text, tally)
+            if cleaned is not None:
+                admit(Sample(cleaned), pools[pid])
+        if tally - before:
+            log.warning("corpus: prompt dataset %s: %s", pid, _describe(tally - before))
     n_usable = sum(len(p) for p in pools.values())
     if n_usable < c.n_val + 8:
-        raise _refuse_few(n_usable, c.n_val + 8, n_lines + tally["bad_json"] + tally["binary"], tally)
+        raise _refuse_few(n_usable, c.n_val + 8, n_lines, tally)
     rng = random.Random(c.seed)
     if preset_pools:
         from .prompt_presets import mix_pools

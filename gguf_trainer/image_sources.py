@@ -36,6 +36,7 @@ from pathlib import Path
 from . import atomic
 from .errors import UserError
 from .prompt_presets import HubDataset
+from .prompt_syntax import training_text
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
 FORMAT_SUFFIX = {"JPEG": ".jpg", "PNG": ".png", "WEBP": ".webp", "BMP": ".bmp"}
@@ -78,7 +79,11 @@ class StoredImage:
 
 
 def _clean_captions(values, tally: Counter) -> tuple[str, ...]:
-    caps = tuple(" ".join(str(c).split()) for c in values if isinstance(c, str) and c.strip())
+    """Whitespace collapsed and the engine's weight syntax resolved, like every corpus prompt
+    (prompt_syntax.training_text)."""
+    caps = tuple(training_text(" ".join(c.split()), tally) for c in values
+                 if isinstance(c, str) and c.strip())
+    caps = tuple(c for c in caps if c)
     if not caps:
         tally["no_caption"] += 1
     return caps
@@ -228,5 +233,7 @@ def describe_tally(tally: Counter) -> str:
     words = {"no_caption": "without a caption", "bad_caption": "with unreadable captions",
              "missing_image": "listed but missing from the zip", "unreadable": "unreadable",
              "corrupt": "corrupt or not images", "same_as_val": "train copies of val images dropped",
-             "duplicate": "duplicates dropped"}
+             "duplicate": "duplicates dropped",
+             "syntax": "captions with weight syntax ( ) [ ] \\ rewritten to the text the engine tokenizes",
+             "syntax_error": "captions with a weight the engine cannot read skipped"}
     return ", ".join(f"{n} {words.get(k, k)}" for k, n in sorted(tally.items()) if n) or "none"
