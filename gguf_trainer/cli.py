@@ -14,7 +14,7 @@ Usage:
     gguf-trainer stop   --project DIR [--timeout S]
     gguf-trainer kill   --project DIR
     gguf-trainer status --project DIR [--json]
-    gguf-trainer set    --project DIR [--steps N]
+    gguf-trainer set    --project DIR [--steps N] [KEY=VALUE ...]
     gguf-trainer snapshot --project DIR [--checkpoint last|best] [--eval] [--no-fresh]
                           [--device D] [--detach]
     gguf-trainer reset  --project DIR corpus|shards|train|output [--dry-run]
@@ -190,11 +190,39 @@ def cmd_status(args) -> int:
 
 def cmd_set(args) -> int:
     paths = supervisor.project_paths(args.project)
-    if args.steps is None:
+    changes = _assignments(args.assign)  # decoded before anything is written
+    steps = _parse_steps(args.steps)
+    if steps is None and not changes:
         _out(f"train.steps = {control.read_settings(paths.root).values['train']['steps']}")
         return EXIT_OK
-    _out(control.set_steps(paths.root, _parse_steps(args.steps)).message)
+    if changes:
+        res = control.update_settings(paths.root, changes, None)
+        if res.errors or res.refused:
+            raise UserError(res.message().replace("\n", "; "))
+        for key, value in res.applied.items():
+            _out(f"{key} = {json.dumps(value)}")
+        if not res.applied:
+            _out("nothing changed (the values were already set)")
+    if steps is not None:
+        _out(control.set_steps(paths.root, steps).message)
     return EXIT_OK
+
+
+def _assignments(items: list[str] | None) -> dict:
+    """KEY=VALUE words -> {key: value}; a VALUE that is JSON (40, 1e-4, true, ["a.txt"]) is
+    that value (integers exactly), anything else is text (a path)."""
+    out = {}
+    for item in items or []:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise UserError(f"{item!r} is not KEY=VALUE; write e.g. train.lr=1e-4 or "
+                            "materials.student.path=/models/pig_clip-f16.gguf")
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = text
+        out[key.strip()] = value
+    return out
 
 
 def cmd_snapshot(args) -> int:
@@ -527,6 +555,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="the full status as JSON")
     p = command("set", cmd_set, "show or change settings, also while running")
     p.add_argument("--steps", metavar="N", help="planned training steps (12000, 12_000, 40k)")
+    p.add_argument("assign", nargs="*", metavar="KEY=VALUE",
+                   help="any setting, e.g. train.lr=1e-4 materials.student.path=/m/pig_clip-f16.gguf"
+                        " (the README's settings table lists them)")
     p = command("snapshot", cmd_snapshot, "export a GGUF of the adapter as it is now")
     p.add_argument("--checkpoint", choices=("last", "best"), default="last")
     p.add_argument("--eval", action="store_true", help="also evaluate it on the val shards")

@@ -605,3 +605,31 @@ def test_start_names_a_missing_student_before_launching(proj, capsys, tiny_mater
     assert code == EXIT_USER and "gguf-trainer download --project" in err  # the teacher
     monkeypatch.setenv("GGUF_TRAINER_MOCK_TEACHER", "1")
     control.preflight(proj)  # the mock teacher needs no teacher files
+
+
+def test_set_any_setting_from_the_cli(proj, capsys, tiny_materials):
+    code, out, err = run_cli(capsys, "set", "--project", proj, "train.lr=1e-4",
+                             f"materials.student.path={tiny_materials['student']}",
+                             "corpus.n_train=123456", "--steps", "30k")
+    assert code == EXIT_OK, err
+    values = control.read_settings(proj).values
+    assert values["train"]["lr"] == 1e-4 and values["corpus"]["n_train"] == 123456
+    assert values["materials"]["student"]["path"] == str(tiny_materials["student"])
+    assert values["train"]["steps"] == 30000 and "train.lr = 0.0001" in out
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["train.lr=Infinity"], ["train.lr", "finite"]),
+    (["train.width=100"], ["train.width", "multiple of 64"]),
+    (["train.wdith=128"], ["did you mean train.width"]),
+    (["corpus.n_train=123456789012345678901"], ["corpus.n_train", "10_000_000"]),
+    (["lr"], ["KEY=VALUE"]),
+    (["train.depth=4", "train.batch_size=true"], ["train.batch_size"]),
+])
+def test_set_refuses_bad_settings_without_writing(proj, capsys, argv, words):
+    before = tree(proj)
+    code, _, err = run_cli(capsys, "set", "--project", proj, *argv)
+    assert code == EXIT_USER
+    one_sentence(err)
+    assert all(w in err for w in words), err
+    assert tree(proj) == before
