@@ -1,8 +1,8 @@
 """Disk pre-flight: will it fit where it goes? Refuse (or warn) with both numbers.
 
 Used before a download (the bytes still to fetch, runner.downloads) and before a
-precompute (the pack's shard bytes per sample × the sample counts × 1.1, minus the shards
-already written). Reads only; the callers decide when to ask.
+precompute (the pack's shard bytes per sample × the corpus's sample counts × 1.1, minus
+the shards already written). Reads only; the callers decide when to ask.
 
     require_free(dest, need_bytes, "callgg/t5-v1_1-xxl-encoder-bf16", "free space or link a copy")
     warning = check_precompute_disk(project)   # UserError if it cannot fit, a sentence if tight
@@ -43,10 +43,26 @@ def _folder_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else 0
 
 
+def sample_counts(project) -> dict[str, int]:
+    """Samples per split: the corpus's real count (`data/{split}.jsonl`, one record a line)
+    once it is written, else the settings (a small prompt file gives far fewer samples than
+    the default corpus.n_train, and the estimate must not refuse it for a size it never has)."""
+    from .samples import count_samples
+
+    c = project.settings.corpus
+    wanted = {"train": c.n_train + round(c.n_train * c.empty_frac),
+              "val": c.n_val + round(c.n_val * c.empty_frac)}
+    out = {}
+    for split, n in wanted.items():
+        path = project.paths.samples(split)
+        out[split] = count_samples(path) if path.is_file() else n
+    return out
+
+
 def precompute_need_bytes(project) -> int:
-    """Shard bytes still to write for the configured corpus (0 when the pack gives no size)."""
-    c, per_sample = project.settings.corpus, project.pack.bytes_per_sample
-    total = int(per_sample * (c.n_train + c.n_val) * PRECOMPUTE_MARGIN)
+    """Shard bytes still to write for the project's corpus (0 when the pack gives no size)."""
+    per_sample = project.pack.bytes_per_sample
+    total = int(per_sample * sum(sample_counts(project).values()) * PRECOMPUTE_MARGIN)
     return max(0, total - _folder_bytes(project.paths.shards))
 
 

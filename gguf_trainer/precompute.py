@@ -351,7 +351,11 @@ class PrecomputeStage(Stage):
 
     def check(self, project, run) -> None:
         """Load the student and the teacher now: a broken student GGUF or a teacher that does
-        not fit is refused before any shard or checkpoint is touched."""
+        not fit is refused before any shard or checkpoint is touched. Shards that cannot fit
+        on the disk are refused first, before the teacher loads (counted from the corpus on
+        disk; without one, run_precompute checks once the corpus is written)."""
+        if CACHE_KEY not in run.cache and all(samples_file(project, s).is_file() for s in ("train", "val")):
+            _disk_preflight(project, self.split)
         context(project, run.cache)
 
     def is_done(self, project, run) -> bool:

@@ -129,6 +129,38 @@ def test_download_and_precompute_disk_preflight(t5, monkeypatch):
     assert json.dumps(downloads.material_statuses(root))  # statuses are JSON for the GUI
 
 
+def test_precompute_estimate_counts_the_written_corpus_and_refuses_before_the_teacher(
+        tmp_path, monkeypatch):
+    """The default n_train (60 000) would ask ~26 GB for T5 shards; a corpus of 40 samples
+    needs ~17 MB. The stage's check refuses before the teacher loads, with both numbers."""
+    from types import SimpleNamespace
+
+    from gguf_trainer import precompute
+    from gguf_trainer.samples import Sample, write_samples
+
+    root = tmp_path / "p"
+    create_project(root, "t5xxl_pixart")
+    project = load_project(root)
+    per_sample = project.pack.bytes_per_sample
+    assert disk_space.sample_counts(project)["train"] >= 60_000  # no corpus yet: the settings
+    write_samples(project.paths.samples("train"), [Sample(f"prompt {i}") for i in range(35)])
+    write_samples(project.paths.samples("val"), [Sample(f"val {i}") for i in range(5)])
+    assert disk_space.sample_counts(project) == {"train": 35, "val": 5}
+    assert disk_space.precompute_need_bytes(project) == int(per_sample * 40 * 1.1)
+    monkeypatch.setattr(disk_space, "free_bytes", lambda path: 100 * 10**6)
+    assert disk_space.check_precompute_disk(project) is None  # the default project is not refused
+
+    def teacher_loads(_project):
+        raise AssertionError("the teacher loaded before the disk pre-flight")
+
+    monkeypatch.setattr(precompute, "Context", teacher_loads)
+    monkeypatch.setattr(disk_space, "free_bytes", lambda path: 10**6)
+    with pytest.raises(UserError) as e:
+        precompute.PRECOMPUTE_VAL.check(project, SimpleNamespace(cache={}))
+    need = disk_space.gb(int(per_sample * 40 * 1.1))
+    assert f"needs {need} more" in str(e.value) and "only 1.0 MB are free" in str(e.value)
+
+
 def test_a_linked_hf_cache_snapshot_is_never_written_into(t5, tmp_path):
     root, files = t5
     snap = tmp_path / "hub" / "models--callgg--t5-v1_1-xxl-encoder-bf16" / "snapshots" / ("b" * 40)
