@@ -354,22 +354,39 @@ def make_split(project) -> tuple[list[Sample], list[Sample]]:
 
 def _image_split(project, pools) -> tuple[list[Sample], list[Sample]]:
     """Image packs with image sources: edit instructions synthesized from the captions
-    (instructions.py), plus the prompt files / datasets as text-only samples (optional)."""
+    (instructions.py). The prompt files and datasets give the text-only samples (optional,
+    same length filter, no duplicates); edit samples of the user's own .jsonl files (with
+    their images) join train as they are."""
     from .corpus_sources import image_entries
     from .image_sources import describe_tally
     from .instructions import Mix, build_image_corpus
 
     c = project.settings.corpus
-    texts: list[str] = []
-    if c.files or pools:
-        train, val = build_split(project.settings, takes_images=False, preset_pools=pools)
-        texts = [s.text for s in val + train if s.text]
     tally: Counter = Counter()
+    own: list[Sample] = []
+    texts: list[str] = []
+    for path in c.files:
+        for s in _usable(Path(path).expanduser(), True, tally):
+            if s.images:
+                own.append(s)
+            else:
+                texts.append(s.text)
+    texts += [clean_text(t, tally) for pool in (pools or {}).values() for t in pool]
+    seen: set[str] = set()
+    kept = []
+    for t in texts:
+        if t and c.min_chars <= len(t) <= c.max_chars and t.lower() not in seen:
+            seen.add(t.lower())
+            kept.append(t)
     entries = image_entries(project, tally)
-    train, val, made = build_image_corpus(entries, texts, Mix.from_counts(c.n_train, c.n_val),
+    train, val, made = build_image_corpus(entries, kept, Mix.from_counts(c.n_train, c.n_val),
                                           project.paths.data_images, c.seed, c.empty_frac)
+    if own:
+        train = train + own
+        random.Random(c.seed).shuffle(train)
     tally.update(made)
-    log.info("corpus: image sources: %s", describe_tally(tally))
+    log.info("corpus: image sources: %s%s", describe_tally(tally),
+             f"; {len(own)} edit samples from the prompt files" if own else "")
     return train, val
 
 

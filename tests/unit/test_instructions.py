@@ -144,8 +144,9 @@ def test_synthesize_needs_pictures_on_both_sides():
 
 def test_the_corpus_stage_synthesizes_from_an_image_folder(tmp_path, monkeypatch):
     """A MageFlow project with an image folder (captions beside one picture, none beside the
-    others, one corrupt file) gets edit samples over the stored pictures, plus its prompt file
-    as text-only samples."""
+    others, one corrupt file) gets edit samples over the stored pictures, its prompt file as
+    text-only samples (30 prompts: fewer than n_val + 8 is fine, they are optional) and the
+    user's own edit sample."""
     from gguf_trainer.corpus import make_split
     from gguf_trainer.project import create_project, load_project
 
@@ -158,14 +159,18 @@ def test_the_corpus_stage_synthesizes_from_an_image_folder(tmp_path, monkeypatch
     (pics / "broken.jpg").write_bytes(b"not an image")
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("".join(f"a lighthouse at dusk, take {i}\n" for i in range(30)))
+    own = tmp_path / "own.jsonl"  # the user's own edit sample rides along in train
+    own.write_text(json.dumps({"text": "make the sky purple", "images": ["pics/p3.png"]}) + "\n")
     root = tmp_path / "projects" / "mf"
     create_project(root, "qwen3vl_mageflow", overrides={
-        "corpus.image_folders": [str(pics)], "corpus.files": [str(prompts)],
+        "corpus.image_folders": [str(pics)], "corpus.files": [str(prompts), str(own)],
         "corpus.n_train": 43, "corpus.n_val": 3})
     train, val = make_split(load_project(root))
     assert len(val) == 3 and sum(1 for s in val if s.images) == 2
     assert sum(1 for s in train if not s.images) == round(43 * 27 / 86)
-    assert {p.parent for s in train + val for p in s.images} == {load_project(root).paths.data_images}
+    stored = [s for s in train + val if s.text != "make the sky purple"]  # run_corpus copies the rest
+    assert {p.parent for s in stored for p in s.images} == {load_project(root).paths.data_images}
     assert not {p for s in val for p in s.images} & {p for s in train for p in s.images}
-    lines = [json.dumps(s.to_record()) for s in train]
-    assert len(lines) == 43
+    assert len(train) == 43 + 1
+    mine = [s for s in train if s.text == "make the sky purple"]
+    assert len(mine) == 1 and mine[0].images == (pics / "p3.png",)
