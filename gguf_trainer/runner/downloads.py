@@ -37,6 +37,7 @@ from gguf_trainer.runner import jobs, lock
 from gguf_trainer.runner.material_status import (  # noqa: F401 - the GUI's one module for materials
     JOB_NAME,
     all_materials,
+    check_content,
     destination,
     format_statuses,
     job_folder,
@@ -221,14 +222,24 @@ def download_job(folder: Path, job, *, dest: str, material_id: str, repo: str, r
         _record_path(project, material_id, Path(dest))
         from gguf_trainer.project import load_project
 
-        _note(load_project(project), f"{material_id}: {repo} is complete at {dest}")
+        loaded = load_project(project)
+        _note(loaded, f"{material_id}: {repo} is complete at {dest}")
+        material = next((m for m in all_materials(loaded) if m.id == material_id), None)
+        st: dict = {}
+        if material is not None:  # (its status says "downloading" while this job runs)
+            check_content(st, loaded, material, Path(dest))
+        if st.get("verified") is False:  # the status shows "failed" with this sentence
+            _note(loaded, f"{material_id}: content check failed - {st['error']}")
+        elif st.get("verified"):
+            _note(loaded, f"{material_id}: checked: {st['note']}")
     return result
 
 
 def start_download(root, ids: list[str] | None = None, required_only: bool = False) -> list[dict]:
     """Start a detached download for each selected snapshot material that is not ready.
     Materials already downloading are reported with their pid, never started twice.
-    Returns one {id, action: started|running|ready|linked|skipped, pid, message} each."""
+    Returns one {id, action: started|running|ready|linked|skipped|failed, pid, message} each
+    (failed: complete, but the pack's content check refuses it; the message says which file)."""
     from gguf_trainer.project import load_project
 
     linked = {d["id"]: d for d in link_found(root)}
@@ -246,6 +257,10 @@ def start_download(root, ids: list[str] | None = None, required_only: bool = Fal
             continue
         if st["state"] == "ready":
             out.append({"id": m.id, "action": "ready", "pid": None, "message": f"{m.id}: ready"})
+            continue
+        if st.get("verified") is False:  # every file is there: fetching again cannot fix it
+            out.append({"id": m.id, "action": "failed", "pid": None,
+                        "message": f"{m.id}: {st['error']}"})
             continue
         out.append(_start_one(project, m))
     return out
@@ -291,20 +306,34 @@ def download_foreground(root, ids: list[str] | None = None, required_only: bool 
     failures = 0
     for m in select(project, ids, required_only):
         st = material_status(project, m)
-        if m.kind != "hf_snapshot" or st["state"] in ("ready", "downloading"):
+        refused = st.get("verified") is False  # complete, but its content check fails
+        if m.kind != "hf_snapshot" or st["state"] in ("ready", "downloading") or refused:
             extra = f" (pid {st['pid']})" if st["pid"] else ""
             on_line(f"{m.id}: {st['state']}{extra}" + (f" - {st['error']}" if st["error"] else ""))
-            failures += st["state"] != "ready" and m.required and m.kind != "hf_snapshot"
+            failures += (st["state"] != "ready" and m.required and m.kind != "hf_snapshot") or refused
             continue
         try:
             result = _download_here(project, m, on_progress)
-            on_line(f"{m.id}: ready at {result['path']} ({disk_space.gb(result['bytes'])})")
+            failures += not _say_content(load_project(root), m, result, on_line)
         except lock.LockHeld as e:
             on_line(f"{m.id}: already downloading elsewhere (pid {e.pid})")
         except UserError as e:
             failures += 1
             on_line(f"{m.id}: failed - {e}")
     return failures
+
+
+def _say_content(project, m, result: dict, on_line: Callable[[str], None]) -> bool:
+    """After a fresh download: the pack's content check (what the folder holds, or the
+    sentence naming the file to fix), then "ready at ..."; False when the check refused it."""
+    st = material_status(project, m)
+    if st.get("verified") is False:
+        on_line(f"{m.id}: failed - {st['error']}")
+        return False
+    if st.get("verified"):
+        on_line(f"{m.id}: checked: {st['note']}")
+    on_line(f"{m.id}: ready at {result['path']} ({disk_space.gb(result['bytes'])})")
+    return True
 
 
 def _download_here(project, m, on_progress) -> dict:

@@ -6,7 +6,8 @@ One status dict per material, shared by the CLI (`gguf-trainer materials`) and t
     state        missing | partial | downloading | ready | failed
     files_done, files_total, bytes_done, bytes_total, bytes_partial, missing_files (first 5)
     rate_bps, eta_s, pid   while downloading (from the job's state file)
-    error        why it failed (one sentence), note (e.g. "interrupted; start again to
+    error        why it failed (one sentence; with `verified` False: every file is there but the
+                 pack's content check refused it), note (e.g. "interrupted; start again to
                  resume", or why the Hub listing could not be fetched), log (the job log)
 
 Ready = folder_check found every expected file whole: against the Hub's listing when
@@ -161,7 +162,7 @@ def material_status(project, material, online: bool = False, wanted: set | None 
                 out[key] = prog[key]
     elif check.is_complete:
         out["state"] = "ready"
-        _check_content(out, project, material, dest)
+        check_content(out, project, material, dest)
     elif job and job["status"] == "failed":
         out.update(state="failed", error=job["error"])
     elif check.bytes_done or check.bytes_partial:
@@ -171,18 +172,19 @@ def material_status(project, material, online: bool = False, wanted: set | None 
     return out
 
 
-def _check_content(out: dict, project, material, dest: Path) -> None:
+def check_content(out: dict, project, material, dest: Path) -> None:
     """A pack that can check its teacher from headers alone (tensor names and shapes, the
     tokenizer; no weights read) says what the complete folder holds: `verified` True with the
-    summary as the note, or False with the sentence naming the file to fix as the error. The
-    state stays "ready" (every file is there); precompute refuses such a folder in seconds."""
+    summary as the note, or state "failed", `verified` False and the sentence naming the file
+    to fix as the error (every file is there, but precompute would refuse it: it is not ready,
+    and downloading again cannot fix it)."""
     check = getattr(project.pack, "check_teacher", None)
     if check is None or material not in project.pack.teacher_materials:
         return
     try:
         summary = check({material.id: dest})
     except UserError as e:
-        out.update(verified=False, error=str(e))
+        out.update(state="failed", verified=False, error=str(e))
     else:
         out.update(verified=True, note="; ".join(filter(None, [out.get("note"), summary])))
 

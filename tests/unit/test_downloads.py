@@ -10,6 +10,7 @@ from material_repos import T5_REPO, TOK_REPO, tiny_t5_files, tokenizer_files
 
 from gguf_trainer import disk_space
 from gguf_trainer.errors import UserError
+from gguf_trainer.packs import get_pack
 from gguf_trainer.project import create_project, load_project, update_settings
 from gguf_trainer.runner import downloads, material_status
 
@@ -18,6 +19,7 @@ TOK_FILES = tokenizer_files()
 
 @pytest.fixture
 def t5(hub_server, tmp_path, monkeypatch):
+    material_status._listing_cache.clear()  # each test serves its own repos
     files = tiny_t5_files()
     hub_server.add_repo(T5_REPO, files)
     hub_server.add_repo(TOK_REPO, TOK_FILES)
@@ -49,10 +51,32 @@ def test_status_goes_missing_partial_ready(t5):
     lines = []
     assert downloads.download_foreground(root, ["teacher"], on_line=lines.append) == 0
     assert lines[-1].startswith("teacher: ready at")
+    summary = get_pack("t5xxl_pixart").check_teacher({"teacher": dest})
+    assert lines[-2] == f"teacher: checked: {summary}"  # the content check, after a fresh download
     row = _row(root, "teacher", online=True)
     assert row["state"] == "ready", (row["error"], row["note"], row["missing_files"])
+    assert row["verified"] is True and summary in row["note"]
     assert load_project(root).material_path("teacher") == dest.resolve()
     assert "is complete at" in (root / downloads.DOWNLOAD_LOG).read_text()
+
+
+def test_a_complete_teacher_whose_content_check_fails_is_failed_not_ready(t5, hub_server):
+    """Every file is there, but spiece.model is not a sentencepiece model: state "failed" with
+    the check's sentence, the download says so, and nothing offers to fetch it again."""
+    root, _ = t5
+    bad = {**tiny_t5_files(), "spiece.model": b"not a sentencepiece model"}
+    hub_server.add_repo(T5_REPO, bad)
+    lines = []
+    assert downloads.download_foreground(root, ["teacher"], on_line=lines.append) == 1
+    assert lines[-1].startswith("teacher: failed - ") and "spiece.model" in lines[-1]
+    row = _row(root, "teacher", online=True)
+    assert row["files_done"] == row["files_total"] == 6  # complete, yet not ready
+    assert row["state"] == "failed" and row["verified"] is False and "spiece.model" in row["error"]
+    (started,) = downloads.start_download(root, ["teacher"])
+    assert started["action"] == "failed" and "spiece.model" in started["message"]
+    again = []
+    assert downloads.download_foreground(root, ["teacher"], on_line=again.append) == 1
+    assert again == [f"teacher: failed - {row['error']}"]
 
 
 def test_listing_failure_is_shown_not_hidden(t5, hub_server):
