@@ -147,3 +147,34 @@ def test_two_machines_on_localhost_run_one_project(tmp_path, tiny_materials, hom
     rec = rank_record(root, 1)
     assert rec["world"] == 2 and rec["status"] == "done"
     assert "machine rank 1" in out
+
+
+def test_stop_and_kill_reach_every_rank_and_another_n_resumes(tmp_path, tiny_materials, home):
+    root = tmp_path / "proj"
+    make_project(root, PACK, tiny_materials, **{**TRAIN, "train.steps": 400, "train.val_every": 1000})
+    paths = ProjectPaths(root)
+    assert cli("start", "--project", root, "--processes", "2").returncode == 0
+    wait_for(lambda: (read_state(root).get("step") or 0) >= 3, timeout_s=180, poll_s=0.01)
+    res = cli("stop", "--project", root)
+    assert res.returncode == 0, res.stderr
+    wait_idle(paths)
+    st, last = read_state(root), json.loads((paths.checkpoints / "last.json").read_text())
+    assert st["status"] == "stopped" and last["step"] == st["step"] < 400
+    assert rank_record(root, 1)["status"] == "stopped"  # rank 1 stopped at the same step and left
+    wait_for(lambda: lock.process_start_time(rank_record(root, 1)["pid"]) is None, timeout_s=30)
+
+    assert cli("start", "--project", root, "--processes", "2").returncode == 0
+    wait_for(lambda: (read_state(root).get("step") or 0) >= last["step"] + 2, timeout_s=180, poll_s=0.01)
+    rank1 = rank_record(root, 1)["pid"]
+    assert cli("kill", "--project", root).returncode == 0
+    wait_for(lambda: lock.process_start_time(rank1) is None, timeout_s=30)  # kill reached rank 1
+    assert status(root)["status"] == "stopped"  # killed on request
+
+    step = json.loads((paths.checkpoints / "last.json").read_text())["step"]
+    cli("set", "--project", root, "--steps", str(step + 4))
+    res = cli("run", "--project", root)  # one process continues the 2-process run
+    assert res.returncode == 0, res.stderr
+    log = paths.pipeline_log.read_text()
+    assert f"resume at step {step}: last.pt was written by 2 process(es), this run trains with 1" in log
+    assert "re-sliced" in log
+    assert json.loads((paths.checkpoints / "last.json").read_text())["step"] == step + 4
