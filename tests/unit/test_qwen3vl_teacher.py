@@ -221,3 +221,20 @@ def test_vision_batches_by_the_token_cap_give_the_same_rows(teacher, pictures, m
     split = teacher.vision(pictures)
     assert calls == [1, 1, 1]
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(whole, split))
+
+
+def test_a_snapshot_whose_tokenizer_breaks_the_template_is_refused_at_load(snapshot, tmp_path):
+    """Without `<|im_start|>` as one added token, the edit prefix is no longer 64 tokens: the
+    load refuses before any weight is read, naming the template."""
+    bad = tmp_path / "snap"
+    shutil.copytree(snapshot, bad)
+    tok = json.loads((bad / "tokenizer.json").read_text(encoding="utf-8"))
+    tok["added_tokens"] = [t for t in tok["added_tokens"] if t["content"] != "<|im_start|>"]
+    (bad / "tokenizer.json").write_text(json.dumps(tok), encoding="utf-8")
+    cfg = json.loads((bad / "tokenizer_config.json").read_text(encoding="utf-8"))
+    cfg["added_tokens_decoder"] = {k: v for k, v in cfg.get("added_tokens_decoder", {}).items()
+                                   if v["content"] != "<|im_start|>"}
+    cfg["additional_special_tokens"] = [t for t in cfg.get("additional_special_tokens", []) if t != "<|im_start|>"]
+    (bad / "tokenizer_config.json").write_text(json.dumps(cfg), encoding="utf-8")
+    with pytest.raises(UserError, match="MageFlow edit prefix is [0-9]+ tokens .* hard-codes 64"):
+        qwen3vl.load_qwen3vl_teacher(bad, "cpu", "cpu", student_text=PACK.student_text)
