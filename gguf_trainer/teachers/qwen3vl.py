@@ -222,9 +222,9 @@ class Qwen3VLTeacher:
         self.student_text = student_text
         self.report = report
         self.identity = {"teacher": "qwen3_vl", "tap": "final_norm"}
-        self._table = self.text.embed_tokens.weight  # gpu/cpu: the live table; offload: a RAM copy
+        self._table = self.text.embed_tokens.weight  # offload: the plain RAM module place() kept
         vc = model.config.vision_config
-        self.patch, self.merge = int(vc.patch_size), int(vc.spatial_merge_size)
+        self.merge = int(vc.spatial_merge_size)
         self.vis_dim = int(getattr(vc, "out_hidden_size", model.config.text_config.hidden_size))
         self.out_dim = int(model.config.text_config.hidden_size)
 
