@@ -83,14 +83,19 @@ def build_app(roots: list[str] | None = None, project: str | None = None) -> gr.
             if not proj:
                 return [gr.skip()] * len(tick_outs)
             with _tick_lock:  # a page-load refresh and a timer tick may overlap on one cursor
-                return _tick(proj, cur, which_log, follow, log10)
+                try:
+                    return _tick(proj, cur, which_log, follow, log10)
+                except UserError as e:  # the folder went away, a file is unreadable, ...
+                    msg = f"Project `{proj}`: ⚠ {e}"
+                    return [msg if cur.changed("header", msg) else gr.skip()] + \
+                        [gr.skip()] * (len(tick_outs) - 1)
 
         def _tick(proj, cur: live.Cursor, which_log, follow, log10):
             if cur.project != proj:
                 cur.reset_for(proj)
             paths = ProjectPaths(proj)
             sig = live.state_signature(paths)
-            state_changed = sig != cur.state_sig
+            state_changed = sig != cur.state_sig or not paths.exists()
             plot_changed = live.read_new_metrics(cur, paths)
             info = control.status(proj) if (state_changed or plot_changed or "info" not in cur.shown) else None
             if info is not None and not info.get("mock"):
@@ -129,8 +134,12 @@ def build_app(roots: list[str] | None = None, project: str | None = None) -> gr.
             move without the pipeline running); the materials only when they changed."""
             if not proj:
                 return [gr.skip()] * (1 + len(mat_outs))
-            mats = setup_tab.materials_view(proj)
-            return [hw_tick(proj), *(mats if cur.changed("materials", mats) else [gr.skip()] * len(mats))]
+            try:
+                mats = setup_tab.materials_view(proj)
+                hw = hw_tick(proj)
+            except UserError:  # the tick above says what is wrong with the project
+                return [gr.skip()] * (1 + len(mat_outs))
+            return [hw, *(mats if cur.changed("materials", mats) else [gr.skip()] * len(mats))]
 
         hw_timer.tick(slow_tick, [project_state, cursor], [train.live_hw, *mat_outs], queue=False,
                       api_visibility="private")

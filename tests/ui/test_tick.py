@@ -1,0 +1,60 @@
+"""The timer tick in process: nothing is sent when nothing changed, new rows are sent, and a
+project that disappears is one sentence in the header."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from gguf_trainer import atomic
+from gguf_trainer.project import create_project
+from gguf_trainer.runner.state import empty_state
+from gguf_trainer.ui import live
+from gguf_trainer.ui.app import build_app
+
+
+@pytest.fixture(scope="module")
+def tick():
+    app = build_app()
+    return next(f.fn for f in app.fns.values() if getattr(f.fn, "__name__", "") == "tick")
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("GGUF_TRAINER_HOME", str(tmp_path / "gt_home"))
+
+
+def is_skip(v) -> bool:
+    return isinstance(v, dict) and v == {"__type__": "update"}
+
+
+def test_nothing_changed_sends_nothing_and_new_rows_are_sent(tick, tmp_path):
+    root = tmp_path / "p"
+    create_project(root, "t5xxl_pixart", overrides={"train.steps": 100})
+    st = empty_state()
+    st.update(status="done", stage="train", step=10, steps=100, mock=True)
+    atomic.write_json(root / "state.json", st)
+    (root / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 1.0 / s, "cos": 0.1})
+                                                + "\n" for s in range(1, 11)))
+    cur = live.Cursor()
+    first = tick(str(root), cur, "pipeline", True, False)
+    assert "MOCK" in first[0] and not any(is_skip(v) for v in first[:3])
+    again = tick(str(root), cur, "pipeline", True, False)
+    assert all(is_skip(v) for v in again), [v for v in again if not is_skip(v)]
+    with open(root / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": 11, "loss": 0.05, "cos": 0.2}) + "\n")
+    third = tick(str(root), cur, "pipeline", True, False)
+    frames = [v for v in third if hasattr(v, "columns")]
+    assert frames and frames[0]["step"].max() == 11  # the new point reached the chart
+
+
+def test_a_vanished_project_is_one_sentence(tick, tmp_path):
+    root = tmp_path / "gone"
+    create_project(root, "t5xxl_pixart")
+    cur = live.Cursor()
+    tick(str(root), cur, "pipeline", True, False)
+    shutil.rmtree(root)
+    out = tick(str(root), cur, "pipeline", True, False)
+    assert "not a gguf-trainer project" in out[0] and all(is_skip(v) for v in out[1:])
