@@ -10,6 +10,7 @@ conflicts are shown next to the field, in the field's info line.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 
@@ -65,8 +66,19 @@ def info_text(meta: dict) -> str:
     return " · ".join(b for b in bits if b)
 
 
+def widget_kind(meta: dict) -> str:
+    """The metadata type, refined: "json" for a mapping or list typed as text (edited as
+    JSON), "multi" for a list with declared choices (a multi-select)."""
+    kind = meta["type"]
+    if kind == "str" and isinstance(meta.get("default"), (dict, list)):
+        return "json"
+    if kind == "list" and meta.get("choices"):
+        return "multi"
+    return kind
+
+
 def _component(meta: dict):
-    kind, label, info = meta["type"], meta.get("label") or meta["key"], info_text(meta)
+    kind, label, info = widget_kind(meta), meta.get("label") or meta["key"], info_text(meta)
     elem_id = "f-" + meta["key"].replace(".", "-")
     common = {"label": label, "info": info, "elem_id": elem_id, "elem_classes": ["field"]}
     if kind == "bool":
@@ -77,9 +89,15 @@ def _component(meta: dict):
         return gr.Number(value=meta.get("default"), **common)
     if kind == "choice":
         return gr.Dropdown(choices=list(meta.get("choices") or []), value=meta.get("default"), **common)
+    if kind == "multi":
+        return gr.Dropdown(choices=list(meta["choices"]), value=list(meta.get("default") or []),
+                           multiselect=True, **common)
     if kind in ("list", "paths"):
         return gr.Textbox(value="\n".join(meta.get("default") or []), lines=3,
                           placeholder="one per line", **common)
+    if kind == "json":
+        return gr.Textbox(value=json.dumps(meta.get("default")), placeholder='JSON, e.g. {"files": 0.5}',
+                          **common)
     return gr.Textbox(value="" if meta.get("default") is None else str(meta.get("default")),
                       interactive=meta["key"] not in READ_ONLY, **common)
 
@@ -126,18 +144,30 @@ def get_dotted(values: dict, key: str):
 
 
 def to_widget(meta: dict, value):
-    if meta["type"] in ("list", "paths"):
+    kind = widget_kind(meta)
+    if kind == "multi":
+        return list(value or [])
+    if kind in ("list", "paths"):
         return "\n".join(str(v) for v in value or [])
-    if meta["type"] in ("str", "path") and value is None:
+    if kind == "json":
+        return json.dumps(value if value is not None else meta.get("default"))
+    if kind in ("str", "path") and value is None:
         return ""
     return value
 
 
 def from_widget(meta: dict, value):
-    if meta["type"] in ("list", "paths"):
+    kind = widget_kind(meta)
+    if kind == "multi":
+        return list(value or [])
+    if kind in ("list", "paths"):
         return [line.strip() for line in str(value or "").splitlines() if line.strip()]
-    if meta["type"] in ("int", "float") and isinstance(value, float) and value.is_integer() \
-            and meta["type"] == "int":
+    if kind == "json":
+        try:
+            return json.loads(value or "null")
+        except ValueError:
+            return value  # the schema refuses it next to the field, with what it expects
+    if kind == "int" and isinstance(value, float) and value.is_integer():
         return int(value)
     return value
 
@@ -145,6 +175,8 @@ def from_widget(meta: dict, value):
 def same(a, b) -> bool:
     if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
         return math.isclose(float(a), float(b), rel_tol=1e-12, abs_tol=0.0)
+    if a in ("", None) and b in ("", None):
+        return True
     return a == b
 
 
