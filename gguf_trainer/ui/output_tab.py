@@ -71,14 +71,17 @@ def _eval_md(project: str, pack: dict | None) -> str:
     head = f"### Evaluation of `{Path(ev.get('gguf') or '').name}`"
     if ev.get("mock"):
         head += "\n**MOCK teacher** — " + (ev.get("note") or "a smoke test, not a usable adapter")
-    lines = [head, (f"headline **{ev.get('headline')} = {common.fmt(ev.get('val_cos'))}**, "
-                   f"{'beats' if ev.get('beats_baseline') else 'does not beat'} the mean baseline; "
+    beats = {True: "beats the mean baseline; ", False: "does NOT beat the mean baseline; "}.get(
+        ev.get("beats_baseline"), "")
+    lines = [head, (f"headline **{ev.get('headline')} = {common.fmt(ev.get('val_cos'))}**, {beats}"
                    f"trained {common.fmt(ev.get('trained_steps'))} of {common.fmt(ev.get('planned_steps'))} "
                    f"steps; evaluated {common.fmt_time(ev.get('time'))}"),
              common.md_table(["metric", "value", "mean baseline"], rows)]
-    for key in ("reference", "health"):
+    for key in ("health", "reference"):  # absent on versions and teachers without them
         val = ev.get(key)
-        if isinstance(val, dict) and val:
+        if isinstance(val, str) and val:
+            lines.append(f"**{key.capitalize()}:** {val}")
+        elif isinstance(val, dict) and val:
             lines.append(f"**{key.capitalize()}**\n" + "\n".join(f"* {k}: {common.fmt(v)}" for k, v in val.items()))
         elif isinstance(val, list) and val:
             lines.append(f"**{key.capitalize()}**\n" + "\n".join(f"* {v}" for v in val))
