@@ -238,3 +238,10 @@ def test_a_snapshot_whose_tokenizer_breaks_the_template_is_refused_at_load(snaps
     (bad / "tokenizer_config.json").write_text(json.dumps(cfg), encoding="utf-8")
     with pytest.raises(UserError, match="MageFlow edit prefix is [0-9]+ tokens .* hard-codes 64"):
         qwen3vl.load_qwen3vl_teacher(bad, "cpu", "cpu", student_text=PACK.student_text)
+
+
+def test_every_copy_of_the_tiny_snapshot_is_the_same_bytes(snapshot, tmp_path):
+    """The demo's weights are built from a fixed seed at copy time: same files, same identity."""
+    again = copy_tiny_qwen3vl(tmp_path / "again")
+    for name in ("model.safetensors", "config.json", "tokenizer.json"):
+        assert (again / name).read_bytes() == (snapshot / name).read_bytes(), name
