@@ -245,3 +245,22 @@ def test_every_copy_of_the_tiny_snapshot_is_the_same_bytes(snapshot, tmp_path):
     again = copy_tiny_qwen3vl(tmp_path / "again")
     for name in ("model.safetensors", "config.json", "tokenizer.json"):
         assert (again / name).read_bytes() == (snapshot / name).read_bytes(), name
+
+
+def test_the_disk_preflight_estimates_the_reference_mix(tmp_path, monkeypatch):
+    """~2.4 MB per image sample, ~0.43 MB per text sample; the full default mix needs ~170 GB,
+    and a disk with 1 GB free is refused before any shard, with both numbers."""
+    from gguf_trainer import disk_space, precompute
+    from gguf_trainer.packs.qwen3vl_mageflow import IMAGE_SAMPLE_BYTES, TEXT_SAMPLE_BYTES
+    from gguf_trainer.project import create_project, load_project
+
+    assert 2.3e6 < IMAGE_SAMPLE_BYTES < 2.5e6 and 0.4e6 < TEXT_SAMPLE_BYTES < 0.45e6
+    monkeypatch.setattr("gguf_trainer.project.PROJECTS_ROOT", tmp_path / "projects")
+    root = tmp_path / "projects" / "mf"
+    create_project(root, "qwen3vl_mageflow")
+    proj = load_project(root)
+    need = disk_space.precompute_need_bytes(proj)
+    assert 150e9 < need < 200e9
+    monkeypatch.setattr(disk_space, "free_bytes", lambda path: 10**9)
+    with pytest.raises(UserError, match=r"needs 1\d\d\.\d\d GB more .* only 1\.00 GB"):
+        precompute._disk_preflight(proj, "val")
