@@ -9,6 +9,7 @@ import json
 import re
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 
 import pytest
@@ -124,6 +125,12 @@ def test_api_end_to_end(gui, token_file):
     for extra in ("config", ""):
         with urllib.request.urlopen(gui.url + extra, timeout=10) as r:
             assert TOKEN.encode() not in r.read()
+    # Gradio's file route serves none of the machine's files: not the token store, not a
+    # project file under the GUI's working folder
+    for path in (token_file, gui.base / "projects" / "api_demo" / "project.json"):
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(f"{gui.url}gradio_api/file={path}", timeout=10)
+        assert err.value.code in (403, 404)
 
 
 def _login_works(url, user, password, folder) -> None:
