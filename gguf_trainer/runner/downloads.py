@@ -200,12 +200,10 @@ def _stop_at_once(job) -> None:
     """SIGTERM/SIGINT end a download at once, even in the middle of a network read that may
     wait minutes for a stalled server (runner.jobs' default only sets a flag checked between
     steps). Raising from the handler interrupts the read; the partial file is kept, closed
-    by its `with`, and continued next time. The job records status "stopped". (`job.check()`
-    raises: the job process runs runner.jobs as __main__, so only the handle's own module
-    has the JobStopped class its runner catches.)"""
+    by its `with`, and continued next time. The job records status "stopped"."""
     def stop(signum, _frame):
         job.stop_requested = True
-        job.check()
+        raise jobs.JobStopped()
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)

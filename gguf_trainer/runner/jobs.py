@@ -317,4 +317,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run the imported module, not this `__main__` copy of it: job targets import
+    # gguf_trainer.runner.jobs, and the JobStopped they raise must be the class run_job catches.
+    sys.exit(importlib.import_module(JOBS_MODULE).main())
