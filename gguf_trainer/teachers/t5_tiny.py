@@ -1,7 +1,7 @@
 """The tiny real T5 teacher: a `T5EncoderModel` with random weights and small dimensions plus a
 small sentencepiece model trained here, laid out like the `callgg/t5-v1_1-xxl-encoder-bf16`
 snapshot (config.json, model.safetensors in bf16, spiece.model and the tokenizer/generation
-side files).
+side files), plus the GGUF_TRAINER_TINY marker (no reference figures apply to it).
 
 `gguf-trainer demo --pack t5xxl_pixart` and the tests run the real teacher code
 (`teachers.t5`) on it offline. The shipped copy lives in `packs/demo_materials/t5xxl_pixart/`
@@ -90,13 +90,21 @@ def tiny_encoder_state(seed: int = 0) -> dict:
     return {k: v.detach().to(torch.bfloat16).contiguous() for k, v in state.items()}
 
 
+TINY_NOTE = ("a tiny stand-in built by gguf_trainer.teachers.t5_tiny; no reference figures "
+             "apply\n")
+
+
 def build_tiny_t5(dest: Path = DEMO_DIR, seed: int = 0) -> Path:
     """Write config.json, spiece.model, model.safetensors and the side files into `dest`
-    (each atomically)."""
+    (each atomically), and the tiny-teacher marker: eval reports its health as "n/a" (the
+    pack's reference figures are for the real T5-XXL)."""
     from safetensors.torch import save_file
+
+    from ..packs.base import TINY_MARKER
 
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
+    atomic.write_text(dest / TINY_MARKER, TINY_NOTE)
     atomic.write_bytes(dest / "spiece.model", train_tiny_spm())
     for name, content in {"config.json": TINY_T5_CONFIG, **SIDE_FILES}.items():
         atomic.write_text(dest / name, json.dumps(content, indent=2, sort_keys=True) + "\n")

@@ -48,10 +48,11 @@ def test_demo_trains_against_the_tiny_real_teacher(demo):
     assert ev["mock"] is False and "note" not in ev
     assert ev["val_cos"] > base + 0.05  # learned the teacher beyond the per-dimension mean
     assert ev["roundtrip_cos"] > 0.999
-    assert ev["health"].startswith("too early to judge at 40 steps") and "0.827" in ev["health"]
+    # the shipped tiny teacher carries GGUF_TRAINER_TINY: the reference figures are not for it
+    assert ev["health"].startswith("n/a: a tiny demo teacher")
     assert ev["reference"]["val cos"] == 0.827
     # what the user reads at the end: the eval line with its health, the ggk command and the advice
-    assert "too early to judge" in demo["stdout"] and "f16 or q8_0" in demo["stdout"]
+    assert "n/a: a tiny demo teacher" in demo["stdout"] and "f16 or q8_0" in demo["stdout"]
     assert "--llm-adapter" in demo["stdout"]
 
 

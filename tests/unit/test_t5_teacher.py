@@ -15,6 +15,7 @@ import torch
 
 from gguf_trainer.errors import UserError
 from gguf_trainer.hardware import Hardware
+from gguf_trainer.packs.base import TINY_MARKER
 from gguf_trainer.teachers import t5
 from gguf_trainer.teachers.t5_tiny import DEMO_DIR, TINY_T5_CONFIG
 
@@ -164,6 +165,7 @@ def test_shipped_tiny_snapshot_is_what_the_builder_makes(tmp_path):
     for name in shipped:
         assert (rebuilt / name).read_bytes() == (DEMO_DIR / name).read_bytes(), name
     assert sum((DEMO_DIR / n).stat().st_size for n in shipped) < 300_000
+    assert TINY_MARKER in shipped  # eval: health "n/a" for this teacher
 
 
 def test_the_shipped_data_is_package_data():
@@ -309,7 +311,8 @@ def test_material_status_checks_the_teacher_from_its_headers(tmp_path, snapshot,
     config = json.loads((snapshot / "config.json").read_text())
     (snapshot / "config.json").write_text(json.dumps({**config, "d_model": 128}))
     teacher = next(r for r in material_statuses(root) if r["id"] == "teacher")
-    assert teacher["verified"] is False and "config.json implies" in teacher["error"], teacher
+    assert teacher["state"] == "failed" and teacher["verified"] is False, teacher
+    assert "config.json implies" in teacher["error"], teacher
 
 
 @pytest.mark.gpu
