@@ -182,6 +182,17 @@ def test_file_browser_and_field_errors(page, gui, demo_root):
     wait_for(lambda: "outside the browse roots" in pg.locator("body").inner_text(), 20, "the refusal")
     assert "passwd" not in pg.locator("#fb-entries").inner_text()
 
+    # Reset… lists exactly what would be deleted (the dry run) before anything is
+    tab(pg, "Train")
+    had_checkpoints = (root / "checkpoints").is_dir()
+    pg.get_by_text("Reset…", exact=True).first.click()
+    pg.locator("#btn-reset").click()
+    wait_for(lambda: "deletes exactly" in pg.locator("#reset-plan").inner_text(), 30, "the reset plan")
+    assert ("checkpoints" in pg.locator("#reset-plan").inner_text()) == had_checkpoints
+    pg.get_by_role("button", name="Cancel").click()
+    assert (root / "checkpoints").is_dir() == had_checkpoints  # nothing deleted
+    tab(pg, "Setup")
+
     # the memory pre-flight of the saved settings, asked in a subprocess (the GUI has no torch)
     pg.locator("#btn-preflight").click()
     wait_for(lambda: "Pre-flight: fits" in pg.locator("#preflight-md").inner_text(), 120, "the pre-flight")
