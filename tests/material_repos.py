@@ -20,8 +20,7 @@ def tiny_t5_files() -> dict[str, bytes]:
     """The shipped tiny real T5 snapshot under the names the T5 pack downloads, plus a file
     the pack does not want (it must not be fetched)."""
     (teacher,) = get_pack("t5xxl_pixart").teacher_materials
-    files = {name: (DEMO_DIR / name).read_bytes() if (DEMO_DIR / name).is_file() else b"{}"
-             for name in teacher.patterns}
+    files = {name: (DEMO_DIR / name).read_bytes() for name in teacher.patterns}  # real bytes only
     files["README.md"] = b"not wanted"
     return files
 
