@@ -67,7 +67,7 @@ def build_app(roots: list[str] | None = None, project: str | None = None) -> gr.
                 train = train_tab.build()
             with gr.Tab("Hardware", id="hardware", elem_id="tab-hardware") as hw_tab:
                 hw = hardware_tab.build()
-            with gr.Tab("Logs", id="logs", elem_id="tab-logs"):
+            with gr.Tab("Logs", id="logs", elem_id="tab-logs") as logs_tab_ui:
                 logs = logs_tab.build()
             with gr.Tab("Output", id="output", elem_id="tab-output") as out_tab:
                 out = output_tab.build()
@@ -154,7 +154,7 @@ def build_app(roots: list[str] | None = None, project: str | None = None) -> gr.
 
         setup_tab.wire(setup, project_state, read_state, cursor, after_open)
         train_tab.wire(train, project_state, refresh)
-        logs_tab.wire(logs, cursor)
+        logs_tab.wire(logs, cursor, logs_tab_ui)
         hardware_tab.wire(hw, project_state, hw_tab)
         output_tab.wire(out, project_state, out_tab)
 

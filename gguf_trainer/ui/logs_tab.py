@@ -45,9 +45,15 @@ def render(cur: live.Cursor, paths, which: str, follow: bool):
     return cur.log_text or f"({which} log is empty or not written yet)"
 
 
-def wire(p: LogsParts, cursor: gr.State) -> None:
+SCROLL_TO_END = ("() => { const t = document.querySelector('#log-text textarea'); "
+                 "if (t) { t.scrollTop = t.scrollHeight; } }")
+
+
+def wire(p: LogsParts, cursor: gr.State, tab: gr.Tab) -> None:
     def clear(cur: live.Cursor):
         cur.log_text = ""
         return ""
 
     p.clear.click(clear, [cursor], [p.text])
+    # Text that arrived while the tab was hidden did not scroll it: following means the end.
+    tab.select(None, None, None, js=SCROLL_TO_END)

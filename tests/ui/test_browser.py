@@ -149,6 +149,9 @@ def test_gui_run_stop_resume_copy_and_screenshots(page, gui, shots, demo_root):
 
     tab(pg, "Logs")
     wait_for(lambda: "launch" in pg.locator("#log-text textarea").input_value(), 30, "the pipeline log")
+    gap = "(() => { const t = document.querySelector('#log-text textarea'); " \
+          "return t.scrollHeight - t.scrollTop - t.clientHeight; })()"
+    wait_for(lambda: pg.evaluate(gap) < 5, 10, "the log to show its end")
     pg.screenshot(path=str(shots / "gui-logs.png"), full_page=True)
     tab(pg, "Hardware")
     pg.screenshot(path=str(shots / "gui-hardware.png"), full_page=True)
