@@ -13,7 +13,6 @@ token: the settings never hold it, and `hf_token_status` only says whether one i
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 import gradio as gr
 
@@ -144,8 +143,3 @@ def register(app: gr.Blocks) -> None:
     """Add every endpoint to `app` (inside its `with` block)."""
     for name in ENDPOINTS:
         gr.api(_api(globals()[name]), api_name=name, concurrency_limit=None)
-
-
-def call(name: str, *args: Any, **kwargs: Any) -> Any:
-    """The UI's handlers use the same functions (one place for each action)."""
-    return globals()[name](*args, **kwargs)

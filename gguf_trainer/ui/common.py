@@ -12,7 +12,6 @@ import functools
 import importlib
 import math
 import time
-from pathlib import Path
 
 import gradio as gr
 
@@ -91,12 +90,3 @@ def md_table(headers: list[str], rows: list[list]) -> str:
     out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     out += ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows]
     return "\n".join(out)
-
-
-def short_path(p: str | None) -> str:
-    if not p:
-        return "—"
-    try:
-        return str(Path(p).relative_to(Path.home()).as_posix()).join(("~/", ""))
-    except ValueError:
-        return str(p)

@@ -406,7 +406,6 @@ def _wire_browser(p: SetupParts, project: gr.State) -> None:
     from gguf_trainer.ui.app import launch_roots  # the --root folders of this GUI
 
     path_fields = p.form.path_fields
-    targets = {f.key: f for f in path_fields}
 
     def roots_for(proj):
         return files.browse_roots(proj, launch_roots())
@@ -488,4 +487,3 @@ def _wire_browser(p: SetupParts, project: gr.State) -> None:
         return "\n".join(kept)
 
     p.roots_save.click(save_roots, [p.roots_text], [p.roots_text])
-    del targets
