@@ -207,3 +207,19 @@ def test_file_browser_and_field_errors(page, gui, demo_root):
     wait_for(lambda: "⚠" in pg.locator("#f-train-width").inner_text(), 30, "the field error")
     assert "100 is not a multiple of 64" in pg.locator("#f-train-width").inner_text()
     assert pg.errors == [], pg.errors
+
+
+def test_create_a_project_in_the_page(page, gui):
+    pg = page
+    pg.goto(gui.url)
+    wait_for(lambda: pg.locator("#btn-create").is_visible(), 60, "the page")
+    parent = gui.base / "projects"
+    pg.locator("#new-parent textarea, #new-parent input").first.fill(str(parent))
+    pg.locator("#new-name textarea, #new-name input").first.fill("made_in_page")
+    pg.locator("#btn-create").click()
+    wait_for(lambda: str(parent / "made_in_page") in pg.locator("#header").inner_text(), 60,
+             "the new project to open")
+    assert (parent / "made_in_page" / "project.json").is_file()
+    pg.locator("#btn-create").click()  # again: refused with the sentence, nothing overwritten
+    wait_for(lambda: "already holds a project" in pg.locator("body").inner_text(), 30, "the refusal")
+    assert pg.errors == [], pg.errors
