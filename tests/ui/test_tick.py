@@ -58,3 +58,19 @@ def test_a_vanished_project_is_one_sentence(tick, tmp_path):
     shutil.rmtree(root)
     out = tick(str(root), cur, "pipeline", True, False)
     assert "not a gguf-trainer project" in out[0] and all(is_skip(v) for v in out[1:])
+
+
+@pytest.mark.parametrize("status, label, says", [
+    ("interrupted", "Resume", "press **Resume**"), ("stalled", "Start / Resume", "**Kill** it"),
+    ("stopped", "Resume", "STOPPED"), ("idle", "Start", "IDLE"), ("done", "Start / Resume", "DONE")])
+def test_run_states_read_as_such(tmp_path, status, label, says):
+    from gguf_trainer.ui import train_tab
+
+    (tmp_path / "project.json").write_text("{}")
+    info = {"status": status, "message": f"{status}: something", "mock": False, "stages": {}}
+    assert train_tab.run_label(info) == label
+    assert says in train_tab.banner_text(info, str(tmp_path))
+    ups = train_tab.render(live.Cursor(), info, str(tmp_path), False, False)
+    start, stop, kill = ups[1], ups[2], ups[3]
+    active = status == "stalled"
+    assert start["interactive"] is not active and stop["interactive"] is active and kill["interactive"] is active
