@@ -784,8 +784,8 @@ def compare_and_set(paths: ProjectPaths, changes: dict[str, Any], expected: dict
                 continue
             if live_run is not None and not _is_live_key(key):
                 out["refused"][key] = (
-                    f"the pipeline is running (pid {live_run.get('pid')}) and {key} is an input "
-                    "of its outputs (changing it would invalidate them); stop the run first")
+                    f"the pipeline is running (pid {live_run.get('pid')}) and this setting is an "
+                    "input of its outputs (changing it would invalidate them); stop the run first")
                 continue
             todo[key] = value
         if not todo:

@@ -130,6 +130,23 @@ def test_a_live_run_refuses_changes_that_would_invalidate_it(proj, monkeypatch):
     assert "pid 4242" in res.refused["train.lr"] and "stop the run first" in res.refused["train.lr"]
 
 
+def test_update_message_names_each_field_once(proj, monkeypatch):
+    """One line per problem, each naming its field once ("train.width: train.width: ..." was
+    what the CLI printed)."""
+    res = control.update_settings(proj, {"train.width": 100, "train.lr": -1}, None)
+    monkeypatch.setattr(control, "_live_run", lambda paths: {"pid": 4242, "status": "running"})
+    refused = control.update_settings(proj, {"train.lr": 1e-3}, None)
+    seen = control.read_settings(proj)
+    control.set_steps(proj, "12k")
+    conflict = control.update_settings(proj, {"train.steps": 5000}, seen)
+    for r, keys in ((res, ("train.width", "train.lr")), (refused, ("train.lr",)),
+                    (conflict, ("train.steps",))):
+        lines = r.message().splitlines()
+        assert len(lines) == len(keys), r.message()
+        for key, line in zip(sorted(keys), sorted(lines)):
+            assert line.startswith(f"{key}: ") and line.count(key) == 1, line
+
+
 def test_set_steps_while_idle(proj):
     r = control.set_steps(proj, "40k")
     assert (r.steps, r.live, r.picked_up) == (40000, False, False)
