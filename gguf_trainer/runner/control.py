@@ -396,8 +396,19 @@ def status(root: PathLike) -> dict:
     """The `gguf-trainer status --json` dict (see runner.status.derive_status): status,
     message, pid, stage, stages, step, steps, val_cos, error, mock, settings_error (a broken
     project.json), jobs ({"snapshot": job state, ...}), results (where the GGUF, eval.json
-    and ggk command are once exported). Never raises for any content of the tool's files."""
-    return status_mod.derive_status(_paths(root))
+    and ggk command are once exported), stopping (a stop was requested and the run is still
+    alive: show "stopping…" until it has ended). Never raises for any content of the tool's
+    files."""
+    paths = _paths(root)
+    info = status_mod.derive_status(paths)
+    # stop.request outlives a run that was killed (clear_stale_requests removes it at the
+    # next start), so it only means "stopping" while the run is alive.
+    try:
+        requested = paths.stop_request.is_file()
+    except OSError:
+        requested = False
+    info["stopping"] = supervisor.is_active(info) and requested
+    return info
 
 
 def wait(root: PathLike, timeout_s: float | None = None) -> dict:

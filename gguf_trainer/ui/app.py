@@ -106,7 +106,7 @@ def build_app(roots: list[str] | None = None, project: str | None = None) -> gr.
                 cur.state_sig = sig
                 head = header_text(proj, info)
                 ups.append(head if cur.changed("header", head) else gr.skip())
-                ups += train_tab.render(cur, info, proj, plot_changed, log10)
+                ups += train_tab.render(cur, info, plot_changed, log10)
             else:
                 ups += [gr.skip()] * (1 + len(train_tab.tick_outputs(train)))
             ups.append(logs_tab.render(cur, paths, which_log, follow))

@@ -76,12 +76,13 @@ class Cursor:
 
 
 def state_signature(paths: ProjectPaths) -> tuple | None:
-    """(mtime_ns, size, inode) of state.json: a changed signature means a new file."""
+    """(mtime_ns, size, inode) of state.json: a changed signature means a new file; and
+    whether a stop was requested (status's `stopping` changes without a state write)."""
     try:
         st = os.stat(paths.state_json)
     except OSError:
         return None
-    return (st.st_mtime_ns, st.st_size, st.st_ino)
+    return (st.st_mtime_ns, st.st_size, st.st_ino, paths.stop_request.exists())
 
 
 def _num(v) -> float | None:

@@ -115,16 +115,15 @@ def run_label(info: dict) -> str:
                                                                               "Start / Resume")
 
 
-def is_stopping(info: dict, project: str) -> bool:
-    from gguf_trainer.paths import ProjectPaths
+def is_stopping(info: dict) -> bool:
+    """control.status's flag: a stop was requested and the run is still alive."""
+    return bool(info.get("stopping")) and info.get("status") in ACTIVE
 
-    return info.get("status") in ACTIVE and ProjectPaths(project).stop_request.exists()
 
-
-def banner_text(info: dict, project: str) -> str:
+def banner_text(info: dict) -> str:
     status = info.get("status") or "idle"
     text = f"**{status.upper()}** · {info.get('message') or ''}"
-    if is_stopping(info, project):
+    if is_stopping(info):
         text = f"**STOPPING…** · finishing the current step, then saving · {info.get('message') or ''}"
     if status == "stalled":
         text += " — **Kill** it, then **Resume** from the last checkpoint."
@@ -200,15 +199,15 @@ def tick_outputs(p: TrainParts) -> list:
     return [p.banner, p.start, p.stop, p.kill, *p.stages, p.progress, p.metrics, p.loss_plot, p.cos_plot]
 
 
-def render(cur: live.Cursor, info: dict, project: str, plot_changed: bool, log10: bool) -> list:
+def render(cur: live.Cursor, info: dict, plot_changed: bool, log10: bool) -> list:
     """Updates for tick_outputs(); gr.skip() for whatever this tab already shows."""
     def put(key, value):
         return value if cur.changed(key, repr(value)) else gr.skip()
 
     status = info.get("status")
     active = status in ACTIVE
-    stopping = is_stopping(info, project)
-    out = [put("banner", banner_text(info, project)),
+    stopping = is_stopping(info)
+    out = [put("banner", banner_text(info)),
            put("start", gr.update(value=run_label(info), interactive=not active and not info.get("settings_error"))),
            put("stop", gr.update(value="Stopping…" if stopping else "Stop", interactive=active and not stopping)),
            put("kill", gr.update(interactive=active))]

@@ -69,8 +69,29 @@ def test_run_states_read_as_such(tmp_path, status, label, says):
     (tmp_path / "project.json").write_text("{}")
     info = {"status": status, "message": f"{status}: something", "mock": False, "stages": {}}
     assert train_tab.run_label(info) == label
-    assert says in train_tab.banner_text(info, str(tmp_path))
-    ups = train_tab.render(live.Cursor(), info, str(tmp_path), False, False)
+    assert says in train_tab.banner_text(info)
+    ups = train_tab.render(live.Cursor(), info, False, False)
     start, stop, kill = ups[1], ups[2], ups[3]
     active = status == "stalled"
     assert start["interactive"] is not active and stop["interactive"] is active and kill["interactive"] is active
+
+
+def test_stopping_comes_from_status_not_from_the_request_file(tick, tmp_path):
+    """control.status's `stopping` flag drives "Stopping…"; a request file left by a run
+    that has ended is not "stopping" (the run is not alive)."""
+    from gguf_trainer.paths import ProjectPaths
+    from gguf_trainer.ui import train_tab
+
+    info = {"status": "running", "message": "training", "mock": False, "stages": {}, "stopping": True}
+    ups = train_tab.render(live.Cursor(), info, False, False)
+    assert "STOPPING" in ups[0] and ups[2]["value"] == "Stopping…" and ups[2]["interactive"] is False
+    ups = train_tab.render(live.Cursor(), {**info, "stopping": False}, False, False)
+    assert "STOPPING" not in ups[0] and ups[2]["value"] == "Stop" and ups[2]["interactive"] is True
+    root = tmp_path / "p"
+    create_project(root, "t5xxl_pixart")
+    st = empty_state()
+    st.update(status="stopped", stage="train", step=5, steps=100)
+    atomic.write_json(root / "state.json", st)
+    ProjectPaths(root).stop_request.write_text("{}")  # left behind; nothing runs
+    out = tick(str(root), live.Cursor(), "pipeline", True, False)
+    assert "STOPPING" not in out[1] and "STOPPED" in out[1]

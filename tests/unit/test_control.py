@@ -147,6 +147,23 @@ def test_update_message_names_each_field_once(proj, monkeypatch):
             assert line.startswith(f"{key}: ") and line.count(key) == 1, line
 
 
+def test_status_says_stopping_while_a_stopped_run_is_alive(proj):
+    from gguf_trainer.runner import lock
+
+    paths = ProjectPaths(proj)
+    st = state.empty_state()
+    st.update(status="running", stage="train", pid=os.getpid(), heartbeat=time.time())
+    atomic.write_json(paths.state_json, st)
+    assert control.status(proj)["stopping"] is False  # nothing holds the lock: not alive
+    with lock.hold(paths):  # this process is the "pipeline"
+        assert control.status(proj)["status"] == "running"
+        assert control.status(proj)["stopping"] is False
+        assert control.stop(proj, timeout_s=0) == "stopping"
+        assert control.status(proj)["stopping"] is True
+    # the run ended without removing the request (killed): not "stopping" any more
+    assert paths.stop_request.exists() and control.status(proj)["stopping"] is False
+
+
 def test_set_steps_while_idle(proj):
     r = control.set_steps(proj, "40k")
     assert (r.steps, r.live, r.picked_up) == (40000, False, False)
