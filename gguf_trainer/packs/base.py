@@ -50,8 +50,10 @@ STUDENT_MATERIALS = (
              hint="pig_clip-f16.gguf: every recipe trains against the f16 file"),
     Material("student_tokenizer", "Student tokenizer + config", "hf_snapshot",
              repo="callgg/pig-clip-tokenizer", subdir="pig-clip-tokenizer", size_gb=0.011,
-             patterns=("config.json", "generation_config.json", "tokenizer.json",
-                       "tokenizer_config.json", "vocab.json", "merges.txt")),
+             # What load_student reads (the config and the BPE files); the material is
+             # "ready" when these are whole, so no file the tool never opens is required.
+             patterns=("config.json", "tokenizer.json", "tokenizer_config.json", "vocab.json",
+                       "merges.txt")),
 )
 
 

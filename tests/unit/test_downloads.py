@@ -60,6 +60,21 @@ def test_status_goes_missing_partial_ready(t5):
     assert "is complete at" in (root / downloads.DOWNLOAD_LOG).read_text()
 
 
+def test_the_demo_student_tokenizer_folder_is_ready(t5):
+    """The folder the demo writes (the Qwen BPE files and config.json) is every file the
+    student loader reads: "ready" at 100% of its bytes, not "partial"."""
+    from gguf_trainer.tiny.student import tiny_qwen3_config, write_tiny_tokenizer_dir
+
+    root, _ = t5
+    tok = write_tiny_tokenizer_dir(root / "materials" / "pig-clip-tokenizer", tiny_qwen3_config())
+    update_settings(root, {"materials.student_tokenizer.path": str(tok)})
+    row = _row(root, "student_tokenizer")
+    assert row["state"] == "ready", row["missing_files"]
+    assert row["files_done"] == row["files_total"] and row["bytes_done"] == row["bytes_total"] > 0
+    (tok / "tokenizer.json").unlink()  # a file the loader needs: not ready
+    assert _row(root, "student_tokenizer")["state"] == "partial"
+
+
 def test_a_complete_teacher_whose_content_check_fails_is_failed_not_ready(t5, hub_server):
     """Every file is there, but spiece.model is not a sentencepiece model: state "failed" with
     the check's sentence, the download says so, and nothing offers to fetch it again."""
