@@ -95,11 +95,15 @@ Float = Annotated[float, BeforeValidator(_no_bool)]
 
 
 def S(default: Any = ..., label: str = "", help: str = "", *, why: str = "", live: bool = False,
-      advanced: bool = False, kind: str = "", default_factory=None, **bounds) -> Any:
+      advanced: bool = False, kind: str = "", choices_from: str = "", default_factory=None,
+      **bounds) -> Any:
     """A setting: its default, GUI label/help, bounds (ge/le/gt/lt) and why they are so,
     `live` (may change while a run is live: no output is built from it), `advanced`,
-    `kind` ("path" for file/folder fields). Floats are always finite."""
-    extra = {"label": label, "live": live, "advanced": advanced, "why": why, "kind": kind}
+    `kind` ("path" for file/folder fields), `choices_from` (a list whose allowed items are
+    corpus_sources.known_ids(choices_from): the GUI shows a multi-select). Floats are
+    always finite."""
+    extra = {"label": label, "live": live, "advanced": advanced, "why": why, "kind": kind,
+             "choices_from": choices_from}
     kw = dict(description=help, json_schema_extra=extra, **bounds)
     if default_factory is not None:
         return Field(default_factory=default_factory, **kw)
@@ -121,15 +125,16 @@ class CorpusSettings(_Section):
     files: list[str] = S(label="Prompt files", help="local .txt/.jsonl prompt files (one prompt a line)",
                          kind="paths", default_factory=list)
     presets: list[str] = S(label="Prompt datasets",
-                           help="public prompt datasets, downloaded as materials: gustavosta, "
-                                "midjourney, diffusiondb, vidprom", default_factory=list)
+                           help="public prompt datasets, downloaded as materials",
+                           choices_from="presets", default_factory=list)
     weights: dict[str, float] = S(label="Source weights",
                                   help="share of the prompts per source (a dataset id or 'files'); "
                                        "unset = in proportion to size", default_factory=dict,
                                   advanced=True)
     image_presets: list[str] = S(label="Image datasets",
                                  help="image + caption datasets for image packs, downloaded as "
-                                      "materials: flickr30k, coco_captions", default_factory=list)
+                                      "materials", choices_from="image_presets",
+                                 default_factory=list)
     image_folders: list[str] = S(label="Image folders",
                                  help="local folders of images (searched recursively; an optional "
                                       "<name>.txt caption beside each image)", kind="paths",
@@ -519,6 +524,11 @@ def _meta_for(key: str, info, section: str) -> dict:
                                  "choice" if get_origin(base) is Literal else
                                  "list" if get_origin(base) is list else "str")
     default = info.get_default(call_default_factory=True)
+    choices = list(get_args(base)) if get_origin(base) is Literal else None
+    if extra.get("choices_from"):  # a list of known ids (the datasets a corpus can use)
+        from .corpus_sources import known_ids
+
+        choices = known_ids(extra["choices_from"])
     return {
         "key": key, "section": section, "label": extra.get("label") or key.rsplit(".", 1)[-1],
         "help": info.description or "", "type": kind,
@@ -526,7 +536,7 @@ def _meta_for(key: str, info, section: str) -> dict:
         "min": b.get("ge", b.get("gt")), "max": b.get("le", b.get("lt")),
         "min_exclusive": "gt" in b, "max_exclusive": "lt" in b,
         "range": range_text(info), "why": extra.get("why") or "",
-        "choices": list(get_args(base)) if get_origin(base) is Literal else None,
+        "choices": choices,
         "live": bool(extra.get("live")), "advanced": bool(extra.get("advanced")),
         "required": info.is_required(),
     }
@@ -594,6 +604,7 @@ def settings_table_markdown() -> str:
     for f in schema_fields():
         default = json.dumps(f["default"]) if f["key"] != "pack" else "(required)"
         allowed = (f["range"] if f["type"] in ("int", "float") else
+                   ("any of " if f["type"] == "list" else "") +
                    ", ".join(f"`{c}`" for c in f["choices"]) if f["choices"] else
                    {"bool": "`true`, `false`", "path": "a path", "paths": "a list of paths",
                     "str": "text"}.get(f["type"], f["type"]))

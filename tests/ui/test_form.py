@@ -47,3 +47,25 @@ def test_widgets_map_back_to_schema_values(built, tmp_path):
     widgets["corpus.weights"] = "{not json"
     bad = control.update_settings(root, form.changes(built, values, list(widgets.values())), None)
     assert "corpus.weights" in bad.errors  # refused next to the field
+
+
+@pytest.mark.parametrize("key, pick", [("corpus.presets", ["vidprom", "gustavosta"]),
+                                       ("corpus.image_presets", ["coco_captions"])])
+def test_dataset_lists_are_multi_selects_of_the_known_ids(built, tmp_path, key, pick):
+    from gguf_trainer.corpus_sources import known_ids
+
+    comp = built.fields[key].comp
+    ids = known_ids(key.split(".")[1])
+    assert isinstance(comp, gr.Dropdown) and comp.multiselect
+    assert [c[1] for c in comp.choices] == ids and set(pick) <= set(ids)
+    root = tmp_path / "p"
+    create_project(root, "t5xxl_pixart")
+    values = control.read_settings(root).values
+    widgets = {k: form.to_widget(f.meta, form.get_dotted(values, k)) for k, f in built.fields.items()}
+    assert widgets[key] == []
+    widgets[key] = pick
+    got = form.changes(built, values, list(widgets.values()))
+    assert got == {key: pick}  # the schema's list of ids, nothing else moved
+    res = control.update_settings(root, got, values)
+    assert res.ok, res.message()
+    assert form.get_dotted(control.read_settings(root).values, key) == pick
