@@ -76,8 +76,9 @@ def _out(text: str) -> None:
 def cmd_new(args) -> int:
     view = control.new_project(args.dir, args.pack, args.name)
     _out(f"project created: {view.root} (pack {args.pack}, name {view.settings['name']})")
-    _out(f"next: point materials.student.path (and the pack's other materials) at your files in "
-         f"{Path(view.root) / 'project.json'}, then: gguf-trainer run --project {view.root}")
+    _out(f"next: gguf-trainer link --project {view.root} student /path/to/pig_clip-f16.gguf, "
+         f"gguf-trainer download --project {view.root} (the pack's other materials), then: "
+         f"gguf-trainer run --project {view.root}")
     return EXIT_OK
 
 

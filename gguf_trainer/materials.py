@@ -99,13 +99,15 @@ def materials_for(project) -> tuple:
 
 
 def _fix_for(material, project_dir=None) -> str:
-    where = f"materials.{material.id}.path in project.json"
     proj = project_dir or "DIR"
     if material.repo:  # runner/downloads.py: resumable, verified, records the path itself
         return (f"download {material.repo} (gguf-trainer download --project {proj} --id "
                 f"{material.id}, or Download under Setup → Materials) or link a copy you have "
                 f"(gguf-trainer link --project {proj} {material.id} PATH)")
-    return f"set {where}" + (f" ({material.hint})" if material.hint else "")
+    # A local file: name the commands that record it, with this project's folder.
+    return (f"link your file with `gguf-trainer link --project {proj} {material.id} PATH` or "
+            f"`gguf-trainer set --project {proj} materials.{material.id}.path=PATH`"
+            + (f" ({material.hint})" if material.hint else ""))
 
 
 def student_paths(project) -> tuple[Path, Path]:

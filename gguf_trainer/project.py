@@ -911,8 +911,8 @@ def ggk_command(project: Project) -> tuple[str, list[str]]:
     student = project.material_path("student")
     if student is None or not student.is_file():
         student_arg = "pig_clip-f16.gguf"
-        notes.append("set materials.student.path to your pig_clip-f16.gguf; the command names it "
-                     "by its file name")
+        notes.append(f"link your pig_clip-f16.gguf (`gguf-trainer link --project {project.dir} "
+                     "student PATH`); until then the command names it by its file name")
     else:
         student_arg = str(student)
     cmd = pack.engine_command(student=shlex.quote(student_arg),

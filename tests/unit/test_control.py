@@ -461,7 +461,8 @@ def test_results_name_real_paths_and_no_placeholders(proj, tmp_path):
     res = control.results(proj)
     assert res["gguf"] == str(project.final_gguf) and "cos 0.8000 vs mean baseline 0.5000" in res["eval_line"]
     assert "<" not in res["ggk"] and ">" not in res["ggk"]
-    assert any("materials.student.path" in n for n in res["notes"])  # no student set: said so
+    assert any(f"gguf-trainer link --project {proj} student PATH" in n
+               for n in res["notes"])  # no student set: said so, with the command that fixes it
     text = control.results_text(proj)
     assert "adapter:" in text and "ggk:" in text
 
@@ -630,10 +631,14 @@ def test_start_names_a_missing_student_before_launching(proj, capsys, tiny_mater
     before = tree(proj)
     code, _, err = run_cli(capsys, "start", "--project", proj)
     assert code == EXIT_USER and "materials.student.path is not set" in err
+    # the sentence names the commands that fix it, for this project
+    assert f"`gguf-trainer link --project {proj.resolve()} student PATH`" in err
+    assert f"`gguf-trainer set --project {proj.resolve()} materials.student.path=PATH`" in err
     one_sentence(err)
     assert tree(proj) == before
-    control.update_settings(proj, {"materials.student.path": str(tiny_materials["student"]),
-                                   "materials.student_tokenizer.path": str(tiny_materials["tokenizer"])},
+    # ... and the named command does fix it
+    assert run_cli(capsys, "link", "--project", proj, "student", tiny_materials["student"])[0] == EXIT_OK
+    control.update_settings(proj, {"materials.student_tokenizer.path": str(tiny_materials["tokenizer"])},
                             None)
     code, _, err = run_cli(capsys, "start", "--project", proj)
     assert code == EXIT_USER and "gguf-trainer download --project" in err  # the teacher
