@@ -43,7 +43,10 @@ def _follow(paths, w) -> int:
     distributed.init(cpu=distributed.wants_cpu(load_project(paths.root)))
     run_id = distributed.hello(paths, None)
     report = distributed.RankReport(paths, run_id)
-    signal.signal(signal.SIGINT, lambda *_: report.request_stop())  # Ctrl-C reaches every rank
+    # Ctrl-C reaches every rank, and the launcher passes it on as SIGTERM: both stop after
+    # the unit, as rank 0 does (it decides the step; a dead rank 0 fails our collectives).
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: report.request_stop())
     log.info("rank %d of %d joined run %s", w.rank, w.size, run_id)
     objs = {s.name: s for s in stage_objects()}
     run = RunContext()

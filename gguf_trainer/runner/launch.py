@@ -33,6 +33,7 @@ class Launch:
     main_process_ip: str | None = None
     main_process_port: int | None = None
     config_file: str | None = None
+    per_stage: bool = False  # the count came from the settings: each stage uses its own
 
     @property
     def several_machines(self) -> bool:
@@ -62,7 +63,7 @@ class Launch:
             return self
         n = max(project_settings.precompute.processes, project_settings.train.processes)
         return Launch(n, self.num_machines, self.machine_rank, self.main_process_ip,
-                      self.main_process_port, self.config_file)
+                      self.main_process_port, self.config_file, per_stage=True)
 
     def needed(self) -> bool:
         return (self.processes or 1) > 1 or self.several_machines
@@ -91,7 +92,7 @@ class Launch:
         """Environment for the launched ranks: with a flag (not per-stage settings) every
         stage uses every rank."""
         env = dict(os.environ)
-        if self.needed() and (self.several_machines or self.processes is not None):
+        if self.needed() and (self.several_machines or not self.per_stage):
             env["GGUF_TRAINER_PROCESSES_ALL"] = "1"
         return env
 
@@ -105,21 +106,41 @@ def free_port() -> int:
 
 def run_foreground(paths, launch: Launch, pipeline_args: list[str], on_change=None,
                    poll_s: float = 0.5) -> int:
-    """`gguf-trainer run` with several processes: the launcher is a child of the CLI (Ctrl-C
-    reaches every rank through the terminal's process group); progress is read back from
-    state.json and handed to `on_change(stage, stage_dict)` like the in-process run does."""
-    from gguf_trainer.runner import status as status_mod
+    """`gguf-trainer run` with several processes: the launcher runs as a child of the CLI in
+    its own session, its output appended to pipeline.log (the launcher's own messages are not
+    the user's to read). Progress is read back from state.json and handed to
+    `on_change(stage, stage_dict)` like the in-process run does. The first Ctrl-C asks every
+    rank to stop after its unit (the stop request); a second one ends the ranks (SIGTERM)."""
+    import signal
 
-    proc = subprocess.Popen(launch.argv(pipeline_args), env=launch.env(), cwd=paths.root)
+    from gguf_trainer.runner import status as status_mod
+    from gguf_trainer.runner import supervisor
+
+    with open(paths.pipeline_log, "ab") as out:
+        proc = subprocess.Popen(launch.argv(pipeline_args), env={**supervisor._child_env(), **launch.env()},
+                                cwd=paths.root, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
     seen: dict = {}
-    try:
-        while proc.poll() is None:
+    interrupts = 0
+
+    def interrupt(_signum, _frame):  # the terminal closing, or a plain kill: as Ctrl-C
+        raise KeyboardInterrupt
+
+    old = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    while proc.poll() is None:
+        try:
             if on_change is not None and launch.is_main_machine:
                 _forward_progress(status_mod.read_state(paths) or {}, seen, on_change)
             time.sleep(poll_s)
-    except KeyboardInterrupt:  # the ranks got the SIGINT too and stop after their unit
-        rc = proc.wait()
-        return rc
+        except KeyboardInterrupt:
+            interrupts += 1
+            if interrupts == 1 and launch.is_main_machine:
+                os.write(2, b"\nstopping after the current step (Ctrl-C again to abort)\n")
+                supervisor.stop(paths.root, timeout_s=0)
+            else:
+                os.killpg(proc.pid, signal.SIGTERM)
+    for sig, handler in old.items():
+        signal.signal(sig, handler)
     if on_change is not None and launch.is_main_machine:
         _forward_progress(status_mod.read_state(paths) or {}, seen, on_change)
     return proc.returncode

@@ -99,6 +99,7 @@ def test_processes_default_to_the_larger_setting():
             processes = 2
 
     assert Launch().resolved(S).processes == 3
+    assert distributed.OVERRIDE_ENV not in Launch().resolved(S).env()  # each stage its own count
     assert Launch(1).resolved(S).processes == 1  # the flag wins
 
 
