@@ -316,6 +316,8 @@ def cmd_demo(args) -> int:
     from gguf_trainer.runner.pipeline import EXIT_OK as PIPELINE_OK
 
     steps = _parse_steps(args.steps)
+    if args.dir:  # before anything is written: never inside a folder that is not a project
+        control.check_demo_folder(args.dir)
     root = demo.prepare_demo(args.pack, Path(args.dir) if args.dir else None, steps)
     _out(f"demo project ready: {root}")
     if args.no_run:

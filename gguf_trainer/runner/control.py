@@ -165,6 +165,28 @@ def new_project(root: PathLike, pack_id: str, name: str | None = None,
     return open_project(root)
 
 
+def check_demo_folder(root: PathLike) -> None:
+    """`demo --dir`: refuse a folder that holds files but no project, so the demo never
+    builds its materials and project.json inside someone's own folder (it was run on a home
+    folder). Accepted: a folder that does not exist yet, an empty one, an existing project
+    (the demo reuses it), and one holding only the `materials` folder a demo set-up that was
+    cut short before writing project.json leaves behind."""
+    path = _root(root)
+    if not path.exists() or (path / "project.json").exists():
+        return
+    if not path.is_dir():
+        raise UserError(f"{path} is a file, not a folder; choose a new folder for the demo.")
+    try:
+        names = {p.name for p in path.iterdir()}
+    except OSError as e:
+        raise UserError(f"cannot read {path} ({e.strerror}); choose a folder you can write to "
+                        "for the demo.") from None
+    if names <= {"materials"}:
+        return
+    raise UserError(f"{path} is not empty and holds no project, so the demo will not build "
+                    f"inside it; choose a new or empty folder (e.g. --dir {path / 'gguf_demo'}).")
+
+
 def open_project(root: PathLike) -> ProjectView:
     """The project's settings, pack description, status and errors. A broken project.json
     (not JSON, bad values) is reported in `errors` with ok=False, never as "idle".

@@ -194,3 +194,24 @@ def test_demo_help_lists_the_pack_ids(capsys):
 
     code, out, _ = run_cli(capsys, "demo", "--help")
     assert code == 0 and all(p in out for p in pack_ids())
+
+
+def test_demo_refuses_a_folder_that_holds_files_but_no_project(capsys, tmp_path):
+    """`demo --dir ~` once built a project inside a home folder: a non-empty folder that is
+    not a project is refused with one sentence, before anything is written; the demo's own
+    folder (new, empty, or already a demo project) is used and reused."""
+    home = tmp_path / "someones_home"
+    (home / ".config").mkdir(parents=True)
+    (home / "notes.txt").write_text("mine")
+    before = sorted(p.relative_to(home) for p in home.rglob("*"))
+    code, out, err = run_cli(capsys, "demo", "--dir", str(home), "--no-run")
+    assert code == 1 and "is not empty and holds no project" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and not out
+    assert sorted(p.relative_to(home) for p in home.rglob("*")) == before
+    demo = tmp_path / "demo"
+    demo.mkdir()  # empty: fine
+    code, out, _ = run_cli(capsys, "demo", "--dir", str(demo), "--no-run", "--steps", "7")
+    assert code == 0 and (demo / "project.json").is_file()
+    code, out, _ = run_cli(capsys, "demo", "--dir", str(demo), "--no-run", "--steps", "9")
+    assert code == 0 and "demo project ready" in out  # reused, not refused
+    assert control.read_settings(demo).values["train"]["steps"] == 9
