@@ -205,7 +205,11 @@ def plan_budgets(plan, device) -> list[tuple[int | str, int]] | None:
         return None
     chosen = device.index if device.index is not None else torch.cuda.current_device()
     budgets: list[tuple[int | str, int]] = [(chosen, int(max(0.0, plan.gpu_gib - MIN_HEADROOM_GIB) * GIB))]
-    for i in range(torch.cuda.device_count()):
+    from ..distributed import world
+
+    # Launched with one rank per card: the other cards are the other ranks' (data parallel).
+    others = range(torch.cuda.device_count()) if not world().is_distributed else ()
+    for i in others:
         total = torch.cuda.get_device_properties(i).total_memory
         if i != chosen and total - 1.5 * GIB > 2 * GIB:
             budgets.append((i, int(total - 1.5 * GIB)))
