@@ -153,7 +153,7 @@ def build_app(roots: list[str] | None = None, project: str | None = None) -> gr.
                           "api_visibility": "private"}
 
         setup_tab.wire(setup, project_state, read_state, cursor, after_open)
-        train_tab.wire(train, project_state, refresh)
+        train_tab.wire(train, project_state, refresh, read_state, setup.form, setup.save_md)
         logs_tab.wire(logs, cursor, logs_tab_ui)
         hardware_tab.wire(hw, project_state, hw_tab)
         output_tab.wire(out, project_state, out_tab)

@@ -317,23 +317,8 @@ def wire(p: SetupParts, project: gr.State, read: gr.State, cursor: gr.State, aft
 
     @common.user_errors
     def do_save(proj, rd, *vals):
-        proj = common.need_project(proj)
-        if not rd:
-            raise UserError("project.json could not be read; fix it (see the message above) and reopen")
-        view = control.open_project(proj)
-        pack_id = (view.pack or {}).get("id")
-        chg = form.changes(p.form, rd["values"], list(vals))
-        if not chg:
-            return [rd, "Nothing changed.", *form.mark(p.form, {}, pack_id)]
-        res = api.save_settings(proj, chg, rd["values"])
-        fresh = control.open_project(proj)
-        if fresh.ok:  # what is on disk now becomes what the page read, for the saved fields
-            rd = {"values": _merge_read(rd["values"], fresh.settings, res.get("applied") or {}),
-                  "version": fresh.version}
-        msg = "Saved." if res["ok"] else ("Not everything was saved:\n\n" + res["message"].replace("\n", "\n\n"))
-        if res.get("applied") and not res["ok"]:
-            msg += f"\n\nSaved: {', '.join(res['applied'])}"
-        return [rd, msg, *form.mark(p.form, res, pack_id)]
+        saved = save_form(p.form, common.need_project(proj), rd, list(vals))
+        return [saved.read, saved.message, *saved.marks]
 
     @common.user_errors
     def do_token(tok):
@@ -376,6 +361,52 @@ def wire(p: SetupParts, project: gr.State, read: gr.State, cursor: gr.State, aft
     p.download.click(do_download, [project], mat_outs)
     p.one_download.click(do_download, [project, p.one_material], mat_outs)
     _wire_browser(p, project)
+
+
+@dataclass
+class Saved:
+    """What `save_form` did: `read` (the page's new read state), `message` (for save_md),
+    `marks` (updates for form.comps: each problem next to its field), `result` (the
+    UpdateResult dict, None when nothing had changed), `ok` (nothing is left unsaved)."""
+
+    read: dict | None
+    message: str
+    marks: list
+    result: dict | None
+
+    @property
+    def ok(self) -> bool:
+        return self.result is None or bool(self.result.get("ok"))
+
+
+def save_form(fm: form.Form, project: str, rd: dict | None, vals: list) -> Saved:
+    """Save the form's changed fields with compare-and-set against what the page read (the
+    Save button, and Start before it starts): a field changed on disk since then is not
+    overwritten, invalid values are refused, each next to its field."""
+    if not rd:
+        raise UserError("project.json could not be read; fix it (see the message above) and reopen")
+    view = control.open_project(project)
+    pack_id = (view.pack or {}).get("id")
+    chg = form.changes(fm, rd["values"], list(vals))
+    if not chg:
+        return Saved(rd, "Nothing changed.", form.mark(fm, {}, pack_id), None)
+    res = api.save_settings(project, chg, rd["values"])
+    fresh = control.open_project(project)
+    if fresh.ok:  # what is on disk now becomes what the page read, for the saved fields
+        rd = {"values": _merge_read(rd["values"], fresh.settings, res.get("applied") or {}),
+              "version": fresh.version}
+    msg = "Saved." if res["ok"] else ("Not everything was saved:\n\n" + res["message"].replace("\n", "\n\n"))
+    if res.get("applied") and not res["ok"]:
+        msg += f"\n\nSaved: {', '.join(res['applied'])}"
+    return Saved(rd, msg, form.mark(fm, res, pack_id), res)
+
+
+def missing_materials(project: str) -> list[str]:
+    """The wanted, required materials that are not ready ("title (state)"), from material
+    status; [] when material status is not available in this version."""
+    got = api.materials(project)
+    return [f"{m.get('title') or m['id']} ({m.get('state')})" for m in got.get("materials") or []
+            if m.get("wanted", True) and m.get("required") and m.get("state") != "ready"]
 
 
 def _merge_read(old: dict, disk: dict, applied: dict) -> dict:

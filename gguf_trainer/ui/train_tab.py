@@ -7,7 +7,7 @@ the CLI, another browser or before a GUI restart shows up on the next tick.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import gradio as gr
 import pandas as pd
@@ -16,7 +16,7 @@ from gguf_trainer.errors import UserError
 from gguf_trainer.runner import control
 from gguf_trainer.runner.status import format_eta
 from gguf_trainer.stage_list import STAGES, stage_title
-from gguf_trainer.ui import api, common, hardware, live
+from gguf_trainer.ui import api, common, form, hardware, live, setup_tab
 
 ACTIVE = ("running", "stalled")
 STAGE_CLASSES = ("stage", "stage-box")
@@ -234,14 +234,66 @@ def render(cur: live.Cursor, info: dict, plot_changed: bool, log10: bool) -> lis
     return out
 
 
+# ---- starting from the page --------------------------------------------------------------
+@dataclass
+class StartOutcome:
+    """What Start did: `started` (and `pid`), `message` (one or two sentences for a toast),
+    `saved` (setup_tab.Saved when the Setup form had changes, else None), `missing` (required
+    materials that are not ready, named before starting)."""
+
+    started: bool
+    message: str
+    saved: setup_tab.Saved | None = None
+    missing: list = field(default_factory=list)
+    pid: int | None = None
+
+
+def start_from_page(fm: form.Form, project: str | None, read: dict | None, vals: list) -> StartOutcome:
+    """Start as the page shows it: unsaved Setup changes are saved first through the same
+    compare-and-set as Save, and a change that was not saved (changed on disk since the page
+    read it, or invalid) starts nothing: the fields say why. Required materials that are not
+    ready are named before starting; control.start then refuses with the path and the fix
+    when the run really needs them (a resume past precompute does not)."""
+    project = common.need_project(project)
+    saved = setup_tab.save_form(fm, project, read, vals) if read else None
+    if saved is not None and saved.result is None:
+        saved = None  # nothing had changed: nothing to report
+    if saved is not None and not saved.ok:
+        return StartOutcome(False, "Not started: some of your Setup changes were not saved "
+                            "(see the fields marked ⚠ on the Setup tab); reload or fix them, "
+                            "then press Start again.", saved, [])
+    missing = setup_tab.missing_materials(project)
+    note = f"Saved your Setup changes ({', '.join(saved.result['applied'])}). " if saved else ""
+    try:
+        pid = api.start(project)["pid"]
+    except UserError as e:
+        return StartOutcome(False, f"{note}Not started: {e}", saved, missing)
+    return StartOutcome(True, f"{note}Pipeline started (pid {pid}).", saved, missing, pid)
+
+
+def missing_warning(missing: list[str]) -> str:
+    return (f"Required materials not ready: {', '.join(missing)}. Download or link them on the "
+            "Setup tab (a run that still has to precompute stops at once without them).")
+
+
 # ---- wiring ---------------------------------------------------------------------------
-def wire(p: TrainParts, project: gr.State, refresh) -> None:
-    """`refresh` is the app's (project, cursor) -> updates chain run after each action."""
+def wire(p: TrainParts, project: gr.State, refresh, read: gr.State, fm: form.Form,
+         save_md: gr.Markdown) -> None:
+    """`refresh` is the app's (project, cursor) -> updates chain run after each action;
+    `read`, `fm` and `save_md` are the Setup tab's (Start saves the form first)."""
 
     @common.user_errors
-    def do_start(proj):
-        api.start(common.need_project(proj))
-        gr.Info("pipeline started")
+    def do_start(proj, rd, *vals):
+        out = start_from_page(fm, proj, rd, list(vals))
+        if out.missing:
+            gr.Warning(missing_warning(out.missing), title="Materials")
+        if out.started:
+            gr.Info(out.message)
+        else:
+            gr.Warning(out.message, title="Not started")
+        if out.saved is None:
+            return [gr.skip()] * (2 + len(fm.comps))
+        return [out.saved.read, out.saved.message, *out.saved.marks]
 
     @common.user_errors
     def do_stop(proj):
@@ -289,7 +341,7 @@ def wire(p: TrainParts, project: gr.State, refresh) -> None:
         gr.Info(f"reset {target}: deleted {len(res['deleted'])} path(s)")
         return gr.update(visible=False)
 
-    p.start.click(do_start, [project], None).then(**refresh)
+    p.start.click(do_start, [project, read, *fm.comps], [read, save_md, *fm.comps]).then(**refresh)
     p.stop.click(do_stop, [project], None).then(**refresh)
     p.kill.click(do_kill, [project], None).then(**refresh)
     p.snap_button.click(do_snapshot, [project, p.snap_checkpoint, p.snap_eval], None).then(**refresh)
