@@ -106,8 +106,15 @@ def test_two_process_training_equals_one_and_resumes_bit_identically(tmp_path, t
     assert res.returncode == 0, res.stderr + (two.pipeline_log).read_text()[-3000:]
     a, b = model_state(one), model_state(two)
     diff = max(float((a[k] - b[k]).abs().max()) for k in a)
-    print(f"2 processes vs 1 at global batch 5, 30 steps: max |difference| {diff:.3g}")
-    assert diff < 1e-4
+    losses = [[r["loss"] for r in map(json.loads, p.metrics_jsonl.read_text().splitlines()) if "loss" in r]
+              for p in (one, two)]
+    first = abs(losses[0][0] - losses[1][0])
+    print(f"2 processes vs 1 at global batch 5, 30 steps: max |weight difference| {diff:.3g}, "
+          f"|loss difference| at step 2 {first:.3g}")
+    # fp32 summation order only: AdamW divides each step by the gradient's own size, so
+    # parameters with near-zero gradients carry that noise further (a parameter can move
+    # lr x steps = 0.06 here); a wrong batch split or loss weighting moves the loss at once.
+    assert first < 1e-5 and diff < 1e-3
     assert read_state(two.root)["status"] == "done"
     assert [json.loads(r)["step"] for r in two.metrics_jsonl.read_text().splitlines()
             if "loss" in r] == list(range(2, 31, 2))  # rank 0 alone writes the metrics
