@@ -138,8 +138,8 @@ class _FakeStudent:
     def __init__(self, seed: int):
         self.gen = torch.Generator().manual_seed(seed)
 
-    def hidden(self, ids: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-        return torch.randn(*ids.shape, STUDENT_DIM, generator=self.gen)
+    def hidden(self, ids: torch.Tensor, keep: torch.Tensor, splices=None) -> torch.Tensor:
+        return torch.randn(*ids.shape, STUDENT_DIM, generator=self.gen)  # text-only: no splices
 
 
 def make_samples(pack, n: int, start: int, seed: int) -> list[_Sample]:
@@ -158,7 +158,7 @@ def make_samples(pack, n: int, start: int, seed: int) -> list[_Sample]:
 def write_pack_shards(pack, folder: Path, n_shards: int, shard_size: int) -> tuple[list[Path], int]:
     """Shard files of `pack` via build_shard + write_shard; also the bf16 bytes of the rows."""
     ctx = SimpleNamespace(teacher=pack.build_mock_teacher(None), student=_FakeStudent(SEED),
-                          device=torch.device("cpu"), pack=pack,
+                          device=torch.device("cpu"), pack=pack, vision_proj=None,  # text-only samples
                           budgets=choose_budgets(PrecomputeSettings(), torch.device("cpu")))
     report = SimpleNamespace(stop_requested=lambda: False)
     files, row_bytes = [], 0
