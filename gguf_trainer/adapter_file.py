@@ -586,7 +586,7 @@ def format_report(view: AdapterView) -> str:
 
 def inspect_main(path: str, as_json: bool, out: TextIO | None = None) -> int:
     """Body of `gguf-trainer inspect FILE [--json]`: 1 when the file has problems, else 0.
-    A non-GGUF file raises UserError (the CLI turns it into exit 2)."""
+    A non-GGUF file raises UserError (the CLI turns it into exit 1, exit_codes.EXIT_USER)."""
     out = out or sys.stdout
     view = read_adapter(path)
     if as_json:

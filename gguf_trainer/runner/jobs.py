@@ -47,6 +47,7 @@ from typing import Any
 
 from gguf_trainer import atomic
 from gguf_trainer.errors import UserError, as_user_error
+from gguf_trainer.exit_codes import EXIT_INTERNAL, EXIT_OK, EXIT_USER
 from gguf_trainer.runner import lock
 
 log = logging.getLogger(__name__)
@@ -238,7 +239,7 @@ def _resolve(target: str):
 
 def run_job(folder: Path, name: str, target: str, job_id: str, kwargs: dict) -> int:
     """The job process body: hold the lock, record running, call target, record the end.
-    Exit code 0 done/stopped, 1 failed (user error), 3 internal error."""
+    Exit code (exit_codes): 0 done/stopped, 1 failed on a user error, 4 internal error."""
     logging.basicConfig(level=logging.INFO, stream=sys.stdout,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -247,7 +248,7 @@ def run_job(folder: Path, name: str, target: str, job_id: str, kwargs: dict) -> 
         held.__enter__()
     except lock.LockHeld as e:
         print(f"error: {e}", flush=True)
-        return 1
+        return EXIT_USER
     me = os.getpid()
     state = {"schema": 1, "name": name, "job_id": job_id, "target": target, "kwargs": kwargs,
              "status": "running", "pid": me, "pid_start_time": lock.process_start_time(me),
@@ -261,7 +262,7 @@ def run_job(folder: Path, name: str, target: str, job_id: str, kwargs: dict) -> 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     job.write()
-    code = 0
+    code = EXIT_OK
     try:
         result = _resolve(target)(folder, job, **kwargs)
         state.update(status="done", result=_jsonable(result))
@@ -272,12 +273,12 @@ def run_job(folder: Path, name: str, target: str, job_id: str, kwargs: dict) -> 
         if user is not None:
             state.update(status="failed", error=str(user))
             print(f"error: {user}", flush=True)
-            code = 1
+            code = EXIT_USER
         else:
             traceback.print_exc(file=sys.stdout)
             state.update(status="failed", error=f"internal error ({type(e).__name__}); "
                                                 f"see {log_path(folder, name)}")
-            code = 3
+            code = EXIT_INTERNAL
     state["finished"] = time.time()
     job.write()
     print(f"{name} job {state['status']}" + (f": {state['error']}" if state["error"] else ""),
