@@ -395,9 +395,15 @@ def auto_resume(module: str = PIPELINE_MODULE) -> str:
     if module == PIPELINE_MODULE:  # the project's own switch (test pipelines have none)
         from gguf_trainer.project import load_project  # lazy: pydantic, no torch
 
-        if not load_project(paths.root).settings.auto_resume:
+        settings = load_project(paths.root).settings
+        if not settings.auto_resume:
             return f"auto-resume: {paths.root} was interrupted, but its auto_resume is off"
-    pid = start(paths.root, module=module)
+    launch = None
+    if module == PIPELINE_MODULE:  # as many processes as the settings ask (one machine)
+        from gguf_trainer.runner.launch import Launch
+
+        launch = Launch().resolved(settings)
+    pid = start(paths.root, module=module, launch=launch)
     return f"auto-resume: relaunched {paths.root} (pid {pid}); it was interrupted: {info['error']}"
 
 
