@@ -86,22 +86,3 @@ def prepare_demo(pack_id: str | None = None, dest: Path | None = None, steps: in
     create_project(root, pack.id, overrides=overrides)
     log.info("demo project ready at %s", root)
     return root
-
-
-def describe_result(root: Path) -> str:
-    """Where the results are, for the end of `gguf-trainer demo`."""
-    from . import atomic
-
-    proj = load_project(root)
-    ev = atomic.read_json(proj.paths.eval_json) or {}
-    lines = [f"adapter:   {proj.final_gguf}"]
-    if ev:
-        base = ev.get("baseline", {}).get(f"baseline_{ev['headline']}")
-        what = ("MOCK teacher — a smoke test, not a usable adapter" if ev.get("mock")
-                else "tiny real teacher — the real code path on toy weights")
-        lines.append(f"eval:      {proj.paths.eval_json}  ({ev['headline']} {ev['val_cos']:.4f} vs mean baseline "
-                     f"{base if base is None else round(base, 4)}; {what})")
-    student = proj.material_path("student")
-    lines.append("ggk:       " + proj.pack.engine_command(student=student.name if student else "pig_clip-f16.gguf",
-                                                        adapter=str(proj.final_gguf)))
-    return "\n".join(lines)
