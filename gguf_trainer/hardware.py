@@ -7,7 +7,8 @@ functions of a `Hardware` reading and plain numbers: tests drive them with fake 
 Must not: know projects or packs beyond the numbers passed in, or load any model.
 
     hw = read_hardware(device)
-    plan = plan_teacher(teacher_gib=12.0, settings=pc, hw=hw)
+    plan = plan_teacher(teacher_gib=12.0, settings=pc, hw=hw, offload=pack.teacher_offload)
+    for line in plan.info: log.info(line)
     for line in preflight(12.0, plan, hw): log.warning(line)   # raises UserError if it cannot fit
 """
 
@@ -211,6 +212,10 @@ TEACHER_MODES = ("auto", "gpu", "offload", "cpu")
 ACTIVATION_HEADROOM = 0.25  # GPU memory beside a resident teacher, as a share of its weights...
 MIN_HEADROOM_GIB = 1.0  # ...and at least this much (activations of one budget batch)
 CLOSE_MARGIN = 0.10  # a fit within 10 % of the limit is warned about
+# How a pack's offload mode holds the weights: "stream" keeps them all in RAM and streams one
+# block at a time through the card (T5, Qwen3-VL: accelerate hooks); "split" places them once
+# with a device map, the card filled up to its budget and the rest in RAM (LLaDA).
+OFFLOAD_KINDS = ("stream", "split")
 
 
 @dataclass(frozen=True)
@@ -222,6 +227,9 @@ class Plan:
     gpu_gib    the GPU memory the teacher may take (a device_map max_memory), 0 = none
     cpu_gib    the RAM it may take
     placement  sequential (fill one card, then the next) or balanced (spread over cards)
+    offload    how offload holds the weights (OFFLOAD_KINDS): stream (all in RAM) or split
+               (the card's budget less headroom, then RAM)
+    notes      warnings (an automatic fallback and why); info: plain facts for the log
     """
 
     mode: str
@@ -229,7 +237,9 @@ class Plan:
     gpu_gib: float = 0.0
     cpu_gib: float = 0.0
     placement: str = "sequential"
+    offload: str = "stream"
     notes: tuple[str, ...] = field(default_factory=tuple)
+    info: tuple[str, ...] = field(default_factory=tuple)
 
 
 def _gpu_limit(settings, hw: Hardware) -> float:
@@ -244,14 +254,17 @@ def gpu_need_gib(teacher_gib: float) -> float:
     return teacher_gib + max(MIN_HEADROOM_GIB, ACTIVATION_HEADROOM * teacher_gib)
 
 
-def plan_teacher(teacher_gib: float, settings, hw: Hardware, is_mock: bool = False) -> Plan:
+def plan_teacher(teacher_gib: float, settings, hw: Hardware, is_mock: bool = False,
+                 offload: str = "stream") -> Plan:
     """Pick the teacher mode and batch budgets.
 
     `teacher_gib`: the pack's memory need (weights); `settings`: the precompute settings
     (teacher_mode, placement, gpu_mem_gib, cpu_mem_gib, batch/token budgets; 0 = auto);
     `hw`: a Hardware reading. auto = resident on the card when weights + headroom fit under
     the GPU limit, else offload when a card exists, else cpu. Checking that the chosen mode
-    fits is `preflight`'s job."""
+    fits is `preflight`'s job. `offload`: the pack's OFFLOAD_KINDS entry (its teacher_offload)."""
+    if offload not in OFFLOAD_KINDS:
+        raise ValueError(f"offload {offload!r} is not one of {OFFLOAD_KINDS}")
     device = torch.device("cuda" if hw.has_cuda else "cpu")
     if is_mock:
         mode = "mock"
@@ -266,14 +279,19 @@ def plan_teacher(teacher_gib: float, settings, hw: Hardware, is_mock: bool = Fal
     gpu_limit = _gpu_limit(settings, hw) if hw.has_cuda else 0.0
     spare = gpu_limit - (teacher_gib if mode == "gpu" else 0.0)
     budgets = choose_budgets(settings, device, spare_gib=spare, mode=mode)
-    notes = ()
-    if settings.teacher_mode == "auto" and mode in ("offload", "cpu") and not is_mock:
+    notes, info = (), ()
+    if mode == "cpu" and not hw.has_cuda:  # no card to compare with: a fact, not a fallback
+        info = ("no GPU: the teacher runs on the CPU in fp32",)
+    elif settings.teacher_mode == "auto" and mode in ("offload", "cpu") and not is_mock:
         need = gpu_need_gib(teacher_gib)
+        how = {"stream": "its weights stay in RAM and stream through the card",
+               "split": "it is split between the card and RAM"}[offload]
         note = (f"teacher mode {mode}: the teacher needs {need:.1f} GiB on a card and "
-                f"{gpu_limit:.1f} GiB is available there")
+                f"{gpu_limit:.1f} GiB is available there" + (f"; {how}" if mode == "offload" else ""))
         notes = (note,)
     return Plan(mode=mode, budgets=budgets, gpu_gib=gpu_limit if mode in ("gpu", "offload") else 0.0,
-                cpu_gib=_cpu_limit(settings, hw), placement=settings.placement, notes=notes)
+                cpu_gib=_cpu_limit(settings, hw), placement=settings.placement, offload=offload,
+                notes=notes, info=info)
 
 
 def preflight(teacher_gib: float, plan: Plan, hw: Hardware) -> list[str]:
@@ -287,7 +305,14 @@ def preflight(teacher_gib: float, plan: Plan, hw: Hardware) -> list[str]:
     if plan.mode == "gpu":
         need, have, where = gpu_need_gib(teacher_gib), plan.gpu_gib, "GPU memory"
         fix = "set precompute.teacher_mode to offload (or auto), raise precompute.gpu_mem_gib, or free the card"
-    else:  # offload and cpu hold the weights in RAM
+    elif plan.mode == "offload" and plan.offload == "split":
+        # the device map fills the card up to its budget less headroom (teachers/llada.plan_budgets),
+        # then RAM: the two together must hold the weights
+        need, where = teacher_gib, "GPU memory + RAM"
+        have = max(0.0, plan.gpu_gib - MIN_HEADROOM_GIB) + plan.cpu_gib
+        fix = ("raise precompute.gpu_mem_gib or precompute.cpu_mem_gib, close other programs, "
+               "or use a machine with more memory")
+    else:  # streamed offload and cpu hold all the weights in RAM
         need, have, where = teacher_gib, plan.cpu_gib, "RAM"
         fix = "raise precompute.cpu_mem_gib, close other programs, or use a machine with more memory"
     if need > have:

@@ -51,7 +51,10 @@ class Context:
         hw = hardware.read_hardware(self.device)
         folders = {} if pc.mock_teacher else teacher_paths(project)
         need_gib = pack.teacher_gib(folders, self.device) if folders else pack.teacher_memory_gib
-        self.plan = hardware.plan_teacher(need_gib, pc, hw, is_mock=pc.mock_teacher)
+        self.plan = hardware.plan_teacher(need_gib, pc, hw, is_mock=pc.mock_teacher,
+                                          offload=pack.teacher_offload)
+        for line in self.plan.info:
+            log.info("%s", line)
         for line in hardware.preflight(need_gib, self.plan, hw):
             log.warning("%s", line)
         gguf, tok = student_paths(project)

@@ -136,6 +136,7 @@ class TrainerPack:
     # ge/le, choices ...), laid over the schema's own (project.field_metadata merges them).
     field_meta: dict[str, dict] = {}
     teacher_memory_gib: float = 0.0  # the teacher's weights in memory; the placement planner's need
+    teacher_offload: str = "stream"  # how offload mode holds the weights: hardware.OFFLOAD_KINDS
     min_ggk: str = ""
     engine_command_template: str = ""
     export_kv: dict[str, Any] = {}

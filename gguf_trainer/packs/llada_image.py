@@ -53,6 +53,7 @@ class LLaDAImagePack(TrainerPack):
         "eval": "Judge by val centred cosine and rel_mse; >= 0.96 is healthy, ~0.87 means a broken-RoPE teacher.",
     }
     teacher_memory_gib = 34.0
+    teacher_offload = "split"  # offload = an accelerate device map: the card's budget, then RAM
     remote_code = True  # the backbone is the snapshot's own Python: trust records, teachers/trust.py
     health_after_steps = 2000  # early in a run every adapter is under the floor
     reference = {"val cos_centered": 0.965, "rel_mse": 0.0024, "run": "RTX 5090, ~55 min of training",

@@ -45,7 +45,8 @@ def _probe(project_dir: str) -> dict:
         hw = hardware.read_hardware(device)
         folders = {} if pc.mock_teacher else teacher_paths(project)
         need = pack.teacher_gib(folders, device) if folders else pack.teacher_memory_gib
-        plan = hardware.plan_teacher(need, pc, hw, is_mock=pc.mock_teacher)
+        plan = hardware.plan_teacher(need, pc, hw, is_mock=pc.mock_teacher,
+                                     offload=pack.teacher_offload)
         warnings = hardware.preflight(need, plan, hw)
     except UserError as e:
         return {"ok": False, "error": str(e)}

@@ -9,6 +9,7 @@ import torch
 from gguf_trainer import hardware
 from gguf_trainer.errors import UserError
 from gguf_trainer.hardware import Hardware, plan_teacher, preflight
+from gguf_trainer.packs import get_pack
 from gguf_trainer.project import PrecomputeSettings
 
 TEACHER_GIB = 12.0  # the PixArt pack's T5-XXL need
@@ -27,8 +28,13 @@ def test_auto_mode_follows_the_hardware(hw, mode):
     assert plan.mode == mode
     if mode == "gpu":
         assert plan.gpu_gib == pytest.approx(78) and plan.notes == ()
-    else:  # an automatic fallback says why, with both numbers
+    elif mode == "offload":  # an automatic fallback says why, with both numbers
         assert "GiB" in plan.notes[0] and f"{hardware.gpu_need_gib(TEACHER_GIB):.1f}" in plan.notes[0]
+        assert "weights stay in RAM" in plan.notes[0]
+    else:  # no card at all: nothing to compare with, a plain fact for the log, no warning
+        assert plan.notes == () and plan.info == ("no GPU: the teacher runs on the CPU in fp32",)
+        roomy = Hardware(has_cuda=False, cpu_total_gib=64, cpu_available_gib=60)
+        assert preflight(TEACHER_GIB, plan_teacher(TEACHER_GIB, settings(), roomy), roomy) == []
 
 
 def test_a_user_gpu_budget_caps_what_the_planner_may_use():
@@ -70,6 +76,52 @@ def test_preflight_refuses_with_both_numbers(mode, hw, where, have):
     need = hardware.gpu_need_gib(TEACHER_GIB) if mode == "gpu" else TEACHER_GIB
     assert f"needs {need:.1f} GiB of {where}" in msg and f"only {have:.1f} GiB" in msg
     assert "precompute." in msg and "\n" not in msg  # names the setting to change
+
+
+LLADA = get_pack("llada_image")
+CARD_32_RAM_32 = Hardware(has_cuda=True, gpu_total_gib=32, gpu_free_gib=31.0, cpu_total_gib=32,
+                          cpu_available_gib=29.0)
+
+
+def test_a_split_teacher_fits_card_plus_ram():
+    """LLaDA (34 GiB, placed by a device map) on a 32 GiB card with 32 GiB of RAM: neither holds
+    it alone, the two together do (the card less its activation headroom, then RAM)."""
+    assert LLADA.teacher_offload == "split" and LLADA.teacher_memory_gib == 34.0
+    need = LLADA.teacher_memory_gib
+    plan = plan_teacher(need, settings(), CARD_32_RAM_32, offload=LLADA.teacher_offload)
+    assert plan.mode == "offload" and plan.offload == "split"
+    assert "split between the card and RAM" in plan.notes[0]
+    assert preflight(need, plan, CARD_32_RAM_32) == list(plan.notes)  # fits, 60 GiB for 34
+    # the same numbers with streamed offload (weights all in RAM) are refused: RAM alone is 29
+    streamed = plan_teacher(need, settings(), CARD_32_RAM_32)
+    with pytest.raises(UserError, match=r"needs 34\.0 GiB of RAM but only 29\.0 GiB"):
+        preflight(need, streamed, CARD_32_RAM_32)
+
+
+def test_a_split_teacher_too_big_for_both_is_refused_with_the_sum():
+    hw = Hardware(has_cuda=True, gpu_total_gib=8, gpu_free_gib=7.5, cpu_total_gib=32, cpu_available_gib=20)
+    plan = plan_teacher(34.0, settings(), hw, offload="split")
+    with pytest.raises(UserError) as err:
+        preflight(34.0, plan, hw)
+    msg = str(err.value)  # 7.5 - 1.0 headroom + 20
+    assert "needs 34.0 GiB of GPU memory + RAM but only 26.5 GiB" in msg and "gpu_mem_gib" in msg
+    # a user cap on RAM counts too
+    capped = plan_teacher(34.0, settings(cpu_mem_gib=10), CARD_32_RAM_32, offload="split")
+    with pytest.raises(UserError, match=r"only 40\.0 GiB"):
+        preflight(45.0, capped, CARD_32_RAM_32)
+
+
+@pytest.mark.parametrize("pack_id", ["t5xxl_pixart", "qwen3vl_mageflow"])
+def test_streamed_packs_keep_ram_alone(pack_id):
+    """T5 and Qwen3-VL stream their blocks through the card: their weights live in RAM."""
+    pack = get_pack(pack_id)
+    assert pack.teacher_offload == "stream"
+    hw = Hardware(has_cuda=True, gpu_total_gib=8, gpu_free_gib=7.5, cpu_total_gib=16,
+                  cpu_available_gib=pack.teacher_memory_gib - 1)
+    plan = plan_teacher(pack.teacher_memory_gib, settings(teacher_mode="offload"), hw,
+                        offload=pack.teacher_offload)
+    with pytest.raises(UserError, match="GiB of RAM but only"):
+        preflight(pack.teacher_memory_gib, plan, hw)
 
 
 def test_preflight_refuses_a_card_mode_without_a_card():
