@@ -35,7 +35,8 @@ from gguf_trainer.project import update_settings
 from gguf_trainer.samples import count_samples
 
 PRE = ["--only", "corpus", "precompute_val", "precompute_train"]
-STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
+SHARD_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*precompute\[train\] shard "
+                        r"\d+: (\d+) prompts in [\d.]+s \(([\d.]+) p/s\)")
 
 
 def cli(*args: str) -> None:
@@ -50,34 +51,30 @@ def stage_seconds(paths: ProjectPaths, stage: str) -> float:
     return st["finished"] - st["started"]
 
 
-def _log_times(paths: ProjectPaths) -> tuple[list[float], list[float]]:
-    """(times the ranks finished loading the teacher, times their train shards were written),
-    from pipeline.log and ranks/*.log (emptied before the run)."""
-    loaded, written = [], []
+def _shard_span(paths: ProjectPaths) -> float:
+    """Seconds from the first train shard begun (on any rank) to the last one written, from
+    pipeline.log and ranks/*.log (emptied before the run): each shard line has its end time,
+    its prompts and its prompts/s, so its start is end - prompts / rate. Loading the teacher,
+    a constant per run (hours apart from the work on a real corpus), is left out."""
+    starts, ends = [], []
     for log in [paths.pipeline_log, *sorted((paths.root / "ranks").glob("rank-*.log"))]:
         for line in log.read_text(encoding="utf-8").splitlines():
-            m = STAMP.match(line)
-            if not m:
-                continue
-            t = datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
-            if "precompute: teacher mode" in line:
-                loaded.append(t)
-            elif "precompute[train] shard" in line:
-                written.append(t)
-    return loaded, written
+            m = SHARD_LINE.match(line)
+            if m:
+                end = datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                ends.append(end)
+                starts.append(end - int(m.group(2)) / float(m.group(3)))
+    return max(ends) - min(starts)
 
 
 def precompute_rate(paths: ProjectPaths, processes: int) -> float:
-    """Train-split samples per second of one precompute_train stage (shards dropped first),
-    from the first rank ready (teacher loaded: a constant per run, hours apart from the work
-    on a real corpus) to the last shard written."""
+    """Train-split samples per second of one precompute_train stage (shards dropped first)."""
     for p in paths.shard_dir("train").glob("*.safetensors"):
         p.unlink()
     for log in [paths.pipeline_log, *(paths.root / "ranks").glob("rank-*.log")]:
         log.unlink(missing_ok=True)
     cli("run", "--project", str(paths.root), "--processes", str(processes), "--only", "precompute_train")
-    loaded, written = _log_times(paths)
-    return count_samples(paths.samples("train")) / (max(written) - min(loaded))
+    return count_samples(paths.samples("train")) / _shard_span(paths)
 
 
 def train_rate(paths: ProjectPaths, processes: int) -> float:
@@ -93,7 +90,7 @@ def train_rate(paths: ProjectPaths, processes: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--processes", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="one round, a small corpus (the test)")
     args = ap.parse_args()
     rounds = 1 if args.quick else args.rounds
