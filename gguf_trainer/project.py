@@ -96,14 +96,14 @@ Float = Annotated[float, BeforeValidator(_no_bool)]
 
 def S(default: Any = ..., label: str = "", help: str = "", *, why: str = "", live: bool = False,
       advanced: bool = False, kind: str = "", choices_from: str = "", default_factory=None,
-      **bounds) -> Any:
+      packs: tuple[str, ...] = (), **bounds) -> Any:
     """A setting: its default, GUI label/help, bounds (ge/le/gt/lt) and why they are so,
     `live` (may change while a run is live: no output is built from it), `advanced`,
     `kind` ("path" for file/folder fields), `choices_from` (a list whose allowed items are
-    corpus_sources.known_ids(choices_from): the GUI shows a multi-select). Floats are
-    always finite."""
+    corpus_sources.known_ids(choices_from): the GUI shows a multi-select), `packs` (the
+    only packs that read it; the GUI hides it for the others). Floats are always finite."""
     extra = {"label": label, "live": live, "advanced": advanced, "why": why, "kind": kind,
-             "choices_from": choices_from}
+             "choices_from": choices_from, "packs": list(packs)}
     kw = dict(description=help, json_schema_extra=extra, **bounds)
     if default_factory is not None:
         return Field(default_factory=default_factory, **kw)
@@ -214,6 +214,12 @@ class PrecomputeSettings(_Section):
 
     mock_teacher: bool = S(False, "Mock teacher", "synthetic targets with the real shapes: a smoke "
                            "test, never a usable adapter")
+    # PixArt's caption window: the DiT's caption_length (contract §3.3), read by the pack
+    # (TrainerPack.configured) and nowhere else; it sets the adapter's num_queries.
+    t5_window: Literal[120, 300] = S(
+        120, "T5 window", "caption slots of the PixArt model the adapter is for: 120 PixArt-α, "
+        "300 PixArt-Σ (the DiT's caption_length; the adapter's num_queries must equal it)",
+        packs=("t5xxl_pixart",))
     processes: Int = S(1, "Processes", "ranks computing shards in parallel (one per GPU); shard k "
                        "goes to rank k mod N, the shards are the same for any N", ge=1, le=1024,
                        advanced=True, why="one process per card; more than 1024 ranks is no machine")
@@ -538,7 +544,7 @@ def _meta_for(key: str, info, section: str) -> dict:
         "range": range_text(info), "why": extra.get("why") or "",
         "choices": choices,
         "live": bool(extra.get("live")), "advanced": bool(extra.get("advanced")),
-        "required": info.is_required(),
+        "required": info.is_required(), "packs": list(extra.get("packs") or []),
     }
 
 
@@ -582,6 +588,9 @@ def field_metadata(pack_id: str | None = None) -> list[dict]:
     for key, meta in declared.items():
         if key in by_key:
             by_key[key].update(meta)
+    for f in fields:  # a setting only some packs read is not shown for the others
+        if f["packs"] and pack_id not in f["packs"]:
+            f["hidden"] = True
     by_key["name"]["default"] = default_name(pack.default_name)
     mats = []
     for m in pack.materials:
@@ -611,6 +620,8 @@ def settings_table_markdown() -> str:
         if f["type"] == "int" and allowed:
             allowed = "whole number " + allowed
         help_ = f["help"] + (f" (limit: {f['why']})" if f["why"] else "")
+        if f["packs"]:
+            help_ += f" (read by {', '.join(f'`{p}`' for p in f['packs'])} only)"
         rows.append(f"| `{f['key']}` | `{default}` | {allowed} | {'yes' if f['live'] else 'no'} "
                     f"| {f['label']}: {help_} |")
     return "\n".join(rows)
@@ -630,9 +641,10 @@ class Project:
 
     @property
     def pack(self):
+        """The project's pack as its settings configure it (e.g. PixArt's T5 window)."""
         from .packs import get_pack
 
-        return get_pack(self.settings.pack)
+        return get_pack(self.settings.pack).configured(self.settings)
 
     @property
     def output_dir(self) -> Path:

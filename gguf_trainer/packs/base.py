@@ -152,6 +152,11 @@ class TrainerPack:
     def materials(self) -> tuple[Material, ...]:
         return STUDENT_MATERIALS + self.teacher_materials + self.optional_materials
 
+    def configured(self, settings) -> TrainerPack:
+        """This pack as a project's settings configure it (Project.pack): itself, unless the pack
+        reads a setting that changes its shapes (PixArt's precompute.t5_window)."""
+        return self
+
     def format_prompt(self, text: str) -> str:
         """The exact string the student tokenizes for a corpus prompt (no template = raw)."""
         return text

@@ -4,6 +4,8 @@ encoder's last_hidden_state at the real slots (incl. EOS). Engine facts: contrac
 
 from __future__ import annotations
 
+import copy
+
 from .base import Material, TrainerPack
 
 T5_WINDOW = 120  # PixArt-alpha caption_length
@@ -69,6 +71,25 @@ class PixArtT5Pack(TrainerPack):
         "adapter.teacher": "callgg/t5-v1_1-xxl-encoder-bf16",
     }
     bytes_per_sample = 40 * 4096 * 2 + 30 * 1024 * 2 + T5_WINDOW * 4
+
+    def configured(self, settings):
+        """PixArt-Σ reads 300 caption slots, PixArt-α 120 (the DiT's caption_length; contract
+        §3.3): `precompute.t5_window` sets the window, the adapter's num_queries (the engine
+        takes it from the `query` shape and never adapts it on PixArt) and the shard contract.
+        The 120 default is this pack as registered, so existing projects keep their
+        fingerprints."""
+        from ..teachers.t5 import check_window
+
+        window = check_window(settings.precompute.t5_window)
+        if window == self.num_queries:
+            return self
+        pack = copy.copy(self)
+        pack.num_queries = pack.max_len_teacher = window
+        pack.shard_contract = f"{self.shard_contract}/window{window}"
+        pack.bytes_per_sample = self.bytes_per_sample + (window - self.num_queries) * 4
+        pack.export_kv = {**self.export_kv, "adapter.target":
+                          f"t5_v1_1_xxl encoder last_hidden_state, {window}-slot PixArt window"}
+        return pack
 
     def teacher_gib(self, materials, device):
         """The encoder's weights as they will sit in memory, from the snapshot's header: bf16 with

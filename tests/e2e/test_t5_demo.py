@@ -54,6 +54,9 @@ def test_demo_trains_against_the_tiny_real_teacher(demo):
     # what the user reads at the end: the eval line with its health, the ggk command and the advice
     assert "n/a: a tiny demo teacher" in demo["stdout"] and "f16 or q8_0" in demo["stdout"]
     assert "--llm-adapter" in demo["stdout"]
+    # no card here: the log states the CPU fact, not a card comparison with 0.0 GiB available
+    log = proj.paths.pipeline_log.read_text()
+    assert "no GPU: the teacher runs on the CPU in fp32" in log and "available there" not in log
 
 
 def test_the_shards_hold_the_engine_t5_window_ids(demo):
@@ -103,3 +106,32 @@ def test_a_changed_spiece_model_invalidates_the_shards(demo, tmp_path):
     stale = stale_stages(proj, stage_objects(), stage_inputs(proj))
     shard_stages = [name for name in stale if name.startswith("precompute")]
     assert shard_stages and all("teacher" in stale[name] for name in shard_stages), stale
+
+
+def test_a_300_slot_window_exports_300_queries(demo, tmp_path):
+    """PixArt-Σ: `precompute.t5_window` 300 re-plans the shards (new contract, teacher limit) and the
+    adapter (num_queries); the export holds a 300-row `query` that `inspect` reads, and the
+    shards hold 300-slot seed windows. A small corpus keeps the run short."""
+    from gguf_trainer.runner.stages import stage_inputs, stage_objects, stale_stages
+
+    root = tmp_path / "sigma"
+    shutil.copytree(demo["root"], root, ignore=shutil.ignore_patterns("output"))
+    project_mod.update_settings(root, {"precompute.t5_window": 300})
+    proj = project_mod.load_project(root)
+    assert proj.pack.num_queries == proj.pack.max_len_teacher == 300
+    inputs = stage_inputs(proj)
+    stale = stale_stages(proj, stage_objects(), inputs)
+    assert "corpus" not in stale and "train" in stale and inputs["train"]["num_queries"] == 300
+    assert "(contract, max_len_teacher)" in stale["precompute_val"], stale
+    project_mod.update_settings(root, {"corpus.n_train": 48, "corpus.n_val": 16, "train.steps": 10,
+                                       "train.val_every": 10, "export.output_dir": str(root / "output")})
+    out = cli("run", "--project", root, home=demo["home"])
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    proj = project_mod.load_project(root)
+    shard = load_verified(shard_files(proj.paths.shard_dir("val"))[0])
+    assert shard["seed_ids"].shape[1] == 300
+    out = cli("inspect", "--json", proj.final_gguf, home=demo["home"], timeout=120)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["kind"] == "seeded_resampler" and report["geometry"]["num_queries"] == 300
+    assert report["problems"] == [], report["problems"]

@@ -26,7 +26,7 @@ def test_an_untouched_page_changes_nothing(built, tmp_path, pack):
     shown = form.fill(built, values, pack)
     widgets = [form.to_widget(f.meta, form.get_dotted(values, k)) for k, f in built.fields.items()]
     assert form.changes(built, values, widgets) == {}
-    pack_keys = {m["key"] for m in control.field_metadata(pack)}
+    pack_keys = {m["key"] for m in control.field_metadata(pack) if not m.get("hidden")}
     visible = {k for (k, _), u in zip(built.fields.items(), shown) if u.get("visible")}
     assert visible == pack_keys  # every field of the pack, nothing of another pack
 

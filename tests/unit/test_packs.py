@@ -191,3 +191,25 @@ def test_mock_is_deterministic_and_prompt_dependent(tokenizer, pack_id):
     (c,) = _mock(pack_id).targets(_samples([PROMPTS[0] + " extra"]), _ids(pack, tokenizer, [PROMPTS[0] + " extra"]))
     n = min(first.shape[0], c.rows.shape[0])
     assert not torch.allclose(first[:n], c.rows[:n], atol=1e-3)
+
+
+def test_pixart_window_is_one_setting_read_by_the_pack(tmp_path):
+    """precompute.t5_window 300 (PixArt-Σ) sets the window, num_queries, the teacher limit and the
+    shard contract of the project's pack; 120 is the registered pack itself (fingerprints of
+    existing projects unchanged); other windows are refused; other packs hide the field."""
+    from gguf_trainer.project import PrecomputeSettings, field_metadata, update_settings
+
+    registered = get_pack("t5xxl_pixart")
+    proj = create_project(tmp_path / "p", "t5xxl_pixart")
+    assert proj.pack is registered and proj.pack.num_queries == 120
+    update_settings(proj.dir, {"precompute.t5_window": 300})
+    sigma = load_project(proj.dir).pack
+    assert (sigma.num_queries, sigma.max_len_teacher) == (300, 300)
+    assert sigma.shard_contract != registered.shard_contract and "300-slot" in sigma.export_kv["adapter.target"]
+    assert sigma.adapter_config(TrainSettings(width=64, depth=1), in_dim=64).num_queries == 300
+    assert registered.num_queries == 120  # the registered pack is not changed by a project
+    with pytest.raises(ValueError, match="120 or 300"):
+        PrecomputeSettings(t5_window=200)
+    meta = {pid: {f["key"]: f for f in field_metadata(pid)}["precompute.t5_window"] for pid in pack_ids()}
+    assert meta["t5xxl_pixart"]["choices"] == [120, 300] and not meta["t5xxl_pixart"].get("hidden")
+    assert all(m.get("hidden") for pid, m in meta.items() if pid != "t5xxl_pixart")
