@@ -5,9 +5,9 @@ real T5 teacher of the PixArt demo (gguf_trainer/packs/demo_materials/t5xxl_pixa
                 (target >= 1.7 for N = 2)
     train:      steps/s at a fixed global batch, N processes x 1 thread ÷ 1 x 1
 
-Times come from the run itself (state.json: the precompute_train stage's start and end; the
-median steps_per_s of metrics.jsonl for training), so process start-up and the launcher are
-not counted. Rounds alternate 1 and N processes (load from other processes falls on both);
+Times come from the run itself (precompute: each rank's shard log lines, its prompts over the
+span of its shards, summed over the ranks; training: the median steps_per_s of metrics.jsonl),
+so process start-up, the launcher and loading the teacher are not counted. Rounds alternate 1 and N processes (load from other processes falls on both);
 the figure is the median ratio over rounds, with the spread printed.
 
     python benchmarks/bench_scaling.py [--processes 2] [--rounds 3] [--quick]
@@ -32,7 +32,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gguf_trainer.demo import demo_prompts, prepare_demo
 from gguf_trainer.paths import ProjectPaths
 from gguf_trainer.project import update_settings
-from gguf_trainer.samples import count_samples
 
 PRE = ["--only", "corpus", "precompute_val", "precompute_train"]
 SHARD_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*precompute\[train\] shard "
@@ -51,20 +50,26 @@ def stage_seconds(paths: ProjectPaths, stage: str) -> float:
     return st["finished"] - st["started"]
 
 
-def _shard_span(paths: ProjectPaths) -> float:
-    """Seconds from the first train shard begun (on any rank) to the last one written, from
-    pipeline.log and ranks/*.log (emptied before the run): each shard line has its end time,
-    its prompts and its prompts/s, so its start is end - prompts / rate. Loading the teacher,
-    a constant per run (hours apart from the work on a real corpus), is left out."""
-    starts, ends = [], []
+def _rank_rates(paths: ProjectPaths) -> list[float]:
+    """Each rank's train-split prompts/s over its own shards: prompts ÷ (last shard written -
+    first shard begun), from pipeline.log (rank 0) and ranks/*.log (emptied before the run).
+    A shard line has its end time, prompts and prompts/s, so its start is end - prompts/rate.
+    The ranks work side by side, so the run's throughput is the sum; loading the teacher (a
+    constant per run, hours apart from the work on a real corpus) and the ranks' different
+    start-up times are left out."""
+    rates = []
     for log in [paths.pipeline_log, *sorted((paths.root / "ranks").glob("rank-*.log"))]:
+        starts, ends, prompts = [], [], 0
         for line in log.read_text(encoding="utf-8").splitlines():
             m = SHARD_LINE.match(line)
             if m:
                 end = datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
                 ends.append(end)
                 starts.append(end - int(m.group(2)) / float(m.group(3)))
-    return max(ends) - min(starts)
+                prompts += int(m.group(2))
+        if ends:
+            rates.append(prompts / (max(ends) - min(starts)))
+    return rates
 
 
 def precompute_rate(paths: ProjectPaths, processes: int) -> float:
@@ -74,7 +79,7 @@ def precompute_rate(paths: ProjectPaths, processes: int) -> float:
     for log in [paths.pipeline_log, *(paths.root / "ranks").glob("rank-*.log")]:
         log.unlink(missing_ok=True)
     cli("run", "--project", str(paths.root), "--processes", str(processes), "--only", "precompute_train")
-    return count_samples(paths.samples("train")) / _shard_span(paths)
+    return sum(_rank_rates(paths))
 
 
 def train_rate(paths: ProjectPaths, processes: int) -> float:
