@@ -77,6 +77,10 @@ class RowMetrics:
                      per-dimension mean baseline, pred = mu on every row (the number to beat).
                      Its centred prediction is the zero row, so baseline_cos_centered = 0.0
                      by the zero-row rule of row_cos().                          [mu given]
+    * baseline_cos_<tag>  cos_<tag> of the mean baseline: its headline cosine over the rows
+                     whose tag is True (plain cos(mu, target); 0.0 when centered), so each
+                     cos_<tag> has the number it must beat (MageFlow: cos_vis, cos_txt).
+                                                      [mu given; omitted like cos_<tag>]
     * rows, samples  supervised rows and distinct sample ids seen.
     """
 
@@ -113,7 +117,8 @@ class RowMetrics:
             pc, tc = p - mu, t - mu
             cos_c = row_cos(pc, tc)
             self._add("cos_centered", cos_c)
-            self._add("baseline_cos", row_cos(mu.expand_as(t), t))
+            base_cos = row_cos(mu.expand_as(t), t)
+            self._add("baseline_cos", base_cos)
             self._add("baseline_sq_err", tc.pow(2).sum(-1, dtype=torch.float64))
         a, b, head = (pc, tc, cos_c) if self.is_centered else (p, t, cos_raw)
         self._add("cos", head)
@@ -123,6 +128,8 @@ class RowMetrics:
             assert name not in _OWN_KEYS, f"tag name {name!r} collides with cos_{name}"
             assert sel.shape == head.shape and sel.dtype == torch.bool, (name, sel.shape)
             self._add(f"cos_{name}", head[sel])
+            if mu is not None:  # the baseline's headline: a centred mean prediction is the zero row
+                self._add(f"baseline_cos_{name}", (torch.zeros_like(head) if self.is_centered else base_cos)[sel])
         if ref is not None:
             assert ref.shape == pred.shape, (ref.shape, pred.shape)
             r = ref.to(dtype)
@@ -168,5 +175,6 @@ class RowMetrics:
             out["baseline_cos_centered"] = 0.0
             out["baseline_rel_mse"] = (self.sums["baseline_sq_err"] / sq_tgt
                                        if sq_tgt > 0 else math.nan)
+            out.update({k: v for k, v in mean.items() if k.startswith("baseline_cos_")})
         out["rows"], out["samples"] = rows, len(sample_means)
         return out

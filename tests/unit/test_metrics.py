@@ -52,9 +52,12 @@ def numpy_metrics(pred, target, ref, ids, tags, mu, centered):
            "baseline_cos_centered": 0.0,
            "baseline_rel_mse": ((mu - target) ** 2).sum() / (target ** 2).sum(),
            "rows": len(ids), "samples": len(np.unique(ids))}
+    base = cos(np.broadcast_to(mu, target.shape), target)
     for name, sel in tags.items():
         if sel.any():
             out[f"cos_{name}"] = head[sel].mean()
+            # the mean baseline on the same rows (its centred prediction is the zero row)
+            out[f"baseline_cos_{name}"] = 0.0 if centered else base[sel].mean()
     return out
 
 
@@ -98,7 +101,8 @@ def test_every_key_matches_numpy(centered):
     got = run_batches(UNEVEN, *data, centered=centered)
     want = numpy_metrics(*data, centered=centered)
     assert got.keys() == want.keys()
-    assert "cos_empty" not in got  # a tag with zero rows is omitted
+    assert "cos_empty" not in got and "baseline_cos_empty" not in got  # a tag with zero rows is omitted
+    assert {"baseline_cos_vis", "baseline_cos_eos"} <= got.keys()  # per-tag baselines, deliberately
     for key in want:
         assert got[key] == pytest.approx(want[key], rel=1e-10, abs=1e-12), key
     if centered:
