@@ -527,9 +527,14 @@ class TrainRanks:
             off += k
 
     def agree(self, stop: bool, snapshot: bool, steps: int) -> tuple[bool, bool, int]:
-        """Rank 0's decisions for this step (stop, snapshot, planned steps) on every rank."""
-        got = broadcast_object((stop, snapshot, steps), self.n)
-        return bool(got[0]), bool(got[1]), int(got[2])
+        """Rank 0's decisions for this step (stop, snapshot, planned steps) on every rank (one
+        small tensor broadcast: this runs every step)."""
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor([int(stop), int(snapshot), int(steps)], dtype=torch.int64)
+        collective(dist.broadcast, t, src=0, group=self.ctrl)
+        return bool(t[0]), bool(t[1]), int(t[2])
 
     def rank_states(self, pos) -> dict:
         """Every rank's stream position and RNG states (CPU, CUDA), gathered for rank 0."""
