@@ -34,8 +34,8 @@ from pathlib import Path
 
 from . import atomic
 from .errors import UserError
-from .prompt_syntax import training_text
-from .samples import Sample, write_samples
+from .prompt_syntax import RULE_VERSION, training_text, would_rewrite
+from .samples import Sample, iter_samples, write_samples
 from .stage_list import Stage
 
 log = logging.getLogger(__name__)
@@ -408,6 +408,30 @@ def run_corpus(project, report, split: tuple[list[Sample], list[Sample]] | None 
 SPLIT_KEY = "corpus_split"  # the split `check` built, reused by `run` in the same pipeline run
 
 
+def _syntax_key(project, fp: dict, recorded: dict | None) -> int | None:
+    """The prompt-syntax rule's version for the corpus fingerprint. A corpus recorded before
+    the version was (no key) is kept when none of its stored prompts would be rewritten by the
+    rule (None: the key stays absent, the fingerprint unchanged; checked again at each start,
+    a read of data/*.jsonl); when some would, the current version is returned, so the corpus
+    and everything built on it are redone, and the log says why. A corpus rebuilt anyway (new,
+    or other inputs changed) records the version."""
+    old = (recorded or {}).get("prompt_syntax")
+    if recorded is None or old == RULE_VERSION:
+        return RULE_VERSION
+    if {k: v for k, v in recorded.items() if k != "prompt_syntax"} != json.loads(json.dumps(fp)):
+        return RULE_VERSION  # rebuilt for another reason (compared as recorded: JSON)
+    files = [project.paths.samples(split) for split in ("train", "val")]
+    if not all(f.is_file() for f in files):
+        return RULE_VERSION
+    stale = sum(would_rewrite(s.text or "") for f in files for s in iter_samples(f))
+    if stale == 0:
+        return old
+    log.warning("corpus: %d stored prompt(s) carry weight syntax ( ) [ ] \\ that the prompt-syntax "
+                "rule (version %d) rewrites to the text the engine tokenizes; the corpus is rebuilt",
+                stale, RULE_VERSION)
+    return RULE_VERSION
+
+
 class CorpusStage(Stage):
     name = "corpus"
     restart = True  # the split is rebuilt whole: a half-written data/ is never resumed
@@ -420,6 +444,9 @@ class CorpusStage(Stage):
             from .corpus_sources import fingerprint
 
             fp["sources"] = fingerprint(project)
+        syntax = _syntax_key(project, fp, recorded)
+        if syntax is not None:
+            fp["prompt_syntax"] = syntax
         return fp
 
     def folder(self, paths):

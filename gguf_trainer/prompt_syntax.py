@@ -38,6 +38,9 @@ _FLT_MAX = float(np.finfo(np.float32).max)
 _FLT_MIN = float(np.finfo(np.float32).tiny)
 ROUND = np.float32(1.1)
 SQUARE = np.float32(1) / np.float32(1.1)
+# The rule's version, recorded in the corpus fingerprint (corpus.CorpusStage): bump it when
+# training_text changes what a stored prompt would be.
+RULE_VERSION = 1
 
 
 class PromptSyntaxError(ValueError):
@@ -128,3 +131,13 @@ def training_text(text: str, tally) -> str | None:
     if rewritten != text:
         tally["syntax"] += 1
     return rewritten
+
+
+def would_rewrite(text: str) -> bool:
+    """Whether the training policy would change this stored prompt (or skip it): how a corpus
+    recorded without the rule's version is checked. Conservative: a prompt the rule already
+    produced from an escaped `\\(` holds a literal `(`, which reads as a rewrite."""
+    try:
+        return " ".join(engine_text(text).split()) != text
+    except PromptSyntaxError:
+        return True
