@@ -119,6 +119,25 @@ def _mlp(width: int, hidden: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(width, hidden), nn.GELU(), nn.Linear(hidden, width))
 
 
+# Training needs the output on the supervised rows only, and after the last block's attention
+# every op is per row (LayerNorm, MLP, ln_out, out_proj, skip): the last block reads every row
+# as keys but computes queries only up to the last supervised position (`_leading`), then
+# keeps the supervised rows alone (`_gather`). Row-wise matmuls on a gathered, contiguous
+# copy give bit-identical rows on CPU (tests/unit/test_adapters.py asserts max |diff| = 0).
+def _leading(rows, *xs):
+    """xs cut to the positions up to the last supervised one (contiguous); xs when rows is None."""
+    if rows is None:
+        return xs
+    hit = rows.any(0).nonzero()
+    n = int(hit[-1]) + 1 if len(hit) else 1
+    return tuple(x[:, :n].contiguous() for x in xs)
+
+
+def _gather(rows, x):
+    """The supervised rows of x (B, n, W) -> (N, W), sample-major like metrics.masked_rows."""
+    return x if rows is None else x[rows[:, : x.shape[1]]]
+
+
 class ResamplerBlock(nn.Module):
     def __init__(self, width: int, hidden: int):
         super().__init__()
@@ -130,10 +149,13 @@ class ResamplerBlock(nn.Module):
         self.ln_mlp = nn.LayerNorm(width, eps=LN_EPS)
         self.mlp = _mlp(width, hidden)
 
-    def forward(self, q, kv, kv_mask=None):
+    def forward(self, q, kv, kv_mask=None, rows=None):
+        """(B, Q, W) -> (B, Q, W); with `rows` (B, Q) bool, only those rows: (N, W)."""
         x = self.ln_self(q)
-        q = q + self.self_attn(x, x)  # all queries, no query mask (the engine has none)
+        q, xq = _leading(rows, q, x)
+        q = q + self.self_attn(xq, x)  # all queries as keys, no query mask (the engine has none)
         q = q + self.cross_attn(self.ln_q(q), self.ln_kv(kv), kv_mask)
+        q = _gather(rows, q)
         return q + self.mlp(self.ln_mlp(q))
 
 
@@ -145,10 +167,17 @@ class TokenBlock(nn.Module):
         self.ln_mlp = nn.LayerNorm(width, eps=LN_EPS)
         self.mlp = _mlp(width, hidden)
 
-    def forward(self, x, mask=None):
+    def forward(self, x, mask=None, rows=None):
+        """(B, L, W) -> (B, L, W); with `rows` (B, L) bool, only those rows: (N, W)."""
         y = self.ln_self(x)
-        x = x + self.self_attn(y, y, mask)
+        x, yq = _leading(rows, x, y)
+        x = x + self.self_attn(yq, y, mask)
+        x = _gather(rows, x)
         return x + self.mlp(self.ln_mlp(x))
+
+
+def _bool(mask):
+    return None if mask is None else mask.to(torch.bool)
 
 
 class ResamplerAdapter(nn.Module):
@@ -168,8 +197,10 @@ class ResamplerAdapter(nn.Module):
         self.ln_out = nn.LayerNorm(cfg.width, eps=LN_EPS)
         self.out_proj = nn.Linear(cfg.width, cfg.out_dim)
 
-    def forward(self, hidden, mask=None, seed_ids=None, vis=None):
-        """hidden (B, L, in_dim), mask (B, L) True = real, seed_ids (B, Q) -> (B, Q, out_dim)."""
+    def forward(self, hidden, mask=None, seed_ids=None, vis=None, rows=None):
+        """hidden (B, L, in_dim), mask (B, L) True = real, seed_ids (B, Q) -> (B, Q, out_dim);
+        with `rows` (B, Q) bool (training: the supervised slots) only those rows, (N, out_dim)
+        in masked_rows order, each equal to the full forward's."""
         if vis is not None:
             raise ValueError("a resampler takes no vision embeds")
         seeded = self.config.kind == "seeded_resampler"
@@ -180,8 +211,9 @@ class ResamplerAdapter(nn.Module):
         if seeded:
             q = q + self.t5_embed(seed_ids)
         mask = None if mask is None else mask.to(torch.bool)
-        for block in self.blocks:
+        for block in self.blocks[:-1]:
             q = block(q, kv, mask)
+        q = self.blocks[-1](q, kv, mask, rows=_bool(rows))
         return self.out_proj(self.ln_out(q))
 
 
@@ -203,18 +235,21 @@ class TokenAlignedVisionAdapter(nn.Module):
         nn.init.zeros_(self.out_proj.bias)
         self.skip = nn.Linear(cfg.in_dim, cfg.out_dim)
 
-    def forward(self, hidden, mask=None, seed_ids=None, vis=None):
+    def forward(self, hidden, mask=None, seed_ids=None, vis=None, rows=None):
         """hidden (B, L, in_dim), mask (B, L), vis (B, L, vis_dim) raw embeds, zeros off-image
-        -> (B, L, out_dim). Pad rows are computed but meaningless."""
+        -> (B, L, out_dim). Pad rows are computed but meaningless. With `rows` (B, L) bool
+        (training: the supervised tokens) only those rows, (N, out_dim) in masked_rows order."""
         if seed_ids is not None:
             raise ValueError("a token-aligned adapter takes no seed_ids")
         x = self.in_proj(hidden)  # (B, L, W)
         if vis is not None:
             x = x + self.vis_in(vis)
         mask = None if mask is None else mask.to(torch.bool)
-        for block in self.blocks:
+        for block in self.blocks[:-1]:
             x = block(x, mask)
-        return self.out_proj(self.ln_out(x)) + self.skip(hidden)  # skip reads the raw states
+        rows = _bool(rows)
+        x = self.blocks[-1](x, mask, rows=rows)
+        return self.out_proj(self.ln_out(x)) + self.skip(_gather(rows, hidden))  # raw states
 
 
 def build_adapter(cfg: AdapterConfig) -> nn.Module:

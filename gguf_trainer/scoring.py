@@ -19,6 +19,13 @@ def forward(model, batch: Batch) -> torch.Tensor:
     return model(batch.hidden, mask=batch.mask, seed_ids=batch.seed_ids, vis=batch.vis)
 
 
+def forward_rows(model, batch: Batch) -> torch.Tensor:
+    """The training forward: the supervised rows only, (N, out) in masked_rows order, each
+    equal to `forward`'s; the adapter skips the rest of its last block and out_proj."""
+    return model(batch.hidden, mask=batch.mask, seed_ids=batch.seed_ids, vis=batch.vis,
+                 rows=batch.row_mask)
+
+
 def raw_prediction(pred, stats: Stats, standardized: bool) -> torch.Tensor:
     """Rows in the teacher's scale: standardized kinds predict (t − μ)/σ_f."""
     return pred * stats.sigma_f + stats.mu if standardized else pred

@@ -38,7 +38,7 @@ from .checkpoints import (
 )
 from .errors import UserError
 from .project import read_steps
-from .scoring import forward, validate
+from .scoring import forward_rows, validate
 from .shards import Batch, ShardStream, Stats, StreamPos, dims, linear_fit, load_stats, shard_files
 from .stage_list import Stage
 from .vision import load_vision_proj
@@ -59,13 +59,21 @@ def compute_loss(pred, batch: Batch, stats: Stats, standardized: bool, cos_weigh
 
     standardized kinds predict (t−μ)/σ_f; the others predict raw rows and the error is
     whitened by the same σ_f. Either way the MSE term is ((pred_raw − t)/σ_f)².
+    `pred` is the padded output (B, R, out) or the supervised rows alone (N, out) in
+    masked_rows order (scoring.forward_rows, what the train step computes).
     """
     m = batch.row_mask
-    t = (batch.target - stats.mu) / stats.sigma_f if standardized else batch.target
+    rows = pred.dim() == 2
+    target = batch.target[m.bool()] if rows else batch.target
+    t = (target - stats.mu) / stats.sigma_f if standardized else target
     err = (pred - t) if standardized else (pred - t) / stats.sigma_f
     n_rows = m.sum().clamp_min(1)
-    mse = (err.pow(2).sum(-1) * m).sum() / (n_rows * pred.shape[-1])
-    cos = (torch.nn.functional.cosine_similarity(pred, t, dim=-1, eps=1e-8) * m).sum() / n_rows
+    sq = err.pow(2).sum(-1)
+    cos = torch.nn.functional.cosine_similarity(pred, t, dim=-1, eps=1e-8)
+    if not rows:
+        sq, cos = sq * m, cos * m
+    mse = sq.sum() / (n_rows * pred.shape[-1])
+    cos = cos.sum() / n_rows
     return mse + cos_weight * (1.0 - cos), {"mse": float(mse.detach()), "cos": float(cos.detach())}
 
 
@@ -102,7 +110,7 @@ def train_step(model, opt, params: list, batch: Batch, stats: Stats, standardize
     (distributed.TrainRanks) `batch` is this rank's slice of the global batch: the loss and
     the gradients are those of the global batch on every rank."""
     with autocast:
-        pred = forward(model, batch)
+        pred = forward_rows(model, batch)  # the rows the loss reads, nothing else
     loss, parts = compute_loss(pred.float(), batch, stats, standardized, cos_weight)
     shown = loss
     if ranks is not None:

@@ -229,3 +229,65 @@ def test_start_output_with_a_linear_skip_is_that_map():
     h = torch.randn(2, 5, IN, generator=g)
     out = _run(m, "token_aligned_vision", h, g)
     assert torch.allclose(out, h @ w.T + b, atol=1e-5)
+
+
+WIDE = {  # a second geometry: more rows and wider matmuls than the tiny CFGS
+    "resampler": AdapterConfig("resampler", 64, 512, 256, 2, num_queries=64),
+    "seeded_resampler": AdapterConfig("seeded_resampler", 64, 512, 256, 2, num_queries=64, seed_vocab=VOCAB),
+    "token_aligned_vision": AdapterConfig("token_aligned_vision", 64, 512, 256, 2, vis_dim=VIS),
+}
+
+
+def _supervised_case(cfg, g, lengths):
+    """A padded batch (garbage in the pads) and the rows its loss reads, per kind: every
+    query (resampler), the real slots (seeded resampler, one sample with none), the real
+    tokens (token-aligned, which the batch's row_mask equals)."""
+    b, L = len(lengths), max(lengths)
+    mask = torch.arange(L)[None, :] < torch.tensor(lengths)[:, None]
+    hidden = torch.randn(b, L, cfg.in_dim, generator=g)
+    kw = {}
+    if cfg.kind == "token_aligned_vision":
+        vis = torch.randn(b, L, cfg.vis_dim, generator=g)
+        vis[:, 1::3] = 0  # text positions between image rows
+        kw["vis"], rows = vis, mask
+    else:
+        slots = torch.randint(1, cfg.num_queries + 1, (b,), generator=g)
+        slots[-1] = 0
+        rows = torch.arange(cfg.num_queries)[None, :] < slots[:, None]
+        if cfg.kind == "seeded_resampler":
+            kw["seed_ids"] = torch.randint(0, cfg.seed_vocab, (b, cfg.num_queries), generator=g) * rows
+        else:
+            rows = torch.ones_like(rows)
+    return hidden, mask, kw, rows
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("cfgs", [CFGS, WIDE], ids=["tiny", "wide"])
+def test_rows_forward_is_the_full_forward_on_those_rows_exactly(kind, cfgs):
+    """The training forward (`rows=`, the supervised rows only) is bit-identical in fp32 to
+    the full forward on those rows, with padding and vision inputs, in train mode."""
+    cfg = cfgs[kind]
+    torch.manual_seed(SEED)
+    m = _randomize(build_adapter(cfg)).train()
+    g = torch.Generator().manual_seed(4)
+    hidden, mask, kw, rows = _supervised_case(cfg, g, [7, 40, 1, 23, 40, 12])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one thread: MKL's kernel for a row does not depend on the row count
+    try:
+        full = m(hidden, mask, **kw)
+        got = m(hidden, mask, rows=rows, **kw)
+    finally:
+        torch.set_num_threads(threads)
+    assert got.shape == (int(rows.sum()), cfg.out_dim)
+    assert (got - full[rows]).abs().max().item() == 0.0
+    # With several threads MKL may split a matmul's sum across threads when it has few rows,
+    # so a gathered row can differ in the last bits (as it does between two batch sizes).
+    torch.testing.assert_close(m(hidden, mask, rows=rows, **kw), m(hidden, mask, **kw)[rows],
+                               rtol=1e-6, atol=1e-6)
+    # any row set, leading or not, gives those rows; a handful of rows may take a different
+    # BLAS kernel (MKL splits the sum over threads for few rows), so these are compared closely
+    odd = torch.rand(rows.shape, generator=g) < 0.3
+    torch.testing.assert_close(m(hidden, mask, rows=odd, **kw), full[odd], rtol=1e-6, atol=1e-6)
+    # and the gradients reach the same parameters (out_proj, the last block's MLP, ...)
+    got.square().sum().backward()
+    assert all(p.grad is not None for p in trainable_parameters(m))

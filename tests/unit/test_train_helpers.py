@@ -249,6 +249,46 @@ def test_masked_rows_do_not_count(standardized):
     assert float(loss) == pytest.approx(float(base), rel=1e-6)
 
 
+@pytest.mark.parametrize("standardized", [False, True])
+def test_loss_on_the_supervised_rows_alone_is_the_padded_loss(standardized):
+    """The train step's forward returns the supervised rows only (N, D): same loss, same parts."""
+    batch, stats, g = make_case()
+    pred = torch.randn(B, R, D, generator=g) * 2.0 + (0.0 if standardized else stats.mu)
+    loss, parts = compute_loss(pred, batch, stats, standardized, COS_WEIGHT)
+    rows_loss, rows_parts = compute_loss(pred[batch.row_mask], batch, stats, standardized, COS_WEIGHT)
+    want, _, _ = numpy_loss(pred, batch, stats, standardized, COS_WEIGHT)
+    assert float(rows_loss) == pytest.approx(want, rel=1e-5) and float(loss) == pytest.approx(want, rel=1e-5)
+    assert rows_parts["mse"] == pytest.approx(parts["mse"], rel=1e-6)
+    assert rows_parts["cos"] == pytest.approx(parts["cos"], rel=1e-6)
+
+
+def test_supervised_rows_forward_gives_the_full_forward_loss_and_gradients():
+    """What train_step backpropagates (scoring.forward_rows: the supervised rows alone) has the
+    loss and gradients of the full forward with the padded loss, up to float rounding."""
+    import copy
+
+    from gguf_trainer.adapters import AdapterConfig, build_adapter, trainable_parameters
+    from gguf_trainer.scoring import forward, forward_rows
+
+    cfg = AdapterConfig("seeded_resampler", 8, D, 64, 2, num_queries=R, seed_vocab=20)
+    batch, stats, g = make_case()
+    batch.hidden = torch.randn(B, 4, 8, generator=g)
+    batch.mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1], [1, 0, 0, 0]], dtype=torch.bool)
+    batch.seed_ids = torch.randint(0, 20, (B, R), generator=g) * batch.row_mask
+    torch.manual_seed(SEED)
+    rows_model = build_adapter(cfg)
+    full_model = copy.deepcopy(rows_model)
+    losses = []
+    for model, fwd in ((rows_model, forward_rows), (full_model, forward)):
+        loss, _ = compute_loss(fwd(model, batch), batch, stats, True, COS_WEIGHT)
+        loss.backward()
+        losses.append(float(loss))
+    assert losses[0] == pytest.approx(losses[1], rel=1e-6)
+    for a, b in zip(trainable_parameters(rows_model), trainable_parameters(full_model)):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-7)
+    assert rows_model.blocks[-1].mlp[0].weight.grad.abs().sum() > 0
+
+
 def test_loss_has_gradients_only_through_supervised_rows():
     batch, stats, g = make_case()
     pred = torch.randn(B, R, D, generator=g, requires_grad=True)
