@@ -1,6 +1,8 @@
 """The project's training step (train.train_step: fused AdamW, foreach clipping, per-device
 choices from hardware.py) ÷ a plain PyTorch step (default AdamW, default clipping) at the
-same shapes, same model, same loss, same batch. Target: ≤ 0.9 at the recipe shape.
+same shapes, same model, same loss, same batch. Target: ≤ 0.9 at the recipe shape. The
+project's step runs the adapter on the supervised rows only (scoring.forward_rows); the plain
+step runs the full forward and the padded loss, as a plain loop would.
 
 Two shapes: "small" (the demo's adapter) and "recipe" (the PixArt/T5 recipe: width 1024,
 depth 6, batch 32, 120 seeded queries over 32128 T5 ids, 4096-wide targets). Each round
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import statistics
 import sys
 import time
@@ -143,6 +146,11 @@ def measure(shape: str, cfg: dict, device: torch.device) -> dict:
             "ratio_min": min(ratios), "ratio_max": max(ratios), "rounds": cfg["rounds"], "steps_per_round": steps}
 
 
+def _load() -> str:
+    """The 1/5/15-minute load averages (a busy machine widens the spread)."""
+    return " ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
+
+
 def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny shapes, one short round (the unit test)")
@@ -163,7 +171,7 @@ def main(argv=None) -> list[dict]:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     print(f"device {device}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"AdamW options {hardware.adamw_options(device)}")
+          f"AdamW options {hardware.adamw_options(device)}, load {_load()}")
     results = []
     for shape in cfg["shapes"]:
         res = measure(shape, cfg, device)
@@ -171,6 +179,7 @@ def main(argv=None) -> list[dict]:
         print(f"{shape:>7}: {res['params_m']:7.2f}M params  project {res['step_s_project'] * 1e3:8.1f} ms  "
               f"plain {res['step_s_plain'] * 1e3:8.1f} ms  ratio {res['ratio']:.3f} "
               f"(rounds {res['ratio_min']:.3f}..{res['ratio_max']:.3f})")
+    print(f"load after: {_load()} (other processes on the machine: the figures assume it is low)")
     print(json.dumps({"bench": "train_step", "device": str(device), "results": results}))
     return results
 
