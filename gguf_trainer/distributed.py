@@ -29,10 +29,10 @@ from pathlib import Path
 
 from . import atomic
 from .errors import UserError
+from .paths import RANK_GLOB, RANKS_DIR, ProjectPaths
 
 log = logging.getLogger(__name__)
 
-RANKS_DIR = "ranks"  # inside the project: one progress file (and log) per follower
 OVERRIDE_ENV = "GGUF_TRAINER_PROCESSES_ALL"  # set by the launcher: every stage uses every rank
 HEARTBEAT_S = 2.0  # how often a follower rewrites its rank file while it waits or works
 RANK_STALE_S = 120.0  # a follower on another host with an older heartbeat is dead
@@ -231,16 +231,16 @@ def hello(paths, run_id: str) -> str:
 # ---------------------------------------------------------------- rank files
 
 def rank_dir(root: Path) -> Path:
-    return Path(root) / RANKS_DIR
+    return ProjectPaths(root).ranks
 
 
 def rank_file(root: Path, rank: int) -> Path:
-    return rank_dir(root) / f"rank-{rank:05d}.json"
+    return ProjectPaths(root).rank_file(rank)
 
 
 def read_rank_files(root: Path, run_id: str | None = None) -> list[dict]:
     out = []
-    for path in sorted(rank_dir(root).glob("rank-*.json")):
+    for path in sorted(rank_dir(root).glob(RANK_GLOB)):
         try:
             rec = atomic.read_json(path, None)
         except (ValueError, OSError, UserError):  # a torn or foreign file is no rank

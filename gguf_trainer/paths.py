@@ -34,6 +34,9 @@ DATA_DIR = "data"
 SHARDS_DIR = "shards"
 CHECKPOINTS_DIR = "checkpoints"
 MATERIALS_DIR = "materials"
+RANKS_DIR = "ranks"  # a launched run's follower ranks: one progress file and one log each
+RANK_PREFIX = "rank-"  # ranks/rank-NNNNN.json (progress) and ranks/rank-NNNNN.log
+RANK_GLOB = f"{RANK_PREFIX}*.json"
 STALE_PREFIX = "checkpoints.stale-"
 VERIFIED_JSON = "verified.json"  # in shards/<split>/: shards verified by (size, mtime)
 CHECKPOINT_KINDS = ("last", "best")  # checkpoints/<kind>.pt and its summary <kind>.json
@@ -45,6 +48,11 @@ def checkpoint_file(which: str) -> str:
 
 def checkpoint_side_file(which: str) -> str:
     return f"{which}.json"
+
+
+def rank_file_name(rank: int, suffix: str = ".json") -> str:
+    """rank-00001.json (progress) or, with suffix ".log", rank-00001.log."""
+    return f"{RANK_PREFIX}{int(rank):05d}{suffix}"
 
 
 @dataclass(frozen=True)
@@ -152,6 +160,16 @@ class ProjectPaths:
     @property
     def materials(self) -> Path:
         return self.root / MATERIALS_DIR
+
+    @property
+    def ranks(self) -> Path:
+        return self.root / RANKS_DIR
+
+    def rank_file(self, rank: int) -> Path:
+        return self.root / RANKS_DIR / rank_file_name(rank)
+
+    def rank_log(self, rank: int) -> Path:
+        return self.root / RANKS_DIR / rank_file_name(rank, ".log")
 
     def exists(self) -> bool:
         return self.project_json.is_file()

@@ -19,9 +19,8 @@ log = logging.getLogger("gguf_trainer.follower")
 
 def main(paths) -> int:
     w = distributed.world()
-    distributed.rank_dir(paths.root).mkdir(exist_ok=True)
-    handler = logging.FileHandler(distributed.rank_dir(paths.root) / f"rank-{w.rank:05d}.log",
-                                  encoding="utf-8")
+    paths.ranks.mkdir(exist_ok=True)
+    handler = logging.FileHandler(paths.rank_log(w.rank), encoding="utf-8")
     from gguf_trainer.runner.pipeline import LOG_FORMAT
 
     handler.setFormatter(logging.Formatter(LOG_FORMAT))
@@ -78,8 +77,8 @@ def _follow(paths, w) -> int:
             report.fail(str(user))
             return EXIT_USER
         log.exception("rank %d failed", w.rank)
-        report.fail(f"internal error ({type(e).__name__}: {e}); the traceback is in "
-                    f"ranks/rank-{w.rank:05d}.log")
+        log_name = paths.rank_log(w.rank).relative_to(paths.root)
+        report.fail(f"internal error ({type(e).__name__}: {e}); the traceback is in {log_name}")
         return EXIT_INTERNAL
     finally:
         with contextlib.suppress(Exception):

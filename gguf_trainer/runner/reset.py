@@ -1,8 +1,8 @@
 """Reset: delete a stage's outputs and everything built on them, on the user's request.
 
-    corpus -> data, shards, checkpoints, eval.json, snapshots.json
-    shards -> shards, checkpoints, eval.json, snapshots.json
-    train  -> checkpoints, eval.json, snapshots.json
+    corpus -> data, shards, checkpoints, eval.json, snapshots.json, ranks
+    shards -> shards, checkpoints, eval.json, snapshots.json, ranks
+    train  -> checkpoints, eval.json, snapshots.json, ranks
     output -> this project's exported GGUFs (final, copies, snapshots) by the exact paths
               recorded in exports.json and snapshots.json, never by name prefix; then those
               two records
@@ -10,6 +10,8 @@
 Every delete goes through gguf_trainer.safe_delete: project folders only inside the
 project and never through a symlink; recorded exports only when they are still the
 regular file the tool wrote (size + sha256, or GGUF metadata naming this project).
+`ranks/` (a launched run's rank progress files and logs) goes with the stages these
+targets set back to pending: it describes that run's precompute and training.
 Anything else is reported in `kept` and left alone. `plan()` is the dry run and runs the
 same checks, so what it lists is exactly what `reset()` deletes.
 
@@ -94,7 +96,7 @@ def _owned(paths: ProjectPaths, target: str) -> list[tuple[Path, str]]:
     items = [(d, "dir") for d in dirs]
     if target != "output":
         items += [(paths.checkpoints, "dir"), (paths.eval_json, "file"),
-                  (paths.snapshots_json, "file")]
+                  (paths.snapshots_json, "file"), (paths.ranks, "dir")]
     return items
 
 
@@ -190,6 +192,8 @@ def _mark_pending(paths: ProjectPaths, stages: tuple[str, ...]) -> None:
     if state.get("status") == "done":
         state["status"] = "stopped"  # the run's outputs are gone: it is no longer done
         state["error"] = None
+    if "train" in stages:
+        state.pop("ranks", None)  # gathered from the rank files this reset deleted
     state["reset"] = {"time": time.time(), "stages": list(stages)}
     try:
         atomic.write_json(paths.state_json, state)

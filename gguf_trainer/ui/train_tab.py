@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import gradio as gr
 import pandas as pd
 
+from gguf_trainer.distributed import format_ranks  # torch-free: the status lines per rank
 from gguf_trainer.errors import UserError
 from gguf_trainer.runner import control
 from gguf_trainer.runner.status import format_eta
@@ -159,6 +160,16 @@ def stage_text(name: str, st: dict | None) -> tuple[str, str]:
     return "\n".join(lines), f"stage-{status}"
 
 
+def ranks_md(info: dict) -> str:
+    """A launched run's other ranks, one line each, as `status` prints them (empty when the
+    run runs alone or is not running)."""
+    lines = format_ranks(info)
+    if not lines:
+        return ""
+    return ("\n\nOther ranks (rank 0 is the run above):\n"
+            + "\n".join(f"* {line.strip()}" for line in lines))
+
+
 def metrics_md(info: dict, cur: live.Cursor) -> str:
     rows = [["step", f"{common.fmt(info.get('step'))} / {common.fmt(info.get('steps'))}"]]
     for key, label in METRIC_LABELS.items():
@@ -223,6 +234,7 @@ def render(cur: live.Cursor, info: dict, plot_changed: bool, log10: bool) -> lis
         if stage.get("total"):
             prog += f" — {common.fmt(stage.get('done'))}/{common.fmt(stage['total'])} {stage.get('unit') or ''}"
             prog += f", ETA {format_eta(stage.get('eta_s'))}"
+    prog += ranks_md(info)
     if info.get("error"):
         prog += f"\n\nLast error: {info['error']}"
     out.append(put("progress", prog))

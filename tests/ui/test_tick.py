@@ -95,3 +95,22 @@ def test_stopping_comes_from_status_not_from_the_request_file(tick, tmp_path):
     ProjectPaths(root).stop_request.write_text("{}")  # left behind; nothing runs
     out = tick(str(root), live.Cursor(), "pipeline", True, False)
     assert "STOPPING" not in out[1] and "STOPPED" in out[1]
+
+
+def test_a_launched_run_shows_a_line_per_rank_under_the_run():
+    from gguf_trainer.ui import train_tab
+
+    ranks = [{"rank": 1, "host": "gpu-a", "pid": 4101, "status": "running", "stage": "train",
+              "done": 30, "total": 100, "unit": "steps", "rate": 1.5, "error": None},
+             {"rank": 2, "host": "gpu-b", "pid": 4202, "status": "waiting", "stage": None,
+              "done": None, "total": None, "unit": None, "rate": None, "error": None}]
+    info = {"status": "running", "message": "training", "mock": False, "stage": "train",
+            "stages": {"train": {"status": "running", "done": 30, "total": 100, "unit": "steps"}},
+            "ranks": ranks}
+    prog = train_tab.render(live.Cursor(), info, False, False)[4 + len(train_tab.STAGES)]
+    assert "rank 1 (pid 4101 on gpu-a): running train 30/100 steps, 1.50/s" in prog
+    assert "rank 2 (pid 4202 on gpu-b): waiting" in prog
+    assert prog.index("Now: **") < prog.index("rank 1") < prog.index("rank 2")
+    ended = train_tab.render(live.Cursor(), {**info, "status": "done"}, False, False)
+    ended = ended[4 + len(train_tab.STAGES)]
+    assert isinstance(ended, str) and "rank 1" not in ended  # ranks show while the run runs

@@ -323,6 +323,33 @@ def test_reset_never_follows_a_symlinked_project_folder(proj, tmp_path):
     assert (outside / "keep" / "data.bin").read_bytes() == b"x" * 10
 
 
+@pytest.mark.parametrize("target", ["train", "shards", "corpus"])
+def test_reset_clears_the_rank_files_of_a_launched_run_and_lists_them(proj, target):
+    paths = ProjectPaths(proj)
+    paths.ranks.mkdir()
+    for r in (1, 2):
+        atomic.write_json(paths.rank_file(r), {"rank": r, "status": "done"})
+        paths.rank_log(r).write_text("rank log\n")
+    st = state.empty_state()
+    st.update(status="done", ranks=[{"rank": 1, "status": "done"}])
+    atomic.write_json(paths.state_json, st)
+    plan = control.reset_plan(proj, target)
+    assert str(paths.ranks) in plan.delete and plan.keep == []
+    done = control.reset(proj, target)
+    assert done.deleted == plan.delete and not paths.ranks.exists()
+    assert "ranks" not in atomic.read_json(paths.state_json)
+    assert str(paths.ranks) not in control.reset_plan(proj, target).delete
+
+
+def test_reset_output_leaves_the_rank_files(proj):
+    paths = ProjectPaths(proj)
+    paths.ranks.mkdir()
+    atomic.write_json(paths.rank_file(1), {"rank": 1})
+    assert str(paths.ranks) not in control.reset_plan(proj, "output").delete
+    control.reset(proj, "output")
+    assert paths.rank_file(1).is_file()
+
+
 def test_after_reset_the_cleared_stages_are_not_done(proj, capsys):
     paths = ProjectPaths(proj)
     st = state.empty_state()
