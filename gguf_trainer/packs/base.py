@@ -204,13 +204,27 @@ class TrainerPack:
         export records them so the "output" reset removes them."""
         return []
 
+    # Health verdicts: early in a run every adapter is under the floor, so before
+    # `health_after_steps` a verdict short of "healthy" reads "too early" with `health_early_hint`;
+    # `health_reference` (the reference run's figures) ends every line.
+    health_after_steps = 0
+    health_early_hint = ""
+    health_reference = ""
+
     def health_line(self, metrics: dict) -> str | None:
         """For a real teacher's eval: healthy / weak / broken against the pack's reference
         figures (one table, shared with `gguf-trainer check`), or None without one."""
         from ..check import VERDICTS, verdict_line
 
         v = VERDICTS.get(self.id)
-        return verdict_line(self.id, metrics) if v and metrics.get(v.headline) is not None else None
+        if not v or metrics.get(v.headline) is None:
+            return None
+        line = verdict_line(self.id, metrics)
+        steps = metrics.get("trained_steps")
+        if isinstance(steps, int) and steps < self.health_after_steps and not line.startswith("healthy"):
+            line = (f"too early to judge at {steps} steps: from {self.health_after_steps} steps on, "
+                    f"{self.health_early_hint}")
+        return f"{line}; reference: {self.health_reference}" if self.health_reference else line
 
     def engine_command(self, student: str = "<pig_clip.gguf>", adapter: str = "<adapter.gguf>",
                        extras: dict[str, str] | None = None) -> str:

@@ -56,6 +56,8 @@ class LLaDAImagePack(TrainerPack):
     teacher_offload = "split"  # offload = an accelerate device map: the card's budget, then RAM
     remote_code = True  # the backbone is the snapshot's own Python: trust records, teachers/trust.py
     health_after_steps = 2000  # early in a run every adapter is under the floor
+    health_early_hint = "a centred cosine near 0.87 is the broken-RoPE teacher signature"
+    health_reference = "val centred cosine 0.965 / rel_mse 0.0024 (RTX 5090 run)"
     reference = {"val cos_centered": 0.965, "rel_mse": 0.0024, "run": "RTX 5090, ~55 min of training",
                  "broken-RoPE signature": "~0.87 centred cosine"}
     min_ggk = "0.5.7"
@@ -104,18 +106,6 @@ class LLaDAImagePack(TrainerPack):
         device_map = plan_backbone(root, budgets, plan.placement) if budgets else None
         return load_llada_teacher(root, format_prompt=self.format_prompt, device=device,
                                   device_map=device_map, max_len=self.max_len_teacher - self.num_queries)
-
-    def health_line(self, metrics):
-        """Healthy / weak / broken by the shared verdict table (with `gguf-trainer check`), from
-        `health_after_steps` on, with the reference run."""
-        line = super().health_line(metrics)
-        steps = metrics.get("trained_steps")
-        if line is None:
-            return None
-        if isinstance(steps, int) and steps < self.health_after_steps and not line.startswith("healthy"):
-            line = (f"too early to judge at {steps} steps: from {self.health_after_steps} steps on, "
-                    "a centred cosine near 0.87 is the broken-RoPE teacher signature")
-        return f"{line}; reference: val centred cosine 0.965 / rel_mse 0.0024 (RTX 5090 run)"
 
     def teacher_gib(self, materials, device):
         """Its weight files (stored bf16) at the compute dtype: bf16 on CUDA, fp32 elsewhere."""

@@ -56,6 +56,8 @@ class PixArtT5Pack(TrainerPack):
     # adds its activation headroom for a resident teacher (~11 GiB, the "~12 GiB budget").
     teacher_memory_gib = 8.9
     health_after_steps = 2000  # the health floor (cos ~0.6) reads a broken seed/tokenizer from here on
+    health_early_hint = "cos at or under ~0.6 means a broken seed or tokenizer path"
+    health_reference = "val cos 0.827 at 12.5k steps, runs plateau at 0.80-0.83"
     reference = {"val cos": 0.827, "at step": 12500, "prompts": 117000,
                  "plateau of both reference runs": "0.80-0.83 (the 0.6B student is the ceiling)"}
     engine_notes = (
@@ -128,19 +130,6 @@ class PixArtT5Pack(TrainerPack):
         dest = folder / "t5-tiny-encoder"
         shutil.copytree(DEMO_DIR, dest, dirs_exist_ok=True)
         return {"teacher": dest}
-
-    def health_line(self, metrics):
-        """Healthy / weak / broken by the shared verdict table, but only from
-        `health_after_steps` on (early in a run every adapter is under the floor), with the
-        reference figures."""
-        line = super().health_line(metrics)
-        steps = metrics.get("trained_steps")
-        if line is None:
-            return None
-        if isinstance(steps, int) and steps < self.health_after_steps and not line.startswith("healthy"):
-            line = (f"too early to judge at {steps} steps: from {self.health_after_steps} steps on, "
-                    f"cos at or under ~0.6 means a broken seed or tokenizer path")
-        return f"{line}; reference: val cos 0.827 at 12.5k steps, runs plateau at 0.80-0.83"
 
     def build_mock_teacher(self, project):
         from .mock import MockSlotTeacher

@@ -12,8 +12,6 @@ token: the settings never hold it, and `hf_token_status` only says whether one i
 
 from __future__ import annotations
 
-import functools
-
 import gradio as gr
 
 from gguf_trainer.errors import UserError
@@ -23,17 +21,6 @@ from gguf_trainer.ui import common, recent
 ENDPOINTS = ("create_project", "open_project", "save_settings", "start", "stop", "kill", "status",
              "set_steps", "snapshot", "export", "list_snapshots", "read_eval", "materials",
              "download_missing", "reset", "reset_plan")
-
-
-def _api(fn):
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except UserError as e:
-            raise gr.Error(str(e), print_exception=False) from None
-
-    return wrapper
 
 
 def create_project(folder: str, pack: str, name: str = "") -> dict:
@@ -142,4 +129,4 @@ def reset(project: str, target: str) -> dict:
 def register(app: gr.Blocks) -> None:
     """Add every endpoint to `app` (inside its `with` block)."""
     for name in ENDPOINTS:
-        gr.api(_api(globals()[name]), api_name=name, concurrency_limit=None)
+        gr.api(common.user_errors(globals()[name]), api_name=name, concurrency_limit=None)
