@@ -6,6 +6,9 @@ stop, crash or change settings at exact points to check resume and invalidation.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from gguf_trainer import project as project_mod
@@ -76,3 +79,18 @@ def assert_same_tensors(a: dict, b: dict) -> None:
     assert a.keys() == b.keys()
     for k, value in a.items():
         assert (value == b[k]).all(), f"tensor {k} differs"
+
+
+def cli_at_home(*args, home: Path, timeout=600) -> subprocess.CompletedProcess:
+    """`python -m gguf_trainer.cli ARGS` with HOME and the tool's home in `home` (never the real ~)."""
+    env = {**os.environ, "GGUF_TRAINER_HOME": str(home), "HOME": str(home)}
+    return subprocess.run([sys.executable, "-m", "gguf_trainer.cli", *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout, env=env, check=False)
+
+
+def run_demo(base: Path, pack_id: str, steps: int = 40, timeout=600) -> dict:
+    """`gguf-trainer demo --pack PACK` in `base/demo`; what the demo tests read."""
+    root, home = base / "demo", base / "home"
+    out = cli_at_home("demo", "--pack", pack_id, "--steps", steps, "--dir", root, home=home, timeout=timeout)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    return {"root": root, "stdout": out.stdout, "home": home, "project": project_mod.load_project(root)}

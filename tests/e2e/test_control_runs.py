@@ -5,10 +5,9 @@ what it deletes and the cleared stages no longer done."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from pipeline_helpers import make_project
+from test_supervisor import wait_for as _wait_for
 
 from gguf_trainer.errors import UserError
 from gguf_trainer.runner import control
@@ -17,13 +16,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def wait_for(pred, timeout_s=180.0, every_s=0.2):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(every_s)
-    raise AssertionError(f"timed out waiting for {pred}")
+    return _wait_for(pred, timeout_s=timeout_s, every_s=every_s)
 
 
 def test_a_live_run_through_the_control_api(tmp_path, tiny_materials):

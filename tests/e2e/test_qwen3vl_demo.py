@@ -8,16 +8,14 @@ extension (`inspect`), carries the fitted `vision_proj`, and runs with vision in
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from pipeline_helpers import cli_at_home, run_demo
 
-from gguf_trainer import project as project_mod
 from gguf_trainer.adapter_file import read_adapter_arrays
 from gguf_trainer.packs.base import VisionSegment
 from gguf_trainer.samples import iter_samples
@@ -28,18 +26,12 @@ pytestmark = pytest.mark.slow
 
 
 def cli(*args, home: Path, timeout=600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "GGUF_TRAINER_HOME": str(home), "HOME": str(home)}
-    return subprocess.run([sys.executable, "-m", "gguf_trainer.cli", *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout, env=env, check=False)
+    return cli_at_home(*args, home=home, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    base = tmp_path_factory.mktemp("qwen3vl_demo")
-    root = base / "demo"
-    out = cli("demo", "--pack", "qwen3vl_mageflow", "--steps", 40, "--dir", root, home=base / "home")
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    return {"root": root, "stdout": out.stdout, "home": base / "home", "project": project_mod.load_project(root)}
+    return run_demo(tmp_path_factory.mktemp("qwen3vl_demo"), "qwen3vl_mageflow", timeout=600)
 
 
 def _tag_baselines(proj) -> dict[str, float]:

@@ -7,14 +7,13 @@ adapter beats the mean baseline, and a changed `spiece.model` invalidates the sh
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from pipeline_helpers import cli_at_home, run_demo
 
 from gguf_trainer import project as project_mod
 from gguf_trainer.samples import iter_samples
@@ -25,18 +24,12 @@ pytestmark = pytest.mark.slow
 
 
 def cli(*args, home: Path, timeout=480) -> subprocess.CompletedProcess:
-    env = {**os.environ, "GGUF_TRAINER_HOME": str(home), "HOME": str(home)}
-    return subprocess.run([sys.executable, "-m", "gguf_trainer.cli", *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout, env=env, check=False)
+    return cli_at_home(*args, home=home, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    base = tmp_path_factory.mktemp("t5demo")
-    root = base / "demo"
-    out = cli("demo", "--pack", "t5xxl_pixart", "--steps", 40, "--dir", root, home=base / "home")
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    return {"root": root, "stdout": out.stdout, "home": base / "home", "project": project_mod.load_project(root)}
+    return run_demo(tmp_path_factory.mktemp("t5demo"), "t5xxl_pixart", timeout=480)
 
 
 def test_demo_trains_against_the_tiny_real_teacher(demo):
