@@ -126,7 +126,9 @@ def test_gui_run_stop_resume_copy_and_screenshots(page, gui, shots, demo_root):
     wait_for(lambda: (train_step(pg) or 0) > stopped_at, 180, "training to continue after resume")
 
     # planned steps: Apply while running ends the run early, then export and eval
-    target = (train_step(pg) or 0) + 10
+    # far enough ahead that the run cannot pass it before Apply lands (a mock step takes a few
+    # ms), well short of the 2000 planned
+    target = (train_step(pg) or 0) + 300
     pg.locator("#steps-box textarea, #steps-box input").first.fill(str(target))
     pg.locator("#btn-apply-steps").click()
     wait_for(lambda: f"train.steps = {target}" in pg.locator("body").inner_text(), 30, "the steps note")
