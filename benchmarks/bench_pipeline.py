@@ -43,7 +43,7 @@ from gguf_trainer.adapters import build_adapter, trainable_parameters
 from gguf_trainer.hardware import Budgets, budget_batches, choose_budgets
 from gguf_trainer.packs import get_pack
 from gguf_trainer.precompute import _Sample, build_shard
-from gguf_trainer.project import PrecomputeSettings, TrainSettings
+from gguf_trainer.project_schema import PrecomputeSettings, TrainSettings
 from gguf_trainer.samples import Sample
 from gguf_trainer.scoring import forward
 from gguf_trainer.shards import ShardStream, load_stats, shard_name, write_shard

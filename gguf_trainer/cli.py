@@ -14,7 +14,7 @@ Usage:
     gguf-trainer stop   --project DIR [--timeout S]
     gguf-trainer kill   --project DIR
     gguf-trainer status --project DIR [--json]
-    gguf-trainer set    --project DIR [--steps N] [KEY=VALUE ...]
+    gguf-trainer set    --project DIR [--steps N] [KEY=VALUE ...]   (no KEY: every setting)
     gguf-trainer snapshot --project DIR [--checkpoint last|best] [--eval] [--no-fresh]
                           [--device D] [--detach]
     gguf-trainer reset  --project DIR corpus|shards|train|output [--dry-run]
@@ -193,8 +193,9 @@ def cmd_set(args) -> int:
     paths = supervisor.project_paths(args.project)
     changes = _assignments(args.assign)  # decoded before anything is written
     steps = _parse_steps(args.steps)
-    if steps is None and not changes:
-        _out(f"train.steps = {control.read_settings(paths.root).values['train']['steps']}")
+    if steps is None and not changes:  # no KEY: every setting, as `set` would take it
+        for key, value in _dotted(control.read_settings(paths.root).values):
+            _out(f"{key} = {json.dumps(value)}")
         return EXIT_OK
     if changes:
         res = control.update_settings(paths.root, changes, None)
@@ -207,6 +208,17 @@ def cmd_set(args) -> int:
     if steps is not None:
         _out(control.set_steps(paths.root, steps).message)
     return EXIT_OK
+
+
+def _dotted(values: dict, prefix: str = "") -> list[tuple[str, object]]:
+    """Nested settings -> [(dotted key, value)], the keys `set KEY=VALUE` takes."""
+    out = []
+    for key, value in values.items():
+        if isinstance(value, dict) and value:
+            out += _dotted(value, f"{prefix}{key}.")
+        else:
+            out.append((prefix + key, value))
+    return out
 
 
 def _assignments(items: list[str] | None) -> dict:
@@ -335,7 +347,7 @@ def cmd_demo(args) -> int:
 def _parse_steps(text: str | None) -> int | None:
     if text is None:
         return None
-    from gguf_trainer.project import parse_steps  # lazy: pydantic
+    from gguf_trainer.project_schema import parse_steps  # lazy: pydantic
 
     return parse_steps(text)
 

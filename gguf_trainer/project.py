@@ -1,10 +1,10 @@
-"""The project folder: `project.json` settings (validated), naming, output paths.
+"""The project folder: reading and writing `project.json`, naming, output paths.
 
 A project is one directory holding everything a run needs and makes (see paths.py for
-the file names). This module owns the settings schema — with each field's GUI metadata
-(label, help, range, section, whether it may change while a run is live) and physical
-bounds, each with its reason — and the rules that turn settings into file names. It never
-writes `state.json` (the pipeline does) and imports no torch.
+the file names). This module loads and creates projects, writes their settings (the
+schema is project_schema.py) and turns settings into file names; it refuses a run whose
+GGUF another project would write. It never writes `state.json` (the pipeline does) and
+imports no torch.
 
 Every write of project.json (the CLI's `set`, the GUI's save, the pipeline pinning its
 threads) goes through `update_settings`/`compare_and_set`, under the project's settings
@@ -18,613 +18,35 @@ lock, so two writers never lose each other's fields.
 from __future__ import annotations
 
 import copy
-import decimal
 import difflib
-import functools
 import hashlib
 import json
-import math
 import os
-import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args, get_origin
+from typing import Any
 
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
-from pydantic_core import PydanticCustomError
+from pydantic import ValidationError
 
-from . import atomic
+from . import atomic, project_file
 from .errors import NoProjectError, UserError
 from .paths import ProjectPaths
+from .project_schema import (
+    ProjectSettings,
+    default_name,
+    field_errors,
+    get_dotted,
+    is_live_key,
+    known_key,
+    parse_steps,
+    schema_fields,
+    set_dotted,
+    validate_settings,
+)
 
 PROJECTS_ROOT = Path(os.environ.get("GGUF_TRAINER_PROJECTS", "~/gguf-trainer/projects")).expanduser()
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 SETTINGS_LOCK = "settings.lock"  # flock taken by every project.json writer
 SETTINGS_LOCK_WAIT_S = 10.0
 MAX_PROJECT_JSON_BYTES = 1 << 20
-MAX_STEPS = 100_000_000
-_STEPS_RE = re.compile(r"^\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)(e\+?[0-9]+)?(k)?$")
-_STEPS_HELP = "steps must be a positive whole number like 12000, 12_000 or 40k"
-
-
-def parse_steps(value: Any) -> int:
-    """'12000', '12_000', '12,000', '40k', '1.5k', 40000.0 -> int, exactly (no float
-    rounding: a 21-digit count stays those digits, then the range check refuses it).
-    Anything else, or outside 1..MAX_STEPS, is a UserError naming the value and the fix."""
-    if isinstance(value, bool):
-        raise UserError(f"{_STEPS_HELP}, not {value!r}.")
-    if isinstance(value, int):
-        number = decimal.Decimal(value)
-    elif isinstance(value, float):
-        if not math.isfinite(value):
-            raise UserError(f"{_STEPS_HELP}, not {value!r}.")
-        number = decimal.Decimal(value)
-    else:
-        text = str(value).strip().lower().replace("_", "").replace(",", "")
-        if not _STEPS_RE.match(text):
-            raise UserError(f"{_STEPS_HELP}, not {str(value)!r}.")
-        scale = 1000 if text.endswith("k") else 1
-        try:
-            number = decimal.Decimal(text.removesuffix("k")) * scale
-        except decimal.InvalidOperation:
-            raise UserError(f"{_STEPS_HELP}, not {str(value)!r}.") from None
-    if number != number.to_integral_value() or number < 1:
-        raise UserError(f"{_STEPS_HELP}, not {value!r}.")
-    if number > MAX_STEPS:
-        raise UserError(f"steps {int(number)} is more than {MAX_STEPS:,}: that would train for "
-                        "months; a recipe needs 10k-50k. Choose a smaller count.")
-    return int(number)
-
-
-# ---- schema building blocks -----------------------------------------------------------
-def _no_bool(v):
-    if isinstance(v, bool):
-        raise PydanticCustomError("bool_not_number", "true/false is not a number")
-    return v
-
-
-Int = Annotated[int, BeforeValidator(_no_bool)]
-Float = Annotated[float, BeforeValidator(_no_bool)]
-
-
-def S(default: Any = ..., label: str = "", help: str = "", *, why: str = "", live: bool = False,
-      advanced: bool = False, kind: str = "", choices_from: str = "", default_factory=None,
-      packs: tuple[str, ...] = (), **bounds) -> Any:
-    """A setting: its default, GUI label/help, bounds (ge/le/gt/lt) and why they are so,
-    `live` (may change while a run is live: no output is built from it), `advanced`,
-    `kind` ("path" for file/folder fields), `choices_from` (a list whose allowed items are
-    corpus_sources.known_ids(choices_from): the GUI shows a multi-select), `packs` (the
-    only packs that read it; the GUI hides it for the others). Floats are always finite."""
-    extra = {"label": label, "live": live, "advanced": advanced, "why": why, "kind": kind,
-             "choices_from": choices_from, "packs": list(packs)}
-    kw = dict(description=help, json_schema_extra=extra, **bounds)
-    if default_factory is not None:
-        return Field(default_factory=default_factory, **kw)
-    return Field(default, **kw)
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
-
-
-class MaterialRef(_Section):
-    path: str = S("", "Path", "where this material is on disk (file or folder)", kind="path")
-
-
-SEED_WHY = "seeds are 32-bit"
-
-
-class CorpusSettings(_Section):
-    files: list[str] = S(label="Prompt files", help="local .txt/.jsonl prompt files (one prompt a line)",
-                         kind="paths", default_factory=list)
-    presets: list[str] = S(label="Prompt datasets",
-                           help="public prompt datasets, downloaded as materials",
-                           choices_from="presets", default_factory=list)
-    weights: dict[str, float] = S(label="Source weights",
-                                  help="share of the prompts per source (a dataset id or 'files'); "
-                                       "unset = in proportion to size", default_factory=dict,
-                                  advanced=True)
-    image_presets: list[str] = S(label="Image datasets",
-                                 help="image + caption datasets for image packs, downloaded as "
-                                      "materials", choices_from="image_presets",
-                                 default_factory=list)
-    image_folders: list[str] = S(label="Image folders",
-                                 help="local folders of images (searched recursively; an optional "
-                                      "<name>.txt caption beside each image)", kind="paths",
-                                 default_factory=list)
-    train_file: str = S("", "Ready-made train file", "a train.txt to use as is (with the val file)",
-                        kind="path")
-    val_file: str = S("", "Ready-made val file", "the val.txt that goes with the train file", kind="path")
-    n_train: Int = S(60000, "Train prompts", "prompts in the training split", ge=1, le=10_000_000,
-                     why="more than 10 million prompts would fill any disk with shards")
-    n_val: Int = S(1024, "Val prompts", "held-out prompts scored during and after training", ge=1,
-                   le=1_000_000, why="a million val prompts would take longer to score than to train")
-    empty_frac: Float = S(0.01, "Empty-prompt share", "share of empty prompts (unconditional generation)",
-                          ge=0.0, le=0.5, advanced=True, why="a share, and above half starves training")
-    min_chars: Int = S(8, "Min prompt length", "shorter prompts are dropped (characters)", ge=0,
-                       le=100_000, advanced=True, why="a prompt is never that long")
-    max_chars: Int = S(1200, "Max prompt length", "longer prompts are dropped (characters)", ge=1,
-                       le=1_000_000, advanced=True, why="a prompt is never that long")
-    seed: Int = S(8, "Corpus seed", "shuffle and split seed", ge=0, le=2**32 - 1, advanced=True,
-                  why=SEED_WHY)
-
-    @field_validator("presets", "image_presets")
-    @classmethod
-    def _known_sources(cls, v, info):
-        from .corpus_sources import known_ids
-
-        known = known_ids(info.field_name)
-        bad = [x for x in v if x not in known]
-        if bad:
-            raise ValueError(f"unknown {'dataset' if len(bad) == 1 else 'datasets'} "
-                             f"{', '.join(map(repr, bad))}; choose from {', '.join(known)}")
-        return list(dict.fromkeys(v))
-
-    @model_validator(mode="after")
-    def _lengths(self):
-        if self.min_chars > self.max_chars:
-            raise ValueError(f"min_chars ({self.min_chars}) is above max_chars "
-                             f"({self.max_chars}), so every prompt would be dropped; lower min_chars "
-                             "or raise max_chars")
-        return self
-
-
-BATCH_WHY = "no card holds a bigger batch"
-BUDGET_WHY = "no card holds more tokens in one batch"
-MEM_WHY = "more memory than any machine has"
-
-
-class PrecomputeSettings(_Section):
-    device: str = S("auto", "Device", "auto, cpu, cuda, cuda:N or mps", live=True)
-    shard_size: Int = S(1024, "Train shard size", "samples per train shard", ge=1, le=1_000_000,
-                        advanced=True, why="one shard must fit in memory")
-    val_shard_size: Int = S(512, "Val shard size", "samples per val shard", ge=1, le=1_000_000,
-                            advanced=True, why="one shard must fit in memory")
-    teacher_batch: Int = S(0, "Teacher batch", "samples per teacher batch; 0 = chosen for the card",
-                           ge=0, le=65536, live=True, why=BATCH_WHY)
-    tok_budget: Int = S(0, "Teacher token budget", "teacher tokens per batch; 0 = auto", ge=0,
-                        le=1 << 24, live=True, why=BUDGET_WHY)
-    student_batch: Int = S(0, "Student batch", "samples per student batch; 0 = auto", ge=0,
-                           le=65536, live=True, advanced=True, why=BATCH_WHY)
-    student_tok_budget: Int = S(0, "Student token budget", "student tokens per batch; 0 = auto",
-                                ge=0, le=1 << 24, live=True, advanced=True, why=BUDGET_WHY)
-    teacher_mode: Literal["auto", "gpu", "offload", "cpu"] = S(
-        "auto", "Teacher mode", "gpu: resident on the card; offload: streamed from RAM; cpu; "
-        "auto: chosen from the memory budgets", live=True)
-    placement: Literal["sequential", "balanced"] = S(
-        "sequential", "Placement", "several cards: fill one then the next, or spread evenly",
-        live=True, advanced=True)
-    gpu_mem_gib: Float = S(0.0, "GPU memory budget (GiB)", "0 = what the card has free", ge=0,
-                           le=4096, live=True, why=MEM_WHY)
-    cpu_mem_gib: Float = S(0.0, "CPU memory budget (GiB)", "0 = what the machine has free", ge=0,
-                           le=65536, live=True, why=MEM_WHY)
-    student_dtype: Literal["auto", "f32", "f16", "bf16"] = S(
-        "auto", "Student compute dtype", "auto = f32, as the engine computes", advanced=True)
-    @field_validator("device")
-    @classmethod
-    def _device(cls, v):
-        return check_device(v, "precompute.device")
-
-    mock_teacher: bool = S(False, "Mock teacher", "synthetic targets with the real shapes: a smoke "
-                           "test, never a usable adapter")
-    # PixArt's caption window: the DiT's caption_length (contract §3.3), read by the pack
-    # (TrainerPack.configured) and nowhere else; it sets the adapter's num_queries.
-    t5_window: Literal[120, 300] = S(
-        120, "T5 window", "caption slots of the PixArt model the adapter is for: 120 PixArt-α, "
-        "300 PixArt-Σ (the DiT's caption_length; the adapter's num_queries must equal it)",
-        packs=("t5xxl_pixart",))
-    processes: Int = S(1, "Processes", "ranks computing shards in parallel (one per GPU); shard k "
-                       "goes to rank k mod N, the shards are the same for any N", ge=1, le=1024,
-                       advanced=True, why="one process per card; more than 1024 ranks is no machine")
-
-
-class TrainSettings(_Section):
-    device: str = S("auto", "Device", "auto, cpu, cuda, cuda:N or mps", live=True)
-    width: Int = S(1024, "Width", "adapter hidden size (a multiple of 64)", ge=64, le=16384,
-                   why="the engine's heads are 64 wide, and wider than 16384 fits no card")
-    depth: Int = S(6, "Depth", "adapter blocks", ge=1, le=64, why="deeper than 64 blocks does not "
-                   "train in any recipe's budget")
-    steps: int = S(20000, "Steps", "planned training steps (also while running)", ge=1,
-                   le=MAX_STEPS, live=True, why="more would train for months")
-    batch_size: Int = S(32, "Batch size", "samples per step", ge=1, le=65536, why=BATCH_WHY)
-    lr: Float = S(2e-4, "Learning rate", "peak AdamW learning rate", gt=0, le=1.0,
-                  why="above 1 training diverges")
-    warmup: Int = S(1000, "Warmup steps", "linear warmup steps", ge=0, le=MAX_STEPS, advanced=True,
-                    why="more than any run's steps")
-    weight_decay: Float = S(0.01, "Weight decay", "AdamW weight decay", ge=0, le=10.0,
-                            advanced=True, why="above 10 it erases the weights")
-    grad_clip: Float = S(1.0, "Gradient clip", "max gradient norm", gt=0, le=1e6, advanced=True,
-                         why="0 would stop training; beyond 1e6 it clips nothing")
-    cos_weight: Float = S(0.5, "Cosine loss weight", "weight of the cosine term in the loss", ge=0,
-                          le=100.0, advanced=True, why="a weight, not a scale of magnitude")
-    sigma_floor: Float = S(0.03, "Sigma floor", "floor of the per-dimension std used to "
-                           "standardise targets", gt=0, le=10.0, advanced=True,
-                           why="0 divides by zero; above 10 it flattens every target")
-    grad_checkpoint: Literal["auto", "on", "off"] = S(
-        "auto", "Gradient checkpointing", "trade compute for memory", live=True, advanced=True)
-    log_every: Int = S(25, "Log every", "steps between log lines (and live steps checks)", ge=1,
-                       le=1_000_000, live=True, advanced=True, why="nothing would ever be logged")
-    val_every: Int = S(500, "Validate every", "steps between validations", ge=1, le=MAX_STEPS,
-                       live=True, advanced=True, why="more than any run's steps")
-    save_every: Int = S(250, "Save every", "steps between last.pt saves", ge=1, le=MAX_STEPS,
-                        live=True, advanced=True, why="more than any run's steps")
-    seed: Int = S(42, "Seed", "initialisation and batch order", ge=0, le=2**32 - 1, advanced=True,
-                  why=SEED_WHY)
-    threads: Int = S(0, "CPU threads", "0 = pinned at the first start", ge=0, le=4096, live=True,
-                     advanced=True, why="no machine has more cores")
-    processes: Int = S(1, "Processes", "data-parallel ranks (one per GPU), each a slice of every "
-                       "batch; the batch size stays the global batch", ge=1, le=1024,
-                       advanced=True, why="one process per card; more than 1024 ranks is no machine")
-
-    @field_validator("steps", mode="before")
-    @classmethod
-    def _steps(cls, v):
-        try:
-            return parse_steps(v)
-        except UserError as e:
-            raise ValueError(str(e)) from None
-
-    @field_validator("width")
-    @classmethod
-    def _width(cls, v):
-        if v % 64:
-            raise ValueError(f"{v} is not a multiple of 64 (the engine's head size); "
-                             f"set it to e.g. {max(64, v // 64 * 64)} or 1024")
-        return v
-
-    @field_validator("device")
-    @classmethod
-    def _device(cls, v):
-        return check_device(v, "train.device")
-
-
-class ExportSettings(_Section):
-    output_dir: str = S("", "Output folder", "where the GGUF goes; empty = the project's parent "
-                        "folder", kind="path", live=True)
-    copy_to: str = S("", "Copy to", "also copy the final GGUF into this folder (e.g. ggk's models)",
-                     kind="path", live=True)
-    run_eval: bool = S(True, "Evaluate after export", "score the exported GGUF on the val shards",
-                       live=True)
-    export_sigvq: bool = S(True, "Export SigVQ companion", "also write the SigVQ companion GGUF "
-                           "(packs that have one)", live=True)
-
-
-DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:[0-9]{1,2})?)$")
-
-
-def check_device(value: Any, field: str = "device") -> str:
-    """auto | cpu | cuda | cuda:N | mps, checked without torch; ValueError with the fix."""
-    if not isinstance(value, str) or not DEVICE_RE.match(value.strip()):
-        raise ValueError(f"{value!r} is not a device; use auto, cpu, cuda, cuda:0 (one card) "
-                         "or mps")
-    return value.strip()
-
-
-class ProjectSettings(_Section):
-    pack: str = S(..., "Pack", "the distillation recipe (gguf-trainer demo --help lists them)")
-    name: str = S("", "Name", "the GGUF's base name; empty = the pack's default (pig_ + its name)",
-                  live=True)
-    auto_resume: bool = S(True, "Auto-resume", "`gguf-trainer --auto-resume` relaunches this "
-                          "project if its run died", live=True)
-    materials: dict[str, MaterialRef] = S(label="Materials", help="materials.<id>.path: where "
-                                          "each material is", default_factory=dict)
-    corpus: CorpusSettings = S(label="Corpus", default_factory=CorpusSettings)
-    precompute: PrecomputeSettings = S(label="Precompute", default_factory=PrecomputeSettings)
-    train: TrainSettings = S(label="Training", default_factory=TrainSettings)
-    export: ExportSettings = S(label="Output", default_factory=ExportSettings)
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v):
-        if v and (not NAME_RE.match(v) or ".." in v):
-            raise ValueError(f"{v!r} must be letters, digits, '.', '_' or '-' (no folders, at "
-                             "most 100 characters), e.g. pig_t5_adapter")
-        return v
-
-    @field_validator("pack")
-    @classmethod
-    def _pack(cls, v):
-        from .packs import pack_ids
-
-        if v not in pack_ids():
-            raise ValueError(f"unknown pack {v!r}; choose one of {', '.join(pack_ids())}")
-        return v
-
-    @model_validator(mode="after")
-    def _default_name(self):
-        if not self.name:
-            from .packs import get_pack
-
-            self.name = default_name(get_pack(self.pack).default_name)
-        return self
-
-
-SECTIONS = {"": "Project", "materials": "Materials", "corpus": "Corpus",
-            "precompute": "Precompute", "train": "Training", "export": "Output"}
-
-
-# ---- error messages -------------------------------------------------------------------
-def _field_info(loc: tuple):
-    """(FieldInfo, model) of a dotted location, or (None, None)."""
-    model, info = ProjectSettings, None
-    for i, part in enumerate(loc):
-        if model is None or not isinstance(part, str) or part not in model.model_fields:
-            if model is None and i == 2 and loc[0] == "materials":
-                model = MaterialRef
-                if part in model.model_fields:
-                    info = model.model_fields[part]
-                    model = None
-                    continue
-            return None, None
-        info = model.model_fields[part]
-        ann = info.annotation
-        model = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
-    return info, model
-
-
-def _bounds(info) -> dict:
-    out = {}
-    for m in getattr(info, "metadata", []) or []:
-        for k in ("ge", "gt", "le", "lt"):
-            if getattr(m, k, None) is not None:
-                out[k] = getattr(m, k)
-    return out
-
-
-def _fmt_num(x) -> str:
-    if isinstance(x, float) and x.is_integer() and abs(x) < 1e15:
-        x = int(x)
-    return f"{x:,}".replace(",", "_") if isinstance(x, int) and abs(x) >= 100_000 else str(x)
-
-
-def range_text(info) -> str:
-    """'from 64 to 16384' / 'greater than 0 and at most 1' / ''."""
-    b = _bounds(info)
-    lo = (f"at least {_fmt_num(b['ge'])}" if "ge" in b else
-          f"greater than {_fmt_num(b['gt'])}" if "gt" in b else "")
-    hi = (f"at most {_fmt_num(b['le'])}" if "le" in b else
-          f"less than {_fmt_num(b['lt'])}" if "lt" in b else "")
-    if "ge" in b and "le" in b:
-        return f"from {_fmt_num(b['ge'])} to {_fmt_num(b['le'])}"
-    return " and ".join(x for x in (lo, hi) if x)
-
-
-def _type_word(info) -> str:
-    ann = info.annotation
-    base = get_args(ann)[0] if get_origin(ann) is Annotated else ann
-    if base is bool:
-        return "true or false"
-    if base is int:
-        return "a whole number"
-    if base is float:
-        return "a finite number"
-    if get_origin(base) is Literal:
-        return "one of " + ", ".join(repr(a) for a in get_args(base))
-    if base is str:
-        return "text"
-    if get_origin(base) is list:
-        return "a list of paths"
-    return "a JSON object"
-
-
-def _short_repr(value: Any) -> str:
-    text = json.dumps(value) if _jsonish(value) else repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _jsonish(value: Any) -> bool:
-    try:
-        json.dumps(value, allow_nan=True)
-        return True
-    except (TypeError, ValueError):
-        return False
-
-
-def describe_error(e: dict) -> tuple[str, str]:
-    """(dotted field, one sentence: the field, the bad value, what is allowed and why, the fix)."""
-    loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
-    where = ".".join(str(p) for p in loc) or "(top level)"
-    kind = e["type"]
-    if kind == "extra_forbidden":
-        parent, leaf = loc[:-1], str(loc[-1])
-        _info, pmodel = _field_info(parent) if parent else (None, ProjectSettings)
-        names = list(pmodel.model_fields) if pmodel is not None else []
-        near = difflib.get_close_matches(leaf, names, n=1)
-        hint = f" (did you mean {'.'.join([*map(str, parent), near[0]])}?)" if near else ""
-        return where, f"{where}: is not a setting{hint}; remove it or fix its name"
-    if kind == "missing":
-        return where, f"{where}: is required; add it"
-    if kind == "value_error" or kind == "assertion_error":
-        return where, f"{where}: " + str(e["msg"]).removeprefix("Value error, ")
-    info, _model = _field_info(loc)
-    bad = _short_repr(e.get("input"))
-    if loc == ("pack",):
-        from .packs import pack_ids
-
-        return where, f"pack: {bad} is not a pack; choose one of {', '.join(pack_ids())}"
-    if info is None and loc and loc[0] == "materials":
-        return where, (f"{where}: {bad} is not allowed; a material is written as "
-                       '"materials": {"<id>": {"path": "/path/to/it"}}')
-    if info is None:
-        return where, f"{where}: {bad}: {e['msg']}"
-    extra = info.json_schema_extra or {}
-    allowed = _type_word(info)
-    rng = range_text(info)
-    if rng and allowed in ("a whole number", "a finite number"):
-        allowed += " " + rng
-    why = f" ({extra['why']})" if extra.get("why") and rng else ""
-    default = info.get_default(call_default_factory=True)
-    fix = f"; set it to e.g. {json.dumps(default)} (the default)" if _jsonish(default) and \
-        default not in ("", None, [], {}) else "; fix it"
-    return where, f"{where}: {bad} is not allowed; it must be {allowed}{why}{fix}"
-
-
-def field_errors(err: ValidationError) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for e in err.errors():
-        where, sentence = describe_error(e)
-        out.setdefault(where, sentence)
-    return out
-
-
-def _describe_errors(err: ValidationError, source: str) -> str:
-    lines = [f"  {s}" for s in field_errors(err).values()]
-    n = len(lines)
-    head = f"{source} has {n} bad setting{'s' if n > 1 else ''}; fix {'them' if n > 1 else 'it'}:"
-    return "\n".join([head, *lines])
-
-
-def validate_settings(data: Any, source: str = "project.json") -> ProjectSettings:
-    """Every bad field is reported at once, each with what to do."""
-    if not isinstance(data, dict):
-        raise UserError(f"{source} must hold a JSON object like {{\"pack\": \"t5xxl_pixart\"}}, "
-                        f"not {type(data).__name__}; fix or recreate it.")
-    try:
-        return ProjectSettings.model_validate(data)
-    except ValidationError as e:
-        raise UserError(_describe_errors(e, source)) from None
-    except RecursionError:
-        raise UserError(f"{source} is nested too deeply to be settings; fix or recreate it.") from None
-
-
-def default_name(pack_default: str, name: str | None = None) -> str:
-    """`pig_` + the pack's default name unless the name already starts with `pig_`."""
-    name = name or pack_default
-    return name if name.startswith("pig_") else "pig_" + name
-
-
-def _get_dotted(data: Any, dotted: str, missing: Any = None) -> Any:
-    node = data
-    for key in dotted.split("."):
-        if not isinstance(node, dict) or key not in node:
-            return missing
-        node = node[key]
-    return node
-
-
-def _set_dotted(data: dict, dotted: str, value: Any) -> None:
-    node = data
-    *parents, leaf = dotted.split(".")
-    for key in parents:
-        if not isinstance(node.get(key), dict):
-            node[key] = {}
-        node = node[key]
-    node[leaf] = copy.deepcopy(value)
-
-
-# ---- GUI metadata -----------------------------------------------------------------------
-def _meta_for(key: str, info, section: str) -> dict:
-    extra = dict(info.json_schema_extra or {})
-    ann = info.annotation
-    base = get_args(ann)[0] if get_origin(ann) is Annotated else ann
-    b = _bounds(info)
-    kind = extra.get("kind") or ("bool" if base is bool else "int" if base is int else
-                                 "float" if base is float else
-                                 "choice" if get_origin(base) is Literal else
-                                 "list" if get_origin(base) is list else "str")
-    default = info.get_default(call_default_factory=True)
-    choices = list(get_args(base)) if get_origin(base) is Literal else None
-    if extra.get("choices_from"):  # a list of known ids (the datasets a corpus can use)
-        from .corpus_sources import known_ids
-
-        choices = known_ids(extra["choices_from"])
-    return {
-        "key": key, "section": section, "label": extra.get("label") or key.rsplit(".", 1)[-1],
-        "help": info.description or "", "type": kind,
-        "default": default if _jsonish(default) else None,
-        "min": b.get("ge", b.get("gt")), "max": b.get("le", b.get("lt")),
-        "min_exclusive": "gt" in b, "max_exclusive": "lt" in b,
-        "range": range_text(info), "why": extra.get("why") or "",
-        "choices": choices,
-        "live": bool(extra.get("live")), "advanced": bool(extra.get("advanced")),
-        "required": info.is_required(), "packs": list(extra.get("packs") or []),
-    }
-
-
-def schema_fields() -> list[dict]:
-    """Metadata of every schema field (not per-material), in display order (a fresh copy:
-    the GUI asks on every render, the schema never changes in a process)."""
-    return copy.deepcopy(_schema_fields())
-
-
-@functools.lru_cache(maxsize=1)
-def _schema_fields() -> list[dict]:
-    out = []
-    for name, info in ProjectSettings.model_fields.items():
-        ann = info.annotation
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            for sub, sinfo in ann.model_fields.items():
-                out.append(_meta_for(f"{name}.{sub}", sinfo, SECTIONS[name]))
-        elif name == "materials":
-            continue
-        else:
-            out.append(_meta_for(name, info, SECTIONS[""]))
-    return out
-
-
-def field_metadata(pack_id: str | None = None) -> list[dict]:
-    """Per-field GUI metadata: the schema's, then the pack's declarations over it (its
-    defaults become the field's default, its `field_meta` overrides label/help/range), and
-    one `materials.<id>.path` field per material of the pack. See control.field_metadata."""
-    fields = schema_fields()
-    if pack_id is None:
-        return fields
-    from .packs import get_pack
-
-    pack = get_pack(pack_id)
-    declared = getattr(pack, "field_meta", {}) or {}
-    by_key = {f["key"]: f for f in fields}
-    for key, value in (pack.defaults or {}).items():
-        if key in by_key:
-            by_key[key]["default"] = value
-            by_key[key]["pack_default"] = True
-    for key, meta in declared.items():
-        if key in by_key:
-            by_key[key].update(meta)
-    for f in fields:  # a setting only some packs read is not shown for the others
-        if f["packs"] and pack_id not in f["packs"]:
-            f["hidden"] = True
-    by_key["name"]["default"] = default_name(pack.default_name)
-    mats = []
-    for m in pack.materials:
-        mats.append({
-            "key": f"materials.{m.id}.path", "section": "Materials", "label": m.title,
-            "help": " ".join(x for x in (m.hint, f"Hugging Face: {m.repo}" if m.repo else "")
-                             if x), "type": "path", "default": "", "min": None, "max": None,
-            "min_exclusive": False, "max_exclusive": False, "range": "", "why": "",
-            "choices": None, "live": False, "advanced": False, "required": m.required,
-            "material": m.id})
-    return fields[:3] + mats + fields[3:]
-
-
-def settings_table_markdown() -> str:
-    """The README's table of every project.json key, generated from the schema."""
-    rows = ["| key | default | allowed | may change while running | meaning |",
-            "| --- | --- | --- | --- | --- |"]
-    rows.append("| `materials.<id>.path` | `\"\"` | a path | no | where material `<id>` of the "
-                "pack is (ids: `gguf-trainer demo --help` and the pack table) |")
-    for f in schema_fields():
-        default = json.dumps(f["default"]) if f["key"] != "pack" else "(required)"
-        allowed = (f["range"] if f["type"] in ("int", "float") else
-                   ("any of " if f["type"] == "list" else "") +
-                   ", ".join(f"`{c}`" for c in f["choices"]) if f["choices"] else
-                   {"bool": "`true`, `false`", "path": "a path", "paths": "a list of paths",
-                    "str": "text"}.get(f["type"], f["type"]))
-        if f["type"] == "int" and allowed:
-            allowed = "whole number " + allowed
-        help_ = f["help"] + (f" (limit: {f['why']})" if f["why"] else "")
-        if f["packs"]:
-            help_ += f" (read by {', '.join(f'`{p}`' for p in f['packs'])} only)"
-        rows.append(f"| `{f['key']}` | `{default}` | {allowed} | {'yes' if f['live'] else 'no'} "
-                    f"| {f['label']}: {help_} |")
-    return "\n".join(rows)
 
 
 # ---- the project object ----------------------------------------------------------------
@@ -689,8 +111,8 @@ def read_raw_versioned(paths: ProjectPaths) -> tuple[Any, str]:
         raise NoProjectError(f"{paths.root} is not a project (no project.json); create one with "
                              "`gguf-trainer new --pack ID DIR` or check the path.")
     try:
-        with open(pj, "rb") as f:
-            data = f.read(MAX_PROJECT_JSON_BYTES + 1)
+        # open_project returns these bytes: a project.json linked out of the folder is refused
+        data = project_file.read_bytes(paths.root, pj, MAX_PROJECT_JSON_BYTES)
     except OSError as e:
         raise UserError(f"cannot read {pj} ({e.strerror}); check its permissions.") from None
     version = hashlib.sha256(data).hexdigest()[:16]
@@ -735,7 +157,7 @@ def create_project(root: str | os.PathLike, pack_id: str, name: str | None = Non
     pack = get_pack(pack_id)
     data: dict = {"pack": pack_id, "name": default_name(pack.default_name, name)}
     for dotted, value in {**pack.defaults, **(overrides or {})}.items():
-        _set_dotted(data, dotted, value)
+        set_dotted(data, dotted, value)
     settings = validate_settings(data, "the new project's settings")
     try:
         paths.root.mkdir(parents=True, exist_ok=True)
@@ -764,14 +186,6 @@ class _SettingsLock:
         return self._cm.__exit__(*exc)
 
 
-def _known_key(dotted: str) -> bool:
-    parts = dotted.split(".")
-    if parts[0] == "materials":
-        return len(parts) == 3 and parts[2] == "path" and bool(parts[1])
-    info, _ = _field_info(tuple(parts))
-    return info is not None
-
-
 def compare_and_set(paths: ProjectPaths, changes: dict[str, Any], expected: dict | None,
                     live_run: dict | None = None) -> dict:
     """The compare-and-set write behind control.update_settings (see its docstring).
@@ -780,7 +194,7 @@ def compare_and_set(paths: ProjectPaths, changes: dict[str, Any], expected: dict
     if not isinstance(changes, dict):
         raise UserError("settings changes must be a mapping of dotted keys to values.")
     for key in changes:
-        if not isinstance(key, str) or not _known_key(key):
+        if not isinstance(key, str) or not known_key(key):
             near = difflib.get_close_matches(str(key), [f["key"] for f in schema_fields()], n=1)
             out["errors"][str(key)] = (f"{key} is not a setting" +
                                        (f" (did you mean {near[0]}?)" if near else "") +
@@ -797,15 +211,15 @@ def compare_and_set(paths: ProjectPaths, changes: dict[str, Any], expected: dict
             disk = raw
         todo = {}
         for key, value in changes.items():
-            now = _get_dotted(disk, key)
+            now = get_dotted(disk, key)
             if expected is not None:
-                seen = _get_dotted(expected, key)
+                seen = get_dotted(expected, key)
                 if seen != now and now != value:
                     out["conflicts"][key] = {"read": seen, "disk": now, "yours": value}
                     continue
             if now == value:
                 continue
-            if live_run is not None and not _is_live_key(key):
+            if live_run is not None and not is_live_key(key):
                 out["refused"][key] = (
                     f"the pipeline is running (pid {live_run.get('pid')}) and this setting is an "
                     "input of its outputs (changing it would invalidate them); stop the run first")
@@ -816,7 +230,7 @@ def compare_and_set(paths: ProjectPaths, changes: dict[str, Any], expected: dict
             return out
         new = copy.deepcopy(raw)
         for key, value in todo.items():
-            _set_dotted(new, key, value)
+            set_dotted(new, key, value)
         try:
             settings = ProjectSettings.model_validate(new)
         except ValidationError as e:
@@ -833,13 +247,6 @@ def compare_and_set(paths: ProjectPaths, changes: dict[str, Any], expected: dict
         out["applied"] = todo
         out["version"] = hashlib.sha256(text.encode()).hexdigest()[:16]
         return out
-
-
-def _is_live_key(key: str) -> bool:
-    if key.startswith("materials."):
-        return False
-    info, _ = _field_info(tuple(key.split(".")))
-    return bool(info is not None and (info.json_schema_extra or {}).get("live"))
 
 
 def update_settings(root: str | os.PathLike, changes: dict[str, Any]) -> Project:
@@ -911,76 +318,3 @@ def _recorded_exports(project: Project) -> dict:
         return {}
     files = man.get("files") if isinstance(man, dict) else None
     return files if isinstance(files, dict) else {}
-
-
-def ggk_command(project: Project) -> tuple[str, list[str]]:
-    """The pack's engine command with real, existing paths (pasteable: no <placeholders>);
-    and notes for what was left out or replaced."""
-    import shlex
-
-    pack = project.pack
-    notes: list[str] = []
-    student = project.material_path("student")
-    if student is None or not student.is_file():
-        student_arg = "pig_clip-f16.gguf"
-        notes.append(f"link your pig_clip-f16.gguf (`gguf-trainer link --project {project.dir} "
-                     "student PATH`); until then the command names it by its file name")
-    else:
-        student_arg = str(student)
-    cmd = pack.engine_command(student=shlex.quote(student_arg),
-                              adapter=shlex.quote(str(project.final_gguf)))
-    notes += list(getattr(pack, "engine_notes", ()))  # the pack's advice for running it
-    if "tiny" in Path(student_arg).name:
-        notes.append("this project's student is the demo's tiny stand-in, not the real pig_clip: "
-                     "its adapter only fits that stand-in, so this command shows the shape of a "
-                     "real one; train against the real pig_clip-f16.gguf for ggk")
-    if project.settings.precompute.mock_teacher:
-        notes.append("MOCK teacher: this adapter is a smoke test of the machinery, not usable")
-    # Companion files the command names (VAE, diffusion model ...) that are not next to the
-    # adapter are the user's to fetch; say so instead of printing a broken path.
-    # A companion the pack names (LLaDA's SigVQ) that this project did not export is left
-    # out of the command by the pack; say so rather than leave the user wondering.
-    placeholders = re.findall(r"<([^<>\s]+)>", pack.engine_command())
-    left_out = [p for p in placeholders if p not in ("pig_clip.gguf", "adapter.gguf")
-                and f"<{p}>" not in cmd and p.rsplit(".", 1)[0].rsplit("-", 1)[0] not in cmd]
-    for name in left_out:
-        notes.append(f"{name} was not exported by this project, so the command leaves it out "
-                     "(text-to-image runs without it; for editing, export it: export.export_sigvq)")
-    engine_files = [t for t in shlex.split(cmd) if t.endswith(".gguf") and "/" not in t
-                    and t != Path(student_arg).name and not (project.output_dir / t).exists()]
-    if engine_files:
-        notes.append(f"{', '.join(engine_files)}: ggk's own model files (not made by "
-                     "gguf-trainer); run the command in the folder that holds them")
-    return cmd, notes
-
-
-def describe_results(root: str | os.PathLike) -> dict:
-    """Where the outputs are; see control.results."""
-    project = load_project(root)
-    out: dict = {"gguf": None, "eval_json": None, "eval_line": None, "ggk": None, "notes": [],
-                 "mock": bool(project.settings.precompute.mock_teacher),
-                 "planned_gguf": str(project.final_gguf)}
-    if project.final_gguf.is_file():
-        out["gguf"] = str(project.final_gguf)
-    else:
-        out["notes"].append(f"no adapter exported yet; it will be {project.final_gguf}")
-    try:
-        ev = atomic.read_json(project.paths.eval_json)
-    except (ValueError, OSError):
-        ev = None
-    if isinstance(ev, dict):
-        out["eval_json"] = str(project.paths.eval_json)
-        head, score = ev.get("headline"), ev.get("val_cos")
-        base = (ev.get("baseline") or {}).get(f"baseline_{head}") if isinstance(
-            ev.get("baseline"), dict) else None
-        if isinstance(score, (int, float)):
-            out["eval_line"] = f"{head} {score:.4f}" + (
-                f" vs mean baseline {base:.4f}" if isinstance(base, (int, float)) else "")
-            if out["mock"]:
-                out["eval_line"] += "; MOCK teacher: a smoke test, not a usable adapter"
-            elif isinstance(ev.get("health"), str):
-                out["eval_line"] += f"; {ev['health']}"
-    if out["gguf"]:
-        out["ggk"], notes = ggk_command(project)
-        out["notes"] += notes
-    return out

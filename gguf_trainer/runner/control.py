@@ -30,8 +30,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gguf_trainer import atomic
-from gguf_trainer.errors import NoProjectError, UserError
+from gguf_trainer import atomic, project_file
+from gguf_trainer.errors import NoProjectError, UserError, quote
 from gguf_trainer.paths import ProjectPaths
 from gguf_trainer.runner import lock, supervisor
 from gguf_trainer.runner import status as status_mod
@@ -158,10 +158,16 @@ def new_project(root: PathLike, pack_id: str, name: str | None = None,
                 overrides: dict[str, Any] | None = None) -> ProjectView:
     """Create a project folder with a project.json for `pack_id` (schema defaults, then the
     pack's, then `overrides` as dotted keys). Refuses an existing project, an unknown pack,
-    a bad name, or a folder that is a file, before writing anything."""
+    a bad name, a folder that is a file, or one that already holds files but no project
+    (a later reset would then clear that folder's own data/, shards/ ...), before writing
+    anything."""
     from gguf_trainer import project
 
-    project.create_project(_root(root), pack_id, name, overrides)
+    path = _root(root)
+    if not (path / "project.json").exists():
+        _refuse_foreign_folder(path, "a project", f"gguf-trainer new --pack {pack_id} "
+                               f"{path / 'gguf_project'}")
+    project.create_project(path, pack_id, name, overrides)
     return open_project(root)
 
 
@@ -172,26 +178,36 @@ def check_demo_folder(root: PathLike) -> None:
     (the demo reuses it), and one holding only the `materials` folder a demo set-up that was
     cut short before writing project.json leaves behind."""
     path = _root(root)
-    if not path.exists() or (path / "project.json").exists():
+    if (path / "project.json").exists():
+        return
+    _refuse_foreign_folder(path, "the demo", f"--dir {path / 'gguf_demo'}", {"materials"})
+
+
+def _refuse_foreign_folder(path: Path, what: str, example: str,
+                           allowed: set[str] = frozenset()) -> None:
+    """A folder that does not exist yet or is empty (but for `allowed` names) may become a
+    project; one holding someone's files may not: the tool would mix its data/, shards/ and
+    checkpoints/ with theirs, and a reset would delete them."""
+    if not path.exists():
         return
     if not path.is_dir():
-        raise UserError(f"{path} is a file, not a folder; choose a new folder for the demo.")
+        raise UserError(f"{path} is a file, not a folder; choose a new folder for {what}.")
     try:
         names = {p.name for p in path.iterdir()}
     except OSError as e:
         raise UserError(f"cannot read {path} ({e.strerror}); choose a folder you can write to "
-                        "for the demo.") from None
-    if names <= {"materials"}:
+                        f"for {what}.") from None
+    if names <= allowed:
         return
-    raise UserError(f"{path} is not empty and holds no project, so the demo will not build "
-                    f"inside it; choose a new or empty folder (e.g. --dir {path / 'gguf_demo'}).")
+    raise UserError(f"{path} is not empty and holds no project, so {what} will not be made "
+                    f"inside it; choose a new or empty folder (e.g. {example}).")
 
 
 def open_project(root: PathLike) -> ProjectView:
     """The project's settings, pack description, status and errors. A broken project.json
     (not JSON, bad values) is reported in `errors` with ok=False, never as "idle".
     NoProjectError when the folder holds no project.json."""
-    from gguf_trainer import project
+    from gguf_trainer import project, project_schema
     from gguf_trainer.packs import get_pack
 
     paths = _paths(root)
@@ -202,7 +218,8 @@ def open_project(root: PathLike) -> ProjectView:
     pack = None
     try:
         raw, version = project.read_raw_versioned(paths)
-        settings = project.validate_settings(raw, str(paths.project_json)).model_dump(mode="json")
+        settings = project_schema.validate_settings(raw, str(paths.project_json)).model_dump(
+            mode="json")
     except NoProjectError:
         raise
     except UserError as e:
@@ -220,11 +237,11 @@ def open_project(root: PathLike) -> ProjectView:
 def read_settings(root: PathLike) -> SettingsRead:
     """Validated settings (every key, defaults filled) and the version token.
     UserError when project.json is broken (the sentence says what to fix)."""
-    from gguf_trainer import project
+    from gguf_trainer import project, project_schema
 
     paths = _paths(root)
     raw, version = project.read_raw_versioned(paths)
-    values = project.validate_settings(raw, str(paths.project_json)).model_dump(mode="json")
+    values = project_schema.validate_settings(raw, str(paths.project_json)).model_dump(mode="json")
     return SettingsRead(values=values, version=version)
 
 
@@ -254,10 +271,10 @@ def set_steps(root: PathLike, steps: Any, wait_s: float = 0.0) -> StepsResult:
     """Set `train.steps` (also while running: the trainer re-reads it every `log_every`
     steps). `steps` may be text ("12_000", "40k"). With wait_s > 0 and a live training
     stage, waits up to wait_s for the run to report the new count (`picked_up`)."""
-    from gguf_trainer import project
+    from gguf_trainer import project, project_schema
 
     paths = _paths(root)
-    value = project.parse_steps(steps)
+    value = project_schema.parse_steps(steps)
     project.update_settings(paths.root, {"train.steps": value})
     info = status(paths.root)
     live = supervisor.is_active(info)
@@ -280,16 +297,16 @@ def field_metadata(pack_id: str | None = None) -> list[dict]:
       "type": "float"|"int"|"bool"|"str"|"path"|"choice"|"list", "default": ...,
       "min": ..., "max": ..., "choices": [...], "live": bool (may change while running),
       "advanced": bool}], in display order. `pack_id` None: the schema's alone."""
-    from gguf_trainer import project
+    from gguf_trainer import project_schema
 
-    return project.field_metadata(pack_id)
+    return project_schema.field_metadata(pack_id)
 
 
 def settings_table_markdown() -> str:
     """The README's table of every project.json key (generated from the schema)."""
-    from gguf_trainer import project
+    from gguf_trainer import project_schema
 
-    return project.settings_table_markdown()
+    return project_schema.settings_table_markdown()
 
 
 # ---- runs -----------------------------------------------------------------------------
@@ -299,7 +316,7 @@ def start(root: PathLike, only: list[str] | None = None, force: bool = False,
     `steps` (optional) is stored first. Refused (UserError) while it runs, when
     project.json is broken, when another project in the same output folder has the same
     name, or when the materials are missing (with the path tried and the fix)."""
-    from gguf_trainer.project import parse_steps
+    from gguf_trainer.project_schema import parse_steps
 
     paths = _paths(root)
     steps = None if steps is None else parse_steps(steps)  # every check before any write
@@ -441,9 +458,9 @@ def wait(root: PathLike, timeout_s: float | None = None) -> dict:
 def results(root: PathLike) -> dict:
     """Where the outputs are: {"gguf": path or None (exists), "eval_json": path or None,
     "ggk": pasteable command or None, "notes": [sentences], "mock": bool}."""
-    from gguf_trainer import project
+    from gguf_trainer.results import describe_results
 
-    return project.describe_results(_paths(root).root)
+    return describe_results(_paths(root).root)
 
 
 def results_text(root: PathLike) -> str:
@@ -487,15 +504,18 @@ def list_exports(root: PathLike) -> list[dict]:
 
 
 def read_eval(root: PathLike) -> dict | None:
-    """eval.json (the last evaluation), or None when there is none or it is unreadable."""
-    data = _read_json_quiet(_paths(root).eval_json)
+    """eval.json (the last evaluation), or None when there is none or it is unreadable.
+    UnsafeProjectFile (its sentence) when it leads outside the project (a symlink)."""
+    paths = _paths(root)
+    data = _read_json_quiet(paths.eval_json, paths.root)
     return data if isinstance(data, dict) else None
 
 
 def list_snapshots(root: PathLike) -> list[dict]:
     """snapshots.json entries (step, planned_steps, checkpoint, val_cos, path, size, time,
     eval), by step; entries that are not objects are dropped."""
-    data = _read_json_quiet(_paths(root).snapshots_json)
+    paths = _paths(root)
+    data = _read_json_quiet(paths.snapshots_json, paths.root)
     items = data.get("snapshots") if isinstance(data, dict) else None
     return [e for e in items or [] if isinstance(e, dict)]
 
@@ -535,18 +555,20 @@ def tail_log(root: PathLike, offset: int = 0, log: str = "pipeline",
         raise UserError(f"unknown log {log!r}; choose one of {', '.join(LOGS)}.")
     paths = _paths(root)
     path = paths.pipeline_log if log == "pipeline" else paths.root / f"{log}.log"
-    return read_tail(path, offset, max_bytes)
+    return read_tail(path, offset, max_bytes, inside=paths.root)
 
 
 # ---- helpers (also used by the CLI) ----------------------------------------------------
-def read_tail(path: Path, offset: int, max_bytes: int = TAIL_MAX_BYTES) -> tuple[str, int]:
-    """Incremental reader of any text log (see tail_log)."""
+def read_tail(path: Path, offset: int, max_bytes: int = TAIL_MAX_BYTES,
+              inside: PathLike | None = None) -> tuple[str, int]:
+    """Incremental reader of any text log (see tail_log). With `inside` (the project) a log
+    that leads outside it is UnsafeProjectFile, never read (project_file)."""
     try:
         offset = max(0, int(offset))
     except (TypeError, ValueError):
         offset = 0
     try:
-        with open(path, "rb") as f:
+        with (open(path, "rb") if inside is None else project_file.open_file(inside, path)) as f:
             size = os.fstat(f.fileno()).st_size
             if offset > size:
                 offset = 0
@@ -559,12 +581,26 @@ def read_tail(path: Path, offset: int, max_bytes: int = TAIL_MAX_BYTES) -> tuple
     return data[:end].decode("utf-8", errors="replace"), start_at + end
 
 
+def check_folder_arg(root: Any, what: str = "the project folder") -> Path:
+    """A folder path as a client sent it (the GUI API takes any JSON): text or a path, not
+    empty, no NUL byte; else one sentence, never a TypeError from deep inside."""
+    if not isinstance(root, str | os.PathLike) or isinstance(root, bytes):
+        raise UserError(f"{what} must be a path (text), not {type(root).__name__} "
+                        f"{quote(root)}.")
+    text = os.fspath(root)
+    if not isinstance(text, str) or not text.strip():
+        raise UserError(f"{what} is empty; give the folder's path.")
+    if "\0" in text:
+        raise UserError(f"{what} {quote(text)} holds a NUL byte, which no path can; fix it.")
+    return Path(text).expanduser()
+
+
 def _root(root: PathLike) -> Path:
-    return Path(root).expanduser().resolve()
+    return check_folder_arg(root).resolve()
 
 
 def _paths(root: PathLike) -> ProjectPaths:
-    return supervisor.project_paths(root)
+    return supervisor.project_paths(check_folder_arg(root))
 
 
 def _live_run(paths: ProjectPaths) -> dict | None:
@@ -591,8 +627,12 @@ def _wait_steps_seen(paths: ProjectPaths, steps: int, wait_s: float) -> bool:
         time.sleep(0.2)
 
 
-def _read_json_quiet(path: Path) -> Any:
+def _read_json_quiet(path: Path, inside: Path) -> Any:
+    """The file's JSON, or None when absent or unreadable; a file leading outside the
+    project is not quiet: the caller asked to see it, so the sentence goes out."""
     try:
-        return atomic.read_json(path)
+        return atomic.read_json(path, inside=inside)
+    except project_file.UnsafeProjectFile:
+        raise
     except (ValueError, OSError):
         return None

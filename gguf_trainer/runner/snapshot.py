@@ -44,7 +44,8 @@ def _request_fresh(paths, timeout_s: float) -> bool:
 
 def check_args(root, checkpoint: str, evaluate: bool, fresh: bool, device: str | None):
     """Validate everything a snapshot needs without torch; returns the project."""
-    from ..project import check_device, load_project
+    from ..project import load_project
+    from ..project_schema import check_device
 
     if checkpoint not in CHECKPOINTS:
         raise UserError(f"--checkpoint must be last or best, not {checkpoint!r}.")

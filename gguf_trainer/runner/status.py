@@ -33,11 +33,12 @@ log = logging.getLogger(__name__)
 _CRASH_SIGNALS = ("SIGSEGV", "SIGBUS", "SIGABRT", "SIGILL", "SIGFPE")
 
 
-def read_json_quiet(path, default=None):
+def read_json_quiet(path, default=None, inside=None):
     """A JSON file the tool wrote, or `default` for ANY problem (absent, a folder in its
-    place, unreadable, not UTF-8, not JSON, nested too deep): observing never crashes."""
+    place, unreadable, not UTF-8, not JSON, nested too deep; with `inside`, a link out of
+    that project folder): observing never crashes."""
     try:
-        return atomic.read_json(path, default)
+        return atomic.read_json(path, default, inside=inside)
     except (ValueError, OSError, RecursionError):
         log.warning("%s is unreadable or not valid JSON; ignoring it", path)
         return default
@@ -98,7 +99,7 @@ def sanitize_state(raw) -> dict | None:
 def read_state(paths: ProjectPaths) -> dict | None:
     """state.json as written (sanitized: see sanitize_state), or None when there is none
     or it is unreadable."""
-    return sanitize_state(read_json_quiet(paths.state_json))
+    return sanitize_state(read_json_quiet(paths.state_json, inside=paths.root))
 
 
 def read_exit_records(paths: ProjectPaths) -> list[dict]:
@@ -200,7 +201,7 @@ def derive_status(paths: ProjectPaths, now: float | None = None) -> dict:
     out["results"] = None
     if out["status"] == "done" and not out["settings_error"]:
         try:
-            from gguf_trainer.project import describe_results
+            from gguf_trainer.results import describe_results
 
             out["results"] = describe_results(paths.root)
         except Exception as e:  # noqa: BLE001 - observing never crashes; say what failed

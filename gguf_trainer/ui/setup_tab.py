@@ -306,7 +306,7 @@ def wire(p: SetupParts, project: gr.State, read: gr.State, cursor: gr.State, aft
         if not parent:
             raise UserError("choose the folder to create the project in")
         from gguf_trainer.packs import get_pack
-        from gguf_trainer.project import default_name
+        from gguf_trainer.project_schema import default_name
 
         folder_name = (name or "").strip() or default_name(get_pack(pack_id).default_name).removeprefix("pig_")
         view = api.create_project(str(Path(parent).expanduser() / folder_name), pack_id,

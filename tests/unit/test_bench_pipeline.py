@@ -13,7 +13,7 @@ import torch
 
 from gguf_trainer.adapters import build_adapter
 from gguf_trainer.packs import get_pack
-from gguf_trainer.project import TrainSettings
+from gguf_trainer.project_schema import TrainSettings
 from gguf_trainer.shards import Batch
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_pipeline.py"

@@ -26,7 +26,7 @@ from gguf_trainer import atomic, cli, safe_delete
 from gguf_trainer.errors import UserError
 from gguf_trainer.exit_codes import EXIT_NO_PROJECT, EXIT_OK, EXIT_USER
 from gguf_trainer.paths import ProjectPaths
-from gguf_trainer.project import settings_table_markdown
+from gguf_trainer.project_schema import settings_table_markdown
 from gguf_trainer.runner import control, jobs, state
 
 PACK = "t5xxl_pixart"
@@ -172,7 +172,7 @@ def test_set_steps_while_idle(proj):
 
 def test_field_metadata_covers_every_setting():
     keys = {f["key"] for f in control.field_metadata(None)}
-    from gguf_trainer.project import ProjectSettings
+    from gguf_trainer.project_schema import ProjectSettings
 
     for name, info in ProjectSettings.model_fields.items():
         sub = info.annotation
@@ -196,7 +196,7 @@ def test_readme_settings_table_is_generated_from_the_schema():
     table = readme.split(begin, 1)[1].split(end, 1)[0].strip()
     assert table == settings_table_markdown(), (
         "README's settings table is stale; regenerate it with: python -c \"import pathlib; "
-        "from gguf_trainer.project import settings_table_markdown as t; p = pathlib.Path('README.md'); "
+        "from gguf_trainer.project_schema import settings_table_markdown as t; p = pathlib.Path('README.md'); "
         "s = p.read_text(); a, b = '<!-- settings-table:begin -->', '<!-- settings-table:end -->'; "
         "p.write_text(s.split(a)[0] + a + chr(10) + t() + chr(10) + b + s.split(b)[1])\"")
 

@@ -12,7 +12,7 @@ import pytest
 from gguf_trainer import corpus
 from gguf_trainer.corpus import normalize, read_prompts, write_prompts
 from gguf_trainer.errors import UserError
-from gguf_trainer.project import validate_settings
+from gguf_trainer.project_schema import validate_settings
 from gguf_trainer.samples import Sample, count_samples, iter_samples, read_samples, write_samples
 
 N_PROMPTS = 300
@@ -249,7 +249,7 @@ def test_run_corpus_refuses_before_any_model_loads(tmp_path, tiny_materials):
 import sys
 from gguf_trainer.corpus import build_split
 from gguf_trainer.errors import UserError
-from gguf_trainer.project import validate_settings
+from gguf_trainer.project_schema import validate_settings
 s = validate_settings({{"pack": "t5xxl_pixart", "name": "p", "corpus": {{"files": [{str(bad)!r}], "n_val": 4}}}})
 try:
     build_split(s)

@@ -10,7 +10,7 @@ from gguf_trainer import hardware
 from gguf_trainer.errors import UserError
 from gguf_trainer.hardware import Hardware, plan_teacher, preflight
 from gguf_trainer.packs import get_pack
-from gguf_trainer.project import PrecomputeSettings
+from gguf_trainer.project_schema import PrecomputeSettings
 
 TEACHER_GIB = 12.0  # the PixArt pack's T5-XXL need
 BIG_CARD = Hardware(has_cuda=True, gpu_total_gib=80, gpu_free_gib=78, cpu_total_gib=128, cpu_available_gib=100)

@@ -61,7 +61,8 @@ def test_the_graph_reader_sees_imports():
 def _light_modules() -> list[str]:
     names = ["gguf_trainer.cli", "gguf_trainer.stage_list", "gguf_trainer.exit_codes",
              "gguf_trainer.runner.supervisor", "gguf_trainer.runner.status", "gguf_trainer.project",
-             "gguf_trainer.outputs", "gguf_trainer.paths"]
+             "gguf_trainer.project_schema", "gguf_trainer.results", "gguf_trainer.outputs",
+             "gguf_trainer.paths"]
     if importlib.util.find_spec("gguf_trainer.runner.control") is not None:
         names.append("gguf_trainer.runner.control")
     return names

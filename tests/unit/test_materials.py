@@ -15,7 +15,7 @@ from gguf_trainer import materials
 from gguf_trainer.errors import UserError
 from gguf_trainer.materials import file_sha256, folder_identity, materials_for, teacher_identity
 from gguf_trainer.packs import get_pack
-from gguf_trainer.project import ProjectSettings
+from gguf_trainer.project_schema import ProjectSettings
 
 
 def test_sha256_is_cached_by_path_size_and_mtime(tmp_path):

@@ -14,7 +14,8 @@ from gguf_trainer.errors import UserError
 from gguf_trainer.packs import ADAPTER_KINDS, get_pack, pack_ids
 from gguf_trainer.packs.mock import t5_like_ids
 from gguf_trainer.packs.qwen3vl_mageflow import EDIT_PREFIX, SUFFIX, T2I_PREFIX
-from gguf_trainer.project import TrainSettings, create_project, load_project
+from gguf_trainer.project import create_project, load_project
+from gguf_trainer.project_schema import TrainSettings
 from gguf_trainer.samples import Sample
 from gguf_trainer.student import load_tokenizer, tokenize
 
@@ -197,7 +198,8 @@ def test_pixart_window_is_one_setting_read_by_the_pack(tmp_path):
     """precompute.t5_window 300 (PixArt-Σ) sets the window, num_queries, the teacher limit and the
     shard contract of the project's pack; 120 is the registered pack itself (fingerprints of
     existing projects unchanged); other windows are refused; other packs hide the field."""
-    from gguf_trainer.project import PrecomputeSettings, field_metadata, update_settings
+    from gguf_trainer.project import update_settings
+    from gguf_trainer.project_schema import PrecomputeSettings, field_metadata
 
     registered = get_pack("t5xxl_pixart")
     proj = create_project(tmp_path / "p", "t5xxl_pixart")

@@ -10,15 +10,8 @@ import pytest
 
 from gguf_trainer.errors import UserError
 from gguf_trainer.paths import ProjectPaths
-from gguf_trainer.project import (
-    create_project,
-    default_name,
-    load_project,
-    parse_steps,
-    read_steps,
-    update_settings,
-    validate_settings,
-)
+from gguf_trainer.project import create_project, load_project, read_steps, update_settings
+from gguf_trainer.project_schema import default_name, parse_steps, validate_settings
 
 PACK_IDS = ("llada_image", "qwen3vl_mageflow", "t5xxl_pixart")
 

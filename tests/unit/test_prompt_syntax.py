@@ -18,7 +18,7 @@ import pytest
 
 from gguf_trainer import corpus
 from gguf_trainer.image_sources import folder_entries
-from gguf_trainer.project import validate_settings
+from gguf_trainer.project_schema import validate_settings
 from gguf_trainer.prompt_syntax import (
     PromptSyntaxError,
     engine_text,

@@ -249,7 +249,7 @@ NO_CARD_SMALL_RAM = Hardware(has_cuda=False, cpu_total_gib=16, cpu_available_gib
 def test_mode_and_preflight_with_this_packs_numbers(xxl_snapshot, machine, mode, refusal):
     from gguf_trainer.hardware import gpu_need_gib, plan_teacher, preflight
     from gguf_trainer.packs import get_pack
-    from gguf_trainer.project import PrecomputeSettings
+    from gguf_trainer.project_schema import PrecomputeSettings
 
     pack, hw = get_pack("t5xxl_pixart"), machine
     need = pack.teacher_gib({"teacher": xxl_snapshot}, "cuda" if hw.has_cuda else "cpu")

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from gguf_trainer.hardware import budget_batches, choose_budgets
-from gguf_trainer.project import PrecomputeSettings
+from gguf_trainer.project_schema import PrecomputeSettings
 from gguf_trainer.shards import Batch, Stats
 from gguf_trainer.train import compute_loss, lr_at
 
