@@ -254,17 +254,19 @@ def _detect(view: AdapterView, rest: dict) -> None:
 
 
 def trainer_kind(view: AdapterView) -> str | None:
-    """The gguf-trainer module kind (adapters.KINDS) that rebuilds this file, or None."""
+    """The gguf-trainer module kind (adapters.KINDS) that rebuilds this file, or None. A
+    factorized seed is a seeded_resampler with seed_rank = embed_rank; a token-aligned file
+    with skip is `token_aligned` without vision tensors, `token_aligned_vision` with both."""
     if view.kind in ("seeded_resampler", "resampler"):
         return view.kind
-    if (
-        view.kind == "token_aligned"
-        and view.has_skip
-        and view.has_vision_proj
-        and view.has_vis_in
-        and not view.has_layer_map
-    ):
+    if view.kind == "seeded_resampler_factorized":
+        return "seeded_resampler"
+    if view.kind != "token_aligned" or not view.has_skip or view.has_layer_map:
+        return None
+    if view.has_vision_proj and view.has_vis_in:
         return "token_aligned_vision"
+    if not view.has_vision_proj and not view.has_vis_in:
+        return "token_aligned"
     return None
 
 
@@ -500,6 +502,26 @@ def _check_dtypes(view: AdapterView, rest: dict) -> None:
 
 # ---------------------------------------------------------------- reports
 
+
+def _tensor_bytes(ne: tuple[int, ...], type_name: str) -> int:
+    import gguf
+
+    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[type_name.upper()]]
+    return math.prod(ne) // block * size
+
+
+def seed_table(view: AdapterView) -> dict | None:
+    """A factorized seed's rank and bytes against the full (vocab x width) f16 table it replaces,
+    or None for other files."""
+    if view.kind != "seeded_resampler_factorized" or not view.t5_vocab or not view.width:
+        return None
+    found = [view.tensors.get(n) for n in (PREFIX + "t5_embed_a.weight", PREFIX + "t5_embed_b.weight")]
+    if not all(found):
+        return None
+    stored = sum(_tensor_bytes(ne, ty) for ne, ty in found)
+    full = view.t5_vocab * view.width * 2
+    return {"rank": view.embed_rank, "bytes": stored, "full_bytes": full, "saved_bytes": full - stored}
+
 MAX_LIST_ITEMS = 32  # long KV arrays (an embedded vocabulary) are summarised, not dumped
 
 
@@ -521,6 +543,7 @@ def report_dict(view: AdapterView) -> dict:
         "problems": list(view.problems),
         "notes": list(view.notes),
         "tensors": len(view.tensors),
+        "seed_table": seed_table(view),
     }
 
 
@@ -544,6 +567,17 @@ def _kind_line(view: AdapterView) -> str:
     return label + (f" + {', '.join(ext)}" if ext else "")
 
 
+def _seed_lines(view: AdapterView) -> list[str]:
+    t = seed_table(view)
+    if t is None:
+        return []
+    mib = 1024**2
+    line = (f"  seed table     : factorized, rank {t['rank']}: {t['bytes'] / mib:.2f} MiB instead of "
+            f"{t['full_bytes'] / mib:.2f} MiB for the full f16 table ({t['saved_bytes'] / mib:.2f} MiB "
+            "saved)")
+    return [line]
+
+
 def format_report(view: AdapterView) -> str:
     """Human text: what the engine detects, provenance, minimum ggk, problems and notes."""
     g = view
@@ -559,6 +593,7 @@ def format_report(view: AdapterView) -> str:
         f"  tensors        : {len(view.tensors)} ("
         + ", ".join(f"{n} {t}" for t, n in sorted(types.items()))
         + ")",
+        *_seed_lines(view),
         "  minimum ggk    : "
         + (
             f"{view.min_ggk} (seedless resampler; older builds fail to load it)"

@@ -1,4 +1,4 @@
-"""The three adapter modules the ggk engine can run, and `load_gguf` to rebuild one from a file.
+"""The adapter modules the ggk engine can run, and `load_gguf` to rebuild one from a file.
 
 Owns: `AdapterConfig`, the module layout and parameter names of engine-contract §1.4 (they are
 the GGUF tensor names after `adapter.`), and the forward math of §2. Must not know about
@@ -23,7 +23,8 @@ from gguf_trainer.errors import UserError
 
 log = logging.getLogger(__name__)
 
-KINDS = ("resampler", "seeded_resampler", "token_aligned_vision")
+KINDS = ("resampler", "seeded_resampler", "token_aligned", "token_aligned_vision")
+TOKEN_ALIGNED_KINDS = ("token_aligned", "token_aligned_vision")
 HEAD_DIM = 64  # hard-coded in the engine: heads = width / 64
 LN_EPS = 1e-5
 INIT_STD = 0.02  # query and t5_embed
@@ -40,6 +41,7 @@ class AdapterConfig:
     seed_vocab: int = 0  # seeded_resampler (T5 v1.1: 32128)
     vis_dim: int = 0  # token_aligned_vision
     mlp_hidden: int = 0  # 0 -> 4 * width
+    seed_rank: int = 0  # seeded_resampler: 0 = full t5_embed table, r = t5_embed_a (V, r) + t5_embed_b
 
     @property
     def hidden_dim(self) -> int:
@@ -68,14 +70,14 @@ class AdapterConfig:
         for name in ("in_dim", "out_dim", "width", "depth"):
             if getattr(self, name) <= 0:
                 p.append(f"adapter {name} must be positive, got {getattr(self, name)}.")
-        for name in ("num_queries", "seed_vocab", "vis_dim", "mlp_hidden"):
+        for name in ("num_queries", "seed_vocab", "vis_dim", "mlp_hidden", "seed_rank"):
             if getattr(self, name) < 0:
                 p.append(f"adapter {name} must not be negative, got {getattr(self, name)}.")
         if self.width % HEAD_DIM:
             p.append(
                 f"adapter width {self.width} must be a multiple of {HEAD_DIM} (the engine's head size)."
             )
-        resampler = self.kind != "token_aligned_vision"
+        resampler = self.kind not in TOKEN_ALIGNED_KINDS
         if resampler and self.num_queries <= 0:
             p.append(f"a {self.kind} needs num_queries > 0.")
         if self.kind == "seeded_resampler" and self.seed_vocab <= 0:
@@ -83,11 +85,16 @@ class AdapterConfig:
         if self.kind == "resampler" and self.seed_vocab:
             p.append("a resampler has no seed table; set seed_vocab to 0 or use seeded_resampler.")
         if not resampler and (self.num_queries or self.seed_vocab):
-            p.append("a token_aligned_vision adapter has no queries or seed table; set both to 0.")
-        if not resampler and self.vis_dim <= 0:
+            p.append(f"a {self.kind} adapter has no queries or seed table; set both to 0.")
+        if self.kind == "token_aligned_vision" and self.vis_dim <= 0:
             p.append("a token_aligned_vision adapter needs vis_dim > 0 (the mmproj width).")
-        if resampler and self.vis_dim:
-            p.append("vis_dim is only for token_aligned_vision; set it to 0 for a resampler.")
+        if self.kind != "token_aligned_vision" and self.vis_dim:
+            p.append(f"vis_dim is only for token_aligned_vision; set it to 0 for a {self.kind}.")
+        if self.seed_rank and self.kind != "seeded_resampler":
+            p.append(f"seed_rank factorizes a seed table; a {self.kind} has none, set it to 0.")
+        elif self.seed_rank > min(self.seed_vocab, self.width) > 0:
+            p.append(f"seed_rank {self.seed_rank} exceeds min(seed_vocab, width) = "
+                     f"{min(self.seed_vocab, self.width)}; a factorized table cannot have more rank.")
         return p
 
 
@@ -187,7 +194,12 @@ class ResamplerAdapter(nn.Module):
         super().__init__()
         self.config = cfg
         self.query = nn.Parameter(torch.randn(cfg.num_queries, cfg.width) * INIT_STD)  # (Q, W)
-        if cfg.kind == "seeded_resampler":
+        if cfg.kind == "seeded_resampler" and cfg.seed_rank:
+            # Factorized seed (engine-families §4): seed = t5_embed_b(t5_embed_a[id]).
+            self.t5_embed_a = nn.Embedding(cfg.seed_vocab, cfg.seed_rank)
+            self.t5_embed_b = nn.Linear(cfg.seed_rank, cfg.width, bias=False)
+            nn.init.normal_(self.t5_embed_a.weight, std=INIT_STD)
+        elif cfg.kind == "seeded_resampler":
             self.t5_embed = nn.Embedding(cfg.seed_vocab, cfg.width)
             nn.init.normal_(self.t5_embed.weight, std=INIT_STD)
         self.in_proj = nn.Linear(cfg.in_dim, cfg.width)
@@ -209,25 +221,36 @@ class ResamplerAdapter(nn.Module):
         kv = self.in_proj(hidden)  # (B, L, W), shared by all blocks
         q = self.query.unsqueeze(0).expand(hidden.shape[0], -1, -1)  # (B, Q, W)
         if seeded:
-            q = q + self.t5_embed(seed_ids)
+            q = q + self.seed(seed_ids)
         mask = None if mask is None else mask.to(torch.bool)
         for block in self.blocks[:-1]:
             q = block(q, kv, mask)
         q = self.blocks[-1](q, kv, mask, rows=_bool(rows))
         return self.out_proj(self.ln_out(q))
 
+    def seed(self, seed_ids: torch.Tensor) -> torch.Tensor:
+        """The seed rows added to the queries: the full table's, or B(A[id]) when factorized."""
+        if self.config.seed_rank:
+            return self.t5_embed_b(self.t5_embed_a(seed_ids))
+        return self.t5_embed(seed_ids)
 
-class TokenAlignedVisionAdapter(nn.Module):
-    """`token_aligned_vision`: one output row per student token, plus skip and vision inputs."""
+
+class TokenAlignedAdapter(nn.Module):
+    """`token_aligned` (text-only families: no vision tensors in the file) and
+    `token_aligned_vision` (plus the frozen vision_proj and vis_in): one output row per
+    student token, plus the skip path."""
 
     def __init__(self, cfg: AdapterConfig):
         super().__init__()
         self.config = cfg
-        # Applied by the engine to mmproj embeds before the student, never in forward().
-        self.vision_proj = nn.Linear(cfg.vis_dim, cfg.in_dim, bias=False)
-        self.vision_proj.weight.requires_grad_(False)
+        vision = cfg.kind == "token_aligned_vision"
+        if vision:
+            # Applied by the engine to mmproj embeds before the student, never in forward().
+            self.vision_proj = nn.Linear(cfg.vis_dim, cfg.in_dim, bias=False)
+            self.vision_proj.weight.requires_grad_(False)
         self.in_proj = nn.Linear(cfg.in_dim, cfg.width)
-        self.vis_in = nn.Linear(cfg.vis_dim, cfg.width, bias=False)
+        if vision:
+            self.vis_in = nn.Linear(cfg.vis_dim, cfg.width, bias=False)
         self.blocks = nn.ModuleList(TokenBlock(cfg.width, cfg.hidden_dim) for _ in range(cfg.depth))
         self.ln_out = nn.LayerNorm(cfg.width, eps=LN_EPS)
         self.out_proj = nn.Linear(cfg.width, cfg.out_dim)
@@ -243,6 +266,8 @@ class TokenAlignedVisionAdapter(nn.Module):
             raise ValueError("a token-aligned adapter takes no seed_ids")
         x = self.in_proj(hidden)  # (B, L, W)
         if vis is not None:
+            if not hasattr(self, "vis_in"):
+                raise ValueError("a text-only token-aligned adapter takes no vision embeds")
             x = x + self.vis_in(vis)
         mask = None if mask is None else mask.to(torch.bool)
         for block in self.blocks[:-1]:
@@ -257,8 +282,8 @@ def build_adapter(cfg: AdapterConfig) -> nn.Module:
     problems = cfg.validate()
     if problems:
         raise UserError("adapter settings are invalid: " + " ".join(problems))
-    if cfg.kind == "token_aligned_vision":
-        return TokenAlignedVisionAdapter(cfg)
+    if cfg.kind in TOKEN_ALIGNED_KINDS:
+        return TokenAlignedAdapter(cfg)
     return ResamplerAdapter(cfg)
 
 
@@ -284,7 +309,7 @@ def start_output(module: nn.Module, mean: torch.Tensor, skip=None) -> None:
 
 
 def trainable_parameters(module: nn.Module) -> list[nn.Parameter]:
-    """Everything except the frozen vision_proj."""
+    """Everything except the frozen vision_proj (vision kinds)."""
     return [p for n, p in module.named_parameters() if not n.startswith("vision_proj.")]
 
 
@@ -314,7 +339,8 @@ def load_gguf(path, device="cpu") -> nn.Module:
     if kind is None:
         raise UserError(
             f"{path} is a {view.kind} adapter that gguf-trainer cannot rebuild; only resampler, "
-            "seeded_resampler and token-aligned files with skip, vision_proj and vis_in load."
+            "seeded_resampler (full or factorized) and token-aligned files with skip (text-only, "
+            "or with both vision_proj and vis_in) load."
         )
     for problem in view.problems:  # dtype policy only: the engine converts and still runs the file
         log.warning("%s: %s", path, problem)
@@ -329,6 +355,7 @@ def load_gguf(path, device="cpu") -> nn.Module:
         seed_vocab=view.t5_vocab,
         vis_dim=view.vis_dim,
         mlp_hidden=mlp_hidden,
+        seed_rank=view.embed_rank,
     )
     with torch.random.fork_rng(devices=[]):  # loading must not move the caller's RNG
         module = build_adapter(cfg)

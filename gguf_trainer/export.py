@@ -25,7 +25,7 @@ from gguf_trainer.adapter_file import (
     read_adapter,
     trainer_kind,
 )
-from gguf_trainer.adapters import AdapterConfig
+from gguf_trainer.adapters import TOKEN_ALIGNED_KINDS, AdapterConfig
 from gguf_trainer.atomic import atomic_path
 from gguf_trainer.errors import UserError
 
@@ -65,6 +65,29 @@ def fold_standardization(state_dict: dict[str, torch.Tensor], mu, sigma_f) -> di
     return out
 
 
+def factorize_seed(state_dict: dict[str, torch.Tensor], cfg: AdapterConfig, rank: int):
+    """The full seed table T (V, W) as its best rank-r factorization (truncated SVD, Eckart-Young):
+    t5_embed_a = T·V_r (V, r) and t5_embed_b.weight = V_r (W, r), so B(A[id]) = T[id]·V_r·V_rᵀ.
+    V_r are the top eigenvectors of TᵀT (W x W, float64): the same subspace as the SVD's right
+    singular vectors without decomposing a 256384-row table. Returns (state dict, config with
+    seed_rank, relative Frobenius error ||T - T·V_r·V_rᵀ|| / ||T||)."""
+    if cfg.kind != "seeded_resampler" or cfg.seed_rank or "t5_embed.weight" not in state_dict:
+        raise ValueError("only a full-table seeded_resampler can be factorized")
+    new_cfg = AdapterConfig.from_dict({**cfg.to_dict(), "seed_rank": rank})
+    problems = new_cfg.validate()
+    if problems:
+        raise UserError("train.seed_rank is invalid: " + " ".join(problems))
+    table = state_dict["t5_embed.weight"].detach().to("cpu", torch.float64)
+    _, vecs = torch.linalg.eigh(table.T @ table)  # ascending eigenvalues
+    basis = vecs[:, -rank:].flip(1)  # (W, r), the strongest direction first
+    a = table @ basis
+    err = float(torch.linalg.norm(table - a @ basis.T) / torch.linalg.norm(table).clamp_min(1e-30))
+    out = {k: v for k, v in state_dict.items() if k != "t5_embed.weight"}
+    dtype = state_dict["t5_embed.weight"].dtype
+    out["t5_embed_a.weight"], out["t5_embed_b.weight"] = a.to(dtype), basis.to(dtype).contiguous()
+    return out, new_cfg, err
+
+
 def is_f32_tensor(name: str, ndim: int) -> bool:
     """The export dtype policy: f32 here, f16 everywhere else."""
     return ndim == 1 or name in F32_NAMES or is_layernorm_name(name)
@@ -80,10 +103,12 @@ def _structural_kv(cfg: AdapterConfig) -> dict[str, int]:
     }
     if cfg.kind == "token_aligned_vision":
         kv["adapter.vis_dim"] = cfg.vis_dim
-    else:
+    elif cfg.kind not in TOKEN_ALIGNED_KINDS:
         kv["adapter.num_queries"] = cfg.num_queries
     if cfg.kind == "seeded_resampler":
         kv["adapter.t5_vocab"] = cfg.seed_vocab
+    if cfg.seed_rank:
+        kv["adapter.seed_rank"] = cfg.seed_rank
     return kv
 
 
@@ -141,6 +166,7 @@ def _check_readback(tmp: Path, cfg: AdapterConfig, n_tensors: int) -> None:
         "queries": view.num_queries,
         "vocab": view.t5_vocab,
         "vis_dim": view.vis_dim,
+        "seed_rank": view.embed_rank,
     }
     want = {
         "kind": cfg.kind,
@@ -152,6 +178,7 @@ def _check_readback(tmp: Path, cfg: AdapterConfig, n_tensors: int) -> None:
         "queries": cfg.num_queries,
         "vocab": cfg.seed_vocab,
         "vis_dim": cfg.vis_dim,
+        "seed_rank": cfg.seed_rank,
     }
     if got != want:
         raise RuntimeError(f"exported adapter reads back as {got}, expected {want}")

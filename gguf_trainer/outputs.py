@@ -56,18 +56,25 @@ def export_checkpoint(project, which: str, dest, is_snapshot: bool, ck: dict | N
     the step is read from the checkpoint actually loaded)."""
     from .adapters import AdapterConfig
     from .checkpoints import load_checkpoint
-    from .export import write_adapter_gguf
+    from .export import factorize_seed, write_adapter_gguf
 
     ck = ck or load_checkpoint(_checkpoint(project, which))
     dest = Path(dest(int(ck["step"])) if callable(dest) else dest)
     cfg = AdapterConfig.from_dict(ck["config"])
     fold = {"mu": ck["mu"], "sigma_f": ck["sigma_f"]} if ck.get("standardized") else {}
     kind = "snapshot" if is_snapshot else "final"
+    state, meta = ck["model"], export_metadata(project, ck, which, is_snapshot)
+    rank = project.settings.train.seed_rank
+    if rank and cfg.kind == "seeded_resampler" and not cfg.seed_rank:
+        # Trained with the full table; the file carries its best rank-r factorization.
+        state, cfg, err = factorize_seed(state, cfg, rank)
+        meta["adapter.seed_svd_rel_error"] = err
+        log.info("export: seed table factorized to rank %d (t5_embed_a %d x %d + t5_embed_b) by "
+                 "truncated SVD: relative reconstruction error %.4g", rank, cfg.seed_vocab, rank, err)
     # Recorded before the file lands, so a kill between the two never leaves a GGUF of this
     # project that it does not know it wrote (a restart would take it for another project's).
     record_export(project, dest, kind=kind, pending=True)
-    info = write_adapter_gguf(dest, ck["model"], cfg, metadata=export_metadata(project, ck, which, is_snapshot),
-                              name=project.settings.name, **fold)
+    info = write_adapter_gguf(dest, state, cfg, metadata=meta, name=project.settings.name, **fold)
     record_export(project, dest, kind=kind)
     log.info("export: wrote %s: %d f16 + %d f32 tensors (%s.pt, step %d/%d, val cos %s)%s", dest,
              info["n_f16"], info["n_f32"], which, ck["step"], ck["planned_steps"], ck.get("val_cos"),

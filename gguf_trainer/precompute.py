@@ -142,7 +142,7 @@ def build_shard(ctx: Context, samples: list[_Sample], report, on_batch,
     tensors["moment_n"] = torch.tensor([stored.shape[0]], dtype=torch.int64)
     if targets[0].seed_ids is not None:
         tensors["seed_ids"] = torch.tensor([t.seed_ids for t in targets], dtype=torch.int32)
-    if ctx.pack.adapter_kind == "token_aligned_vision":
+    if ctx.pack.adapter_kind.startswith("token_aligned"):  # token_aligned(_vision)
         tensors["sup_start"] = torch.tensor([t.sup_start for t in targets], dtype=torch.int32)
     if ctx.vision_proj is not None:
         tensors.update(_vision_tensors(samples, ctx.vision_proj.shape[1]))

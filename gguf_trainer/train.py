@@ -98,7 +98,7 @@ SKIP_START = "mean"  # token-aligned skip at step 0: "mean" (zero) or "ridge" (l
 
 def _skip_start(pack, cfg, train_files: list[Path], stats: Stats):
     """The ridge start of a token-aligned skip (when SKIP_START says so), else None."""
-    if SKIP_START != "ridge" or cfg.kind != "token_aligned_vision":
+    if SKIP_START != "ridge" or not cfg.kind.startswith("token_aligned"):
         return None
     return linear_fit(train_files, stats if pack.standardized else None)
 

@@ -7,5 +7,9 @@ CFGS = {
     "resampler": AdapterConfig("resampler", IN, OUT, WIDTH, DEPTH, num_queries=QUERIES),
     "seeded_resampler": AdapterConfig("seeded_resampler", IN, OUT, WIDTH, DEPTH, num_queries=QUERIES,
                                       seed_vocab=VOCAB),
+    "token_aligned": AdapterConfig("token_aligned", IN, OUT, WIDTH, DEPTH),
     "token_aligned_vision": AdapterConfig("token_aligned_vision", IN, OUT, WIDTH, DEPTH, vis_dim=VIS),
 }
+RANK = 16  # a factorized seed table (seeded_resampler with seed_rank)
+FACTORIZED = AdapterConfig("seeded_resampler", IN, OUT, WIDTH, DEPTH, num_queries=QUERIES,
+                           seed_vocab=VOCAB, seed_rank=RANK)

@@ -148,6 +148,10 @@ def engine_forward(path_or_tensors, hidden, seed_ids=None, vis=None, key_mask=No
             )
             q = q + _mlp(t, b, q)
         return _lin(t, "out_proj", _ln(t, "ln_out", q))
+    if vis is not None and "vision_proj.weight" not in t:
+        # §3.2: the conditioner asserts "ref-image conditioning needs a vision-ext adapter"
+        raise ValueError("reference images need a vision-ext adapter (vision_proj); this file "
+                         "is text-only")
     x = _lin(t, "in_proj", h)
     if vis is not None and c["has_vis_in"]:
         x = x + _lin(t, "vis_in", np.asarray(vis, dtype=np.float64), bias=False)

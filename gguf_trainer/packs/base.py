@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-ADAPTER_KINDS = ("resampler", "seeded_resampler", "token_aligned_vision")
+# token_aligned: text-only families (no vision tensors); token_aligned_vision splices images.
+ADAPTER_KINDS = ("resampler", "seeded_resampler", "token_aligned", "token_aligned_vision")
 TINY_MARKER = "GGUF_TRAINER_TINY"  # a tiny teacher's snapshot root holds it: no reference figures apply
 
 

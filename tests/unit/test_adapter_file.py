@@ -24,6 +24,7 @@ from gguf_trainer.adapter_file import (
     read_adapter,
     read_adapter_arrays,
     report_dict,
+    trainer_kind,
 )
 from gguf_trainer.adapters import build_adapter, load_gguf
 from gguf_trainer.errors import UserError
@@ -97,6 +98,7 @@ def write_raw(path, ne: dict[str, tuple], types: dict | None = None, kv: dict | 
         ("resampler", "resampler"),
         ("seeded_resampler", "seeded_resampler"),
         ("token_aligned_vision", "token_aligned"),
+        ("token_aligned", "token_aligned"),
     ],
 )
 def test_good_files_have_no_problems(good, kind, file_kind):
@@ -111,11 +113,13 @@ def test_good_files_have_no_problems(good, kind, file_kind):
         2,
         4 * WIDTH,
     )
-    ta = kind == "token_aligned_vision"
+    ta, vision = kind.startswith("token_aligned"), kind == "token_aligned_vision"
     assert v.num_queries == (0 if ta else QUERIES)
     assert v.t5_vocab == (VOCAB if kind == "seeded_resampler" else 0)
-    assert v.vis_dim == (VIS if ta else 0)
-    assert (v.has_skip, v.has_vision_proj, v.has_vis_in, v.has_layer_map) == (ta, ta, ta, False)
+    assert v.vis_dim == (VIS if vision else 0)
+    assert (v.has_skip, v.has_vision_proj, v.has_vis_in, v.has_layer_map) == (
+        ta, vision, vision, False)
+    assert trainer_kind(v) == kind
     assert v.min_ggk == ("0.5.7" if kind == "resampler" else None)  # information, not a problem
     assert v.metadata["adapter.pack"] == "t" and v.metadata["adapter.width"] == WIDTH
     assert inspect_main(str(good[kind]), as_json=False, out=io.StringIO()) == 0
@@ -263,6 +267,15 @@ def test_factorized_and_layerwise_detection(tmp_path):
     v = read_adapter(write_raw(tmp_path / "fz.gguf", ne))
     assert v.kind == "seeded_resampler_factorized" and (v.embed_rank, v.t5_vocab) == (RANK, VOCAB)
     assert v.problems == [] and v.min_ggk is None
+    assert trainer_kind(v) == "seeded_resampler"  # load_gguf rebuilds it with seed_rank = RANK
+    # inspect: the rank and what the factorization saves against the full f16 table
+    table = report_dict(v)["seed_table"]
+    assert table == {"rank": RANK, "bytes": (VOCAB * RANK + RANK * WIDTH) * 2,
+                     "full_bytes": VOCAB * WIDTH * 2,
+                     "saved_bytes": (VOCAB * WIDTH - VOCAB * RANK - RANK * WIDTH) * 2}
+    assert f"factorized, rank {RANK}" in format_report(v) and "saved" in format_report(v)
+    assert report_dict(read_adapter(write_raw(tmp_path / "full.gguf", shapes(
+        "seeded_resampler", t5_vocab=VOCAB))))["seed_table"] is None
     ne = shapes("token_aligned", num_queries=0, out_dim=3 * 16, has_layer_map=True, n_out_layers=3)
     v = read_adapter(write_raw(tmp_path / "lw.gguf", ne))
     assert v.has_layer_map and v.n_out_layers == 3 and v.problems == []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from adapter_cases import CFGS, DEPTH, IN, OUT, QUERIES, VIS, VOCAB, WIDTH
+from adapter_cases import CFGS, DEPTH, FACTORIZED, IN, OUT, QUERIES, RANK, VIS, VOCAB, WIDTH
 
 from gguf_trainer.adapter_file import expected_tensors
 from gguf_trainer.adapters import (
@@ -24,15 +24,17 @@ SEED = 0
 FILE_KIND = {
     "resampler": "resampler",
     "seeded_resampler": "seeded_resampler",
+    "token_aligned": "token_aligned",
     "token_aligned_vision": "token_aligned",
 }
+TOKEN = ("token_aligned", "token_aligned_vision")
 
 
 def engine_inventory(cfg: AdapterConfig) -> dict:
     """§1.4 for this config, in torch shape order (ne reversed)."""
-    ta = cfg.kind == "token_aligned_vision"
+    ta, vision = cfg.kind in TOKEN, cfg.kind == "token_aligned_vision"
     ne = expected_tensors(
-        FILE_KIND[cfg.kind],
+        "seeded_resampler_factorized" if cfg.seed_rank else FILE_KIND[cfg.kind],
         in_dim=cfg.in_dim,
         out_dim=cfg.out_dim,
         width=cfg.width,
@@ -40,10 +42,11 @@ def engine_inventory(cfg: AdapterConfig) -> dict:
         mlp_hidden=cfg.hidden_dim,
         num_queries=cfg.num_queries,
         t5_vocab=cfg.seed_vocab,
+        embed_rank=cfg.seed_rank,
         vis_dim=cfg.vis_dim,
         has_skip=ta,
-        has_vision_proj=ta,
-        has_vis_in=ta,
+        has_vision_proj=vision,
+        has_vis_in=vision,
     )
     return {k: tuple(reversed(v)) for k, v in ne.items()}
 
@@ -62,14 +65,15 @@ def test_state_dict_is_the_engine_inventory(kind):
 
 @pytest.mark.parametrize(
     "kind,depth,count",
-    [("seeded_resampler", 6, 176), ("resampler", 6, 175), ("token_aligned_vision", 4, 74)],
+    [("seeded_resampler", 6, 176), ("resampler", 6, 175), ("token_aligned_vision", 4, 74),
+     ("token_aligned", 4, 72)],
 )
 def test_reference_tensor_counts(kind, depth, count):
     """The shipped files' counts (contract §1.4, anchor §3.5); the count does not depend on width."""
     small = AdapterConfig(**{**CFGS[kind].to_dict(), "width": HEAD_DIM, "depth": depth})
     assert len(build_adapter(small).state_dict()) == count
-    per_block = 16 if kind == "token_aligned_vision" else 28
-    top = {"seeded_resampler": 8, "resampler": 7, "token_aligned_vision": 10}[kind]
+    per_block = 16 if kind in TOKEN else 28
+    top = {"seeded_resampler": 8, "resampler": 7, "token_aligned_vision": 10, "token_aligned": 8}[kind]
     assert per_block * depth + top == count
     big = AdapterConfig(**{**small.to_dict(), "width": 1024, "in_dim": 1024})
     assert len(engine_inventory(big)) == count  # shapes only, no width-1024 model built
@@ -137,6 +141,7 @@ def test_padded_batch_equals_unpadded_runs(kind):
     kw = {"seed_ids": seeds} if kind == "seeded_resampler" else {}
     if kind == "token_aligned_vision":
         kw["vis"] = v
+    token = kind in TOKEN
     with torch.no_grad():
         batch = m(hidden, mask, **kw)
         for i, n in enumerate(lengths):
@@ -144,9 +149,9 @@ def test_padded_batch_equals_unpadded_runs(kind):
             if kind == "token_aligned_vision":
                 one_kw["vis"] = vis[i]
             alone = m(samples[i], **one_kw)[0]
-            got = batch[i, :n] if kind == "token_aligned_vision" else batch[i]
+            got = batch[i, :n] if token else batch[i]
             torch.testing.assert_close(got, alone, rtol=1e-5, atol=1e-5)
-    assert batch.shape == (len(lengths), L if kind == "token_aligned_vision" else QUERIES, OUT)
+    assert batch.shape == (len(lengths), L if token else QUERIES, OUT)
     assert torch.isfinite(batch).all()
 
 
@@ -158,6 +163,8 @@ def test_forward_argument_errors():
         build_adapter(CFGS["resampler"])(h, seed_ids=torch.zeros(1, QUERIES, dtype=torch.long))
     with pytest.raises(ValueError):
         build_adapter(CFGS["token_aligned_vision"])(h, seed_ids=torch.zeros(1, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match="text-only"):
+        build_adapter(CFGS["token_aligned"])(h, vis=torch.zeros(1, 3, VIS))
 
 
 def test_config_round_trip_and_validate():
@@ -169,6 +176,11 @@ def test_config_round_trip_and_validate():
     problems = bad.validate()
     assert len(problems) == 3 and any("multiple of 64" in p for p in problems)
     assert AdapterConfig("token_aligned_vision", IN, OUT, WIDTH, DEPTH).validate()  # needs vis_dim
+    assert AdapterConfig("token_aligned", IN, OUT, WIDTH, DEPTH, vis_dim=VIS).validate()  # text-only
+    assert FACTORIZED.validate() == []
+    assert AdapterConfig("resampler", IN, OUT, WIDTH, DEPTH, num_queries=4, seed_rank=2).validate()
+    too_big = {**FACTORIZED.to_dict(), "seed_rank": VOCAB + 1}
+    assert any("exceeds" in p for p in AdapterConfig(**too_big).validate())
     assert AdapterConfig("seeded_resampler", IN, OUT, WIDTH, DEPTH, num_queries=4).validate()
     assert AdapterConfig("nope", IN, OUT, WIDTH, DEPTH).validate()
     with pytest.raises(UserError, match="multiple of 64"):
@@ -195,6 +207,8 @@ def test_load_gguf_rebuilds_config_and_keeps_rng(kind, tmp_path):
     assert trainable_parameters(loaded)
     if kind == "token_aligned_vision":
         assert not loaded.vision_proj.weight.requires_grad
+    if kind == "token_aligned":  # a text-only file: no vision tensors written, none rebuilt
+        assert not any(k.startswith(("vision_proj", "vis_in")) for k in loaded.state_dict())
 
 
 def _run(m, kind, hidden, g):
@@ -216,7 +230,7 @@ def test_start_output_predicts_the_mean_for_every_kind(kind):
     assert torch.equal(out, mean.expand_as(out))
     params = dict(m.named_parameters())
     assert params["out_proj.weight"].requires_grad  # zero, but trained
-    if kind != "token_aligned_vision":
+    if kind not in TOKEN:
         with pytest.raises(ValueError, match="no skip path"):
             start_output(m, mean, skip=(torch.zeros(OUT, IN), torch.zeros(OUT)))
 
@@ -235,6 +249,7 @@ WIDE = {  # a second geometry: more rows and wider matmuls than the tiny CFGS
     "resampler": AdapterConfig("resampler", 64, 512, 256, 2, num_queries=64),
     "seeded_resampler": AdapterConfig("seeded_resampler", 64, 512, 256, 2, num_queries=64, seed_vocab=VOCAB),
     "token_aligned_vision": AdapterConfig("token_aligned_vision", 64, 512, 256, 2, vis_dim=VIS),
+    "token_aligned": AdapterConfig("token_aligned", 64, 512, 256, 2),
 }
 
 
@@ -250,6 +265,8 @@ def _supervised_case(cfg, g, lengths):
         vis = torch.randn(b, L, cfg.vis_dim, generator=g)
         vis[:, 1::3] = 0  # text positions between image rows
         kw["vis"], rows = vis, mask
+    elif cfg.kind == "token_aligned":
+        rows = mask
     else:
         slots = torch.randint(1, cfg.num_queries + 1, (b,), generator=g)
         slots[-1] = 0
@@ -291,3 +308,17 @@ def test_rows_forward_is_the_full_forward_on_those_rows_exactly(kind, cfgs):
     # and the gradients reach the same parameters (out_proj, the last block's MLP, ...)
     got.square().sum().backward()
     assert all(p.grad is not None for p in trainable_parameters(m))
+
+
+def test_factorized_seed_module():
+    """seed_rank > 0: t5_embed_a (V, r) + t5_embed_b (r -> W, no bias) in the §4 inventory,
+    and the seed added to the queries is B(A[id])."""
+    torch.manual_seed(SEED)
+    m = _randomize(build_adapter(FACTORIZED)).eval()
+    got = {k: tuple(v.shape) for k, v in m.state_dict().items()}
+    assert got == engine_inventory(FACTORIZED)
+    assert got["t5_embed_a.weight"] == (VOCAB, RANK) and got["t5_embed_b.weight"] == (WIDTH, RANK)
+    assert m.t5_embed_b.bias is None and not hasattr(m, "t5_embed")
+    ids = torch.randint(0, VOCAB, (2, QUERIES))
+    want = m.t5_embed_a.weight[ids] @ m.t5_embed_b.weight.T
+    torch.testing.assert_close(m.seed(ids), want)

@@ -12,13 +12,13 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from adapter_cases import CFGS, DEPTH, IN, OUT, QUERIES, VIS, VOCAB, WIDTH
+from adapter_cases import CFGS, DEPTH, FACTORIZED, IN, OUT, QUERIES, RANK, VIS, VOCAB, WIDTH
 from engine_reference import engine_forward, read_engine_tensors, vision_project
 
 from gguf_trainer.adapter_file import read_adapter
 from gguf_trainer.adapters import AdapterConfig, build_adapter, load_gguf, set_vision_proj
 from gguf_trainer.errors import UserError
-from gguf_trainer.export import fold_standardization, write_adapter_gguf
+from gguf_trainer.export import factorize_seed, fold_standardization, write_adapter_gguf
 
 LEN = 7
 SEED = 1234
@@ -40,7 +40,7 @@ def randomized(cfg: AdapterConfig, seed: int = SEED) -> torch.nn.Module:
             r = torch.randn(p.shape, generator=g)
             if p.ndim == 1:
                 p.copy_(1 + 0.2 * r if name.endswith("weight") else 0.2 * r)
-            elif name in ("query", "t5_embed.weight"):
+            elif name in ("query", "t5_embed.weight", "t5_embed_a.weight"):
                 p.copy_(r)
             else:
                 p.copy_(r / p.shape[1] ** 0.5)
@@ -97,7 +97,7 @@ def test_engine_forward_matches_module(kind, tmp_path):
         loaded_out = load_gguf(path)(hidden, **kw)[0].numpy()
     err, err_loaded = rel_err(torch_out, ref), rel_err(loaded_out, ref)
     print(f"{kind}: engine vs f16-rounded torch rel err {err:.2e}; load_gguf {err_loaded:.2e}")
-    assert ref.shape == ((QUERIES if kind != "token_aligned_vision" else LEN), OUT)
+    assert ref.shape == ((LEN if kind.startswith("token_aligned") else QUERIES), OUT)
     assert err < RTOL and err_loaded < RTOL
     # and the f16 rounding is real: the unrounded module differs by far more than the tolerance
     with torch.no_grad():
@@ -242,3 +242,49 @@ def test_rejects_nonfinite_and_clashing_keys(tmp_path):
     with pytest.raises(UserError, match="blocks.0.mlp.0.weight"):
         write_adapter_gguf(tmp_path / "a.gguf", sd, cfg, metadata={})
     assert list(tmp_path.iterdir()) == []
+
+
+def test_text_only_token_aligned_file_has_no_vision_tensors(tmp_path):
+    """A text-only family's file: skip but no vision_proj/vis_in; the reference refuses images."""
+    cfg = CFGS["token_aligned"]
+    path = tmp_path / "t.gguf"
+    write_adapter_gguf(path, randomized(cfg).state_dict(), cfg, metadata={})
+    names = set(read_engine_tensors(path))
+    assert "skip.weight" in names and not names & {"vision_proj.weight", "vis_in.weight"}
+    assert "adapter.vis_dim" not in gguf.GGUFReader(path).fields
+    hidden, _ = inputs(cfg)
+    with pytest.raises(ValueError, match="vision"):
+        engine_forward(path, hidden[0].numpy(), vis=np.zeros((LEN, VIS)))
+
+
+def test_factorized_export_matches_engine_and_the_svd(tmp_path):
+    """A full-table checkpoint exported at rank r: the engine's forward of the factorized file
+    equals load_gguf's (the file is what the module computes), the seed rows are the best
+    rank-r approximation (error = the discarded singular values), and the gap to the
+    full-table export is of the order of that error."""
+    cfg = CFGS["seeded_resampler"]
+    m = randomized(cfg)
+    state, fcfg, err = factorize_seed(m.state_dict(), cfg, RANK)
+    assert fcfg == FACTORIZED and "t5_embed.weight" not in state
+    table = m.t5_embed.weight.detach().double()
+    s = torch.linalg.svdvals(table)
+    assert err == pytest.approx(float(s[RANK:].norm() / s.norm()), rel=1e-6)
+    approx = state["t5_embed_a.weight"].double() @ state["t5_embed_b.weight"].double().T
+    assert float((table - approx).norm() / table.norm()) == pytest.approx(err, rel=1e-6)
+    full_path, fz_path = tmp_path / "full.gguf", tmp_path / "fz.gguf"
+    write_adapter_gguf(full_path, m.state_dict(), cfg, metadata={})
+    info = write_adapter_gguf(fz_path, state, fcfg, metadata={"adapter.seed_svd_rel_error": err})
+    v = read_adapter(fz_path)
+    assert v.kind == "seeded_resampler_factorized" and v.embed_rank == RANK and v.problems == []
+    assert info["bytes"] < full_path.stat().st_size
+    hidden, kw = inputs(cfg)
+    ref = reference(fz_path, hidden, kw)
+    loaded = load_gguf(fz_path)
+    assert loaded.config == FACTORIZED
+    with torch.no_grad():
+        got = loaded(hidden, **kw)[0].numpy()
+    assert rel_err(got, ref) < RTOL
+    gap = rel_err(ref, reference(full_path, hidden, kw))
+    print(f"factorized rank {RANK}: engine vs load_gguf {rel_err(got, ref):.2e}; "
+          f"gap to full export {gap:.3e}; SVD error {err:.3e}")
+    assert 0 < gap
