@@ -9,6 +9,13 @@ model), and it counts only when folder_check finds it complete; an incomplete co
 never linked. The student is the best `pig_clip*.gguf` directly in those roots: names
 with "f16" first, then the largest, and only files that start with the GGUF magic.
 
+A found copy is linked only when its identity matches what the material declares, so a
+demo's toy files never stand in for the real ones: the student must have pig_clip's layout
+(hidden size, layers and vocabulary read from the GGUF header) and carry no stand-in key; a
+snapshot must hold no stand-in marker, its saved listing (when it has one) must name the
+material's repo, and `expect` (the tokenizer: the vocabulary and hidden size the student
+declares) must match its config.json. Each copy passed over is named with the reason.
+
 Reads only; recording a link in project.json is the caller's job (runner.downloads).
 """
 
@@ -17,11 +24,19 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 from pathlib import Path
 
-from .folder_check import check_folder, local_files
+from .errors import UserError
+from .folder_check import LISTING_JSON, MANIFEST_DIR, check_folder, local_files
+from .gguf_bounds import check_gguf
+from .paths import TINY_GGUF_KEY, TINY_MARKER
 
 GGUF_MAGIC = b"GGUF"
+# The student every recipe trains against: Qwen3-0.6B's layout (engine-contract §5.1).
+PIG_CLIP = {"hidden": 1024, "layers": 28, "vocab": 151936}
+_EMBED_NAMES = ("model.embed_tokens.weight", "token_embd.weight")  # HF and llama.cpp names
+_LAYER_RE = re.compile(r"^(?:model\.layers|blk)\.(\d+)\.")
 
 
 def location(project, material) -> Path:
@@ -85,18 +100,56 @@ def is_hf_cache_snapshot(path: Path) -> bool:
                for a, b in itertools.pairwise(parts))
 
 
-def find_snapshot(material, roots: list[Path], exclude: Path | None = None) -> Path | None:
-    """The first complete copy of an hf_snapshot material, or None."""
+def snapshot_problem(material, folder: Path, expect: dict | None = None) -> str | None:
+    """Why `folder` is not `material`'s snapshot (a sentence), or None when its identity
+    matches: no stand-in marker, our saved listing (if any) names the material's repo, and
+    config.json holds every `expect` key with that value."""
+    if (folder / TINY_MARKER).exists():
+        return f"{folder} is a tiny stand-in made by gguf-trainer (demo or test), not {material.repo}"
+    try:
+        saved = json.loads((folder / MANIFEST_DIR / LISTING_JSON).read_text("utf-8"))
+    except FileNotFoundError:
+        saved = {}
+    except (OSError, ValueError):  # torn: folder_check falls back to the index files
+        saved = {}
+    repo = saved.get("repo") if isinstance(saved, dict) else None
+    if repo and material.repo and repo != material.repo:
+        return f"{folder} was downloaded from {repo}, not {material.repo}"
+    if expect:
+        try:
+            config = json.loads((folder / "config.json").read_text("utf-8"))
+        except (OSError, ValueError):
+            config = None
+        if not isinstance(config, dict):
+            return f"{folder} has no readable config.json to compare with the student"
+        wrong = [f"{k} {config.get(k)!r} (the student has {v})" for k, v in expect.items()
+                 if config.get(k) != v]
+        if wrong:
+            return f"{folder} does not match the student: {', '.join(wrong)}"
+    return None
+
+
+def find_snapshot(material, roots: list[Path], exclude: Path | None = None,
+                  expect: dict | None = None, passed: list[str] | None = None) -> Path | None:
+    """The first complete copy of an hf_snapshot material whose identity matches
+    (`snapshot_problem`), or None. `passed` receives a sentence per complete copy refused."""
     names = [n for n in (material.subdir, material.repo.split("/")[-1], material.id) if n]
+    cands = []
     for root in roots:
         for name in dict.fromkeys(names):
             cand = root / name
             is_other = exclude is None or cand.resolve() != exclude.resolve()
-            if cand.is_dir() and is_other and check_folder(cand, material.patterns).is_complete:
-                return cand
-    for snap, listing in hf_cache_snapshots(material.repo, material.repo_type):
-        if check_folder(snap, material.patterns, listing).is_complete:
-            return snap
+            if cand.is_dir() and is_other:
+                cands.append((cand, None))
+    cands += hf_cache_snapshots(material.repo, material.repo_type)
+    for cand, listing in cands:
+        if not check_folder(cand, material.patterns, listing).is_complete:
+            continue  # an incomplete copy is never linked, and not worth a line
+        problem = snapshot_problem(material, cand, expect)
+        if problem is None:
+            return cand
+        if passed is not None:
+            passed.append(problem)
     return None
 
 
@@ -108,17 +161,62 @@ def is_gguf(path: Path) -> bool:
         return False
 
 
-def find_student(roots: list[Path]) -> tuple[Path | None, str]:
-    """The best pig_clip GGUF in the roots and a sentence saying which and why."""
+def student_layout(path: Path) -> dict:
+    """{hidden, layers, vocab, tiny} of a student GGUF from its header (no tensor data read);
+    a UserError when the file is not a whole GGUF."""
+    layout = check_gguf(path, fix="choose the pig_clip .gguf file")
+    embed = next((layout.shapes[n] for n in _EMBED_NAMES if n in layout.shapes), None)
+    layers = {m.group(1) for n in layout.shapes if (m := _LAYER_RE.match(n))}
+    hidden, vocab = (embed[0], embed[1]) if embed and len(embed) == 2 else (None, None)
+    return {"hidden": hidden, "layers": len(layers), "vocab": vocab,
+            "tiny": TINY_GGUF_KEY in layout.strings}
+
+
+def student_problem(path: Path) -> str | None:
+    """Why `path` is not a pig_clip student (a sentence), or None."""
+    try:
+        got = student_layout(path)
+    except UserError as e:
+        return str(e).rstrip(".")
+    if got["tiny"]:
+        return f"{path} is a tiny stand-in made by gguf-trainer (demo or test), not pig_clip"
+    wrong = [f"{k} {got[k]} (pig_clip has {v})" for k, v in PIG_CLIP.items() if got[k] != v]
+    return f"{path} is not pig_clip: {', '.join(wrong)}" if wrong else None
+
+
+def find_student(roots: list[Path], passed: list[str] | None = None) -> tuple[Path | None, str]:
+    """The best pig_clip GGUF in the roots whose header has pig_clip's layout, and a sentence
+    saying which and why. `passed` receives a sentence per pig_clip*.gguf refused."""
     found = {p.resolve(): p for root in roots for p in root.glob("pig_clip*.gguf")
              if p.is_file() and is_gguf(p)}
-    if not found:
-        return None, "no pig_clip*.gguf found"
-    ranked = sorted(found.values(), key=lambda p: ("f16" not in p.name.lower(), -p.stat().st_size))
+    good = []
+    for p in found.values():
+        problem = student_problem(p)
+        if problem is None:
+            good.append(p)
+        elif passed is not None:
+            passed.append(problem)
+    if not good:
+        return None, "no pig_clip*.gguf with pig_clip's layout found"
+    ranked = sorted(good, key=lambda p: ("f16" not in p.name.lower(), -p.stat().st_size))
     best = ranked[0]
     why = "an f16 file" if "f16" in best.name.lower() else "no f16 file found; the largest"
     others = f" (also seen: {', '.join(p.name for p in ranked[1:4])})" if len(ranked) > 1 else ""
     return best, f"picked {best} as the student: {why}{others}"
+
+
+def tokenizer_expect(student: Path | None) -> dict:
+    """The config.json values a student tokenizer folder must hold: the vocabulary and hidden
+    size of the project's student when it is a readable GGUF, else pig_clip's."""
+    got = {}
+    if student is not None and Path(student).is_file():
+        try:
+            got = student_layout(Path(student))
+        except UserError:  # unreadable student: compare with pig_clip's own numbers
+            got = {}
+    hidden = got.get("hidden") or PIG_CLIP["hidden"]
+    vocab = got.get("vocab") or PIG_CLIP["vocab"]
+    return {"hidden_size": hidden, "vocab_size": vocab}
 
 
 def folder_size(path: Path) -> int:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gguf_trainer.errors import UserError
@@ -53,6 +53,10 @@ class GGUFLayout:
     n_kv: int
     data_offset: int  # start of the tensor data region
     file_bytes: int
+    # What identifies a file without reading its data (discovery compares them): each
+    # tensor's dims in ggml order (ne[0] innermost) and each top-level string value.
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict, compare=False)
+    strings: dict[str, str] = field(default_factory=dict, compare=False)
 
 
 class _Refused(Exception):
@@ -87,6 +91,8 @@ class _Scanner:
         self.order = "<"
         self.items = 0  # metadata array items seen so far (bounded by MAX_METADATA_ITEMS)
         self.alignment = DEFAULT_ALIGNMENT
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        self.strings: dict[str, str] = {}
 
     def scan(self) -> GGUFLayout:
         if self.buf[:4] != MAGIC:
@@ -119,7 +125,8 @@ class _Scanner:
             if end > self.size:
                 raise _Refused(f"tensor {name!r} needs bytes up to offset {end} but the file "
                                f"has {self.size} (truncated?)")
-        return GGUFLayout(version, n_tensors, n_kv, data_offset, self.size)
+        return GGUFLayout(version, n_tensors, n_kv, data_offset, self.size, self.shapes,
+                          self.strings)
 
     # ------------------------------------------------------------ primitive reads
 
@@ -177,7 +184,9 @@ class _Scanner:
         if vtype in SCALAR_BYTES:
             self._take(SCALAR_BYTES[vtype], f"the value of {key!r}")
         elif vtype == STRING:
-            self._string(f"the value of {key!r}")
+            value = self._string(f"the value of {key!r}")
+            if depth == 0:
+                self.strings[key] = value
         elif vtype == ARRAY:
             self._array(key, depth)
         else:
@@ -227,6 +236,7 @@ class _Scanner:
         if n_bytes > self.size or offset > self.size:
             raise _Refused(f"tensor {name!r} declares {n_bytes} bytes at offset {offset}, more "
                            f"than the whole file ({self.size} bytes)")
+        self.shapes[name] = tuple(dims)
         return name, n_bytes, offset
 
     @staticmethod

@@ -28,6 +28,10 @@ EXIT_JSON = "exit.json"  # written by the launcher's monitor: how the pipeline p
 KILLED_JSON = "killed.json"  # written by supervisor.kill before SIGKILL: "the user did it"
 SAMPLES_SUFFIX = ".jsonl"  # data/{split}.jsonl: the corpus's sample records (gguf_trainer.samples)
 IMAGES_DIR = "images"  # data/images/: the corpus's copies of referenced images, by content hash
+# A stand-in built by the package (demo and test materials) says so, and discovery never links
+# it into another project: a snapshot folder holds this file, a student GGUF this string key.
+TINY_MARKER = "GGUF_TRAINER_TINY"
+TINY_GGUF_KEY = "gguf_trainer.tiny"
 VISION_PROJ = "vision_proj.safetensors"  # the project's frozen vis_dim -> in_dim map (vision.py)
 
 DATA_DIR = "data"

@@ -33,7 +33,7 @@ from pathlib import Path
 from gguf_trainer import discovery, disk_space, hub
 from gguf_trainer.errors import UserError
 from gguf_trainer.folder_check import check_folder
-from gguf_trainer.runner import jobs, lock
+from gguf_trainer.runner import jobs
 from gguf_trainer.runner.material_status import (  # noqa: F401 - the GUI's one module for materials
     JOB_NAME,
     all_materials,
@@ -96,26 +96,37 @@ def link_material(root, material_id: str, path) -> dict:
     return material_status(load_project(root), material)
 
 
-def link_found(root) -> list[dict]:
-    """Link every wanted material that is not ready to a complete copy found on disk.
-    Returns [{id, path, message}] for what was linked (the user is told each one)."""
+def link_found(root, passed_over: dict[str, list[str]] | None = None) -> list[dict]:
+    """Link every wanted material that is not ready to a complete copy found on disk whose
+    identity matches (discovery). Returns [{id, path, message}] for what was linked (the user
+    is told each one); `passed_over` receives, by id, a sentence per copy seen but refused."""
     from gguf_trainer.project import load_project
 
     project = load_project(root)
     roots = discovery.candidate_roots(project.dir)
     linked = []
     wanted = wanted_ids(project)
+    student = project.material_path("student")  # the tokenizer must match it (students first)
     for m in all_materials(project):
         if m.id not in wanted:
             continue
         st = material_status(project, m, wanted=wanted)
         if st["state"] in ("ready", "downloading"):
             continue
+        passed: list[str] = []  # copies seen but not this material (a demo's toy files)
         if m.kind == "hf_snapshot":
-            found = discovery.find_snapshot(m, roots, exclude=destination(project, m))
+            expect = discovery.tokenizer_expect(student) if m.id == "student_tokenizer" else None
+            found = discovery.find_snapshot(m, roots, exclude=destination(project, m),
+                                            expect=expect, passed=passed)
             message = f"{m.id}: linked the complete copy of {m.repo} at {found}" if found else ""
         else:
-            found, message = discovery.find_student(roots)
+            found, message = discovery.find_student(roots, passed=passed)
+            message = f"{m.id}: {message}"
+            student = found or student
+        for line in passed:
+            _note(project, f"{m.id}: not linked: {line}")
+        if passed and passed_over is not None:
+            passed_over[m.id] = passed
         if found:
             _record_path(root, m.id, found)
             _note(project, message)
@@ -237,13 +248,17 @@ def start_download(root, ids: list[str] | None = None, required_only: bool = Fal
     """Start a detached download for each selected snapshot material that is not ready.
     Materials already downloading are reported with their pid, never started twice.
     Returns one {id, action: started|running|ready|linked|skipped|failed, pid, message} each
-    (failed: complete, but the pack's content check refuses it; the message says which file)."""
+    (failed: complete, but the pack's content check refuses it; the message says which file),
+    after a {id, action: passed, message} for each copy on disk that is not this material."""
     from gguf_trainer.project import load_project
 
-    linked = {d["id"]: d for d in link_found(root)}
+    passed: dict[str, list[str]] = {}
+    linked = {d["id"]: d for d in link_found(root, passed)}
     project = load_project(root)
     out = []
     for m in select(project, ids, required_only):
+        out += [{"id": m.id, "action": "passed", "pid": None, "message": f"{m.id}: not linked: {line}"}
+                for line in passed.get(m.id, ())]
         if m.id in linked:
             out.append({"id": m.id, "action": "linked", "pid": None,
                         "message": linked[m.id]["message"]})
@@ -298,8 +313,12 @@ def download_foreground(root, ids: list[str] | None = None, required_only: bool 
     Ctrl-C (KeyboardInterrupt) propagates; the partial file stays and resumes next time."""
     from gguf_trainer.project import load_project
 
-    for d in link_found(root):
+    passed: dict[str, list[str]] = {}
+    for d in link_found(root, passed):
         on_line(d["message"])
+    for mid, lines in passed.items():
+        for line in lines:
+            on_line(f"{mid}: not linked: {line}")
     project = load_project(root)
     failures = 0
     for m in select(project, ids, required_only):

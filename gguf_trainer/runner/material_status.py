@@ -3,6 +3,7 @@
 One status dict per material, shared by the CLI (`gguf-trainer materials`) and the GUI:
 
     id, title, kind, repo, repo_type, required, wanted, size_gb, path, linked,
+    source       where it came from: downloaded | in the project folder | linked from <folder>
     state        missing | partial | downloading | ready | failed
     files_done, files_total, bytes_done, bytes_total, bytes_partial, missing_files (first 5)
     rate_bps, eta_s, pid   while downloading (from the job's state file)
@@ -24,7 +25,7 @@ from pathlib import Path
 from gguf_trainer import discovery, hub
 from gguf_trainer.corpus_sources import corpus_materials
 from gguf_trainer.errors import UserError
-from gguf_trainer.folder_check import MANIFEST_DIR, FolderCheck, check_folder
+from gguf_trainer.folder_check import LISTING_JSON, MANIFEST_DIR, FolderCheck, check_folder
 from gguf_trainer.runner import jobs
 
 JOB_NAME = "download"
@@ -102,10 +103,26 @@ def _base(project, material, wanted: set[str]) -> dict:
             "required": material.required, "wanted": material.id in wanted,
             "size_gb": material.size_gb, "path": str(path) if path else "",
             "linked": bool(path) and not _is_inside(path, project.paths.materials),
+            "source": source_of(project, material, path),
             "state": "missing", "files_done": 0, "files_total": 0, "bytes_done": 0,
             "bytes_total": int(material.size_gb * 1e9), "bytes_partial": 0, "rate_bps": None,
             "eta_s": None, "pid": None, "error": None, "missing_files": [], "note": None,
             "log": None}
+
+
+def source_of(project, material, path: Path | None) -> str:
+    """Where a material came from, in words: "downloaded" (our download's listing is in the
+    folder), "in the project folder", or "linked from <folder>" (the Hugging Face cache, a
+    shared folder, another project)."""
+    if not path:
+        return ""
+    path = Path(path)
+    if material.kind == "hf_snapshot" and discovery.is_hf_cache_snapshot(path):
+        return "linked from the Hugging Face cache"
+    if _is_inside(path, project.paths.root):
+        downloaded = (path / MANIFEST_DIR / LISTING_JSON).is_file()
+        return "downloaded" if downloaded else "in the project folder"
+    return f"linked from {path.parent}"
 
 
 def _is_inside(path: Path, folder: Path) -> bool:

@@ -23,6 +23,7 @@ from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import dequantize, quantize
 
 from gguf_trainer.atomic import atomic_path, write_text
+from gguf_trainer.paths import TINY_GGUF_KEY, TINY_MARKER
 from gguf_trainer.student import LLAMACPP_GLOBAL, LLAMACPP_LAYER, qwen3_config
 from gguf_trainer.tiny import qwen_tokenizer_dir
 
@@ -33,6 +34,7 @@ TINY_DIMS = {"hidden": 64, "layers": 2, "heads": 2, "kv_heads": 1, "head_dim": 1
 INIT_STD = 0.05  # large enough that states are not degenerate after a few layers
 QK = 256  # K-quant super-block
 NAME_STYLES = ("hf", "llamacpp")
+TINY_NOTE = "a tiny stand-in built by gguf_trainer.tiny.student; never a real pig_clip"
 DTYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_K", "Q6_K")
 
 
@@ -164,6 +166,7 @@ def write_student_gguf(model, path, names: str = "hf", dtype: str = "F16",
     with atomic_path(path, suffix=".gguf") as tmp:
         writer = GGUFWriter(tmp, "qwen3")
         writer.add_name("tiny pig_clip")
+        writer.add_string(TINY_GGUF_KEY, TINY_NOTE)  # discovery never links a stand-in
         for name, tensor in model.state_dict().items():
             arr = tensor.detach().to("cpu", torch.float32).numpy()
             data, qtype, stored = encode_tensor(arr, dtype)
@@ -193,4 +196,5 @@ def write_tiny_tokenizer_dir(dest, config: transformers.Qwen3Config) -> Path:
             with atomic_path(dest / src.name) as tmp:
                 shutil.copyfile(src, tmp)
     write_text(dest / "config.json", config.to_json_string())
+    write_text(dest / TINY_MARKER, TINY_NOTE)
     return dest

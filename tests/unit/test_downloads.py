@@ -4,9 +4,17 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
-from material_repos import T5_REPO, TOK_REPO, tiny_t5_files, tokenizer_files
+from material_repos import (
+    T5_REPO,
+    TOK_REPO,
+    pig_clip_header_gguf,
+    pig_clip_tokenizer_files,
+    tiny_t5_files,
+    tokenizer_files,
+)
 
 from gguf_trainer import disk_space
 from gguf_trainer.errors import UserError
@@ -122,7 +130,7 @@ def test_link_refuses_incomplete_and_accepts_complete(t5, tmp_path):
     copy.rename(holder / "t5-v1_1-xxl-encoder-bf16")
     assert downloads.link_material(root, "teacher", holder)["path"] == str(
         (holder / "t5-v1_1-xxl-encoder-bf16").resolve())
-    (holder / "pig_clip-f16.gguf").write_bytes(b"GGUF" + b"\0" * 8)
+    pig_clip_header_gguf(holder / "pig_clip-f16.gguf")
     assert downloads.link_material(root, "student", holder)["path"].endswith("pig_clip-f16.gguf")
     with pytest.raises(UserError, match="does not exist"):
         downloads.link_material(root, "teacher", tmp_path / "nowhere")
@@ -132,16 +140,60 @@ def test_link_found_picks_copies_and_the_f16_student(t5, tmp_path, monkeypatch):
     root, _files = t5
     shared = tmp_path / "shared"
     (shared / "pig-clip-tokenizer").mkdir(parents=True)
-    for name, data in TOK_FILES.items():
+    for name, data in pig_clip_tokenizer_files().items():
         (shared / "pig-clip-tokenizer" / name).write_bytes(data)
-    (shared / "pig_clip-f16.gguf").write_bytes(b"GGUF" + b"\0" * 64)
-    (shared / "pig_clip-q4_k.gguf").write_bytes(b"GGUF" + b"\0" * 640)
+    pig_clip_header_gguf(shared / "pig_clip-f16.gguf")
+    pig_clip_header_gguf(shared / "pig_clip-q4_k.gguf")
     monkeypatch.setenv("GGUF_TRAINER_MATERIALS", str(shared))
     found = {d["id"]: d for d in downloads.link_found(root)}
     assert set(found) == {"student", "student_tokenizer"}  # no teacher copy anywhere
     assert found["student"]["path"].endswith("pig_clip-f16.gguf") and "f16" in found["student"]["message"]
-    assert _row(root, "student_tokenizer")["state"] == "ready"
+    row = _row(root, "student_tokenizer")
+    assert row["state"] == "ready" and row["source"] == f"linked from {shared.resolve()}"
     assert downloads.link_found(root) == []  # nothing left to link
+
+
+def test_download_missing_never_links_the_demo_materials(t5, tmp_path):
+    """Issue 24: after the demo, "Download missing" on a new PixArt project linked the demo's
+    tiny student and its stand-in tokenizer (hidden 64) and marked both ready. Now each is
+    passed over with its reason, the tokenizer is downloaded, and the student stays unset."""
+    from gguf_trainer.demo import prepare_demo
+
+    root, _ = t5
+    demo = prepare_demo("t5xxl_pixart", dest=tmp_path / "projects" / "demo_t5xxl_pixart", steps=5)
+    lines = []
+    downloads.download_foreground(root, ["student", "student_tokenizer"], on_line=lines.append)
+    assert not any("linked" in line and "not linked" not in line for line in lines), lines
+    assert f"student: not linked: {demo / 'materials' / 'pig_clip-tiny-f16.gguf'} is a tiny " \
+        "stand-in made by gguf-trainer (demo or test), not pig_clip" in lines
+    assert any(line.startswith(f"student_tokenizer: not linked: {demo / 'materials' / 'pig-clip-tokenizer'} "
+                               "is a tiny stand-in") for line in lines), lines
+    tok = _row(root, "student_tokenizer")  # fetched from the Hub instead
+    assert tok["state"] == "ready" and tok["source"] == "downloaded"
+    assert load_project(root).material_path("student") is None
+    assert _row(root, "student")["state"] == "missing"
+    log = (root / downloads.DOWNLOAD_LOG).read_text()
+    assert "student: not linked:" in log and "student_tokenizer: not linked:" in log
+
+
+def test_the_tokenizer_must_match_the_student(t5, tmp_path, monkeypatch):
+    """A complete tokenizer folder whose config.json declares another hidden size than the
+    project's student is not linked; the one matching the student is, and says where from."""
+    root, _ = t5
+    student = pig_clip_header_gguf(tmp_path / "pig_clip-f16.gguf")
+    update_settings(root, {"materials.student.path": str(student)})
+    wrong, right = tmp_path / "w" / "pig-clip-tokenizer", tmp_path / "r" / "pig-clip-tokenizer"
+    for folder, hidden in ((wrong, 64), (right, 1024)):
+        folder.mkdir(parents=True)
+        for name, data in pig_clip_tokenizer_files(hidden=hidden).items():
+            (folder / name).write_bytes(data)
+    monkeypatch.setenv("GGUF_TRAINER_MATERIALS", os.pathsep.join([str(wrong.parent), str(right.parent)]))
+    passed = {}
+    (found,) = downloads.link_found(root, passed)
+    assert found["id"] == "student_tokenizer" and found["path"] == str(right)
+    assert passed == {"student_tokenizer": [
+        f"{wrong} does not match the student: hidden_size 64 (the student has 1024)"]}
+    assert _row(root, "student")["source"] == f"linked from {tmp_path.resolve()}"
 
 
 def test_selected_datasets_become_materials(t5):

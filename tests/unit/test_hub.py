@@ -11,6 +11,7 @@ import os
 
 import numpy as np
 import pytest
+from material_repos import pig_clip_header_gguf
 from safetensors.numpy import save as st_save
 
 from gguf_trainer import discovery, hub
@@ -155,14 +156,61 @@ def test_discovery_links_complete_copies_only(tmp_path, monkeypatch):
 
 
 def test_student_discovery_prefers_f16_and_checks_the_magic(tmp_path):
-    (tmp_path / "pig_clip-q8_0.gguf").write_bytes(b"GGUF" + b"\0" * 5000)
-    (tmp_path / "pig_clip-f16.gguf").write_bytes(b"GGUF" + b"\0" * 100)
+    pig_clip_header_gguf(tmp_path / "pig_clip-q8_0.gguf", vocab=151936 + 64)  # not pig_clip's size
+    pig_clip_header_gguf(tmp_path / "pig_clip-q4_k.gguf")
+    pig_clip_header_gguf(tmp_path / "pig_clip-f16.gguf")
     (tmp_path / "pig_clip-f32.gguf").write_bytes(b"not a gguf" * 1000)
-    best, why = discovery.find_student([tmp_path])
-    assert best.name == "pig_clip-f16.gguf" and "f16" in why and "pig_clip-q8_0.gguf" in why
+    passed = []
+    best, why = discovery.find_student([tmp_path], passed)
+    assert best.name == "pig_clip-f16.gguf" and "f16" in why and "pig_clip-q4_k.gguf" in why
+    assert passed == [(f"{tmp_path / 'pig_clip-q8_0.gguf'} is not pig_clip: vocab 152000 "
+                       "(pig_clip has 151936)")]
     (tmp_path / "pig_clip-f16.gguf").unlink()
     best, why = discovery.find_student([tmp_path])
-    assert best.name == "pig_clip-q8_0.gguf" and "largest" in why
+    assert best.name == "pig_clip-q4_k.gguf" and "largest" in why
+
+
+def test_student_discovery_never_takes_a_stand_in(tmp_path):
+    """The demo's tiny student (hidden 64) and a full-size file carrying the stand-in key are
+    both passed over, each with its reason; a GGUF cut short is refused by its header."""
+    from gguf_trainer.tiny.student import write_tiny_student
+
+    write_tiny_student(tmp_path / "pig_clip-tiny-f16.gguf")
+    pig_clip_header_gguf(tmp_path / "pig_clip-fake-f16.gguf", tiny_key=True)
+    cut = tmp_path / "pig_clip-cut-f16.gguf"
+    cut.write_bytes((tmp_path / "pig_clip-fake-f16.gguf").read_bytes()[:2000])
+    passed = []
+    assert discovery.find_student([tmp_path], passed)[0] is None
+    reasons = " | ".join(sorted(passed))
+    assert "pig_clip-tiny-f16.gguf is a tiny stand-in" in reasons
+    assert "pig_clip-fake-f16.gguf is a tiny stand-in" in reasons
+    assert "pig_clip-cut-f16.gguf is truncated" in reasons
+    layout = discovery.student_layout(tmp_path / "pig_clip-tiny-f16.gguf")
+    assert (layout["hidden"], layout["layers"], layout["vocab"]) == (64, 2, 151936)
+
+
+def test_snapshot_discovery_checks_identity(tmp_path):
+    """A complete copy is linked only when it is the material: no stand-in marker, the repo
+    its saved listing names, and the config values `expect` asks for."""
+    files = sharded_repo(2)
+    marked, other_repo, good = (tmp_path / r / "T" for r in ("a", "b", "c"))
+    for folder in (marked, other_repo, good):
+        _complete_copy(folder, files)
+    (marked / "GGUF_TRAINER_TINY").write_text("demo")
+    listing = other_repo / ".cache" / "gguf-trainer" / "listing.json"
+    listing.parent.mkdir(parents=True)
+    listing.write_text(json.dumps({"repo": "someone/else", "files": {
+        n: {"size": len(d)} for n, d in files.items()}}))
+    passed = []
+    roots = [tmp_path / "a", tmp_path / "b", tmp_path / "c"]
+    assert discovery.find_snapshot(_Mat, roots, passed=passed) == good
+    assert passed == [f"{marked} is a tiny stand-in made by gguf-trainer (demo or test), not org/T",
+                      f"{other_repo} was downloaded from someone/else, not org/T"]
+    passed.clear()
+    assert discovery.find_snapshot(_Mat, roots[2:], expect={"hidden_size": 1024}, passed=passed) is None
+    assert passed == [f"{good} does not match the student: hidden_size None (the student has 1024)"]
+    (good / "config.json").write_text('{"hidden_size": 1024}')
+    assert discovery.find_snapshot(_Mat, roots[2:], expect={"hidden_size": 1024}) == good
 
 
 def test_token_is_sent_but_never_returned_or_written(hub_server, tmp_path, monkeypatch):
