@@ -64,7 +64,8 @@ def save_checkpoint(folder: Path, which: str, model, opt, prog: TrainProgress, e
     with atomic.atomic_path(checkpoint_path(folder, which), suffix=".pt") as tmp:
         torch.save(state, tmp)
     side = {"step": prog.step, "steps": extra["planned_steps"], "val_cos": extra.get("val_cos"),
-            "best_val_cos": prog.best_val_cos, "time": time.time(), "mock": extra.get("mock", False)}
+            "best_val_cos": prog.best_val_cos, "time": time.time(), "mock": extra.get("mock", False),
+            "train_fp": extra.get("train_fp")}  # the inputs it was made from, readable without torch
     atomic.write_json(side_path(folder, which), finite(side))
 
 
@@ -159,6 +160,22 @@ def read_side(folder: Path, which: str) -> dict:
     except (ValueError, OSError):  # garbage or a folder in its place: no summary
         return {}
     return side if isinstance(side, dict) else {}
+
+
+def recorded_fingerprint(folder: Path, which: str) -> str | None:
+    """The inputs fingerprint (`train_fp`) a checkpoint was made from: from its summary, or,
+    for a checkpoint saved before the summary held it, from the checkpoint itself. None when
+    the file is absent; "" when it cannot say (damaged: it vouches for nothing)."""
+    path = checkpoint_path(folder, which)
+    if not path.is_file():
+        return None
+    fp = read_side(folder, which).get("train_fp")
+    if not isinstance(fp, str):
+        try:
+            fp = load_checkpoint(path).get("train_fp")
+        except UserError:
+            fp = None
+    return fp if isinstance(fp, str) else ""
 
 
 def model_from_checkpoint(ck: dict):

@@ -8,6 +8,9 @@ accepted, by one rule (`decode_lines` + `clean_text`), each case counted in the 
   * a line that is not valid UTF-8 is decoded as Windows-1252 (latin-1 for the 5 bytes
     cp1252 leaves undefined): legacy files are read, never dropped;
   * a line holding NUL bytes is binary data (or UTF-16 without a BOM) and is skipped;
+  * a file whose lines are mostly binary (NUL or other control bytes, or bytes that neither
+    UTF-8 nor Windows-1252 reads) is refused as "not a text file": training on the scraps
+    that survive decoding would be training on noise;
   * lone surrogates (from JSON escapes) are removed, other control characters become spaces;
   * a .jsonl line that is not a JSON object with a "text" string is skipped;
   * prompt-weight syntax (`(x)`, `(x:1.2)`, `[x]`, `\\(`) is rewritten to the text the engine
@@ -34,6 +37,7 @@ from pathlib import Path
 
 from . import atomic
 from .errors import UserError
+from .mageflow_images import engine_refuses
 from .prompt_syntax import RULE_VERSION, training_text, would_rewrite
 from .samples import Sample, iter_samples, write_samples
 from .stage_list import Stage
@@ -46,6 +50,7 @@ MAX_IMAGES = 9
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_BINARY_BYTES = re.compile(rb"[\x00-\x08\x0e-\x1f]")  # control bytes text files do not hold
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 # Why a source line did not become a prompt (or was changed); logged and put in refusals.
 REASONS = {
@@ -55,6 +60,8 @@ REASONS = {
     "control": "prompts with control characters replaced by spaces",
     "bad_json": "lines not a JSON object with a \"text\" string skipped",
     "bad_images": "samples with a missing or unreadable image skipped",
+    "engine_size": ("samples with an image of a shape the engine's clip_preprocess throws on skipped "
+                    "(crop or resize it by a pixel)"),
     "images_ignored": "samples whose images this pack ignores (it takes text only)",
     "too_many_images": "samples with more than 9 images (the engine's limit) skipped",
     "length": "prompts outside corpus.min_chars..max_chars",
@@ -125,6 +132,31 @@ def _read_bytes(path: Path) -> bytes:
         raise UserError(f"prompt file {path} cannot be read ({e.strerror}); check the file.") from None
 
 
+def _is_binary_line(line: bytes) -> bool:
+    if _BINARY_BYTES.search(line):
+        return True
+    for encoding in ("utf-8", "cp1252"):
+        try:
+            line.decode(encoding)
+            return False
+        except UnicodeDecodeError:
+            continue
+    return True
+
+
+def _refuse_binary(path: Path, raw: bytes) -> None:
+    """A file that is mostly binary lines is not a prompt list: refused with a sentence."""
+    if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        return
+    lines = [line for line in raw.split(b"\n") if line.strip()]
+    bad = sum(1 for line in lines if _is_binary_line(line))
+    if lines and bad * 2 > len(lines):
+        raise UserError(f"prompt file {path} is not a text file ({bad} of {len(lines)} lines are "
+                        "binary: NUL bytes, control bytes or bytes no text encoding reads), so it "
+                        "gives no usable prompts; choose a text file with one prompt per line "
+                        "under Corpus.")
+
+
 def _jsonl_sample(line: str, base: Path, tally: Counter) -> Sample | None:
     try:
         rec = json.loads(line)
@@ -147,7 +179,9 @@ def read_source(path: Path, tally: Counter | None = None) -> list[Sample]:
     if suffix not in (".txt", ".jsonl"):
         raise UserError(f"{path} is neither .txt (one prompt per line) nor .jsonl (a \"text\" field "
                         "per line); convert it or remove it from Corpus.")
-    lines = decode_lines(_read_bytes(path), tally)
+    raw = _read_bytes(path)
+    _refuse_binary(path, raw)
+    lines = decode_lines(raw, tally)
     if lines and lines[-1] == "":
         lines.pop()  # the final newline ends the last line; it is not an empty prompt
     if suffix == ".txt":
@@ -199,6 +233,15 @@ def _with_empties(samples: list[Sample], frac: float, rng: random.Random) -> lis
     return out
 
 
+def _engine_refuses(path: Path) -> bool:
+    """A picture whose shape the engine's clip_preprocess throws on (mageflow_images)."""
+    from PIL import Image
+
+    with Image.open(path) as im:
+        w, h = im.size
+    return engine_refuses(h, w)
+
+
 def _image_ok(path: Path) -> bool:
     from PIL import Image, UnidentifiedImageError
 
@@ -232,6 +275,9 @@ def _check_images(samples: list[Sample], takes_images: bool, tally: Counter) -> 
             continue
         elif s.images and not all(p.is_file() and _image_ok(p) for p in s.images):
             tally["bad_images"] += 1
+            continue
+        elif s.images and any(_engine_refuses(p) for p in s.images):
+            tally["engine_size"] += 1
             continue
         out.append(s)
     return out

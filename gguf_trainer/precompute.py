@@ -352,6 +352,10 @@ class PrecomputeStage(Stage):
     def folder(self, paths):
         return paths.shard_dir(self.split)
 
+    def recorded_fingerprints(self, project) -> set[str]:
+        metas = (shards.read_meta(p) for p in shards.shard_files(self.folder(project.paths)))
+        return {m["fingerprint"] for m in metas if m and isinstance(m.get("fingerprint"), str)}
+
     def check(self, project, run) -> None:
         """Load the student and the teacher now: a broken student GGUF or a teacher that does
         not fit is refused before any shard or checkpoint is touched. Shards that cannot fit

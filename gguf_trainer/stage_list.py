@@ -36,6 +36,10 @@ class Stage:
           stage names to their fingerprints, `recorded` is the inputs this stage's manifest
           holds (to stand in for materials that are gone once their outputs exist). None =
           not fingerprinted (export, eval: judged by file times).
+      recorded_fingerprints(project) -> set | None
+                               the inputs fingerprints the outputs record themselves (shard
+                               metadata, a checkpoint's train_fp): a lost manifest is rebuilt
+                               from them instead of redoing the stage
       check(project, run)      load and validate the new inputs; raise UserError. Runs before
                                anything is invalidated (validate before destroy).
       is_done(project, run)    outputs exist and are whole (the manifest test is the loop's)
@@ -61,6 +65,11 @@ class Stage:
     def folder(self, paths):
         """Where the outputs and the manifest live (None: no manifest)."""
         return
+
+    def recorded_fingerprints(self, project) -> set[str] | None:
+        """The fingerprints the outputs themselves record, read without loading a model
+        (None: the manifest is their only record, or there are no outputs)."""
+        return None
 
     def check(self, project, run) -> None:
         return None

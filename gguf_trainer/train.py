@@ -34,6 +34,7 @@ from .checkpoints import (
     finite,
     load_checkpoint,
     read_side,
+    recorded_fingerprint,
     save_checkpoint,
 )
 from .errors import UserError
@@ -304,6 +305,10 @@ class TrainStage(Stage):
 
     def folder(self, paths):
         return paths.checkpoints
+
+    def recorded_fingerprints(self, project) -> set[str]:
+        got = (recorded_fingerprint(project.paths.checkpoints, which) for which in (LAST, BEST))
+        return {fp for fp in got if fp is not None}
 
     def check(self, project, run) -> None:
         """The device exists, the adapter these settings describe can be built (on the meta

@@ -13,6 +13,11 @@ its new inputs (`Stage.check`: the student file, the teacher, the settings) firs
 is invalidated unless all checks pass. Settings that do not change any output
 (train.steps, devices, batch/token budgets, teacher placement, threads) are in no fingerprint.
 
+Bookkeeping heals from the data: a manifest that is missing or damaged is rebuilt (one log
+line) when the outputs vouch for the current inputs — every shard and checkpoint records the
+fingerprint it was made from, and a stage whose outputs record none (the corpus) is vouched
+for by a later stage made from it. Only a real input change moves work aside.
+
     run_stages(paths, report, only=None, force=False) -> "done" | "stopped"
 """
 
@@ -87,7 +92,11 @@ def read_manifest(paths: ProjectPaths, stage: Stage) -> dict | None:
         man = atomic.read_json(folder / MANIFEST_JSON)
     except (ValueError, OSError):  # garbage or a folder in its place: not a record of anything
         return None
-    return man if isinstance(man, dict) else None
+    # JSON of another shape (no fingerprint, no inputs) is damage too, not a change of inputs.
+    if not isinstance(man, dict) or not isinstance(man.get("fingerprint"), str) \
+            or not isinstance(man.get("inputs"), dict):
+        return None
+    return man
 
 
 def write_manifest(paths: ProjectPaths, stage: Stage, inputs: dict, **extra) -> None:
@@ -122,6 +131,53 @@ def stage_inputs(project, objs: tuple[Stage, ...] | None = None) -> dict[str, di
             inputs[stage.name] = got
             upstream[stage.name] = digest(got)
     return inputs
+
+
+def _vouched(project, objs, inputs: dict[str, dict], stage: Stage) -> bool:
+    """The stage's outputs were made from its current inputs, by their own record (shards:
+    any shard made from them, the others are recomputed as always; checkpoints: every one),
+    or, for outputs that record nothing, by a later stage made from them."""
+    fp = digest(inputs[stage.name])
+    own = stage.recorded_fingerprints(project)
+    if own:
+        return own == {fp} if stage.manifest_first else fp in own
+    folder = stage.folder(project.paths)
+    if folder is None or not any(p.name != MANIFEST_JSON for p in folder.glob("*")):
+        return False
+    for later in objs:
+        if later.name == stage.name or inputs.get(later.name, {}).get(stage.name) != fp:
+            continue
+        later_fp = digest(inputs[later.name])
+        man = read_manifest(project.paths, later)
+        if (man and man["fingerprint"] == later_fp) or later_fp in (later.recorded_fingerprints(project) or ()):
+            return True
+    return False
+
+
+def _clear_place(path) -> bool:
+    """The manifest's path can take a file: absent, a file, or an empty folder (removed; it
+    holds nothing). A folder with contents is left to the stage's own clear."""
+    if path.is_dir() and not path.is_symlink():
+        if any(path.iterdir()):
+            return False
+        path.rmdir()
+    return True
+
+
+def heal_manifests(project, objs, inputs: dict[str, dict]) -> list[str]:
+    """Rebuild each missing or damaged manifest whose outputs vouch for the current inputs
+    (hours of GPU work are not redone for a 1 KB file); returns the stages healed."""
+    healed = []
+    for stage in objs:
+        if stage.name in inputs and read_manifest(project.paths, stage) is None \
+                and _clear_place(stage.folder(project.paths) / MANIFEST_JSON) \
+                and _vouched(project, objs, inputs, stage):
+            write_manifest(project.paths, stage, inputs[stage.name], complete=True, healed=True)
+            healed.append(stage.name)
+    if healed:
+        log.warning("rebuilt the missing or damaged manifest of %s from the fingerprints their "
+                    "shards and checkpoints record; nothing is redone", " and ".join(healed))
+    return healed
 
 
 def dependents(objs: tuple[Stage, ...], inputs: dict[str, dict], name: str) -> list[str]:
@@ -235,6 +291,7 @@ def run_stages(paths: ProjectPaths, report, only=None, force: bool = False) -> s
     inputs = stage_inputs(project, objs)
     run = RunContext(fingerprints={k: digest(v) for k, v in inputs.items()}, force=force)
     try:
+        heal_manifests(project, objs, inputs)
         stale = stale_stages(project, objs, inputs)
         _check_stale(project, objs, stale, run)
         invalidate(project, objs, stale)

@@ -138,8 +138,8 @@ def signal_verified(pid: int, start_time: float, sig: int) -> bool:
 def project_paths(project_dir: str | os.PathLike) -> ProjectPaths:
     """ProjectPaths of an existing project; NoProjectError (CLI exit 2) otherwise."""
     paths = ProjectPaths(project_dir)
-    if paths.root.is_file():
-        raise UserError(f"{paths.root} is a file, not a project folder; check the --project path")
+    if paths.root.is_file():  # a non-project like any other (CLI exit 2)
+        raise NoProjectError(f"{paths.root} is a file, not a project folder; check the --project path")
     if paths.project_json.is_dir():
         raise UserError(f"{paths.project_json} is a folder, not a file; move it away and "
                         "recreate the project (gguf-trainer new --pack ID DIR)")
@@ -384,7 +384,7 @@ def auto_resume(module: str = PIPELINE_MODULE) -> str:
     Finished, stopped and failed runs are left alone. Raises UserError if the relaunch fails.
     """
     last = read_settings().get("last_project")
-    if not last:
+    if not isinstance(last, str) or not last.strip():  # any other content: no last project
         return "auto-resume: no project was started yet"
     paths = ProjectPaths(last)
     if not paths.exists():
