@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gguf_trainer.errors import UserError
+from gguf_trainer.ui import host_guard
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8655
@@ -38,6 +39,7 @@ class LaunchOptions:
     open_browser: bool = True
     roots: list[str] = field(default_factory=list)  # --root DIR (repeatable)
     project: str | None = None  # the project to open first (auto-resume)
+    allow_hosts: list[str] = field(default_factory=list)  # --allow-host NAME (repeatable)
 
 
 def is_loopback(host: str) -> bool:
@@ -113,6 +115,9 @@ def launch_kwargs(opts: LaunchOptions, auth: tuple[str, str] | None) -> dict:
         "enable_monitoring": False, "mcp_server": False, "pwa": False, "allowed_paths": [],
         "blocked_paths": blocked_paths(), "max_file_size": "1mb", "show_error": False, "quiet": False,
         "footer_links": ["api", "gradio"], "css": _css(),
+        # DNS rebinding: only the Host names this GUI was started for (ui/host_guard.py)
+        "app_kwargs": {"lifespan": host_guard.lifespan(
+            host_guard.allowed_hosts(opts.host, opts.allow_hosts), share=opts.share)},
     }
 
 
@@ -163,6 +168,10 @@ def add_arguments(parser) -> None:
     g.add_argument("--auth", metavar="USER:PASS",
                    help="require this login (default with --share or a non-loopback --host: user "
                         f"{GENERATED_USER!r} and a generated password, printed once)")
+    g.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="also answer requests addressed to this host name (e.g. the name a "
+                        "reverse proxy forwards; repeatable). Other names are refused, so a web "
+                        "page cannot reach the GUI through DNS rebinding")
     g.add_argument("--root", action="append", default=[], metavar="DIR",
                    help="an extra folder the file browser may show (repeatable)")
 
@@ -177,5 +186,5 @@ def run_from_args(args) -> int:
         project = recent.last()
     opts = LaunchOptions(host=args.host, port=args.port, share=args.share, auth=args.auth,
                          open_browser=not args.no_browser, roots=list(args.root or []),
-                         project=project)
+                         project=project, allow_hosts=list(getattr(args, "allow_host", None) or []))
     return serve(opts)
