@@ -108,10 +108,19 @@ class LLaDAImagePack(TrainerPack):
                                   device_map=device_map, max_len=self.max_len_teacher - self.num_queries)
 
     def teacher_gib(self, materials, device):
-        """Its weight files (stored bf16) at the compute dtype: bf16 on CUDA, fp32 elsewhere."""
+        """Its weights (stored bf16) at the compute dtype: bf16 on CUDA, fp32 elsewhere; read
+        from the header check, so a snapshot that would fail is refused before anything loads."""
         from ..teachers.llada import weights_gib
 
-        return weights_gib(materials["teacher"], device)
+        return weights_gib(materials["teacher"], device, self.num_queries, self.out_dim)
+
+    def check_teacher(self, materials) -> str:
+        """Header-only check of the snapshot (the config.json files, the safetensors headers of
+        queryformer/ and text_projection/, the text encoder's weight index; no weight read, none
+        of its code imported): its summary, or a UserError naming the file and the reason."""
+        from ..teachers.llada_layout import check_snapshot
+
+        return check_snapshot(materials["teacher"], self.num_queries, self.out_dim).summary()
 
     def demo_materials(self, folder):
         """The tiny LLaDA-like snapshot shipped with the package (real remote code, MoE, the

@@ -30,25 +30,12 @@ import torch
 from ..errors import UserError
 from . import trust
 from .llada_compat import install_attn_mask_utils, repair_rotary_tables, rotary_modules
+from .llada_layout import check_snapshot
 from .placement import GIB, model_bytes, plan_device_map
-from .queryformer import WEIGHTS_FILE, QueryFormer, TextProjection, load_module
+from .queryformer import QueryFormer, TextProjection, load_module
 
 log = logging.getLogger(__name__)
-REQUIRED = ("text_encoder/config.json", "queryformer/config.json", "queryformer/" + WEIGHTS_FILE,
-            "text_projection/config.json", "text_projection/" + WEIGHTS_FILE, "tokenizer")
 MAX_LEN_TEACHER = 2048  # anchor-trainer §4.1
-
-
-def check_snapshot(root) -> Path:
-    """The snapshot folder, or UserError naming every missing piece."""
-    root = Path(root)
-    missing = [p for p in REQUIRED if not (root / p).exists()]
-    if not any((root / "text_encoder").glob("*.safetensors")):
-        missing.append("text_encoder/*.safetensors")
-    if missing:
-        raise UserError(f"the LLaDA-Image teacher at {root} is incomplete (missing {', '.join(missing)}); "
-                        "download the teacher material again.")
-    return root
 
 
 def compute_dtype(device: torch.device) -> torch.dtype:
@@ -168,7 +155,7 @@ def _meta_model(te_dir: Path):
 def plan_backbone(root, budgets: Sequence[tuple[int | str, int]], placement: str = "sequential") -> dict:
     """The device map for the snapshot's backbone under `budgets` ((device, bytes) in fill order),
     computed on the meta device before any weight loads. Needs the trust record."""
-    root = check_snapshot(root)
+    root = check_snapshot(root).root
     trust.require_trust(root)
     install_attn_mask_utils()
     model = _meta_model(root / "text_encoder")
@@ -182,13 +169,11 @@ def plan_backbone(root, budgets: Sequence[tuple[int | str, int]], placement: str
     return dmap
 
 
-WEIGHT_FOLDERS = ("text_encoder", "queryformer", "text_projection")
-
-
-def weights_gib(root, device) -> float:
-    """GiB the teacher's weights take once loaded: the safetensors bytes (stored bf16) scaled
-    to the compute dtype (x2 for fp32 off CUDA). The pre-flight's need, from the real files."""
-    stored = sum(p.stat().st_size for sub in WEIGHT_FOLDERS for p in (Path(root) / sub).glob("*.safetensors"))
+def weights_gib(root, device, num_queries: int | None = None, out_dim: int | None = None) -> float:
+    """GiB the teacher's weights take once loaded: the stored tensor bytes (bf16) of the three
+    weight folders, scaled to the compute dtype (x2 for fp32 off CUDA). The pre-flight's need,
+    from the header check (a snapshot that would fail is refused here, before anything loads)."""
+    stored = check_snapshot(root, num_queries, out_dim).weight_bytes
     scale = torch.tensor([], dtype=compute_dtype(torch.device(device))).element_size() / 2
     return stored * scale / GIB
 
@@ -220,13 +205,14 @@ def plan_budgets(plan, device) -> list[tuple[int | str, int]] | None:
 def load_llada_teacher(root, *, format_prompt: Callable[[str], str], device="cpu",
                        device_map: dict | None = None, max_len: int = MAX_LEN_TEACHER,
                        project_dir=None) -> LLaDATeacher:
-    """Load the teacher from its snapshot. Order: layout check, trust check (before any of the
-    snapshot's code is imported), the transformers-5 stand-ins, the backbone (placed by
-    `device_map`, default: all on `device`), the RoPE repair, QueryFormer/TextProjection
-    (strict), the tokenizer (right padding)."""
+    """Load the teacher from its snapshot. Order: the header check (configs, weight names and
+    shapes, complete files; nothing loaded), trust check (before any of the snapshot's code is
+    imported), the transformers-5 stand-ins, the backbone (placed by `device_map`, default: all
+    on `device`), the RoPE repair, QueryFormer/TextProjection (strict), the tokenizer (right
+    padding)."""
     from transformers import AutoTokenizer
 
-    root = check_snapshot(root)
+    root = check_snapshot(root).root
     code_hash = trust.require_trust(root, project_dir)
     device = torch.device(device)
     dtype = compute_dtype(device)

@@ -1,5 +1,7 @@
-"""A tiny LLaDA-Image teacher snapshot: the same folder layout, the same remote-code interface
-and the same transformers-5 traps as `inclusionAI/LLaDA-Image-Turbo`, on small dimensions.
+"""A tiny LLaDA-Image teacher snapshot in the released `inclusionAI/LLaDA-Image-Turbo` layout
+(the same folders, config keys and weight names: a sharded text encoder with its index,
+diffusers-named queryformer/ and text_projection/), the same remote-code interface and the
+same transformers-5 traps, on small dimensions.
 
 Owns: the tiny dimensions, the builder of the shipped demo materials
 (`gguf_trainer/packs/demo_materials/llada_image/`) and copying them into a folder. The
@@ -24,29 +26,47 @@ from gguf_trainer.packs.base import TINY_MARKER
 SHIPPED = Path(__file__).resolve().parent.parent / "packs" / "demo_materials" / "llada_image"
 CODE_FILES = ("configuration_llada2uni_moe.py", "modeling_llada2uni_moe.py", "fused_moe_ops.py")
 HIDDEN = 64
+# The released text_encoder/config.json's keys (teachers/llada_layout.py cites the copy), with
+# small values; the tiny remote code honours the ones that shape the math.
 TEXT_ENCODER = {
-    "architectures": ["LLaDA2MoeModelLM"], "model_type": "llada2_moe_veomni",
+    "architectures": ["LLaDA2MoeModelLM"],
     "auto_map": {"AutoConfig": "configuration_llada2uni_moe.LLaDA2MoeConfig",
-                 "AutoModel": "modeling_llada2uni_moe.LLaDA2MoeModelLM"},
-    "vocab_size": 512, "hidden_size": HIDDEN, "intermediate_size": 128, "moe_intermediate_size": 32,
-    "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-    "num_experts": 8, "num_experts_per_tok": 2, "n_group": 4, "topk_group": 2,
-    "num_shared_experts": 1, "first_k_dense_replace": 1, "routed_scaling_factor": 1.0,
-    "rms_norm_eps": 1e-6, "rope_theta": 600000.0, "partial_rotary_factor": 0.5,
+                 "AutoModel": "modeling_llada2uni_moe.LLaDA2MoeModelLM",
+                 "AutoModelForCausalLM": "modeling_llada2uni_moe.LLaDA2MoeModelLM"},
+    "attention_dropout": 0.0, "embedding_dropout": 0.0, "first_k_dense_replace": 1, "head_dim": 16,
+    "hidden_act": "silu", "hidden_size": HIDDEN, "image_token_offset": 480, "initializer_range": 0.02,
+    "intermediate_size": 128, "max_position_embeddings": 4096, "model_type": "llada2_moe_veomni",
+    "moe_intermediate_size": 32, "moe_router_enable_expert_bias": True, "n_group": 4,
+    "norm_topk_prob": True, "num_attention_heads": 4, "num_experts": 8, "num_experts_per_tok": 2,
+    "num_hidden_layers": 3, "num_key_value_heads": 2, "num_shared_experts": 1, "output_dropout": 0.0,
+    "output_router_logits": False, "pad_token_id": 0, "partial_rotary_factor": 0.5, "rms_norm_eps": 1e-6,
     # as in the released config; transformers 5 turns it into rope_parameters, the code ignores it
     "rope_scaling": {"mrope_section": [2, 1, 1], "rope_type": "default", "type": "default"},
-    "max_position_embeddings": 4096, "pad_token_id": 0, "torch_dtype": "bfloat16",
+    "rope_theta": 600000.0, "router_dtype": "fp32", "routed_scaling_factor": 1.0,
+    "score_function": "sigmoid", "sliding_window": None, "tie_word_embeddings": False, "topk_group": 2,
+    "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_bias": False, "use_cache": False,
+    "use_qk_norm": True, "use_qkv_bias": False, "vocab_size": 512,
 }
-QUERYFORMER = {"_class_name": "QueryFormer", "hidden_size": HIDDEN, "num_queries": 256,
-               "num_attention_heads": 4, "intermediate_size": 128, "layer_norm_eps": 1e-6,
-               "num_layers": 1}
-TEXT_PROJECTION = {"_class_name": "TextProjection", "hidden_size": HIDDEN, "intermediate_size": 128,
-                   "num_attention_heads": 4, "rms_norm_eps": 1e-6, "num_layers": 2,
+TE_SHARDS = 2  # the release has 9 shards and model.safetensors.index.json: so does the tiny one
+# The released queryformer/ and text_projection/ config.json keys, small sizes.
+QUERYFORMER = {"_class_name": "LLaDAImageQueryFormerModel", "_diffusers_version": "0.40.0.dev0",
+               "dropout": 0.0, "hidden_size": HIDDEN, "intermediate_size": 128, "norm_eps": 1e-6,
+               "num_attention_heads": 4, "num_hidden_layers": 1, "num_queries": 256}
+TEXT_PROJECTION = {"_class_name": "LLaDAImageTextProjectionModel", "_diffusers_version": "0.40.0.dev0",
+                   "attention_dropout": 0.0, "hidden_size": HIDDEN, "intermediate_size": 128,
+                   "norm_eps": 1e-6, "num_attention_heads": 4, "num_hidden_layers": 2,
                    "projection_dim": 2560}
-MODEL_INDEX = {"_class_name": "LLaDAImagePipeline", "text_encoder": ["transformers", "LLaDA2MoeModelLM"],
-               "queryformer": ["llada_image", "QueryFormer"],
-               "text_projection": ["llada_image", "TextProjection"],
-               "tokenizer": ["transformers", "PreTrainedTokenizerFast"], "sigvq": ["llada_image", "SigVQ"]}
+# The released model_index.json as it is (the teacher download fetches it; its transformer,
+# vae and scheduler folders are not part of the teacher).
+MODEL_INDEX = {"_class_name": "LLaDAImagePipeline", "_diffusers_version": "0.40.0.dev0",
+               "queryformer": ["diffusers", "LLaDAImageQueryFormerModel"],
+               "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
+               "sigvq": ["diffusers", "LLaDAImageSigVQModel"],
+               "text_encoder": ["modeling_llada2uni_moe", "LLaDA2MoeModelLM"],
+               "text_projection": ["diffusers", "LLaDAImageTextProjectionModel"],
+               "tokenizer": ["transformers", "PreTrainedTokenizerFast"],
+               "transformer": ["diffusers", "LLaDAImageTransformer2DModel"],
+               "vae": ["diffusers", "AutoencoderKLFlux2"]}
 SPECIAL = {"pad": "<|pad|>", "bos": "<|startoftext|>", "eos": "<|endoftext|>"}
 # (name, shape, dtype): a few SigVQ-like tensors in the dtypes a real file mixes
 SIGVQ_TENSORS = (("encoder.patch_embed.proj.weight", (8, 3, 2, 2), torch.float32),
@@ -103,7 +123,8 @@ def _backbone_state(root: Path) -> dict:
         conf = importlib.import_module(f"{pkg}.configuration_llada2uni_moe")
         modeling = importlib.import_module(f"{pkg}.modeling_llada2uni_moe")
         cfg = conf.LLaDA2MoeConfig(**{k: v for k, v in TEXT_ENCODER.items()
-                                      if k not in ("architectures", "auto_map", "model_type", "torch_dtype")})
+                                      if k not in ("architectures", "auto_map", "model_type", "torch_dtype",
+                                                   "transformers_version")})
         with torch.device("meta"):
             model = modeling.LLaDA2MoeModelLM(cfg)
         return {k: torch.empty(v.shape) for k, v in model.state_dict().items()}
@@ -140,19 +161,36 @@ def _write_tokenizer(folder: Path) -> None:
         "model_max_length": 2048})
 
 
+def _save_sharded(state: dict, folder: Path, n: int) -> None:
+    """`model-0000i-of-0000n.safetensors` + `model.safetensors.index.json`, as the release
+    stores its text encoder (transformers reads the index)."""
+    names = sorted(state)
+    total, weight_map = 0, {}
+    for i in range(n):
+        part = names[i * len(names) // n:(i + 1) * len(names) // n]
+        file = f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+        _save({k: state[k] for k in part}, folder / file, torch.bfloat16)
+        weight_map.update(dict.fromkeys(part, file))
+        total += sum(2 * state[k].numel() for k in part)
+    _write_json(folder / "model.safetensors.index.json", {"metadata": {"total_size": total},
+                                                          "weight_map": weight_map})
+
+
 def build_shipped(root: Path = SHIPPED, seed: int = 0) -> Path:
     """(Re)write every generated file of the tiny snapshot at `root` (its *.py stay)."""
-    from gguf_trainer.teachers.queryformer import QueryFormer, TextProjection
+    from gguf_trainer.teachers.queryformer import QueryFormer, TextProjection, module_config
 
     te = root / "text_encoder"
     _write_json(te / "config.json", TEXT_ENCODER)
-    _save(_randomized(_backbone_state(root), seed), te / "model.safetensors", torch.bfloat16)
+    for old in te.glob("model*.safetensors"):
+        old.unlink()
+    _save_sharded(_randomized(_backbone_state(root), seed), te, TE_SHARDS)
     for cls, cfg, sub in ((QueryFormer, QUERYFORMER, "queryformer"),
                           (TextProjection, TEXT_PROJECTION, "text_projection")):
         _write_json(root / sub / "config.json", cfg)
-        args = {k: cfg[k] for k in cls.DEFAULTS}
-        with torch.device("meta"):
-            shapes = {k: torch.empty(v.shape) for k, v in cls(**args).state_dict().items()}
+        with torch.device("meta"):  # the loader's own module: its names are the release's
+            module = cls(**module_config(cls, root / sub))
+        shapes = {k: torch.empty(v.shape) for k, v in module.state_dict().items()}
         _save(_randomized(shapes, seed + 1), root / sub / "diffusion_pytorch_model.safetensors",
               torch.bfloat16)
     _write_tokenizer(root / "tokenizer")

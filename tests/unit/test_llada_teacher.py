@@ -5,6 +5,7 @@ SigVQ companion."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -23,9 +24,27 @@ from gguf_trainer.teachers.llada_compat import (
     repair_rotary_tables,
     rotary_modules,
 )
+from gguf_trainer.teachers.llada_layout import QUERYFORMER as QUERYFORMER_LAYOUT
+from gguf_trainer.teachers.llada_layout import TEXT_PROJECTION as TEXT_PROJECTION_LAYOUT
+from gguf_trainer.teachers.llada_layout import read_config
 from gguf_trainer.teachers.placement import GIB
-from gguf_trainer.teachers.queryformer import QueryFormer, TextProjection, load_module
+from gguf_trainer.teachers.queryformer import (
+    QueryFormer,
+    TextProjection,
+    load_module,
+    module_config,
+)
 from gguf_trainer.tiny.llada import QUERYFORMER, TEXT_ENCODER, TEXT_PROJECTION, copy_tiny_llada
+
+# The released configs (queryformer/config.json, text_projection/config.json of
+# inclusionAI/LLaDA-Image-Turbo; sources in teachers/llada_layout.py).
+RELEASED_QF = {"_class_name": "LLaDAImageQueryFormerModel", "_diffusers_version": "0.40.0.dev0",
+               "dropout": 0.0, "hidden_size": 2048, "intermediate_size": 8192, "norm_eps": 1e-06,
+               "num_attention_heads": 16, "num_hidden_layers": 1, "num_queries": 256}
+RELEASED_TP = {"_class_name": "LLaDAImageTextProjectionModel", "_diffusers_version": "0.40.0.dev0",
+               "attention_dropout": 0.0, "hidden_size": 2048, "intermediate_size": 8960,
+               "norm_eps": 1e-06, "num_attention_heads": 32, "num_hidden_layers": 6,
+               "projection_dim": 2560}
 
 PROMPTS = ["a red fox, oil painting", "",
            "a koi pond under a full moon in autumn, fog, highly detailed, 35mm photo, neon glow"]
@@ -198,7 +217,7 @@ def test_queryformer_matches_torch_multihead_attention(snapshot):
     mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3]).bool()
     mha = torch.nn.MultiheadAttention(c["hidden_size"], c["num_attention_heads"], batch_first=True).double()
     mha.load_state_dict({k.split("cross_attn.")[1]: v for k, v in sd.items() if "cross_attn." in k})
-    eps = c["layer_norm_eps"]
+    eps = c["norm_eps"]
     q = _ln(sd["meta_queries"].expand(2, -1, -1), eps)
     e = _ln(enc, eps)
     q = q + mha(q, e, e, key_padding_mask=~mask, need_weights=False)[0]
@@ -210,34 +229,106 @@ def test_queryformer_matches_torch_multihead_attention(snapshot):
     assert (got - want).abs().max().item() < 1e-10
 
 
-def test_text_projection_matches_hand_computation(snapshot):
-    tp = load_module(TextProjection, snapshot / "text_projection").double()
-    sd, c = tp.state_dict(), TEXT_PROJECTION
+NON_DEFAULT_TP = {**TEXT_PROJECTION, "hidden_size": 48, "intermediate_size": 40, "num_attention_heads": 3,
+                  "num_hidden_layers": 3, "norm_eps": 0.25, "projection_dim": 24}
+
+
+def _write_module(folder, config, layout, seed=0):
+    """`folder` with `config` as config.json and seeded random weights under the layout's names."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    g = torch.Generator().manual_seed(seed)
+    table = layout.tensors(read_config(folder, layout))
+    save_file({k: torch.randn(s, generator=g) * 0.3 for k, s in table.items()},
+              str(folder / "diffusion_pytorch_model.safetensors"))
+    return folder
+
+
+@pytest.mark.parametrize("which", ["shipped", "non_default"])
+def test_text_projection_matches_hand_computation(snapshot, tmp_path, which):
+    """Released names and keys (parameter-free q/k RMSNorm); a config whose values differ from
+    the defaults (3 heads, 3 layers, eps 0.25) builds what it says."""
+    if which == "shipped":
+        folder, c = snapshot / "text_projection", TEXT_PROJECTION
+    else:
+        folder, c = _write_module(tmp_path / "tp", NON_DEFAULT_TP, TEXT_PROJECTION_LAYOUT), NON_DEFAULT_TP
+    tp = load_module(TextProjection, folder).double()
+    sd = tp.state_dict()
+    assert len(tp.layers) == c["num_hidden_layers"] and not any("norm" in k for k in sd)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(2, 9, c["hidden_size"], generator=g, dtype=torch.float64)
     keys = torch.tensor([[1] * 9, [1] * 6 + [0] * 3]).bool()
-    eps, nh = c["rms_norm_eps"], c["num_attention_heads"]
+    eps, nh = c["norm_eps"], c["num_attention_heads"]
     hd = c["hidden_size"] // nh
     want = x.clone()
-    for i in range(c["num_layers"]):
+    for i in range(c["num_hidden_layers"]):
         p = f"layers.{i}."
 
         def lin(name, v, p=p):
             return v @ sd[p + name + ".weight"].T + sd[p + name + ".bias"]
 
         n = _rms(want, eps)
-        split = [lin(f"attn.{k}_proj", n).view(2, 9, nh, hd) for k in "qkv"]
-        q = _rms(split[0], eps) * sd[p + "attn.q_norm.weight"]
-        k = _rms(split[1], eps) * sd[p + "attn.k_norm.weight"]
+        split = [lin(f"self_attn.{k}_proj", n).view(2, 9, nh, hd) for k in "qkv"]
+        q, k = _rms(split[0], eps), _rms(split[1], eps)
         s = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(hd)
         s = s.masked_fill(~keys[:, None, None, :], -math.inf)
         a = torch.einsum("bhqk,bkhd->bqhd", s.softmax(-1), split[2]).reshape(2, 9, -1)
-        want = want + lin("attn.out_proj", a)
+        want = want + lin("self_attn.out_proj", a)
         want = want + lin("mlp.fc2", _gelu_tanh(lin("mlp.fc1", _rms(want, eps))))
     want = want @ sd["projector.weight"].T + sd["projector.bias"]
     got = tp(x, keys)
     assert got.shape == (2, 9, c["projection_dim"])
     assert (got - want).abs().max().item() < 1e-9
+
+
+def test_layout_table_is_the_modules_state_dict():
+    """One truth for the names: the header check's table (no torch) equals what the modules
+    load, for the released sizes and for others."""
+    cases = ((QueryFormer, QUERYFORMER_LAYOUT, RELEASED_QF), (TextProjection, TEXT_PROJECTION_LAYOUT, RELEASED_TP),
+             (QueryFormer, QUERYFORMER_LAYOUT, {**QUERYFORMER, "num_hidden_layers": 3}),
+             (TextProjection, TEXT_PROJECTION_LAYOUT, NON_DEFAULT_TP))
+    for cls, layout, cfg in cases:
+        args = {k: cfg[k] for k in (*layout.int_keys, "norm_eps")}
+        with torch.device("meta"):
+            module = cls(**args)
+        assert {k: tuple(v.shape) for k, v in module.state_dict().items()} == layout.tensors(args)
+
+
+def test_released_sizes_match_the_published_file_sizes():
+    """The released files' sizes (T8mars/LLaDA-Image manifests/llada-image-turbo.source.json)
+    are the bf16 bytes of exactly these tables plus a plausible header: no q/k norm weights."""
+    qf, tp = QUERYFORMER_LAYOUT.tensors(RELEASED_QF), TEXT_PROJECTION_LAYOUT.tensors(RELEASED_TP)
+
+    def data_bytes(table):
+        return sum(2 * math.prod(s) for s in table.values())
+
+    assert len(qf) == 9 and data_bytes(qf) == 101_748_736  # file: 101,749,704 bytes
+    assert len(tp) == 74 and data_bytes(tp) == 652_449_792  # file: 652,457,384 bytes
+    assert 0 < 101_749_704 - data_bytes(qf) < 120 * len(qf)
+    assert 0 < 652_457_384 - data_bytes(tp) < 120 * len(tp)
+    assert "layers.5.self_attn.q_proj.weight" in tp and "layers.0.self_attn.q_norm.weight" not in tp
+
+
+@pytest.mark.parametrize("edit,match", [
+    ({"num_layers": 6}, r"keys \['num_layers'\] of an older gguf-trainer layout"),
+    ({"rms_norm_eps": 1e-6}, "older gguf-trainer layout"),
+    ({"qk_norm_affine": True}, r"keys \['qk_norm_affine'\] that gguf-trainer's LLaDAImageTextProjectionModel does not build"),
+    ({"_class_name": "TextProjection"}, "describes 'TextProjection', not the released LLaDAImageTextProjectionModel"),
+    ({"norm_eps": None}, r"lacks \['norm_eps'\]"),
+    ({"num_hidden_layers": True}, r"unusable values for \['num_hidden_layers'\]"),
+    ({"num_attention_heads": 5}, "not a multiple of num_attention_heads 5"),
+])
+def test_unknown_layouts_are_refused_not_guessed(tmp_path, edit, match):
+    config = {**TEXT_PROJECTION, **edit}
+    config = {k: v for k, v in config.items() if v is not None}
+    folder = tmp_path / "text_projection"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UserError, match=match) as err:
+        module_config(TextProjection, folder)
+    assert str(folder / "config.json") in str(err.value) and "\n" not in str(err.value)
 
 
 def test_strict_loading_names_missing_and_unexpected_keys(tmp_path, snapshot):
@@ -252,8 +343,8 @@ def test_strict_loading_names_missing_and_unexpected_keys(tmp_path, snapshot):
     with pytest.raises(UserError) as err:
         load_module(QueryFormer, folder)
     msg = str(err.value)
-    assert "missing ['query_blocks.0.mlp.fc2.bias']" in msg
-    assert "unexpected ['query_blocks.0.extra.weight']" in msg and "\n" not in msg
+    assert "missing [query_blocks.0.mlp.fc2.bias]" in msg and str(weights) in msg
+    assert "unexpected [query_blocks.0.extra.weight]" in msg and "\n" not in msg
     state.pop("query_blocks.0.extra.weight")
     state["query_blocks.0.mlp.fc2.bias"] = torch.zeros(3)  # wrong shape
     save_file(state, str(weights))
@@ -500,3 +591,131 @@ def test_cuda_resident_and_offloaded_match_the_cpu_rows(snapshot, teacher):
     assert cos(a, cpu) > 0.99 and cos(b, a) > 0.9999
     resident.close()
     offloaded.close()
+
+
+# ---------------------------------------------------------------- the header check (no weights, no code)
+
+
+def _old_layout_copy(src, dest):
+    """The snapshot as gguf-trainer's old loader wanted it: text_projection with num_layers /
+    rms_norm_eps, `layers.N.attn.*` and q/k norm weights."""
+    from safetensors.torch import save_file
+
+    root = shutil.copytree(src, dest)
+    tp = root / "text_projection"
+    old = {"_class_name": "TextProjection", "hidden_size": 64, "intermediate_size": 128,
+           "num_attention_heads": 4, "rms_norm_eps": 1e-6, "num_layers": 2, "projection_dim": 2560}
+    (tp / "config.json").write_text(json.dumps(old))
+    state = {}
+    for i in range(2):
+        for k in ("q_proj", "k_proj", "v_proj", "out_proj"):
+            state[f"layers.{i}.attn.{k}.weight"] = torch.zeros(64, 64)
+            state[f"layers.{i}.attn.{k}.bias"] = torch.zeros(64)
+        state[f"layers.{i}.attn.q_norm.weight"] = torch.ones(16)
+        state[f"layers.{i}.attn.k_norm.weight"] = torch.ones(16)
+        for k, shape in (("fc1", (128, 64)), ("fc2", (64, 128))):
+            state[f"layers.{i}.mlp.{k}.weight"] = torch.zeros(shape)
+            state[f"layers.{i}.mlp.{k}.bias"] = torch.zeros(shape[0])
+    state["projector.weight"], state["projector.bias"] = torch.zeros(2560, 64), torch.zeros(2560)
+    save_file(state, str(tp / "diffusion_pytorch_model.safetensors"))
+    return root, old
+
+
+def test_header_check_passes_the_released_layout(snapshot):
+    summary = PACK.check_teacher({"teacher": snapshot})
+    assert summary.startswith("LLaDA-Image teacher: text encoder hidden 64 (3 layers, 2 weight file(s)), "
+                              "QueryFormer 1 block(s) x 256 queries, TextProjection 2 layer(s) -> 2560")
+    assert (snapshot / "text_encoder" / "model.safetensors.index.json").is_file()  # sharded, as released
+
+
+def test_old_key_names_are_refused_in_milliseconds_without_the_remote_code(llada_env, snapshot, monkeypatch):
+    import sys
+    import time
+
+    import transformers.dynamic_module_utils as dmu
+
+    root, _ = _old_layout_copy(snapshot, llada_env / "old_layout")
+    monkeypatch.setattr(dmu, "get_class_from_dynamic_module",
+                        lambda *a, **k: pytest.fail("remote code imported by the header check"))
+    before = {m for m in sys.modules if "llada2uni" in m}
+    t0 = time.perf_counter()
+    with pytest.raises(UserError) as err:
+        PACK.check_teacher({"teacher": root})
+    took = time.perf_counter() - t0
+    print(f"old-layout snapshot refused in {1000 * took:.1f} ms: {err.value}")
+    msg = str(err.value)
+    assert str(root / "text_projection" / "config.json") in msg and "\n" not in msg
+    assert "older gguf-trainer layout" in msg and "num_hidden_layers, norm_eps" in msg
+    assert took < 0.5  # headers only: milliseconds even on a busy machine
+    assert {m for m in sys.modules if "llada2uni" in m} == before
+    # released keys over the old weight names: the weights sentence lists what is missing and extra
+    (root / "text_projection" / "config.json").write_text(json.dumps(TEXT_PROJECTION))
+    with pytest.raises(UserError) as err:
+        PACK.teacher_gib({"teacher": root}, "cpu")  # the pre-flight refuses before anything loads
+    msg = str(err.value)
+    weights = root / "text_projection" / "diffusion_pytorch_model.safetensors"
+    assert msg.startswith(f"{weights} does not match its config.json (the released layout): missing "
+                          "[layers.0.self_attn.k_proj.bias,") and "(16 in all)" in msg
+    assert "unexpected [layers.0.attn.k_norm.weight," in msg and "(20 in all)" in msg
+    # ... and so does the load, before the trust check or the backbone
+    plan = __import__("types").SimpleNamespace(mode="cpu", placement="sequential", gpu_gib=0.0, cpu_gib=8.0)
+    with pytest.raises(UserError, match="does not match its config.json"):
+        PACK.load_teacher({"teacher": root}, plan, torch.device("cpu"))
+
+
+def _broken(snapshot, dest, how):
+    root = shutil.copytree(snapshot, dest)
+    te = root / "text_encoder"
+    if how == "cut_shard":
+        shard = te / "model-00002-of-00002.safetensors"
+        with open(shard, "r+b") as f:
+            f.truncate(shard.stat().st_size - 100)
+    elif how == "missing_shard":
+        (te / "model-00001-of-00002.safetensors").unlink()
+    elif how == "hidden_mismatch":
+        cfg = json.loads((te / "config.json").read_text())
+        (te / "config.json").write_text(json.dumps({**cfg, "hidden_size": 128}))
+    elif how == "queries":  # a consistent QueryFormer, but not this pack's 256 rows
+        shutil.rmtree(root / "queryformer")
+        _write_module(root / "queryformer", {**QUERYFORMER, "num_queries": 64}, QUERYFORMER_LAYOUT)
+    elif how == "width":
+        shutil.rmtree(root / "text_projection")
+        _write_module(root / "text_projection", {**TEXT_PROJECTION, "projection_dim": 32}, TEXT_PROJECTION_LAYOUT)
+    elif how == "no_code":
+        (te / "modeling_llada2uni_moe.py").unlink()
+    return root
+
+
+@pytest.mark.parametrize("how,match", [
+    ("cut_shard", r"model-00002-of-00002\.safetensors is cut short"),
+    ("missing_shard", r"model-00001-of-00002\.safetensors is missing \(model\.safetensors\.index\.json names it"),
+    ("hidden_mismatch", r"queryformer/config\.json has hidden_size 64 but .*text_encoder/config\.json has 128"),
+    ("queries", r"num_queries 64; this pack's targets are 256 rows"),
+    ("width", r"projection_dim 32; this pack's targets are 2560 wide"),
+    ("no_code", r"modeling_llada2uni_moe\.py is missing \(named by auto_map"),
+])
+def test_header_check_names_the_file_and_the_reason(llada_env, snapshot, how, match):
+    root = _broken(snapshot, llada_env / f"broken_{how}", how)
+    with pytest.raises(UserError, match=match) as err:
+        PACK.check_teacher({"teacher": root})
+    assert str(root) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_materials_shows_a_broken_teacher_as_failed_with_the_sentence(llada_env, snapshot, tmp_path):
+    """`gguf-trainer materials` and the GUI's Materials (the same rows): linked, every file
+    present, refused by the header check: `failed` with the sentence, not `ready`."""
+    from gguf_trainer.project import create_project
+    from gguf_trainer.runner import downloads
+    from gguf_trainer.ui import api
+
+    bad, _ = _old_layout_copy(snapshot, llada_env / "linked_old")
+    proj = tmp_path / "proj"
+    create_project(proj, "llada_image")
+    row = downloads.link_material(proj, "teacher", bad)
+    assert row["state"] == "failed" and row["verified"] is False
+    assert "text_projection/config.json uses keys ['num_layers', 'rms_norm_eps']" in row["error"]
+    gui = next(m for m in api.materials(str(proj))["materials"] if m["id"] == "teacher")
+    assert gui["state"] == "failed" and gui["error"] == row["error"]
+    assert "failed" in downloads.format_statuses([row]) and row["error"] in downloads.format_statuses([row])
+    good = downloads.link_material(proj, "teacher", snapshot)
+    assert good["state"] == "ready" and good["verified"] and "LLaDA-Image teacher:" in good["note"]
