@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import atomic
+from . import atomic, locks
 from .errors import UserError
 from .paths import RANK_GLOB, RANKS_DIR, ProjectPaths
 
@@ -252,14 +252,12 @@ def read_rank_files(root: Path, run_id: str | None = None) -> list[dict]:
 
 def local_rank_processes(root: Path) -> list[tuple[int, float]]:
     """(pid, start time) of the follower ranks of the current run on this host (kill)."""
-    from .runner import lock
-
     me = socket.gethostname()
     found = []
     for rec in read_rank_files(root):
         pid, start = rec.get("pid"), rec.get("pid_start_time")
         if rec.get("host") == me and isinstance(pid, int) and start is not None \
-                and lock.process_start_time(pid) == start:
+                and locks.process_start_time(pid) == start:
             found.append((pid, start))
     return found
 
@@ -269,15 +267,13 @@ class RankReport:
     rank file (throttled, plus a heartbeat thread); metrics and state.json are rank 0's."""
 
     def __init__(self, paths, run_id: str):
-        from .runner import lock
-
         self.paths, self.run_id, self.w = paths, run_id, world()
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._last_write = 0.0
         self.rec = {"rank": self.w.rank, "world": self.w.size, "run_id": run_id,
                     "host": socket.gethostname(), "pid": os.getpid(),
-                    "pid_start_time": lock.process_start_time(os.getpid()),
+                    "pid_start_time": locks.process_start_time(os.getpid()),
                     "status": "waiting", "stage": None, "done": None, "total": None,
                     "unit": None, "rate": None, "error": None, "heartbeat": time.time()}
         self._clock: list[tuple[float, float]] = []
@@ -402,8 +398,6 @@ class RankWatch:
 
     def dead_rank(self) -> str | None:
         """The sentence for the first follower that is gone or failed, else None."""
-        from .runner import lock
-
         recs, me, now = self._records(), socket.gethostname(), time.time()
         for r in range(1, self.w.size):
             rec = recs.get(r)
@@ -415,7 +409,7 @@ class RankWatch:
             if rec.get("status") == "failed":
                 return f"{where} failed: {rec.get('error')}"
             if rec.get("host") == me:
-                if lock.process_start_time(rec.get("pid")) != rec.get("pid_start_time") and \
+                if locks.process_start_time(rec.get("pid")) != rec.get("pid_start_time") and \
                         rec.get("status") not in ("done", "stopped"):
                     return f"{where} died"
             elif now - float(rec.get("heartbeat") or 0) > RANK_STALE_S:
@@ -586,10 +580,8 @@ def start_lead(paths, writer):
     if not world().is_distributed:
         return None
     from .project import load_project
-    from .runner import lock
-
     init(cpu=wants_cpu(load_project(paths.root)))
-    run_id = f"{os.getpid()}-{lock.process_start_time(os.getpid())}"
+    run_id = f"{os.getpid()}-{locks.process_start_time(os.getpid())}"
     rank_dir(paths.root).mkdir(exist_ok=True)
     hello(paths, run_id)
     log.info("launched run: rank 0 of %d (%d on this machine); followers report in %s/",

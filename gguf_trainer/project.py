@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from . import atomic, project_file
+from . import atomic, locks, project_file
 from .errors import NoProjectError, UserError
 from .paths import ProjectPaths
 from .project_schema import (
@@ -176,11 +176,9 @@ class _SettingsLock:
         self._cm = None
 
     def __enter__(self):
-        from .runner import lock
-
-        self._cm = lock.hold_file(self.file, "project.json is being saved by another process",
+        self._cm = locks.hold_file(self.file, "project.json is being saved by another process",
                                   retry_s=SETTINGS_LOCK_WAIT_S)
-        return self._cm.__enter__()  # lock.hold_file turns OS refusals into DiskError
+        return self._cm.__enter__()  # locks.hold_file turns OS refusals into DiskError
 
     def __exit__(self, *exc):
         return self._cm.__exit__(*exc)

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gguf_trainer import atomic, project_file
+from gguf_trainer import atomic, locks, project_file
 from gguf_trainer.errors import NoProjectError, UserError, quote
 from gguf_trainer.paths import ProjectPaths
 from gguf_trainer.runner import lock, supervisor
@@ -376,7 +376,7 @@ def preflight(root: PathLike, only: list[str] | None = None) -> None:
     proj = project.load_project(paths.root)
     holder = lock.probe(paths)
     if holder is not None:
-        raise lock.LockHeld(holder)
+        raise locks.LockHeld(holder)
     project.check_name_clash(proj)
     _check_materials(proj, only)
     clear_stale_requests(paths.root)

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gguf_trainer import discovery, disk_space, hub
+from gguf_trainer import discovery, disk_space, hub, locks
 from gguf_trainer.errors import UserError
 from gguf_trainer.folder_check import check_folder
 from gguf_trainer.runner import jobs
@@ -287,7 +287,7 @@ def _start_one(project, m) -> dict:
               "patterns": list(m.patterns), "revision": revision(m), "project": str(project.dir)}
     try:
         st = jobs.start_job(folder, JOB_NAME, JOB_TARGET, kwargs)
-    except lock.LockHeld as e:
+    except locks.LockHeld as e:
         return {"id": m.id, "action": "running", "pid": e.pid,
                 "message": f"{m.id}: already downloading (pid {e.pid})"}
     _note(project, f"{m.id}: download of {m.repo} started (pid {st['pid']}) into {dest}")
@@ -332,7 +332,7 @@ def download_foreground(root, ids: list[str] | None = None, required_only: bool 
         try:
             result = _download_here(project, m, on_progress)
             failures += not _say_content(load_project(root), m, result, on_line)
-        except lock.LockHeld as e:
+        except locks.LockHeld as e:
             on_line(f"{m.id}: already downloading elsewhere (pid {e.pid})")
         except UserError as e:
             failures += 1
@@ -357,7 +357,7 @@ def _download_here(project, m, on_progress) -> dict:
     dest = destination(project, m)
     folder = job_folder(dest)
     folder.mkdir(parents=True, exist_ok=True)
-    with lock.hold_file(jobs.lock_path(folder, JOB_NAME), "a download is already running",
+    with locks.hold_file(jobs.lock_path(folder, JOB_NAME), "a download is already running",
                         retry_s=0.2):
         state = {"schema": 1, "name": JOB_NAME, "job_id": f"foreground-{os.getpid()}",
                  "target": "foreground", "kwargs": {"dest": str(dest), "material_id": m.id},

@@ -8,7 +8,7 @@ reads the state back with `job_status`; nothing is kept in the caller's memory.
 Files of job NAME in FOLDER (a project folder, or any folder a job works on):
     NAME-job.json   the state (schema below), written atomically by the job only
     NAME.log        the job's output (appended; a banner per launch)
-    NAME.lock       flock held by the running job (runner.lock): one job per name+folder
+    NAME.lock       flock held by the running job (locks.py): one job per name+folder
 
 State (NAME-job.json):
     name, job_id (unique per launch), target ("module:function"), kwargs,
@@ -45,10 +45,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from gguf_trainer import atomic
+from gguf_trainer import atomic, locks
 from gguf_trainer.errors import UserError, as_user_error
 from gguf_trainer.exit_codes import EXIT_INTERNAL, EXIT_OK, EXIT_USER
-from gguf_trainer.runner import lock
 
 log = logging.getLogger(__name__)
 
@@ -88,9 +87,9 @@ def start_job(folder: str | os.PathLike, name: str, target: str, kwargs: dict | 
     if not folder.is_dir():
         raise UserError(f"{folder} is not a folder; cannot run a {name} job there.")
     json.dumps(kwargs or {})  # refuse unserialisable arguments before spawning
-    holder = lock.probe_file(lock_path(folder, name))
+    holder = locks.probe_file(lock_path(folder, name))
     if holder is not None:
-        raise lock.LockHeld(holder, f"a {name} job is already running")
+        raise locks.LockHeld(holder, f"a {name} job is already running")
     job_id = uuid.uuid4().hex
     argv = [sys.executable, "-m", JOBS_MODULE, "run", "--folder", str(folder), "--name", name,
             "--target", target, "--job-id", job_id, "--kwargs", json.dumps(kwargs or {})]
@@ -104,9 +103,9 @@ def start_job(folder: str | os.PathLike, name: str, target: str, kwargs: dict | 
             st = job_status(folder, name)
             if st.get("job_id") == job_id:
                 return st
-            holder = lock.probe_file(lock_path(folder, name))
+            holder = locks.probe_file(lock_path(folder, name))
             if holder is not None:  # another client won the race
-                raise lock.LockHeld(holder, f"a {name} job is already running")
+                raise locks.LockHeld(holder, f"a {name} job is already running")
             raise UserError(f"the {name} job exited at once (code {proc.returncode}); "
                             f"see {log_path(folder, name)}")
         if time.monotonic() > deadline:
@@ -130,7 +129,7 @@ def job_status(folder: str | os.PathLike, name: str) -> dict:
     Answers for any content of the state file."""
     folder = Path(folder).expanduser().resolve()
     st = read_state(folder, name) or {}
-    found = lock.holder(lock_path(folder, name), settle_s=0.1) if folder.is_dir() else None
+    found = locks.holder(lock_path(folder, name), settle_s=0.1) if folder.is_dir() else None
     recorded = st.get("status") if st.get("status") in JOB_STATUSES else None
     out = {"name": name, "status": "idle", "pid": None, "job_id": _s(st.get("job_id")),
            "started": _num(st.get("started")), "finished": _num(st.get("finished")),
@@ -160,7 +159,7 @@ def job_status(folder: str | os.PathLike, name: str) -> dict:
 
 
 def is_running(folder: str | os.PathLike, name: str) -> bool:
-    return lock.probe_file(lock_path(Path(folder).expanduser().resolve(), name),
+    return locks.probe_file(lock_path(Path(folder).expanduser().resolve(), name),
                            settle_s=0.1) is not None
 
 
@@ -181,14 +180,14 @@ def stop_job(folder: str | os.PathLike, name: str, timeout_s: float = 10.0) -> s
     from gguf_trainer.runner.supervisor import signal_verified
 
     lf = lock_path(Path(folder).expanduser().resolve(), name)
-    found = lock.holder(lf)
+    found = locks.holder(lf)
     if found is None:
         return "not running"
     if not signal_verified(found[0], found[1], signal.SIGTERM):
         return "not running"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        now = lock.holder(lf, settle_s=0.05)
+        now = locks.holder(lf, settle_s=0.05)
         if now is None or now[0] != found[0]:
             return "stopped"
         time.sleep(0.05)
@@ -243,15 +242,15 @@ def run_job(folder: Path, name: str, target: str, job_id: str, kwargs: dict) -> 
     logging.basicConfig(level=logging.INFO, stream=sys.stdout,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        held = lock.hold_file(lock_path(folder, name), f"a {name} job is already running",
+        held = locks.hold_file(lock_path(folder, name), f"a {name} job is already running",
                               retry_s=0.5)
         held.__enter__()
-    except lock.LockHeld as e:
+    except locks.LockHeld as e:
         print(f"error: {e}", flush=True)
         return EXIT_USER
     me = os.getpid()
     state = {"schema": 1, "name": name, "job_id": job_id, "target": target, "kwargs": kwargs,
-             "status": "running", "pid": me, "pid_start_time": lock.process_start_time(me),
+             "status": "running", "pid": me, "pid_start_time": locks.process_start_time(me),
              "started": time.time(), "finished": None, "error": None, "result": None,
              "progress": {}}
     job = JobHandle(folder, name, state)

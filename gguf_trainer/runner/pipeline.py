@@ -26,7 +26,7 @@ import signal
 import sys
 from collections.abc import Callable, Iterator
 
-from gguf_trainer import atomic
+from gguf_trainer import atomic, locks
 from gguf_trainer.errors import UserError, as_user_error
 from gguf_trainer.exit_codes import EXIT_INTERNAL, EXIT_NO_PROJECT, EXIT_OK, EXIT_USER
 from gguf_trainer.paths import ProjectPaths
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None, run: StageRunner | None = None) -> int:
             try:
                 with lock.hold(paths):
                     return _run_locked(paths, args.only, args.force, run or _default_run)
-            except lock.LockHeld as e:
+            except locks.LockHeld as e:
                 print(str(e), file=sys.stderr)
                 return EXIT_USER
     except UserError as e:  # the project folder refused the log or the lock (read-only, full)

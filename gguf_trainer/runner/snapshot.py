@@ -19,7 +19,7 @@ import logging
 import time
 from pathlib import Path
 
-from .. import atomic
+from .. import atomic, locks
 from ..errors import UserError
 from . import jobs, lock
 from .status import read_state
@@ -84,7 +84,7 @@ def run_snapshot(root, checkpoint: str = "last", evaluate: bool = False, fresh: 
                  device: str | None = None, timeout_s: float = 600.0) -> dict:
     """In this process (tests, scripts): the same work under the snapshot lock."""
     project = check_args(root, checkpoint, evaluate, fresh, device)
-    with lock.hold_file(project.paths.snapshot_lock, "a snapshot export is already running"):
+    with locks.hold_file(project.paths.snapshot_lock, "a snapshot export is already running"):
         return _snapshot(project, checkpoint, evaluate, fresh, device, timeout_s, None)
 
 

@@ -9,7 +9,7 @@ epoch seconds (float); non-finite numbers are written as null.
     schema          1
     status          running | stopped | failed | done     (what the pipeline last recorded)
     pid             the pipeline process (the lock holder)
-    pid_start_time  seconds after boot at which it started (lock.process_start_time): with
+    pid_start_time  seconds after boot at which it started (locks.process_start_time): with
                     the pid it names the process (a pid alone is reused); not a date
     host            socket.gethostname()
     argv            the pipeline's command line
@@ -55,9 +55,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gguf_trainer import atomic
+from gguf_trainer import atomic, locks
 from gguf_trainer.paths import ProjectPaths
-from gguf_trainer.runner import lock
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +142,7 @@ class StateWriter:
         me = os.getpid()
         now = clock()
         self._state = empty_state()
-        self._state.update(status="running", pid=me, pid_start_time=lock.process_start_time(me),
+        self._state.update(status="running", pid=me, pid_start_time=locks.process_start_time(me),
                            host=socket.gethostname(), argv=list(argv), started=now,
                            heartbeat=now, progress_time=now, mock=bool(mock),
                            stages={name: _pending_stage() for name in stages})

@@ -14,7 +14,7 @@ import time
 
 import psutil
 
-from gguf_trainer import atomic
+from gguf_trainer import atomic, locks
 from gguf_trainer.paths import ProjectPaths
 from gguf_trainer.runner import lock
 from gguf_trainer.runner.state import (
@@ -161,7 +161,7 @@ def format_eta(eta_s: float | None) -> str:
 def _same_process(a_pid, a_start, b_pid, b_start) -> bool:
     if _int(a_pid) is None or a_pid != b_pid or _num(a_start) is None or _num(b_start) is None:
         return False
-    return abs(float(a_start) - float(b_start)) <= lock.START_TIME_TOLERANCE_S
+    return abs(float(a_start) - float(b_start)) <= locks.START_TIME_TOLERANCE_S
 
 
 def _running_message(out: dict) -> str:

@@ -38,7 +38,7 @@ from pathlib import Path
 import psutil
 
 import gguf_trainer
-from gguf_trainer import atomic
+from gguf_trainer import atomic, locks
 from gguf_trainer.errors import NoProjectError, UserError
 from gguf_trainer.paths import ProjectPaths
 from gguf_trainer.runner import lock, state
@@ -119,7 +119,7 @@ def signal_verified(pid: int, start_time: float, sig: int) -> bool:
         if e.errno != errno.ENOSYS:
             raise
     try:
-        if not lock.is_same_process(pid, start_time):
+        if not locks.is_same_process(pid, start_time):
             return False
         if pidfd is not None:
             signal.pidfd_send_signal(pidfd, sig)
@@ -168,7 +168,7 @@ def start(project_dir: str | os.PathLike, only: list[str] | None = None, force: 
         raise UserError(f"unknown stage {unknown[0]!r}; choose from {', '.join(state.STAGES)}")
     holder = lock.probe(paths)
     if holder is not None:
-        raise lock.LockHeld(holder)
+        raise locks.LockHeld(holder)
     clear_stale_stop(paths)
     argv = [sys.executable, "-m", module, "--project", str(paths.root)]
     argv += ["--only", *only] if only else []
@@ -247,7 +247,7 @@ def _launch_outcome(paths: ProjectPaths, proc: subprocess.Popen,
     if found is None:
         found = lock.holder(paths)
     if found is not None:
-        raise lock.LockHeld(found[0])
+        raise locks.LockHeld(found[0])
     raise UserError(f"the pipeline exited at once (code {proc.returncode}); "
                     f"see {paths.pipeline_log}")
 
@@ -327,7 +327,7 @@ def kill(project_dir: str | os.PathLike, wait_s: float = KILL_WAIT_S) -> str:
         return "not running"
     pid, start_time = found
     try:
-        kids = [(p.pid, lock.process_start_time(p.pid))
+        kids = [(p.pid, locks.process_start_time(p.pid))
                 for p in psutil.Process(pid).children(recursive=True)]
     except psutil.NoSuchProcess:
         return "not running"
@@ -434,7 +434,7 @@ def monitor_main(argv: list[str]) -> int:
         signal.signal(sig, forward)
     proc = subprocess.Popen(job, close_fds=True)
     children.append(proc)
-    start_time = lock.process_start_time(proc.pid)  # None if it died at once
+    start_time = locks.process_start_time(proc.pid)  # None if it died at once
     rc = proc.wait()
     sig_name = signal.Signals(-rc).name if rc < 0 else None
     _append_exit_record(args.exit_file, {

@@ -16,9 +16,10 @@ import subprocess
 import sys
 import time
 
+from gguf_trainer import locks
 from gguf_trainer.errors import UserError
 from gguf_trainer.paths import ProjectPaths
-from gguf_trainer.runner import lock, pipeline
+from gguf_trainer.runner import pipeline
 from gguf_trainer.runner.state import STAGES
 
 CHILD_PID_FILE = "fake-child.pid"
@@ -57,7 +58,7 @@ def main(argv: list[str]) -> int:
         try:
             return pipeline.run_foreground(ProjectPaths(args.project), args.only, args.force,
                                            run=fake_run)
-        except lock.LockHeld as e:
+        except locks.LockHeld as e:
             print(str(e), file=sys.stderr)
             return 1
     return pipeline.main(argv, run=fake_run)

@@ -17,6 +17,7 @@ import torch
 from pipeline_helpers import adapter_tensors, assert_same_tensors, make_project
 from test_real_runs import cli, read_state, wait_for, wait_idle
 
+from gguf_trainer import locks
 from gguf_trainer.paths import ProjectPaths
 from gguf_trainer.runner import lock
 from gguf_trainer.runner.launch import free_port
@@ -125,7 +126,7 @@ def test_two_process_training_equals_one_and_resumes_bit_identically(tmp_path, t
     os.kill(pid, signal.SIGKILL)  # rank 0, mid-training (last.pt at step 5 or 10)
     wait_idle(again)
     wait_for(lambda: not (rank_record(again.root, 1).get("pid")
-                          and lock.process_start_time(rank_record(again.root, 1)["pid"])))
+                          and locks.process_start_time(rank_record(again.root, 1)["pid"])))
     assert status(again.root)["status"] == "interrupted"
     res = cli("run", "--project", again.root, "--processes", "2")
     assert res.returncode == 0, res.stderr
@@ -168,13 +169,13 @@ def test_stop_and_kill_reach_every_rank_and_another_n_resumes(tmp_path, tiny_mat
     st, last = read_state(root), json.loads((paths.checkpoints / "last.json").read_text())
     assert st["status"] == "stopped" and last["step"] == st["step"] < 400
     assert rank_record(root, 1)["status"] == "stopped"  # rank 1 stopped at the same step and left
-    wait_for(lambda: lock.process_start_time(rank_record(root, 1)["pid"]) is None, timeout_s=30)
+    wait_for(lambda: locks.process_start_time(rank_record(root, 1)["pid"]) is None, timeout_s=30)
 
     assert cli("start", "--project", root, "--processes", "2").returncode == 0
     wait_for(lambda: (read_state(root).get("step") or 0) >= last["step"] + 2, timeout_s=180, poll_s=0.01)
     rank1 = rank_record(root, 1)["pid"]
     assert cli("kill", "--project", root).returncode == 0
-    wait_for(lambda: lock.process_start_time(rank1) is None, timeout_s=30)  # kill reached rank 1
+    wait_for(lambda: locks.process_start_time(rank1) is None, timeout_s=30)  # kill reached rank 1
     assert status(root)["status"] == "stopped"  # killed on request
 
     step = json.loads((paths.checkpoints / "last.json").read_text())["step"]

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gguf_trainer import atomic
+from gguf_trainer import atomic, locks
 from gguf_trainer.exit_codes import EXIT_INTERNAL, EXIT_USER
 from gguf_trainer.paths import ProjectPaths
 from gguf_trainer.runner import lock, state, status, supervisor
@@ -113,12 +113,12 @@ def test_lock_dies_with_the_holder_even_while_its_children_live(project):
     kids = [int(x) for x in holder.stdout.readline().split()]
     try:
         assert lock.probe(paths) == holder.pid
-        with pytest.raises(lock.LockHeld, match=rf"already running \(pid {holder.pid}\)"), \
+        with pytest.raises(locks.LockHeld, match=rf"already running \(pid {holder.pid}\)"), \
                 lock.hold(paths, retry_s=0.1):
             pass
         os.kill(holder.pid, signal.SIGKILL)
         holder.wait()
-        assert all(lock.process_start_time(k) is not None for k in kids)  # still alive
+        assert all(locks.process_start_time(k) is not None for k in kids)  # still alive
         assert lock.probe(paths) is None
         with lock.hold(paths, retry_s=0.1):  # and it can be taken again
             pass
@@ -198,7 +198,7 @@ def test_supervisor_kill_also_kills_children_and_reads_as_stopped(project, monke
     assert supervisor.kill(project) == "killed"
     info = supervisor.status(project)
     assert info["status"] == "stopped" and "kill" in info["message"]
-    wait_for(lambda: lock.process_start_time(child) is None, 5)
+    wait_for(lambda: locks.process_start_time(child) is None, 5)
 
 
 @pytest.mark.parametrize("fail,code,error", [
@@ -222,7 +222,7 @@ def test_three_concurrent_starts_make_one_pipeline(project):
     def go():
         try:
             results.append(supervisor.start(project, module=FAKE))
-        except lock.LockHeld as e:
+        except locks.LockHeld as e:
             results.append(e)
 
     threads = [threading.Thread(target=go) for _ in range(3)]
@@ -231,7 +231,7 @@ def test_three_concurrent_starts_make_one_pipeline(project):
     for t in threads:
         t.join(60)
     winners = [r for r in results if isinstance(r, int)]
-    losers = [r for r in results if isinstance(r, lock.LockHeld)]
+    losers = [r for r in results if isinstance(r, locks.LockHeld)]
     assert len(winners) == 1 and len(losers) == 2, results
     assert all(str(e) == f"already running (pid {winners[0]})" for e in losers)
     assert [p.pid for p in fake_pipelines(project)] == winners
@@ -245,7 +245,7 @@ def test_start_racing_a_foreground_run(project, fg_delay_s):
     def go():
         try:
             results.append(supervisor.start(project, module=FAKE))
-        except lock.LockHeld as e:
+        except locks.LockHeld as e:
             results.append(e)
 
     racer = threading.Thread(target=go)
@@ -275,7 +275,7 @@ def test_stale_pid_pointing_at_an_unrelated_process_is_left_alone(project):
     paths = ProjectPaths(project)
     bystander = subprocess.Popen(["sleep", "30"])
     try:
-        start = wait_for(lambda: lock.process_start_time(bystander.pid))
+        start = wait_for(lambda: locks.process_start_time(bystander.pid))
         # 1. a dead pipeline's label + state naming the bystander, nobody holds the lock
         paths.lock.write_text(f"{bystander.pid} {start:.6f}\n")
         st = state.empty_state()

@@ -10,6 +10,7 @@ import os
 import psutil
 import pytest
 
+from gguf_trainer import locks
 from gguf_trainer.paths import ProjectPaths
 from gguf_trainer.runner import lock
 
@@ -22,9 +23,9 @@ def paths(tmp_path):
 def test_holder_writes_its_pid_and_start_time(paths):
     with lock.hold(paths) as pid:
         assert pid == os.getpid()
-        label = lock.read_label(paths)
+        label = locks.read_label(paths.lock)
         assert label[0] == os.getpid()
-        assert abs(label[1] - lock.process_start_time(os.getpid())) < lock.START_TIME_TOLERANCE_S
+        assert abs(label[1] - locks.process_start_time(os.getpid())) < locks.START_TIME_TOLERANCE_S
         assert lock.probe(paths) == os.getpid()
         assert lock.holder(paths) == label
 
@@ -32,7 +33,7 @@ def test_holder_writes_its_pid_and_start_time(paths):
 def test_second_acquire_is_refused_with_the_holders_pid(paths):
     with lock.hold(paths):
         pattern = rf"^already running \(pid {os.getpid()}\)$"
-        with pytest.raises(lock.LockHeld, match=pattern) as e, lock.hold(paths, retry_s=0.1):
+        with pytest.raises(locks.LockHeld, match=pattern) as e, lock.hold(paths, retry_s=0.1):
             pass
         assert e.value.pid == os.getpid()
         assert lock.probe(paths) == os.getpid()  # the refused attempt did not disturb it
@@ -43,7 +44,7 @@ def test_release_frees_the_lock_and_never_deletes_the_file(paths):
         inode = paths.lock.stat().st_ino
     assert lock.probe(paths) is None
     assert paths.lock.exists() and paths.lock.stat().st_ino == inode
-    assert lock.read_label(paths) is None  # label cleared while still held
+    assert locks.read_label(paths.lock) is None  # label cleared while still held
     with lock.hold(paths):  # re-acquirable, same file
         assert paths.lock.stat().st_ino == inode
     assert paths.lock.exists()
@@ -58,14 +59,14 @@ def test_released_even_when_the_body_raises(paths):
 
 def test_descriptor_is_close_on_exec(paths):
     with lock.hold(paths):
-        fds = list(lock._held_fds)
+        fds = list(locks._held_fds)
         assert len(fds) == 1
         assert fcntl.fcntl(fds[0], fcntl.F_GETFD) & fcntl.FD_CLOEXEC
 
 
 def test_stale_label_without_a_holder_is_not_running(paths):
     # A dead holder's label naming a live process (this one, pid 1): nobody holds the lock.
-    paths.lock.write_text(f"{os.getpid()} {lock.process_start_time(os.getpid()):.6f}\n")
+    paths.lock.write_text(f"{os.getpid()} {locks.process_start_time(os.getpid()):.6f}\n")
     assert lock.probe(paths) is None
     paths.lock.write_text("1 12345.0\n")
     assert lock.probe(paths) is None
@@ -91,16 +92,16 @@ def test_probe_of_a_folder_never_locked(paths):
 
 def test_is_same_process_rejects_a_wrong_start_time():
     me = os.getpid()
-    assert lock.is_same_process(me, lock.process_start_time(me))
-    assert not lock.is_same_process(me, lock.process_start_time(me) - 5)
-    assert not lock.is_same_process(None, 1.0)
-    assert not lock.is_same_process(2**22 + 12345, 1.0)
+    assert locks.is_same_process(me, locks.process_start_time(me))
+    assert not locks.is_same_process(me, locks.process_start_time(me) - 5)
+    assert not locks.is_same_process(None, 1.0)
+    assert not locks.is_same_process(2**22 + 12345, 1.0)
 
 
 def test_start_time_is_boot_relative_and_matches_psutil():
     me = os.getpid()
     boot_relative = psutil.Process(me).create_time() - psutil.boot_time()
-    assert lock.process_start_time(me) == pytest.approx(boot_relative, abs=0.02)
+    assert locks.process_start_time(me) == pytest.approx(boot_relative, abs=0.02)
 
 
 def test_is_locked_sees_an_unnamed_holder(paths):
@@ -112,11 +113,11 @@ def test_is_locked_sees_an_unnamed_holder(paths):
 
 def test_hold_file_for_other_jobs_names_its_holder(paths):
     job_lock = paths.root / "job.lock"
-    with lock.hold_file(job_lock, "a snapshot export is already running"):
-        assert lock.probe_file(job_lock) == os.getpid()
+    with locks.hold_file(job_lock, "a snapshot export is already running"):
+        assert locks.probe_file(job_lock) == os.getpid()
         assert lock.probe(paths) is None  # a different lock from the pipeline's
-        with pytest.raises(lock.LockHeld,
+        with pytest.raises(locks.LockHeld,
                            match=r"^a snapshot export is already running \(pid \d+\)$"), \
-                lock.hold_file(job_lock, "a snapshot export is already running", retry_s=0.05):
+                locks.hold_file(job_lock, "a snapshot export is already running", retry_s=0.05):
             pass
-    assert lock.probe_file(job_lock) is None and job_lock.exists()
+    assert locks.probe_file(job_lock) is None and job_lock.exists()

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from gguf_trainer import distributed
+from gguf_trainer import distributed, locks
 from gguf_trainer.distributed import World
 from gguf_trainer.errors import UserError
 from gguf_trainer.runner.launch import Launch
@@ -131,16 +131,14 @@ def _rank_file(root, **rec):
 
 
 def test_the_watch_names_a_dead_or_failed_rank(tmp_path, monkeypatch):
-    from gguf_trainer.runner import lock
-
     monkeypatch.setenv("WORLD_SIZE", "3")
     monkeypatch.setenv("RANK", "0")
     paths = type("P", (), {"root": tmp_path})()
     watch = distributed.RankWatch(paths, _Writer(), "R")
     me = os.getpid()
-    _rank_file(tmp_path, rank=1, pid=me, pid_start_time=lock.process_start_time(me))
+    _rank_file(tmp_path, rank=1, pid=me, pid_start_time=locks.process_start_time(me))
     assert watch.dead_rank() is None  # rank 2 has not reported yet: within the start grace
-    _rank_file(tmp_path, rank=2, pid=me, pid_start_time=lock.process_start_time(me),
+    _rank_file(tmp_path, rank=2, pid=me, pid_start_time=locks.process_start_time(me),
                status="failed", error="no room on the card")
     assert watch.dead_rank() == f"rank 2 (pid {me} on {socket.gethostname()}) failed: no room on the card"
     _rank_file(tmp_path, rank=2, pid=2 ** 22 + 7, pid_start_time=1.0)  # no such process

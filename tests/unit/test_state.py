@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from gguf_trainer import atomic
+from gguf_trainer import atomic, locks
 from gguf_trainer.paths import ProjectPaths
 from gguf_trainer.runner import lock, state, status
 
@@ -50,7 +50,7 @@ def test_initial_state_has_the_whole_schema(paths):
     st = on_disk(paths)
     assert set(st) == SCHEMA_KEYS
     assert st["status"] == "running" and st["pid"] == os.getpid()
-    assert abs(st["pid_start_time"] - lock.process_start_time(os.getpid())) < 0.01
+    assert abs(st["pid_start_time"] - locks.process_start_time(os.getpid())) < 0.01
     assert list(st["stages"]) == sorted(state.STAGES)  # written with sorted keys
     assert all(set(s) == STAGE_KEYS and s["status"] == "pending" for s in st["stages"].values())
 
@@ -198,7 +198,7 @@ def write_state(paths, **kw):
     st = state.empty_state()
     me = os.getpid()
     now = time.time()
-    st.update(status="running", pid=me, pid_start_time=lock.process_start_time(me),
+    st.update(status="running", pid=me, pid_start_time=locks.process_start_time(me),
               host=socket.gethostname(), heartbeat=now, progress_time=now, started=now)
     st.update(kw)
     atomic.write_json(paths.state_json, st)
