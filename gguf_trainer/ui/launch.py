@@ -22,6 +22,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 from gguf_trainer.errors import UserError
 from gguf_trainer.ui import host_guard
 
@@ -84,13 +86,35 @@ def check_port_free(host: str, port: int) -> None:
         raise UserError(f"--port must be between 1 and 65535, not {port}")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
+        # As the server binds (uvicorn sets it too): connections of a GUI that just quit sit
+        # in TIME_WAIT for ~60 s and must not block a restart; a live listener still does.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError as e:
             if e.errno in (errno.EADDRINUSE, errno.EACCES):
-                raise UserError(f"port {port} on {host} is already in use (is gguf-trainer "
-                                f"already open?); pick another with --port N") from None
+                raise UserError(f"port {port} on {host} is already in use{port_holder(port)}; "
+                                "pick another with --port N") from None
             raise UserError(f"cannot listen on {host}:{port}: {e.strerror}; check --host") from None
+
+
+def port_holder(port: int) -> str:
+    """The words naming the process listening on `port` (" by pid N (its command)"), or the
+    old guess when the system does not say (another user's process, no right to list sockets)."""
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except (psutil.AccessDenied, OSError):  # e.g. macOS without root: no socket table
+        conns = []
+    pids = {c.pid for c in conns if c.laddr and c.laddr.port == port
+            and c.status == psutil.CONN_LISTEN and c.pid}
+    if not pids:
+        return " (is gguf-trainer already open?)"
+    pid = min(pids)
+    try:
+        what = " ".join(psutil.Process(pid).cmdline()[:4])[:80]
+    except psutil.Error:  # it ended in between, or belongs to another user
+        what = ""
+    return f" by pid {pid}" + (f" ({what})" if what else "")
 
 
 def blocked_paths() -> list[str]:

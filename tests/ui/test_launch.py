@@ -6,6 +6,7 @@ internet, and these checks are about what we pass to Gradio, not about Gradio.
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -85,10 +86,28 @@ def test_busy_port_is_one_sentence(capsys):
         with pytest.raises(UserError) as err:
             launch.check_port_free("127.0.0.1", port)
         assert "\n" not in str(err.value) and f"port {port}" in str(err.value) and "--port" in str(err.value)
+        assert f"by pid {os.getpid()}" in str(err.value)  # the live holder is named
         code = cli.main(["--no-browser", "--port", str(port)])
     assert code == 1
     _, stderr = capsys.readouterr()
     assert stderr.strip().startswith("error: port") and "Traceback" not in stderr
+
+
+def test_a_port_left_in_time_wait_is_free_for_a_restart():
+    """Issue 24: restarting the GUI was refused for ~60 s ("already in use" with nothing
+    listening): the probe bound without SO_REUSEADDR while the old connections sat in
+    TIME_WAIT. The server side closes first here, so its connection is in TIME_WAIT."""
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    conn, _ = server.accept()
+    conn.close()  # the server's end closes first: TIME_WAIT on (127.0.0.1, port)
+    server.close()
+    client.close()
+    launch.check_port_free("127.0.0.1", port)  # no listener: free, TIME_WAIT or not
 
 
 def test_cli_flags_reach_the_launch(monkeypatch, tmp_path):
