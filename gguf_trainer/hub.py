@@ -24,6 +24,7 @@ Knows nothing of projects or packs; never locks (the download job does, per dest
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import time
@@ -33,7 +34,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from . import atomic
-from .errors import UserError
+from .errors import UserError, quote
 from .folder_check import LISTING_JSON, MANIFEST_DIR, matches
 
 log = logging.getLogger(__name__)
@@ -126,14 +127,38 @@ def explain_hub_error(exc: Exception, repo: str, repo_type: str = "model") -> st
             "proxy and retry - finished files and partial downloads are kept")
 
 
-def _hub_call(fn, repo: str, repo_type: str):
-    """Run a huggingface_hub call, turning its failures into one-sentence UserErrors."""
+def _hub_call(fn, repo: str, repo_type: str, url: str | None = None):
+    """Run a huggingface_hub call, turning its failures into one-sentence UserErrors.
+    `url`: the endpoint it asks, named when the answer is not the JSON the API speaks."""
     from huggingface_hub import errors as e
 
     try:
         return fn()
     except (e.HfHubHTTPError, OSError, *_transport_errors()) as exc:
         raise UserError(explain_hub_error(exc, repo, repo_type) + ".") from None
+    except json.JSONDecodeError:  # a captive portal, a proxy's login page, a wrong HF_ENDPOINT
+        raise UserError(f"{url or endpoint() or 'the Hub'} answered with something that is not "
+                        f"JSON (an HTML page?) when asked about {repo}; check HF_ENDPOINT and "
+                        "any proxy, then retry.") from None
+
+
+def _api_url(repo: str, repo_type: str, what: str) -> str:
+    return f"{endpoint() or 'https://huggingface.co'}/api/{repo_type}s/{repo}/{what}"
+
+
+def check_remote_path(repo: str, path: object) -> str:
+    """A repo file path from a listing, normalised, that stays under any destination it is
+    joined to: relative, '/'-separated, no '..' or '.' parts, no backslash, NUL or empty
+    part. A Hub (or a server posing as one) chooses these names; `dest / path` must never
+    leave `dest`. UserError naming the repo and the entry otherwise."""
+    text = path if isinstance(path, str) else ""
+    parts = text.split("/")
+    if (not text or text.startswith("/") or "\\" in text or "\0" in text
+            or any(p in ("", ".", "..") for p in parts)):
+        raise UserError(f"{repo} lists a file named {quote(path)}, which would be written outside "
+                        "its download folder; refusing to download from this listing (check the "
+                        "repo name and HF_ENDPOINT).")
+    return text
 
 
 def _transport_errors() -> tuple[type[Exception], ...]:
@@ -160,11 +185,19 @@ def list_remote(repo: str, repo_type: str = "model", patterns: tuple[str, ...] =
 
     api = HfApi(endpoint=endpoint(), token=get_token() or False)
     info = _hub_call(lambda: api.repo_info(repo, repo_type=repo_type, revision=revision),
-                     repo, repo_type)
+                     repo, repo_type, _api_url(repo, repo_type, f"revision/{revision}"))
+    if not isinstance(info.sha, str) or not info.sha:
+        raise UserError(f"{_api_url(repo, repo_type, 'revision/' + revision)} gave no commit for "
+                        f"{repo}; check HF_ENDPOINT and any proxy, then retry.")
     tree = _hub_call(lambda: list(api.list_repo_tree(repo, recursive=True, revision=info.sha,
-                                                     repo_type=repo_type)), repo, repo_type)
-    files = {f.path: RemoteFile(f.path, int(f.size), f.lfs.sha256 if f.lfs else None, f.blob_id)
-             for f in tree if isinstance(f, RepoFile) and matches(f.path, patterns)}
+                                                     repo_type=repo_type)),
+                     repo, repo_type, _api_url(repo, repo_type, f"tree/{info.sha}"))
+    files = {}
+    for f in tree:
+        if isinstance(f, RepoFile) and matches(f.path, patterns):
+            path = check_remote_path(repo, f.path)
+            files[path] = RemoteFile(path, int(f.size), f.lfs.sha256 if f.lfs else None,
+                                     f.blob_id)
     unmatched = [p for p in patterns if not any(matches(f, (p,)) for f in files)]
     if unmatched:
         raise UserError(f"{repo} has no file matching {', '.join(unmatched)} at {info.sha[:10]}; "
@@ -216,6 +249,53 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def git_blob_id(path: Path) -> str:
+    """The git blob id of a file (sha1 of `blob <size>\\0` + its bytes): what the Hub lists
+    as the `oid` of every file and the only hash it gives for files not in LFS."""
+    h = hashlib.sha1(b"blob %d\0" % path.stat().st_size)
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def hash_problem(path: Path, f: RemoteFile) -> str:
+    """"" when `path` holds exactly the listed file; else what differs. LFS files are checked
+    by their sha256, other files by their git blob id."""
+    size = path.stat().st_size
+    if size != f.size:
+        return f"is {size} bytes, not {f.size}"
+    if f.sha256:
+        return "" if _sha256(path) == f.sha256 else "does not match its sha256"
+    return "" if git_blob_id(path) == f.blob_id else "does not match its git blob id"
+
+
+class ServerSentTooMuch(UserError):
+    """The server kept sending past the size the listing declares: stopped there."""
+
+
+class _Capped:
+    """The file http_get writes into, refusing bytes past the declared size: a server that
+    sends more (a loop, a wrong file, an attack on the disk) is stopped at once instead of
+    streaming on until the disk is full."""
+
+    def __init__(self, fh, limit: int, what: str):
+        self._fh, self._limit, self._what = fh, limit, what
+
+    def write(self, chunk: bytes) -> int:
+        room = self._limit - self._fh.tell()
+        if len(chunk) > room:
+            self._fh.write(chunk[:max(room, 0)])
+            raise ServerSentTooMuch(f"{self._what}: the server sent more than the "
+                                    f"{self._limit} bytes the listing declares; the download "
+                                    "was stopped and discarded - retry later, or check "
+                                    "HF_ENDPOINT and any proxy.")
+        return self._fh.write(chunk)
+
+    def __getattr__(self, name):
+        return getattr(self._fh, name)
+
+
 RETRY_WAITS_S = (2.0, 10.0, 30.0)  # after a refused or broken transfer that made progress
 
 
@@ -227,8 +307,8 @@ def fetch_file(listing: Listing, f: RemoteFile, dest: Path,
     5xx, a dropped connection the client gave up on) is asked for again from where it
     stopped, with a fresh URL, up to len(RETRY_WAITS_S) times; one that makes no progress
     fails at once with its sentence."""
-    final = Path(dest) / f.path
-    if final.is_file() and final.stat().st_size == f.size:
+    final = Path(dest) / check_remote_path(listing.repo, f.path)
+    if final.is_file() and not hash_problem(final, f):  # same size is not the same file
         if on_progress:
             on_progress(f.path, f.size, f.size)
         return final
@@ -239,6 +319,9 @@ def fetch_file(listing: Listing, f: RemoteFile, dest: Path,
         try:
             _transfer(listing, f, part, on_progress)
             break
+        except ServerSentTooMuch:
+            part.unlink(missing_ok=True)  # asking again gets the same stream
+            raise
         except UserError:
             grew = part.exists() and part.stat().st_size > before
             if wait_s is None or not grew:
@@ -274,7 +357,8 @@ def _transfer(listing: Listing, f: RemoteFile, part: Path, on_progress: Progress
         if resume:
             log.info("%s: resuming %s at %d of %d bytes", listing.repo, f.path, resume, f.size)
         try:
-            _hub_call(lambda: http_get(meta.location, fh, resume_size=resume, headers=headers,
+            capped = _Capped(fh, f.size, f"{listing.repo}/{f.path}")
+            _hub_call(lambda: http_get(meta.location, capped, resume_size=resume, headers=headers,
                                        expected_size=f.size, displayed_filename=f.path,
                                        _tqdm_bar=_Bar(f.path, resume, f.size, on_progress)),
                       listing.repo, listing.repo_type)
@@ -284,9 +368,7 @@ def _transfer(listing: Listing, f: RemoteFile, part: Path, on_progress: Progress
 
 
 def _verify(part: Path, f: RemoteFile, repo: str) -> None:
-    size = part.stat().st_size
-    problem = (f"is {size} bytes, not {f.size}" if size != f.size else
-               "does not match its sha256" if f.sha256 and _sha256(part) != f.sha256 else "")
+    problem = hash_problem(part, f)
     if problem:
         part.unlink()  # wrong bytes can never be resumed into right ones
         raise UserError(f"{repo}/{f.path} {problem} after download; it was discarded - retry "

@@ -22,6 +22,10 @@ Test controls (all thread-safe):
   `then_status` (403: the signed URL expired) - a transfer that breaks mid-file.
 * `requests`: every request as (method, url path, headers dict), to assert on Range
   headers, on how many times a file was fetched, or on the Authorization a client sent.
+* A hostile Hub: `lie(path, data)` serves other bytes for a file than its listing declares
+  (same size, other hash); `overflow(path, extra_bytes)` sends that many bytes more than
+  the file's size (Content-Length included); `html_api = True` answers every /api/ call
+  with status 200 and an HTML page (a proxy's login page).
 
 Usage:
     from hub_server import hub_server          # the pytest fixture (function scope)
@@ -92,6 +96,9 @@ class HubServer:
         self.requests: list[tuple[str, str, dict]] = []
         self._pauses: dict[str, tuple[int, threading.Event]] = {}
         self._breaks: dict[str, list] = {}  # path -> [after_bytes or None, then_status or None]
+        self.lies: dict[str, bytes] = {}  # path -> the bytes actually served
+        self.overflows: dict[str, int] = {}  # path -> extra bytes sent after the file
+        self.html_api = False
         self._lock = threading.Lock()
         handler = type("Handler", (_Handler,), {"hub": self})
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -118,6 +125,12 @@ class HubServer:
             pause = self._pauses.pop(path, None)
         if pause:
             pause[1].set()
+
+    def lie(self, path: str, data: bytes) -> None:
+        self.lies[path] = data
+
+    def overflow(self, path: str, extra_bytes: int) -> None:
+        self.overflows[path] = extra_bytes
 
     def break_after(self, path: str, after_bytes: int, then_status: int = 403) -> None:
         with self._lock:
@@ -176,6 +189,8 @@ class _Handler(BaseHTTPRequestHandler):
         path = unquote(raw)
         self.hub._record(self.command, path, {k.lower(): v for k, v in self.headers.items()})
         m = re.match(r"^/api/(models|datasets)/(.+?)/(revision|tree)/([^/]+)(/.*)?$", raw)
+        if m and self.hub.html_api:
+            return self._html()
         if m:
             return self._api(m.group(1)[:-1], unquote(m.group(2)), m.group(3),
                              unquote(m.group(4)), unquote(m.group(5) or ""))
@@ -198,6 +213,14 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
+
+    def _html(self) -> None:
+        body = b"<!doctype html><html><body>Please log in to the proxy</body></html>"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
     def _json(self, obj) -> None:
         body = json.dumps(obj).encode()
@@ -248,7 +271,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self._error(404, "RevisionNotFound", f"Invalid rev id: {rev}")
         if filename not in repo.files:
             return self._error(404, "EntryNotFound", f"{filename} does not exist", repo.commit)
-        data = repo.files[filename]
+        data = self.hub.lies.get(filename, repo.files[filename])
+        data += b"\0" * self.hub.overflows.get(filename, 0)
         drop_after, status = self.hub._take_break(filename) if send_body else (None, None)
         if status:
             return self._error(status, "Forbidden", "Request has expired (signed URL)")
