@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from . import project_file
 from .errors import WRITE_ERRNOS, DiskError, UserError, os_error_sentence
 
 MAX_JSON_DEPTH = 64  # our files nest 4 levels; deeper is hand-made and would recurse readers
@@ -150,8 +151,11 @@ def _depth(obj: Any) -> int:
     return deepest
 
 
-def read_json(path: str | os.PathLike, default: Any = None, fix: str = "fix or delete it") -> Any:
-    """Read a JSON file; `default` when it does not exist.
+def read_json(path: str | os.PathLike, default: Any = None, fix: str = "fix or delete it",
+              inside: str | os.PathLike | None = None) -> Any:
+    """Read a JSON file; `default` when it does not exist. With `inside` (a project folder)
+    the file must be a regular file under it, links resolved (project_file.open_file), else
+    UnsafeProjectFile: for files whose content is shown or returned.
 
     Raises BadJSONFile (a UserError and a ValueError) with "<path> <what is wrong>; <fix>."
     for content a user or a broken disk made: not UTF-8, not JSON, nested deeper than
@@ -160,7 +164,7 @@ def read_json(path: str | os.PathLike, default: Any = None, fix: str = "fix or d
     """
     path = Path(path)
     try:
-        with open(path, "rb") as f:
+        with (open(path, "rb") if inside is None else project_file.open_file(inside, path)) as f:
             size = os.fstat(f.fileno()).st_size
             if size > MAX_JSON_BYTES:
                 raise BadJSONFile(f"{path} is {size} bytes, far larger than any settings or "

@@ -19,6 +19,19 @@ class UserError(Exception):
     """Something the user can fix: a bad path, a wrong file, a bad setting, a held lock."""
 
 
+QUOTE_MAX_CHARS = 80  # a sentence quotes at most this much of a value someone sent
+
+
+def quote(value: object, limit: int = QUOTE_MAX_CHARS) -> str:
+    """`repr(value)` for a sentence, cut to `limit` characters with its length said: a
+    3 MB value sent to the API must not come back in a 3 MB refusal."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    size = f"{len(value)} characters" if isinstance(value, str) else f"{len(text)} characters"
+    return f"{text[:limit]}... ({size})"
+
+
 class NoProjectError(UserError):
     """The folder is not a project (no project.json). The CLI exits 2 for it."""
 

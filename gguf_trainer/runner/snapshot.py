@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from .. import atomic, locks
-from ..errors import UserError
+from ..errors import UserError, quote
 from . import jobs, lock
 from .status import read_state
 
@@ -48,7 +48,7 @@ def check_args(root, checkpoint: str, evaluate: bool, fresh: bool, device: str |
     from ..project_schema import check_device
 
     if checkpoint not in CHECKPOINTS:
-        raise UserError(f"--checkpoint must be last or best, not {checkpoint!r}.")
+        raise UserError(f"--checkpoint must be last or best, not {quote(checkpoint)}.")
     if device is not None:
         try:
             check_device(device, "--device")

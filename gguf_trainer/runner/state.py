@@ -55,7 +55,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gguf_trainer import atomic, locks
+from gguf_trainer import atomic, locks, project_file
 from gguf_trainer.paths import ProjectPaths
 
 log = logging.getLogger(__name__)
@@ -460,14 +460,16 @@ def read_metrics(paths: ProjectPaths, offset: int = 0) -> tuple[list[dict], int]
     should drop its rows from that step on (a resume truncated them).
     """
     try:
-        with open(paths.metrics_jsonl, "rb") as f:
+        # The charts show these rows: only the project's own file (a link out reads as none).
+        with project_file.open_file(paths.root, paths.metrics_jsonl) as f:
             size = os.fstat(f.fileno()).st_size
             if offset > size or (offset > 0 and os.pread(f.fileno(), 1, offset - 1) != b"\n"):
                 offset = 0
             f.seek(offset)
             data = f.read(size - offset)
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError):
-        return [], 0  # absent, or a folder/unreadable in its place: no rows
+    except (FileNotFoundError, NotADirectoryError, PermissionError,
+            project_file.UnsafeProjectFile):
+        return [], 0  # absent, a folder or a link out in its place, unreadable: no rows
     end = data.rfind(b"\n") + 1
     rows = []
     for line in data[:end].splitlines():

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from gguf_trainer.errors import UserError
+from gguf_trainer.errors import UserError, quote
 from gguf_trainer.runner import control, supervisor
 from gguf_trainer.ui import common, recent
 
@@ -43,7 +43,13 @@ def save_settings(project: str, changes: dict, expected: dict | None = None) -> 
     settings dict you read (open_project's `settings`); fields changed on disk since then
     come back in `conflicts` and are not written; invalid values in `errors` (nothing is
     written then); `ok` is true when everything was saved."""
-    return control.update_settings(project, dict(changes or {}), expected).as_dict()
+    if not isinstance(changes, dict):
+        raise UserError(f"changes must be an object of dotted setting keys and values, e.g. "
+                        f'{{"train.lr": 0.0001}}, not {type(changes).__name__} {quote(changes)}.')
+    if expected is not None and not isinstance(expected, dict):
+        raise UserError("expected must be the settings object open_project returned (or "
+                        f"null), not {type(expected).__name__} {quote(expected)}.")
+    return control.update_settings(project, changes, expected).as_dict()
 
 
 def start(project: str, only: list[str] | None = None, force: bool = False) -> dict:
@@ -99,6 +105,7 @@ def materials(project: str) -> dict:
     """Each material's status: {"available": bool, "materials": [{id, title, state
     (missing|partial|downloading|ready|failed), bytes_done, bytes_total, rate_bps, eta_s,
     path, required, error, ...}]}; `available` is false on a version without downloads."""
+    project = str(control.check_folder_arg(project))
     fn = common.feature("gguf_trainer.runner.downloads:material_statuses")
     if fn is None:
         return {"available": False, "message": f"material status is {common.NOT_AVAILABLE}"}
@@ -108,6 +115,7 @@ def materials(project: str) -> dict:
 def download_missing(project: str, ids: list[str] | None = None) -> dict:
     """Start detached downloads of the missing materials (or of `ids`); a material already
     downloading is reported, never started twice. {"started": [{id, action, pid, message}]}"""
+    project = str(control.check_folder_arg(project))
     fn = common.feature("gguf_trainer.runner.downloads:start_download")
     if fn is None:
         raise UserError(f"downloads are {common.NOT_AVAILABLE}; put the files in place and "

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from gguf_trainer.errors import UserError
 from gguf_trainer.paths import ProjectPaths
+from gguf_trainer.project_file import UnsafeProjectFile
 from gguf_trainer.runner.state import read_metrics
 
 MAX_POINTS = 2000
@@ -154,6 +155,10 @@ def read_new_log(cur: Cursor, paths: ProjectPaths, name: str) -> bool:
         cur.log_name, cur.log_offset, cur.log_text = name, 0, ""
     try:
         text, offset = control.tail_log(paths.root, cur.log_offset, name)
+    except UnsafeProjectFile as e:  # a link out of the project: say so, show nothing of it
+        changed = cur.log_text != str(e)
+        cur.log_offset, cur.log_text = 0, str(e)
+        return changed
     except UserError:  # a log this version does not know, or the project went away
         return False
     restarted = offset < cur.log_offset
