@@ -40,6 +40,11 @@ CSS = """
 #stage-strip .stage-stopped, #stage-strip .stage-stalled { border-color: #e0a52a !important; background: #fdf6e3 !important; }
 #stage-strip button.stage:disabled { opacity: 1; cursor: default; }
 #stage-strip .stage-pending { opacity: 0.7 !important; }
+/* The file browser is a dialog over the page: whichever field asked (the last one is far
+   below the project box), it opens in view, not where the Group happens to sit. */
+#file-browser { position: fixed !important; top: 8vh; left: 50%; transform: translateX(-50%);
+  width: min(960px, 94vw); max-height: 84vh; overflow-y: auto; z-index: 1000;
+  box-shadow: 0 8px 40px rgba(0, 0, 0, 0.35); border: 1px solid #888; }
 """
 
 _launch_roots: list[str] = []

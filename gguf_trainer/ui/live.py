@@ -77,13 +77,18 @@ class Cursor:
 
 
 def state_signature(paths: ProjectPaths) -> tuple | None:
-    """(mtime_ns, size, inode) of state.json: a changed signature means a new file; and
-    whether a stop was requested (status's `stopping` changes without a state write)."""
+    """(mtime_ns, size, inode) of state.json: a changed signature means a new file; whether
+    a stop was requested (status's `stopping` changes without a state write); and project.json's
+    mtime (the planned steps every view shows come from it: Apply while stopped is seen)."""
     try:
         st = os.stat(paths.state_json)
     except OSError:
         return None
-    return (st.st_mtime_ns, st.st_size, st.st_ino, paths.stop_request.exists())
+    try:
+        settings_ns = os.stat(paths.project_json).st_mtime_ns
+    except OSError:  # gone or unreadable: the header says so
+        settings_ns = None
+    return (st.st_mtime_ns, st.st_size, st.st_ino, paths.stop_request.exists(), settings_ns)
 
 
 def _num(v) -> float | None:

@@ -52,6 +52,8 @@ class SetupParts:
     save_md: gr.Markdown
     # file browser
     browser: gr.Group
+    browser_for: gr.Markdown
+    browser_msg: gr.Markdown
     target: gr.State
     root: gr.Dropdown
     folder: gr.Textbox
@@ -101,13 +103,15 @@ def build() -> SetupParts:
                 create_button = gr.Button("Create", variant="primary", scale=0, elem_id="btn-create")
 
     with gr.Group(visible=False, elem_id="file-browser") as browser:
-        gr.Markdown("**File browser** — confined to the roots below; SSH keys and the HF token "
-                    "store are never listed. Typed paths are accepted in the fields anyway.")
+        browser_for = gr.Markdown("**File browser**", elem_id="fb-for")
+        gr.Markdown("Confined to the roots below; SSH keys and the HF token store are never "
+                    "listed. Typed paths are accepted in the fields anyway.")
         target = gr.State(None)
         with gr.Row(equal_height=True):
             root = gr.Dropdown([], label="Root", scale=2, elem_id="fb-root")
             folder = gr.Textbox(label="Folder (type a path and press Enter)", scale=4, elem_id="fb-folder")
             up = gr.Button("Up", size="sm", scale=0)
+        browser_msg = gr.Markdown("", elem_id="fb-msg")
         entries = gr.Radio([], label="Entries (click a folder to open it)", elem_id="fb-entries")
         with gr.Row():
             use = gr.Button("Use the selected path", variant="primary", elem_id="fb-use")
@@ -142,8 +146,9 @@ def build() -> SetupParts:
     return SetupParts(recent_dd, open_path, open_browse, open_button, pack, pack_info, create_parent,
                       create_browse, create_name, create_button, project_md, materials_md, download,
                       one_material, one_download, trust_md, trust_button, token, token_save,
-                      token_md, fm, preflight_btn, preflight_md, save, save_md, browser, target,
-                      root, folder, entries, up, use, close, roots_text, roots_save)
+                      token_md, fm, preflight_btn, preflight_md, save, save_md, browser, browser_for,
+                      browser_msg, target, root, folder, entries, up, use, close, roots_text,
+                      roots_save)
 
 
 # ---- HF token -------------------------------------------------------------------------
@@ -453,6 +458,10 @@ def _wire_browser(p: SetupParts, project: gr.State) -> None:
                     continue
         return roots, roots[0] if roots else ""
 
+    asks = {"#open": "the project folder to open", "#create": "the folder to create the project in",
+            "#replace": "the copy to use for the material"}
+    asks.update({f.key: f.meta.get("label") or f.key for f in path_fields})
+
     @common.user_errors
     def open_for(key, proj, current):
         roots, start = start_at(proj, current)
@@ -460,38 +469,45 @@ def _wire_browser(p: SetupParts, project: gr.State) -> None:
             raise UserError("no browse root exists; add one under Browse roots")
         folder, entries = _listing(start, roots)
         root_value = next((r for r in roots if folder == r or folder.startswith(r.rstrip("/") + "/")), roots[0])
-        return key, gr.update(visible=True), gr.update(choices=roots, value=root_value), folder, entries
+        return (key, gr.update(visible=True), f"**Choose {asks.get(key, 'a path')}**", "",
+                gr.update(choices=roots, value=root_value), folder, entries)
 
-    bro_outs = [p.target, p.browser, p.root, p.folder, p.entries]
+    bro_outs = [p.target, p.browser, p.browser_for, p.browser_msg, p.root, p.folder, p.entries]
     for f in path_fields:
         f.browse.click(lambda proj, cur, _k=f.key: open_for(_k, proj, cur), [project, f.comp], bro_outs)
     p.open_browse.click(lambda proj, cur: open_for("#open", proj, cur), [project, p.open_path], bro_outs)
     p.create_browse.click(lambda proj, cur: open_for("#create", proj, cur), [project, p.create_parent], bro_outs)
 
-    @common.user_errors
-    def go(proj, folder):
-        return _listing(folder, roots_for(proj))
+    def listed(folder, roots):
+        """(folder, entries, message): a refused folder clears the old listing and says why
+        inside the browser, so nothing from the previous folder can be picked by mistake."""
+        try:
+            return (*_listing(folder, roots), "")
+        except UserError as e:
+            return gr.skip(), gr.update(choices=[], value=None), f"⚠ {e}"
 
-    @common.user_errors
+    def go(proj, folder):
+        return listed(folder, roots_for(proj))
+
     def pick(proj, chosen, folder):
         if chosen and Path(chosen).is_dir():
-            return _listing(chosen, roots_for(proj))
-        return gr.skip(), gr.skip()
+            return listed(chosen, roots_for(proj))
+        return gr.skip(), gr.skip(), ""
 
-    @common.user_errors
     def up(proj, folder):
         roots = roots_for(proj)
         parent = str(Path(folder).parent)
         try:
             files.confine(parent, roots)
         except UserError:
-            raise UserError("already at the top of this root") from None
-        return _listing(parent, roots)
+            return gr.skip(), gr.skip(), "⚠ already at the top of this root"
+        return listed(parent, roots)
 
-    p.root.input(go, [project, p.root], [p.folder, p.entries])
-    p.folder.submit(go, [project, p.folder], [p.folder, p.entries])
-    p.entries.input(pick, [project, p.entries, p.folder], [p.folder, p.entries])
-    p.up.click(up, [project, p.folder], [p.folder, p.entries])
+    listing_outs = [p.folder, p.entries, p.browser_msg]
+    p.root.input(go, [project, p.root], listing_outs)
+    p.folder.submit(go, [project, p.folder], listing_outs)
+    p.entries.input(pick, [project, p.entries, p.folder], listing_outs)
+    p.up.click(up, [project, p.folder], listing_outs)
     p.close.click(lambda: gr.update(visible=False), None, [p.browser])
 
     def use(key, chosen, folder, *current):

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 import gradio as gr
 import pandas as pd
 
-from gguf_trainer.distributed import format_ranks  # torch-free: the status lines per rank
 from gguf_trainer.errors import UserError
 from gguf_trainer.runner import control
+from gguf_trainer.runner.ranks import format_ranks  # torch-free: the status lines per rank
 from gguf_trainer.runner.status import format_eta
 from gguf_trainer.stage_list import STAGES, stage_title
 from gguf_trainer.ui import api, common, form, hardware, live, setup_tab
@@ -24,8 +24,9 @@ STAGE_CLASSES = ("stage", "stage-box")
 # No data is None, never an empty DataFrame: a LinePlot that starts from an empty frame draws
 # no lines for the data that arrives later (Gradio 6.31).
 EMPTY_CHART = None
+# steps/s is not among them: the one rate shown is the training stage's (step_rate).
 METRIC_LABELS = {"loss": "loss", "cos": "train cos", "val_cos": "val cos", "best_val_cos": "best val cos",
-                 "lr": "learning rate", "steps_per_s": "steps/s", "mse": "mse", "rel_mse": "rel mse",
+                 "lr": "learning rate", "mse": "mse", "rel_mse": "rel mse",
                  "val_rel_mse": "val rel mse"}
 
 
@@ -121,11 +122,46 @@ def is_stopping(info: dict) -> bool:
     return bool(info.get("stopping")) and info.get("status") in ACTIVE
 
 
-def banner_text(info: dict) -> str:
+def step_counts(info: dict, planned: int | None = None) -> tuple:
+    """(done, planned) training steps: the one pair the banner, the stage box, the metrics
+    table and the Planned steps box all show. done is the training stage's own count (the
+    run's state), planned is project.json's train.steps (what Start saved or Apply set; a
+    running trainer picks it up within log_every steps), else what the run recorded."""
+    train = (info.get("stages") or {}).get("train") or {}
+    done = train.get("done") if train.get("done") is not None else info.get("step")
+    total = planned if planned is not None else (train.get("total") or info.get("steps"))
+    return done, total
+
+
+def step_rate(info: dict) -> tuple:
+    """(steps/s, eta_s) of a live training stage: the stage's recent throughput, the one
+    smoothed rate shown (its ETA is remaining / rate); (None, None) when nothing trains."""
+    train = (info.get("stages") or {}).get("train") or {}
+    if info.get("status") not in ACTIVE or train.get("status") != "running":
+        return None, None
+    return train.get("rate"), train.get("eta_s")
+
+
+def _counts_text(info: dict, planned: int | None) -> str:
+    done, total = step_counts(info, planned)
+    if done is None:
+        return ""
+    return f"step {common.fmt(done)} / {common.fmt(total)}"
+
+
+def banner_text(info: dict, planned: int | None = None) -> str:
+    """The run's state in words, with the step counts; never the ETA (shown once, in the
+    progress line) and never a raw dict."""
     status = info.get("status") or "idle"
-    text = f"**{status.upper()}** · {info.get('message') or ''}"
+    counts = _counts_text(info, planned)
+    message = str(info.get("message") or "")
+    if status in ACTIVE and status != "stalled":  # its message repeats the counts and the ETA
+        stage = info.get("stage")
+        message = f"pid {info.get('pid')}" + (f" · {stage_title(stage)}" if stage else " · starting")
+    text = f"**{status.upper()}** · {message}" + (f" · {counts}" if counts else "")
     if is_stopping(info):
-        text = f"**STOPPING…** · finishing the current step, then saving · {info.get('message') or ''}"
+        text = f"**STOPPING…** · finishing the current step, then saving · {message}" + (
+            f" · {counts}" if counts else "")
     if status == "stalled":
         text += " — **Kill** it, then **Resume** from the last checkpoint."
     if status == "interrupted":
@@ -142,17 +178,17 @@ def banner_text(info: dict) -> str:
     return text
 
 
-def stage_text(name: str, st: dict | None) -> tuple[str, str]:
-    """(button label, status class) of one stage box."""
+def stage_text(name: str, st: dict | None, counts: tuple | None = None) -> tuple[str, str]:
+    """(button label, status class) of one stage box; `counts` (step_counts) for training.
+    No ETA here: it is shown once, in the progress line."""
     st = st or {}
     status = st.get("status") or "pending"
     if st.get("skipped"):
         status = "done"
     lines = [stage_title(name), status + (" (already done)" if st.get("skipped") else "")]
-    if st.get("total") is not None and st.get("done") is not None:
-        lines.append(f"{common.fmt(st['done'])}/{common.fmt(st['total'])} {st.get('unit') or ''}".strip())
-    if status == "running":
-        lines.append(f"ETA {format_eta(st.get('eta_s'))}")
+    done, total = counts if counts and counts[0] is not None else (st.get("done"), st.get("total"))
+    if total is not None and done is not None:
+        lines.append(f"{common.fmt(done)}/{common.fmt(total)} {st.get('unit') or 'steps'}".strip())
     if name == "train" and st.get("best_val_cos") is not None:
         lines.append(f"best val cos {common.fmt(st['best_val_cos'])}")
     if st.get("detail"):
@@ -170,15 +206,15 @@ def ranks_md(info: dict) -> str:
             + "\n".join(f"* {line.strip()}" for line in lines))
 
 
-def metrics_md(info: dict, cur: live.Cursor) -> str:
-    rows = [["step", f"{common.fmt(info.get('step'))} / {common.fmt(info.get('steps'))}"]]
+def metrics_md(info: dict, cur: live.Cursor, planned: int | None = None) -> str:
+    done, total = step_counts(info, planned)
+    rate, _eta = step_rate(info)
+    rows = [["step", f"{common.fmt(done)} / {common.fmt(total)}"],
+            ["steps/s", common.fmt(rate, 3)]]  # "—" when nothing trains
     for key, label in METRIC_LABELS.items():
         value = info.get(key) if info.get(key) is not None else cur.latest.get(key)
         if value is not None:
             rows.append([label, common.fmt(value)])
-    train = (info.get("stages") or {}).get("train") or {}
-    if train.get("status") == "running":
-        rows.append(["ETA (train)", format_eta(train.get("eta_s"))])
     return "#### Current metrics\n" + common.md_table(["metric", "value"], rows)
 
 
@@ -201,13 +237,22 @@ def hardware_md(info: dict) -> str:
     return "\n".join(lines)
 
 
-def chart(cur: live.Cursor, names: dict, log10: bool = False) -> pd.DataFrame | None:
+def chart(cur: live.Cursor, names: dict, log10: bool = False, planned: int | None = None):
+    """The series as a LinePlot update whose step axis runs to the planned steps (it moves
+    when they change), so the line's length says how far the run is."""
     df = pd.DataFrame(live.chart_rows(cur, names, log10))
-    return df if len(df) else EMPTY_CHART
+    return gr.update(value=df if len(df) else EMPTY_CHART, x_lim=[0, planned] if planned else None)
 
 
 def tick_outputs(p: TrainParts) -> list:
-    return [p.banner, p.start, p.stop, p.kill, *p.stages, p.progress, p.metrics, p.loss_plot, p.cos_plot]
+    return [p.banner, p.start, p.stop, p.kill, *p.stages, p.progress, p.metrics, p.loss_plot, p.cos_plot,
+            p.steps]
+
+
+def planned_steps(project: str | None) -> int | None:
+    """project.json's train.steps, or None (no project, or a broken file the banner names)."""
+    value = steps_value(project)
+    return int(value) if value.isdigit() else None
 
 
 def render(cur: live.Cursor, info: dict, plot_changed: bool, log10: bool) -> list:
@@ -218,12 +263,15 @@ def render(cur: live.Cursor, info: dict, plot_changed: bool, log10: bool) -> lis
     status = info.get("status")
     active = status in ACTIVE
     stopping = is_stopping(info)
-    out = [put("banner", banner_text(info)),
+    planned = planned_steps(info.get("project"))
+    counts = step_counts(info, planned)
+    out = [put("banner", banner_text(info, planned)),
            put("start", gr.update(value=run_label(info), interactive=not active and not info.get("settings_error"))),
            put("stop", gr.update(value="Stopping…" if stopping else "Stop", interactive=active and not stopping)),
            put("kill", gr.update(interactive=active))]
     for name in STAGES:
-        label, cls = stage_text(name, (info.get("stages") or {}).get(name))
+        label, cls = stage_text(name, (info.get("stages") or {}).get(name),
+                                counts if name == "train" else None)
         clickable = name in ("export", "eval") and not active
         out.append(put(f"stage-{name}", gr.update(value=label, elem_classes=[*STAGE_CLASSES, cls],
                                                   interactive=clickable)))
@@ -231,18 +279,25 @@ def render(cur: live.Cursor, info: dict, plot_changed: bool, log10: bool) -> lis
     prog = ""
     if status in ACTIVE and info.get("stage"):
         prog = f"Now: **{stage_title(info['stage'])}**"
-        if stage.get("total"):
-            prog += f" — {common.fmt(stage.get('done'))}/{common.fmt(stage['total'])} {stage.get('unit') or ''}"
-            prog += f", ETA {format_eta(stage.get('eta_s'))}"
+        done, total = counts if info["stage"] == "train" else (stage.get("done"), stage.get("total"))
+        if total:
+            unit = stage.get("unit") or ""
+            prog += f" — {common.fmt(done)}/{common.fmt(total)} {unit}".rstrip()
+            if stage.get("rate"):
+                prog += f" · {common.fmt(stage['rate'], 3)} {unit or 'units'}/s"
+            prog += f" · ETA {format_eta(stage.get('eta_s')) if status == 'running' else '—'}"
     prog += ranks_md(info)
     if info.get("error"):
         prog += f"\n\nLast error: {info['error']}"
     out.append(put("progress", prog))
-    out.append(put("metrics", metrics_md(info, cur)))
-    if plot_changed or cur.changed("log10", log10):
-        out += [chart(cur, live.LOSS_SERIES, log10), chart(cur, live.COS_SERIES)]
+    out.append(put("metrics", metrics_md(info, cur, planned)))
+    if plot_changed or cur.changed("log10", log10) or cur.changed("planned_axis", planned):
+        out += [chart(cur, live.LOSS_SERIES, log10, planned), chart(cur, live.COS_SERIES, False, planned)]
     else:
         out += [gr.skip(), gr.skip()]
+    # the box follows project.json (Start saved it, Apply, the CLI) only when that changed,
+    # so what the user is typing is not overwritten by every tick
+    out.append(put("planned", str(planned)) if planned is not None else gr.skip())
     return out
 
 

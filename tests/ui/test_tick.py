@@ -46,8 +46,46 @@ def test_nothing_changed_sends_nothing_and_new_rows_are_sent(tick, tmp_path):
     with open(root / "metrics.jsonl", "a") as f:
         f.write(json.dumps({"step": 11, "loss": 0.05, "cos": 0.2}) + "\n")
     third = tick(str(root), cur, "pipeline", True, False)
-    frames = [v for v in third if hasattr(v, "columns")]
+    frames = [v["value"] for v in third if isinstance(v, dict) and hasattr(v.get("value"), "columns")]
     assert frames and frames[0]["step"].max() == 11  # the new point reached the chart
+    charts = [v for v in third if isinstance(v, dict) and "x_lim" in v]
+    assert charts and all(c["x_lim"] == [0, 100] for c in charts)  # the axis runs to the planned steps
+
+
+def test_every_view_shows_the_same_step_counts(tick, tmp_path):
+    """Issue 24: "5680 / 8000" in the metrics table beside "8000/8000" in the stage box. The
+    banner, the stage box, the metrics table and the Planned steps box show one pair: the
+    training stage's count and project.json's train.steps, also after Apply while stopped;
+    steps/s and ETA are one rate, "—" when stopped, and the ETA is shown once."""
+    from gguf_trainer.project import update_settings
+    from gguf_trainer.ui import train_tab
+
+    root = tmp_path / "p"
+    create_project(root, "t5xxl_pixart", overrides={"train.steps": 8000})
+    st = empty_state()
+    st.update(status="done", stage="train", step=5680, steps=8000, stages={
+        "train": {"status": "done", "done": 8000, "total": 8000, "unit": "steps", "rate": 3.0}})
+    atomic.write_json(root / "state.json", st)
+    cur = live.Cursor()
+    out = tick(str(root), cur, "pipeline", True, False)
+    n = len(train_tab.STAGES)
+    banner, box = out[1], out[5 + list(train_tab.STAGES).index("train")]["value"]
+    metrics, planned_box = out[6 + n], out[9 + n]
+    assert "step 8000 / 8000" in banner and "8000/8000 steps" in box
+    assert "| step | 8000 / 8000 |" in metrics and "| steps/s | — |" in metrics
+    assert planned_box == "8000"
+    update_settings(root, {"train.steps": 9000})  # Apply (or the CLI) while nothing runs
+    out = tick(str(root), cur, "pipeline", True, False)
+    assert "step 8000 / 9000" in out[1] and "8000/9000 steps" in out[5 + list(train_tab.STAGES).index("train")]["value"]
+    assert "| step | 8000 / 9000 |" in out[6 + n] and out[9 + n] == "9000"
+
+    running = {"status": "running", "pid": 7, "stage": "train", "project": str(root), "stages": {
+        "train": {"status": "running", "done": 120, "total": 9000, "unit": "steps", "rate": 0.5,
+                  "eta_s": 17760.0}}, "message": "running (pid 7): train 120/9000 steps, ETA 4h 56m"}
+    ups = train_tab.render(live.Cursor(), running, False, False)
+    text = " ".join(str(u.get("value", "")) if isinstance(u, dict) else str(u) for u in ups)
+    assert text.count("ETA") == 1 and "120/9000 steps · 0.5 steps/s · ETA" in ups[4 + n]
+    assert "| steps/s | 0.5 |" in ups[5 + n] and "step 120 / 9000" in ups[0]
 
 
 def test_a_vanished_project_is_one_sentence(tick, tmp_path):
