@@ -180,11 +180,20 @@ def same(a, b) -> bool:
     return a == b
 
 
-def changes(form: Form, read_values: dict, widget_values: list) -> dict:
-    """{dotted key: new value} of the fields whose widget differs from what was read."""
+def shown_keys(pack_id: str | None) -> set[str]:
+    """The fields a project of `pack_id` shows (what fill() makes visible)."""
+    if not pack_id:
+        return set()
+    return {m["key"] for m in control.field_metadata(pack_id) if not m.get("hidden")}
+
+
+def changes(form: Form, read_values: dict, widget_values: list, shown: set | None = None) -> dict:
+    """{dotted key: new value} of the fields whose widget differs from what was read. With
+    `shown` (shown_keys), only those: a hidden field still holds whatever the previous project
+    put in it, and that is never an edit the user made to this one."""
     out = {}
     for f, raw in zip(form.fields.values(), widget_values):
-        if f.key in READ_ONLY:
+        if f.key in READ_ONLY or (shown is not None and f.key not in shown):
             continue
         new = from_widget(f.meta, raw)
         if not same(new, get_dotted(read_values, f.key)):

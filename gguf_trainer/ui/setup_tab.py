@@ -392,7 +392,7 @@ def save_form(fm: form.Form, project: str, rd: dict | None, vals: list) -> Saved
         raise UserError("project.json could not be read; fix it (see the message above) and reopen")
     view = control.open_project(project)
     pack_id = (view.pack or {}).get("id")
-    chg = form.changes(fm, rd["values"], list(vals))
+    chg = form.changes(fm, rd["values"], list(vals), form.shown_keys(pack_id))
     if not chg:
         return Saved(rd, "Nothing changed.", form.mark(fm, {}, pack_id), None)
     res = api.save_settings(project, chg, rd["values"])

@@ -313,6 +313,22 @@ class StartOutcome:
     saved: setup_tab.Saved | None = None
     missing: list = field(default_factory=list)
     pid: int | None = None
+    suggest_steps: int | None = None  # a finished run: the Planned steps value offered
+
+
+def _changed_names(fm: form.Form, keys) -> str:
+    """The fields Start saved, as the Setup tab labels them."""
+    return ", ".join(f"{(fm.fields[k].meta.get('label') or k) if k in fm.fields else k} ({k})"
+                     for k in keys)
+
+
+def _finished(project: str) -> tuple[int, int] | None:
+    """(done, planned) when the run is done and training has reached the planned steps."""
+    info = control.status(project)
+    done, planned = step_counts(info, planned_steps(project))
+    if info.get("status") == "done" and done is not None and planned is not None and done >= planned:
+        return int(done), int(planned)
+    return None
 
 
 def start_from_page(fm: form.Form, project: str | None, read: dict | None, vals: list) -> StartOutcome:
@@ -329,8 +345,17 @@ def start_from_page(fm: form.Form, project: str | None, read: dict | None, vals:
         return StartOutcome(False, "Not started: some of your Setup changes were not saved "
                             "(see the fields marked ⚠ on the Setup tab); reload or fix them, "
                             "then press Start again.", saved, [])
+    finished = _finished(project) if saved is None else None
+    if finished:  # starting would redo nothing: say so and offer more steps instead
+        done, planned = finished
+        more = planned + max(1000, planned // 2)
+        return StartOutcome(False, f"Training is already done ({done} / {planned} steps). To train "
+                            f"further, raise Planned steps (offered: {more}) and press Apply, then "
+                            "Start; the export and eval boxes rebuild from best.pt.",
+                            suggest_steps=more)
     missing = setup_tab.missing_materials(project)
-    note = f"Saved your Setup changes ({', '.join(saved.result['applied'])}). " if saved else ""
+    note = (f"Saved your Setup changes: {_changed_names(fm, saved.result['applied'])}. "
+            if saved else "")
     try:
         pid = api.start(project)["pid"]
     except UserError as e:
@@ -357,10 +382,11 @@ def wire(p: TrainParts, project: gr.State, refresh, read: gr.State, fm: form.For
         if out.started:
             gr.Info(out.message)
         else:
-            gr.Warning(out.message, title="Not started")
+            gr.Warning(out.message, title="Already done" if out.suggest_steps else "Not started")
+        offer = str(out.suggest_steps) if out.suggest_steps else gr.skip()
         if out.saved is None:
-            return [gr.skip()] * (2 + len(fm.comps))
-        return [out.saved.read, out.saved.message, *out.saved.marks]
+            return [gr.skip()] * (2 + len(fm.comps)) + [offer]
+        return [out.saved.read, out.saved.message, *out.saved.marks, offer]
 
     @common.user_errors
     def do_stop(proj):
@@ -408,7 +434,7 @@ def wire(p: TrainParts, project: gr.State, refresh, read: gr.State, fm: form.For
         gr.Info(f"reset {target}: deleted {len(res['deleted'])} path(s)")
         return gr.update(visible=False)
 
-    p.start.click(do_start, [project, read, *fm.comps], [read, save_md, *fm.comps]).then(**refresh)
+    p.start.click(do_start, [project, read, *fm.comps], [read, save_md, *fm.comps, p.steps]).then(**refresh)
     p.stop.click(do_stop, [project], None).then(**refresh)
     p.kill.click(do_kill, [project], None).then(**refresh)
     p.snap_button.click(do_snapshot, [project, p.snap_checkpoint, p.snap_eval], None).then(**refresh)

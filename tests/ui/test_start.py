@@ -49,7 +49,8 @@ def test_start_saves_unsaved_changes_then_starts_and_names_missing_materials(fm,
     out = train_tab.start_from_page(fm, str(root), read, list(widgets.values()))
     assert out.started and out.pid == 4242 and launched == [str(root)]
     assert control.read_settings(root).values["train"]["lr"] == 1e-3  # saved before the start
-    assert "Saved your Setup changes (train.lr)" in out.message and out.saved.message == "Saved."
+    label = fm.fields["train.lr"].meta["label"]
+    assert f"Saved your Setup changes: {label} (train.lr)." in out.message and out.saved.message == "Saved."
     assert out.saved.read["values"]["train"]["lr"] == 1e-3  # the page now reads what it saved
     titles = " ".join(out.missing)
     assert "Student: pig_clip GGUF (missing)" in titles and "teacher" in titles.lower()
@@ -98,3 +99,36 @@ def test_a_refused_start_is_the_control_sentence_after_the_save(fm, tmp_path):
     assert not out.started and out.saved.ok  # saved, then refused by control.start
     assert f"gguf-trainer link --project {root.resolve()} student PATH" in out.message
     assert control.read_settings(root).values["train"]["lr"] == 1e-3
+
+
+def test_start_never_saves_a_field_this_project_does_not_show(fm, tmp_path, launched):
+    """Issue 24: a hidden field keeps what the previous project put in it (fill() only hides
+    it); Start saved that as an edit. Only fields shown for this project's pack are compared."""
+    root = tmp_path / "p"
+    create_project(root, "qwen3vl_mageflow")
+    read, widgets = page(fm, root)
+    hidden = sorted(set(fm.fields) - form.shown_keys("qwen3vl_mageflow") - set(form.READ_ONLY))
+    assert "precompute.t5_window" in hidden  # PixArt's, hidden for MageFlow
+    widgets["precompute.t5_window"] = 300  # left there by a PixArt project opened before
+    before = (root / "project.json").read_bytes()
+    out = train_tab.start_from_page(fm, str(root), read, list(widgets.values()))
+    assert out.started and out.saved is None and (root / "project.json").read_bytes() == before
+
+
+def test_start_on_a_finished_project_says_done_and_offers_more_steps(fm, tmp_path, launched):
+    from gguf_trainer import atomic
+    from gguf_trainer.runner.state import empty_state
+
+    root = tmp_path / "p"
+    create_project(root, "t5xxl_pixart", overrides={"train.steps": 800})
+    st = empty_state()
+    st.update(status="done", stage="eval", step=800, steps=800, stages={
+        "train": {"status": "done", "done": 800, "total": 800, "unit": "steps"}})
+    atomic.write_json(root / "state.json", st)
+    read, widgets = page(fm, root)
+    out = train_tab.start_from_page(fm, str(root), read, list(widgets.values()))
+    assert not out.started and launched == [] and out.suggest_steps == 1800
+    assert "already done (800 / 800 steps)" in out.message and "1800" in out.message
+    control.set_steps(root, 1800)  # Apply the offer: Start trains further
+    out = train_tab.start_from_page(fm, str(root), read, list(widgets.values()))
+    assert out.started and launched == [str(root)]
