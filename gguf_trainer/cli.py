@@ -182,7 +182,7 @@ def cmd_status(args) -> int:
         _out(json.dumps(info, indent=2, sort_keys=True, default=str))
     else:
         _out(format_status(info))
-        from gguf_trainer.distributed import format_ranks  # torch-free
+        from gguf_trainer.runner.ranks import format_ranks  # torch-free
 
         for line in format_ranks(info):
             _out(line)

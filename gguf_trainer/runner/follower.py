@@ -1,7 +1,7 @@
 """A follower rank (rank > 0 of a launched run): no lock, no state.json. It waits for rank 0
 to name each stage, does its part of the distributed ones (precompute shards k with
 k mod N == rank, its slice of every training batch) and reports in ranks/rank-NNNNN.json;
-its log is ranks/rank-NNNNN.log. See gguf_trainer.distributed.
+its log is ranks/rank-NNNNN.log. See gguf_trainer.runner.ranks.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import signal
 from gguf_trainer import distributed
 from gguf_trainer.errors import UserError, as_user_error
 from gguf_trainer.exit_codes import EXIT_INTERNAL, EXIT_OK, EXIT_USER
+from gguf_trainer.runner import ranks
 
 log = logging.getLogger("gguf_trainer.follower")
 
@@ -40,8 +41,8 @@ def _follow(paths, w) -> int:
     from gguf_trainer.runner.stages import RunContext, stage_objects
 
     distributed.init(cpu=distributed.wants_cpu(load_project(paths.root)))
-    run_id = distributed.hello(paths, None)
-    report = distributed.RankReport(paths, run_id)
+    run_id = ranks.hello(paths, None)
+    report = ranks.RankReport(paths, run_id)
     # Ctrl-C reaches every rank, and the launcher passes it on as SIGTERM: both stop after
     # the unit, as rank 0 does (it decides the step; a dead rank 0 fails our collectives).
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -57,9 +58,9 @@ def _follow(paths, w) -> int:
                 report.close(msg["end"])
                 return EXIT_OK
             name = msg["stage"]
-            if name not in distributed.DISTRIBUTED_STAGES:
+            if name not in ranks.DISTRIBUTED_STAGES:
                 continue
-            distributed._stage_groups(name)
+            ranks.stage_groups(name)
             project = load_project(paths.root)  # rank 0 may have recorded run settings
             hardware.pin_threads(distributed.rank_threads(project.settings.train.threads))
             if name == "train":

@@ -134,9 +134,9 @@ def _run_locked(paths: ProjectPaths, only: list[str] | None, force: bool, run: S
     log.info("pipeline pid %d started on %s (only=%s, force=%s)", os.getpid(), paths.root,
              only or "all", force)
     writer.start()
-    from gguf_trainer import distributed
+    from gguf_trainer.runner import ranks
 
-    watch = distributed.start_lead(paths, writer)  # launched (accelerate): greet, watch ranks
+    watch = ranks.start_lead(paths, writer)  # launched (accelerate): greet, watch ranks
     with _signals_set_stop(report, foreground):
         code = _run_stages_recorded(paths, report, writer, only, force, run)
     if watch is not None:

@@ -279,6 +279,7 @@ def _check_stale(project, objs, stale: dict[str, str], run: RunContext) -> None:
 
 def run_stages(paths: ProjectPaths, report, only=None, force: bool = False) -> str:
     from .. import distributed, hardware
+    from . import ranks
 
     project = prepare_run(paths)
     hardware.pin_threads(distributed.rank_threads(project.settings.train.threads))
@@ -296,7 +297,7 @@ def run_stages(paths: ProjectPaths, report, only=None, force: bool = False) -> s
         _check_stale(project, objs, stale, run)
         invalidate(project, objs, stale)
         outcome = _loop(project, objs, plan, inputs, report, run)
-        distributed.lead_end(outcome)  # launched: the other ranks leave too
+        ranks.lead_end(outcome)  # launched: the other ranks leave too
         return outcome
     finally:
         run.release(keep=set())
@@ -337,9 +338,9 @@ def _run_one(project, stage: Stage, inputs: dict, report, run: RunContext) -> st
         stage.clear(paths)
     if fingerprinted and (stage.restart or read_manifest(paths, stage) is None):
         write_manifest(paths, stage, inputs[stage.name], complete=stage.manifest_first)
-    from .. import distributed
+    from . import ranks
 
-    distributed.lead(stage.name, run.fingerprints.get(stage.name))  # launched: ranks join
+    ranks.lead(stage.name, run.fingerprints.get(stage.name))  # launched: ranks join
     try:
         outcome = stage.run(project, report, run.for_stage(stage))
     except Stopped:

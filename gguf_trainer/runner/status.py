@@ -131,7 +131,7 @@ def find_exit_record(paths: ProjectPaths, state: dict) -> dict | None:
 def death_sentence(record: dict | None, state: dict) -> str:
     """One sentence on how a pipeline that never recorded its end died."""
     pid = state.get("pid")
-    if state.get("rank_failure"):  # a launched run ended by a dead rank (distributed.RankWatch)
+    if state.get("rank_failure"):  # a launched run ended by a dead rank (ranks.RankWatch)
         return str(state["rank_failure"])
     if record:
         sig = record.get("signal")

@@ -331,9 +331,9 @@ def kill(project_dir: str | os.PathLike, wait_s: float = KILL_WAIT_S) -> str:
                 for p in psutil.Process(pid).children(recursive=True)]
     except psutil.NoSuchProcess:
         return "not running"
-    from gguf_trainer import distributed  # torch-free
+    from gguf_trainer.runner import ranks  # torch-free
 
-    kids += distributed.local_rank_processes(paths.root)  # a launched run's other ranks here
+    kids += ranks.local_rank_processes(paths.root)  # a launched run's other ranks here
     marker = state.killed_marker_path(paths)
     atomic.write_json(marker, {"pid": pid, "pid_start_time": start_time, "time": time.time(),
                                "by_pid": os.getpid()})

@@ -14,6 +14,7 @@ import pytest
 from gguf_trainer import distributed, locks
 from gguf_trainer.distributed import World
 from gguf_trainer.errors import UserError
+from gguf_trainer.runner import ranks
 from gguf_trainer.runner.launch import Launch
 
 
@@ -42,8 +43,8 @@ def test_alone_without_the_launchers_environment(monkeypatch):
         monkeypatch.delenv(k, raising=False)
     assert distributed.world() == World()
     assert distributed.any_true(True) and not distributed.any_true(False)
-    distributed.lead("train", "abc")  # no-ops alone
-    distributed.lead_end("done")
+    ranks.lead("train", "abc")  # no-ops alone
+    ranks.lead_end("done")
 
 
 def test_one_process_needs_no_launcher():
@@ -107,9 +108,9 @@ def test_status_lines_per_rank():
     info = {"status": "running", "ranks": [
         {"rank": 1, "pid": 42, "host": "b", "status": "running", "stage": "precompute_train",
          "done": 3, "total": 8, "unit": "shards", "rate": 0.5}]}
-    assert distributed.format_ranks(info) == [
+    assert ranks.format_ranks(info) == [
         "  rank 1 (pid 42 on b): running precompute_train 3/8 shards, 0.50/s"]
-    assert distributed.format_ranks({**info, "status": "done"}) == []
+    assert ranks.format_ranks({**info, "status": "done"}) == []
 
 
 class _Writer:
@@ -124,7 +125,7 @@ class _Writer:
 
 
 def _rank_file(root, **rec):
-    path = distributed.rank_file(root, rec["rank"])
+    path = ranks.rank_file(root, rec["rank"])
     path.parent.mkdir(exist_ok=True)
     path.write_text(json.dumps({"run_id": "R", "host": socket.gethostname(),
                                 "heartbeat": time.time(), "status": "running", **rec}))
@@ -134,7 +135,7 @@ def test_the_watch_names_a_dead_or_failed_rank(tmp_path, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "3")
     monkeypatch.setenv("RANK", "0")
     paths = type("P", (), {"root": tmp_path})()
-    watch = distributed.RankWatch(paths, _Writer(), "R")
+    watch = ranks.RankWatch(paths, _Writer(), "R")
     me = os.getpid()
     _rank_file(tmp_path, rank=1, pid=me, pid_start_time=locks.process_start_time(me))
     assert watch.dead_rank() is None  # rank 2 has not reported yet: within the start grace
@@ -144,10 +145,10 @@ def test_the_watch_names_a_dead_or_failed_rank(tmp_path, monkeypatch):
     _rank_file(tmp_path, rank=2, pid=2 ** 22 + 7, pid_start_time=1.0)  # no such process
     assert watch.dead_rank().endswith("died")
     _rank_file(tmp_path, rank=2, pid=1, pid_start_time=1.0, host="elsewhere",
-               heartbeat=time.time() - distributed.RANK_STALE_S - 5)
+               heartbeat=time.time() - ranks.RANK_STALE_S - 5)
     assert "sent no heartbeat" in watch.dead_rank()
     _rank_file(tmp_path, rank=2, pid=1, pid_start_time=1.0, host="elsewhere", run_id="old")
-    watch.started -= distributed.STARTUP_GRACE_S + 1  # a file from another run is no report
+    watch.started -= ranks.STARTUP_GRACE_S + 1  # a file from another run is no report
     assert "rank 2 never reported" in watch.dead_rank()
     watch._publish()
     assert [r["rank"] for r in watch.writer.state["ranks"]] == [1]
