@@ -9,25 +9,27 @@ no weight read and none of the snapshot's code imported. Must not: import torch 
 transformers (the CLI's `materials` and the GUI's Materials run it), build modules.
 
 Where the names come from (public ports that load the released files as stored):
-* huggingface/diffusers `src/diffusers/models/transformers/transformer_llada_image.py`
-  (`LLaDAImageQueryFormerModel`, `LLaDAImageTextProjectionModel`) and sgl-project/sglang
-  `python/sglang/multimodal_gen/runtime/models/dits/llada_image.py` (the same classes). Both
-  load queryformer/ and text_projection/ with diffusers' `from_pretrained`, so the stored names
-  are the module paths: QueryFormer `meta_queries`, `query_blocks.N.cross_attn.{in_proj_weight,
-  in_proj_bias,out_proj.weight,out_proj.bias}`, `query_blocks.N.mlp.{fc1,fc2}.{weight,bias}`
-  (its LayerNorms have no affine); TextProjection `layers.N.self_attn.{q,k,v,out}_proj.
-  {weight,bias}`, `layers.N.mlp.{fc1,fc2}.{weight,bias}`, `projector.{weight,bias}`; the
-  per-head q/k RMSNorm and both layer RMSNorms are `elementwise_affine=False`: no weight.
-* Key renaming: sglang's only map (`configs/models/dits/llada_image.py`,
-  `param_names_mapping`) fuses the DiT's `attention.to_q/k/v` and `feed_forward.w1/w3`; it does
-  not touch queryformer/ or text_projection/. diffusers has no LLaDA-Image conversion script.
+* huggingface/diffusers `src/diffusers/models/transformers/transformer_llada_image.py` and
+  sgl-project/sglang `python/sglang/multimodal_gen/runtime/models/dits/llada_image.py` (the same
+  `LLaDAImageQueryFormerModel` / `LLaDAImageTextProjectionModel`). diffusers loads the two
+  folders with `from_pretrained`, sglang with its `PlainStateDictComponentLoader`
+  (`runtime/pipelines/llada_image.py`): the stored names are the module paths. QueryFormer:
+  `meta_queries`, `query_blocks.N.cross_attn.{in_proj_weight,in_proj_bias,out_proj.weight,
+  out_proj.bias}`, `query_blocks.N.mlp.{fc1,fc2}.{weight,bias}` (norm_q/norm_k/norm1 are
+  LayerNorms without affine). TextProjection: `layers.N.self_attn.{q,k,v,out}_proj.{weight,
+  bias}`, `layers.N.mlp.{fc1,fc2}.{weight,bias}`, `projector.{weight,bias}`; its per-head
+  q_norm/k_norm and layer_norm1/2 are RMSNorm(elementwise_affine=False): no weight.
+* Key renaming: the one map found, sglang's `configs/models/dits/llada_image.py`
+  `param_names_mapping`, fuses the DiT's `attention.to_q/k/v` and `feed_forward.w1/w3`; it does
+  not touch queryformer/ or text_projection/. No diffusers conversion script for LLaDA-Image
+  was found.
 * Config keys: the released `queryformer/config.json` (`LLaDAImageQueryFormerModel`: dropout,
   hidden_size, intermediate_size, norm_eps, num_attention_heads, num_hidden_layers,
   num_queries) and `text_projection/config.json` (`LLaDAImageTextProjectionModel`:
   attention_dropout, hidden_size, intermediate_size, norm_eps, num_attention_heads,
-  num_hidden_layers, projection_dim), copied verbatim in shine96/LLaDa-Image_ComfyUI
-  `configs/queryformer_config.json`, `configs/text_projection_config.json`,
-  `configs/model_index.json`; `text_encoder/config.json` likewise (`configs/text_encoder_config.json`).
+  num_hidden_layers, projection_dim), as copied in shine96/LLaDa-Image_ComfyUI
+  `configs/{queryformer,text_projection,text_encoder}_config.json` and `configs/model_index.json`
+  (257, 274, 1,504 and 659 bytes: the sizes the manifest below gives for the released files).
 * No published tensor-name list of the released files was found. The published file list
   (T8mars/LLaDA-Image `manifests/llada-image-turbo.source.json`, Hub revision f4afc52d…) gives
   the sizes: queryformer 101,749,704 bytes = the bf16 bytes of exactly the tensors above for the
