@@ -93,8 +93,8 @@ def make_samples(n: int, folder: Path, rng: random.Random):
 
 def run_mode(teacher, samples, tokenizer, pack, sync) -> dict:
     from gguf_trainer.hardware import budget_batches
-    from gguf_trainer.packs.base import VisionSegment
     from gguf_trainer.student import tokenize
+    from gguf_trainer.teachers.base import VisionSegment
     from gguf_trainer.vision import image_runs
 
     sync()

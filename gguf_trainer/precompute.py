@@ -176,7 +176,7 @@ def _vision_rows(ctx: Context, records: list) -> list[list[torch.Tensor]]:
 def _segments(pack, ids: list[int], rows: list[torch.Tensor]):
     """The VisionSegments of one sample, or None when its image-token runs do not match its
     images (a prompt that spells `<|image_pad|>` itself): such a sample is dropped."""
-    from .packs.base import VisionSegment
+    from .teachers.base import VisionSegment
 
     if not pack.image_pad_id:
         return []

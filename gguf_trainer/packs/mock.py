@@ -15,7 +15,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from .base import MockIdentity, TargetRows
+from ..teachers.base import TargetRows
+from .base import MockIdentity
 
 _BUCKETS = 251  # token ids are hashed into this many feature rows
 _FEAT = 32

@@ -98,7 +98,7 @@ class LLaDATeacher:
         return [len(ids) + self.num_queries for ids in self.token_ids([_text_of(s) for s in samples])]
 
     def targets(self, samples, student_ids=None, vision=None) -> list:
-        from ..packs.base import TargetRows
+        from .base import TargetRows
 
         rows = self.encode([_text_of(s) for s in samples])
         return [TargetRows(rows=r) for r in rows]

@@ -296,7 +296,7 @@ class Qwen3VLTeacher:
         """Final-norm rows of every token (L, hidden) per sample, images spliced."""
         import torch
 
-        from ..packs.base import TargetRows
+        from .base import TargetRows
 
         vision = vision or [[] for _ in samples]
         ids = [self._ids(s, sid, [seg.rows.shape[0] for seg in segs])

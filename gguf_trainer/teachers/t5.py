@@ -395,7 +395,7 @@ class T5Teacher:
     def targets(self, samples: Sequence, student_ids=None, vision=None) -> list:
         """One TargetRows per sample: the real rows (pieces + EOS) and the window ids. T5 reads
         text only; `vision` is part of the protocol for image-aware teachers."""
-        from ..packs.base import TargetRows
+        from .base import TargetRows
 
         found = [self._window(_text(s)) for s in samples]
         windows, cut = [w for w, _ in found], sum(1 for _, was_cut in found if was_cut)

@@ -17,9 +17,9 @@ import torch
 from pipeline_helpers import cli_at_home, run_demo
 
 from gguf_trainer.adapter_file import read_adapter_arrays
-from gguf_trainer.packs.base import VisionSegment
 from gguf_trainer.samples import iter_samples
 from gguf_trainer.shards import Shard, shard_files
+from gguf_trainer.teachers.base import VisionSegment
 from gguf_trainer.vision import image_runs, load_vision_proj
 
 pytestmark = pytest.mark.slow

@@ -17,10 +17,10 @@ from PIL import Image
 from gguf_trainer.errors import UserError
 from gguf_trainer.mageflow_images import patchify, preprocess_image, vision_tokens
 from gguf_trainer.packs import get_pack
-from gguf_trainer.packs.base import VisionSegment
 from gguf_trainer.samples import Sample
 from gguf_trainer.student import load_tokenizer, tokenize
 from gguf_trainer.teachers import qwen3vl
+from gguf_trainer.teachers.base import VisionSegment
 from gguf_trainer.tiny.qwen3vl import HIDDEN, copy_tiny_qwen3vl
 from gguf_trainer.vision import fit_vision_proj, image_runs, load_teacher_table
 

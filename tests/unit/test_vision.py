@@ -11,7 +11,6 @@ from PIL import Image
 
 from gguf_trainer import vision
 from gguf_trainer.packs import get_pack
-from gguf_trainer.packs.base import VisionSegment
 from gguf_trainer.packs.qwen3vl_mageflow import (
     EDIT_PREFIX,
     EDIT_START,
@@ -24,6 +23,7 @@ from gguf_trainer.packs.qwen3vl_mageflow import (
 from gguf_trainer.ridge import RidgeAccumulator
 from gguf_trainer.samples import Sample
 from gguf_trainer.student import load_tokenizer, tokenize
+from gguf_trainer.teachers.base import VisionSegment
 
 VIS, IN = 24, 8
 
