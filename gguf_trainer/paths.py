@@ -44,6 +44,15 @@ RANK_GLOB = f"{RANK_PREFIX}*.json"
 STALE_PREFIX = "checkpoints.stale-"
 VERIFIED_JSON = "verified.json"  # in shards/<split>/: shards verified by (size, mtime)
 CHECKPOINT_KINDS = ("last", "best")  # checkpoints/<kind>.pt and its summary <kind>.json
+# What the tool writes inside each folder a reset deletes (globs relative to that folder, one
+# per depth; atomic's ".<name>.*.tmp" files count too). Anything else there is someone
+# else's, and reset leaves the whole folder alone (safe_delete.check_owned).
+TOOL_FILES = {
+    DATA_DIR: (f"*{SAMPLES_SUFFIX}", MANIFEST_JSON, f"{IMAGES_DIR}/*"),
+    SHARDS_DIR: ("*/*.safetensors", f"*/{MANIFEST_JSON}", f"*/{VERIFIED_JSON}"),
+    CHECKPOINTS_DIR: ("*.pt", "*.json"),
+    RANKS_DIR: (RANK_GLOB, f"{RANK_PREFIX}*.log"),
+}
 
 
 def checkpoint_file(which: str) -> str:

@@ -28,7 +28,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from . import atomic, locks, project_file
-from .errors import NoProjectError, UserError
+from .errors import QUOTE_MAX_CHARS, NoProjectError, UserError, quote
 from .paths import ProjectPaths
 from .project_schema import (
     ProjectSettings,
@@ -194,7 +194,8 @@ def compare_and_set(paths: ProjectPaths, changes: dict[str, Any], expected: dict
     for key in changes:
         if not isinstance(key, str) or not known_key(key):
             near = difflib.get_close_matches(str(key), [f["key"] for f in schema_fields()], n=1)
-            out["errors"][str(key)] = (f"{key} is not a setting" +
+            shown = key if isinstance(key, str) and len(key) <= QUOTE_MAX_CHARS else quote(key)
+            out["errors"][shown] = (f"{shown} is not a setting" +
                                        (f" (did you mean {near[0]}?)" if near else "") +
                                        "; see the README's settings table")
     if out["errors"]:
@@ -237,6 +238,12 @@ def compare_and_set(paths: ProjectPaths, changes: dict[str, Any], expected: dict
             return out
         text = json.dumps(settings.model_dump(mode="json"), indent=2, sort_keys=True,
                           allow_nan=False) + "\n"
+        if len(text.encode()) > MAX_PROJECT_JSON_BYTES:  # it could never be read back
+            out["errors"] = {k: f"{k}: a value of {len(json.dumps(v))} characters would make "
+                             "project.json larger than 1 MiB; give a shorter value"
+                             for k, v in todo.items() if len(json.dumps(v)) > 4096} or {
+                "(top level)": "project.json would grow over 1 MiB; give shorter values"}
+            return out
         try:
             atomic.write_text(paths.project_json, text)
         except OSError as e:

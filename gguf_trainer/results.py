@@ -65,7 +65,7 @@ def describe_results(root: str | os.PathLike) -> dict:
     else:
         out["notes"].append(f"no adapter exported yet; it will be {project.final_gguf}")
     try:
-        ev = atomic.read_json(project.paths.eval_json)
+        ev = atomic.read_json(project.paths.eval_json, inside=project.paths.root)  # not a link out
     except (ValueError, OSError):
         ev = None
     if isinstance(ev, dict):

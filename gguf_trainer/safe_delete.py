@@ -9,7 +9,9 @@ delete a stranger's file or folder. So:
   without them, only if its GGUF metadata names this project (`general.name`);
 * an OWNED path (data/, shards/, checkpoints/, checkpoints.stale-*, a project file) is
   deleted only if it lies inside the folder that owns it (the project), is not a symlink,
-  and is the kind expected (folder or file). Folders are removed with `shutil.rmtree`,
+  and is the kind expected (folder or file); a folder whose files the tool names
+  (paths.TOOL_FILES) only if it holds nothing else, so a project made in someone's folder
+  never takes their data/ or checkpoints/ with it. Folders are removed with `shutil.rmtree`,
   which never follows a symlink inside them on Linux (fd-based), so a link to /home in
   shards/ removes the link, not /home.
 
@@ -24,6 +26,7 @@ delete WOULD do (the reset dry-run uses them, so the plan equals what is deleted
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import os
 import shutil
@@ -130,10 +133,32 @@ def _inside(path: Path, folder: Path) -> bool:
     return parent == base or base in parent.parents
 
 
+def foreign_file(folder: Path, tool_files: tuple[str, ...]) -> str | None:
+    """The first path under `folder` (relative) that is not one the tool writes there
+    (`tool_files`: globs, one per depth, see paths.TOOL_FILES); None when all are. A link
+    counts as foreign: the tool never makes one."""
+    for dirpath, dirnames, filenames in os.walk(folder):
+        base = Path(dirpath)
+        for name in sorted(filenames) + sorted(d for d in dirnames if (base / d).is_symlink()):
+            rel = (base / name).relative_to(folder).as_posix()
+            if (base / name).is_symlink() or not _is_tool_name(rel, tool_files):
+                return rel
+    return None
+
+
+def _is_tool_name(rel: str, tool_files: tuple[str, ...]) -> bool:
+    name = rel.rsplit("/", 1)[-1]
+    if name.startswith(".") and name.endswith(".tmp"):  # atomic's tmp file, left by a kill
+        return True
+    depth = rel.count("/")
+    return any(g.count("/") == depth and fnmatch.fnmatchcase(rel, g) for g in tool_files)
+
+
 def check_owned(path: str | os.PathLike, inside: str | os.PathLike,
-                kind: str | None = None) -> str | None:
+                kind: str | None = None, tool_files: tuple[str, ...] | None = None) -> str | None:
     """None if `path` (a folder or file the tool makes inside `inside`) may be deleted;
-    else the reason. `kind` "dir" or "file" also requires that kind."""
+    else the reason. `kind` "dir" or "file" also requires that kind. `tool_files`: a folder
+    is deleted only when everything in it is a file the tool writes there."""
     path = Path(path)
     st = _lstat(path)
     if st is None:
@@ -149,6 +174,11 @@ def check_owned(path: str | os.PathLike, inside: str | os.PathLike,
         return "is not a regular file (the tool writes a file there); left alone"
     if not is_dir and not stat.S_ISREG(st.st_mode):
         return "is not a regular file or folder; left alone"
+    if is_dir and tool_files is not None:
+        foreign = foreign_file(path, tool_files)
+        if foreign is not None:
+            return (f"holds {foreign}, which gguf-trainer did not write; left alone (move your "
+                    "files out of it, then reset again)")
     return None
 
 
@@ -168,12 +198,12 @@ def remove_recorded_file(path: str | os.PathLike, record: dict | None,
 
 
 def remove_owned(path: str | os.PathLike, inside: str | os.PathLike,
-                 kind: str | None = None) -> Verdict:
+                 kind: str | None = None, tool_files: tuple[str, ...] | None = None) -> Verdict:
     path = Path(path)
     st = _lstat(path)
     if st is None:
         return Verdict(str(path), False, None, absent=True)
-    reason = check_owned(path, inside, kind)
+    reason = check_owned(path, inside, kind, tool_files)
     if reason:
         return Verdict(str(path), False, reason)
     try:

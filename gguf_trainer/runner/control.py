@@ -100,7 +100,7 @@ class UpdateResult:
         """One line per problem, or "saved"; what the CLI prints."""
         lines = list(self.errors.values())  # each sentence names its field
         lines += [f"{k}: {v}" for k, v in self.refused.items()]
-        lines += [f"{k}: changed on disk to {c['disk']!r} since it was read; not overwritten "
+        lines += [f"{k}: changed on disk to {quote(c['disk'])} since it was read; not overwritten "
                   "(reload and try again)" for k, c in self.conflicts.items()]
         return "\n".join(lines) or "saved"
 
@@ -552,7 +552,7 @@ def tail_log(root: PathLike, offset: int = 0, log: str = "pipeline",
     (from the end if more is new); a log that shrank (rotated, deleted) restarts at 0.
     `log`: pipeline | snapshot | download. Only whole lines are returned."""
     if log not in LOGS:
-        raise UserError(f"unknown log {log!r}; choose one of {', '.join(LOGS)}.")
+        raise UserError(f"unknown log {quote(log)}; choose one of {', '.join(LOGS)}.")
     paths = _paths(root)
     path = paths.pipeline_log if log == "pipeline" else paths.root / f"{log}.log"
     return read_tail(path, offset, max_bytes, inside=paths.root)

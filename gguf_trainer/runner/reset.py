@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 
 from .. import atomic, safe_delete
-from ..errors import UserError
-from ..paths import ProjectPaths
+from ..errors import UserError, quote
+from ..paths import TOOL_FILES, ProjectPaths
 from . import lock
 
 TARGETS = ("corpus", "shards", "train", "output")
@@ -41,7 +41,7 @@ CLEARS = {  # stages whose outputs a reset removes (shown "pending" afterwards)
 
 def _read_obj(path: Path) -> dict:
     try:
-        data = atomic.read_json(path, {})
+        data = atomic.read_json(path, {}, inside=path.parent)  # records sit at the top level
     except (ValueError, OSError):
         return {}
     return data if isinstance(data, dict) else {}
@@ -102,7 +102,7 @@ def _owned(paths: ProjectPaths, target: str) -> list[tuple[Path, str]]:
 
 def _check_target(target: str) -> None:
     if target not in TARGETS:
-        raise UserError(f"unknown reset target {target!r}; choose one of {', '.join(TARGETS)}.")
+        raise UserError(f"unknown reset target {quote(target)}; choose one of {', '.join(TARGETS)}.")
 
 
 def _blocked(paths: ProjectPaths, target: str) -> str | None:
@@ -137,7 +137,7 @@ def _decide(paths: ProjectPaths, target: str) -> tuple[list[tuple], list[dict]]:
     for p, kind in owned:
         if not (p.exists() or p.is_symlink()):
             continue
-        reason = safe_delete.check_owned(p, paths.root, kind)
+        reason = safe_delete.check_owned(p, paths.root, kind, TOOL_FILES.get(p.name))
         if reason:
             kept.append({"path": str(p), "reason": reason})
         else:
@@ -167,7 +167,7 @@ def reset(paths: ProjectPaths, target: str) -> dict:
             if how == "recorded":
                 v = safe_delete.remove_recorded_file(p, arg, _project_name(paths))
             else:
-                v = safe_delete.remove_owned(p, paths.root, arg)
+                v = safe_delete.remove_owned(p, paths.root, arg, TOOL_FILES.get(p.name))
             if v.deleted:
                 deleted.append(str(p))
             elif v.reason:
