@@ -45,6 +45,9 @@ CSS = """
 #file-browser { position: fixed !important; top: 8vh; left: 50%; transform: translateX(-50%);
   width: min(960px, 94vw); max-height: 84vh; overflow-y: auto; z-index: 1000;
   box-shadow: 0 8px 40px rgba(0, 0, 0, 0.35); border: 1px solid #888; }
+/* A field the last save refused (form.mark): red frame, its sentence red under the label. */
+.field-error { border: 2px solid #d9480f !important; border-radius: 6px; }
+.field-error [data-testid="block-info"], .field-error .info { color: #b3380b !important; }
 """
 
 _launch_roots: list[str] = []

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import importlib
 import math
+import re
 import time
 
 import gradio as gr
@@ -44,6 +45,44 @@ def user_errors(fn):
             raise gr.Error(str(e), print_exception=False) from None
 
     return wrapper
+
+
+def shown_errors(fn):
+    """Page event handlers: a UserError becomes one warning toast with its sentence in GUI
+    words, and the event's outputs stay as they were (gr.skip()). Raising gr.Error instead
+    would leave a red "Error" badge on every output until its next update. (API endpoints
+    use user_errors: a client gets the sentence as an error.)"""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except UserError as e:
+            gr.Warning(gui_words(str(e)), title="Not done")
+            return gr.skip()
+
+    return wrapper
+
+
+# The CLI's instructions, as the GUI says them (control's sentences name commands).
+_GUI_WORDS = (
+    (re.compile(r"check the --project path"), "choose the project folder again"),
+    (re.compile(r"`?gguf-trainer start --project \S+?`? continues"), "Start (Resume) continues"),
+    (re.compile(r"\(?gguf-trainer download --project \S+ --id \S+, or Download under Setup → "
+                r"Materials\)?"), "(Download under Setup → Materials)"),
+    (re.compile(r"\(?`?gguf-trainer link --project \S+ (\S+) PATH`?\)?( or `gguf-trainer set "
+                r"--project \S+ materials\.\S+\.path=PATH`)?"),
+     r"(Setup → Materials: Replace, or the \1 path field)"),
+    (re.compile(r"`?gguf-trainer stop --project \S+?`?(?=[ ;,.)]|$)"), "Stop on the Train tab"),
+    (re.compile(r"--project DIR"), "the project folder"),
+)
+
+
+def gui_words(text: str) -> str:
+    """`text` with the CLI's commands replaced by where the same thing is done in the GUI."""
+    for pattern, words in _GUI_WORDS:
+        text = pattern.sub(words, text)
+    return text
 
 
 def need_project(project: str | None) -> str:

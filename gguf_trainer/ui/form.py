@@ -231,8 +231,8 @@ def mark(form: Form, result: dict, pack_id: str | None) -> list:
     out = []
     for f in form.fields.values():
         meta = metas.get(f.key, f.meta)
-        if f.key in problems:
-            out.append(gr.update(info=f"⚠ {problems[f.key]}"))
+        if f.key in problems:  # in the error style (app.CSS .field-error), next to the field
+            out.append(gr.update(info=f"⚠ {problems[f.key]}", elem_classes=["field", "field-error"]))
         else:
-            out.append(gr.update(info=info_text(meta)))
+            out.append(gr.update(info=info_text(meta), elem_classes=["field"]))
     return out

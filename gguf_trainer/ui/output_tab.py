@@ -114,12 +114,12 @@ def wire(p: OutputParts, project: gr.State, tab: gr.Tab) -> None:
     p.refresh.click(safe_render, [project], outputs(p), api_visibility="private")
     tab.select(safe_render, [project], outputs(p), api_visibility="private")
 
-    @common.user_errors
+    @common.shown_errors
     def do_export(proj):
         api.export(common.need_project(proj))
         gr.Info("export + eval started from best.pt; follow it on the Train tab")
 
-    @common.user_errors
+    @common.shown_errors
     def do_snapshot(proj):
         job = api.snapshot(common.need_project(proj), "last", False)
         gr.Info(f"snapshot export started (pid {job.get('pid')})")

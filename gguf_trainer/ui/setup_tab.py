@@ -298,7 +298,7 @@ def wire(p: SetupParts, project: gr.State, read: gr.State, cursor: gr.State, aft
     """`after_open` is the app's event dict run when the open project changed."""
     outs = load_outputs(p)
 
-    @common.user_errors
+    @common.shown_errors
     def do_open(path):
         if not path:
             raise UserError("type or browse to a project folder first")
@@ -306,7 +306,7 @@ def wire(p: SetupParts, project: gr.State, read: gr.State, cursor: gr.State, aft
         ups, rd = load_values(p, view["root"])
         return [view["root"], rd, *ups]
 
-    @common.user_errors
+    @common.shown_errors
     def do_create(parent, name, pack_id):
         if not parent:
             raise UserError("choose the folder to create the project in")
@@ -320,20 +320,20 @@ def wire(p: SetupParts, project: gr.State, read: gr.State, cursor: gr.State, aft
         ups, rd = load_values(p, view["root"])
         return [view["root"], rd, *ups]
 
-    @common.user_errors
+    @common.shown_errors
     def do_save(proj, rd, *vals):
         saved = save_form(p.form, common.need_project(proj), rd, list(vals))
         return [saved.read, saved.message, *saved.marks]
 
-    @common.user_errors
+    @common.shown_errors
     def do_token(tok):
         return "", store_token(tok)
 
-    @common.user_errors
+    @common.shown_errors
     def do_download(proj, one=None):
         res = api.download_missing(common.need_project(proj), [one] if one else None)
-        for line in res["started"]:
-            gr.Info(line["message"])
+        if res["started"]:  # one toast: a line per material
+            gr.Info("\n".join(line["message"] for line in res["started"]), title="Materials")
         return materials_view(proj)
 
     open_outs = [project, read, *outs]
@@ -345,7 +345,7 @@ def wire(p: SetupParts, project: gr.State, read: gr.State, cursor: gr.State, aft
     p.save.click(do_save, [project, read, *p.form.comps], [read, p.save_md, *p.form.comps])
     p.token_save.click(do_token, [p.token], [p.token, p.token_md])
 
-    @common.user_errors
+    @common.shown_errors
     def do_preflight(proj):
         from gguf_trainer.ui import preflight
 
@@ -354,7 +354,7 @@ def wire(p: SetupParts, project: gr.State, read: gr.State, cursor: gr.State, aft
     p.preflight.click(do_preflight, [project], [p.preflight_md])
     mat_outs = [p.materials_md, p.download, p.one_material, p.one_download]
 
-    @common.user_errors
+    @common.shown_errors
     def do_trust(proj):
         confirm = common.feature("gguf_trainer.teachers.trust:confirm_trust")
         for it in _untrusted(common.need_project(proj)):
@@ -462,7 +462,7 @@ def _wire_browser(p: SetupParts, project: gr.State) -> None:
             "#replace": "the copy to use for the material"}
     asks.update({f.key: f.meta.get("label") or f.key for f in path_fields})
 
-    @common.user_errors
+    @common.shown_errors
     def open_for(key, proj, current):
         roots, start = start_at(proj, current)
         if not roots:
@@ -527,7 +527,7 @@ def _wire_browser(p: SetupParts, project: gr.State) -> None:
     p.use.click(use, [p.target, p.entries, p.folder, *[f.comp for f in path_fields]],
                 [p.browser, p.open_path, p.create_parent, *[f.comp for f in path_fields]])
 
-    @common.user_errors
+    @common.shown_errors
     def save_roots(text):
         kept = files.save_roots(text.splitlines())
         gr.Info(f"browse roots saved ({len(kept)})")

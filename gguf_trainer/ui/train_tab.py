@@ -170,7 +170,8 @@ def banner_text(info: dict, planned: int | None = None) -> str:
         text = "**MOCK teacher run** (synthetic targets: a smoke test, not a usable adapter) · " + text
     job = (info.get("jobs") or {}).get("snapshot") or {}
     if job.get("status") == "running":
-        text += f"\n\nSnapshot export running (pid {job.get('pid')}) {job.get('progress') or ''}"
+        phase = (job.get("progress") or {}).get("phase") if isinstance(job.get("progress"), dict) else None
+        text += f"\n\nSnapshot export running (pid {job.get('pid')})" + (f": {phase}" if phase else "")
     elif job.get("status") == "failed":
         text += f"\n\nLast snapshot export failed: {job.get('error')}"
     if info.get("settings_error"):
@@ -374,41 +375,42 @@ def wire(p: TrainParts, project: gr.State, refresh, read: gr.State, fm: form.For
     """`refresh` is the app's (project, cursor) -> updates chain run after each action;
     `read`, `fm` and `save_md` are the Setup tab's (Start saves the form first)."""
 
-    @common.user_errors
+    @common.shown_errors
     def do_start(proj, rd, *vals):
         out = start_from_page(fm, proj, rd, list(vals))
-        if out.missing:
-            gr.Warning(missing_warning(out.missing), title="Materials")
-        if out.started:
-            gr.Info(out.message)
+        # one toast per press: the outcome, with the missing materials in the same sentence
+        text = common.gui_words(out.message + (" " + missing_warning(out.missing) if out.missing else ""))
+        if out.started and not out.missing:
+            gr.Info(text)
         else:
-            gr.Warning(out.message, title="Already done" if out.suggest_steps else "Not started")
+            gr.Warning(text, title="Started" if out.started else
+                       "Already done" if out.suggest_steps else "Not started")
         offer = str(out.suggest_steps) if out.suggest_steps else gr.skip()
         if out.saved is None:
             return [gr.skip()] * (2 + len(fm.comps)) + [offer]
         return [out.saved.read, out.saved.message, *out.saved.marks, offer]
 
-    @common.user_errors
+    @common.shown_errors
     def do_stop(proj):
         outcome = api.stop(common.need_project(proj))["outcome"]
         gr.Info({"not running": "not running; nothing to stop"}.get(outcome, "stopping after the current step…"))
 
-    @common.user_errors
+    @common.shown_errors
     def do_kill(proj):
         outcome = api.kill(common.need_project(proj))["outcome"]
         gr.Info("killed; Resume continues from the last checkpoint" if outcome == "killed" else outcome)
 
-    @common.user_errors
+    @common.shown_errors
     def do_snapshot(proj, checkpoint, evaluate):
         job = api.snapshot(common.need_project(proj), checkpoint, evaluate)
         gr.Info(f"snapshot export started (pid {job.get('pid')}); it appears on the Output tab")
 
-    @common.user_errors
+    @common.shown_errors
     def do_steps(proj, steps):
         res = api.set_steps(common.need_project(proj), steps)
-        return res["message"]
+        return common.gui_words(res["message"])
 
-    @common.user_errors
+    @common.shown_errors
     def do_regen(proj, which):
         if which == "export":
             api.export(common.need_project(proj))
@@ -416,7 +418,7 @@ def wire(p: TrainParts, project: gr.State, refresh, read: gr.State, fm: form.For
             api.start(common.need_project(proj), only=["eval"], force=True)
         gr.Info(f"{'export + eval' if which == 'export' else 'eval'} started from best.pt")
 
-    @common.user_errors
+    @common.shown_errors
     def open_reset(proj, target):
         plan = api.reset_plan(common.need_project(proj), target)
         lines = [f"**Reset {target}** deletes exactly:"]
@@ -428,7 +430,7 @@ def wire(p: TrainParts, project: gr.State, refresh, read: gr.State, fm: form.For
             lines.append(f"\n⚠ Refused right now: {plan['blocked']}")
         return gr.update(visible=True), "\n".join(lines), gr.update(interactive=not plan.get("blocked"))
 
-    @common.user_errors
+    @common.shown_errors
     def do_reset(proj, target):
         res = api.reset(common.need_project(proj), target)
         gr.Info(f"reset {target}: deleted {len(res['deleted'])} path(s)")
