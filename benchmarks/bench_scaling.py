@@ -29,9 +29,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gguf_trainer.demo import demo_prompts, prepare_demo
+from gguf_trainer.demo import prepare_demo
 from gguf_trainer.paths import ProjectPaths
 from gguf_trainer.project import update_settings
+from gguf_trainer.tiny.prompts import demo_prompts
 
 PRE = ["--only", "corpus", "precompute_val", "precompute_train"]
 SHARD_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*precompute\[train\] shard "

@@ -56,8 +56,8 @@ def measure(root: Path, mode: str, corpus: Path, student: Path, tok: Path, steps
 
 
 def main() -> None:
-    from gguf_trainer.demo import demo_prompts
     from gguf_trainer.packs.mageflow_demo import write_demo_corpus
+    from gguf_trainer.tiny.prompts import demo_prompts
     from gguf_trainer.tiny.student import (
         tiny_qwen3_config,
         write_tiny_student,

@@ -10,38 +10,16 @@ and settings sized for a laptop CPU. The pipeline is the real one.
 
 from __future__ import annotations
 
-import itertools
 import logging
-import random
 from pathlib import Path
 
 from .errors import UserError
 from .project import PROJECTS_ROOT, create_project, load_project, update_settings
+from .tiny.prompts import demo_prompts
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PACK = "t5xxl_pixart"
-
-_SUBJECTS = ["a red fox", "an old lighthouse", "a bowl of ramen", "a cyberpunk street", "a snowy cabin",
-             "a golden retriever", "a vintage car", "a koi pond", "a desert caravan", "a glass teapot",
-             "a robot gardener", "a medieval castle", "a sleeping cat", "a hot air balloon",
-             "a mountain lake", "a jazz musician"]
-_STYLES = ["oil painting", "watercolor", "35mm photo", "pixel art", "pencil sketch", "studio lighting",
-           "low-poly render", "anime style", "ukiyo-e print", "neon glow"]
-_SETTINGS = ["at sunset", "in the rain", "under a full moon", "in autumn", "at dawn", "in fog",
-             "on a busy morning", "in winter"]
-
-
-def demo_prompts(n: int = 420, seed: int = 7) -> list[str]:
-    """A varied prompt corpus of our own: subject × style × setting, with a few long tails."""
-    combos = [f"{a}, {b}, {c}" for a, b, c in itertools.product(_SUBJECTS, _STYLES, _SETTINGS)]
-    rng = random.Random(seed)
-    rng.shuffle(combos)
-    out = combos[:n]
-    for i in range(0, len(out), 9):  # heavy tail: some prompts several times longer
-        out[i] = out[i] + ", " + ", ".join(rng.sample(_STYLES + _SETTINGS, 6)) + ", highly detailed"
-    return out
-
 
 def demo_overrides(pack_id: str, prompts_file: Path, steps: int) -> dict:
     big_rows = pack_id == "llada_image"  # 256 × 2560 rows per prompt: keep its corpus smaller

@@ -20,7 +20,7 @@ import torch
 
 from . import atomic, hardware
 from .checkpoints import BEST, checkpoint_path, load_checkpoint, model_from_checkpoint
-from .packs.base import TINY_MARKER
+from .paths import TINY_MARKER
 from .scoring import forward, raw_prediction, score_batches
 from .shards import Stats, iter_batches, shard_files
 from .stage_list import Stage

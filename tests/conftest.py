@@ -49,7 +49,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def tiny_materials(tmp_path_factory):
     """A tiny pig_clip-layout student GGUF, its tokenizer/config folder and a prompt file."""
-    from gguf_trainer.demo import demo_prompts
+    from gguf_trainer.tiny.prompts import demo_prompts
     from gguf_trainer.tiny.student import (
         tiny_qwen3_config,
         write_tiny_student,

@@ -57,7 +57,7 @@ SIDE_FILES = {
 
 
 def tiny_spm_corpus() -> list[str]:
-    from ..demo import demo_prompts
+    from ..tiny.prompts import demo_prompts
 
     words = _WORDS.split()
     return demo_prompts() + [" ".join(words[i:i + 7]) for i in range(0, len(words), 3)]
@@ -100,7 +100,7 @@ def build_tiny_t5(dest: Path = DEMO_DIR, seed: int = 0) -> Path:
     pack's reference figures are for the real T5-XXL)."""
     from safetensors.torch import save_file
 
-    from ..packs.base import TINY_MARKER
+    from ..paths import TINY_MARKER
 
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,8 @@ remote code itself (`text_encoder/*.py`) is hand-written and shipped; this modul
 configs, the seeded random weights, the tokenizer and a tiny SigVQ file next to it.
 Must not: be used for real materials.
 
-    python -m gguf_trainer.tiny.llada            # rebuild the shipped files (maintainers)
+    build_shipped(PACK.format_prompt)            # rebuild the shipped files (maintainers;
+                                                 # PACK from gguf_trainer.packs.llada_image)
     root = copy_tiny_llada(dest)                 # tests and the demo: a private copy
 """
 
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from gguf_trainer.packs.base import TINY_MARKER
+from gguf_trainer.paths import TINY_MARKER
 
 SHIPPED = Path(__file__).resolve().parent.parent / "packs" / "demo_materials" / "llada_image"
 CODE_FILES = ("configuration_llada2uni_moe.py", "modeling_llada2uni_moe.py", "fused_moe_ops.py")
@@ -133,13 +134,13 @@ def _backbone_state(root: Path) -> dict:
             del sys.modules[name]
 
 
-def _write_tokenizer(folder: Path) -> None:
-    """A small byte-level BPE trained on the demo prompts and the template; it adds its own
-    special tokens (BOS ... EOS), as the teacher's tokenizer does."""
+def _write_tokenizer(folder: Path, format_prompt) -> None:
+    """A small byte-level BPE trained on the demo prompts in the pack's template
+    (`format_prompt`); it adds its own special tokens (BOS ... EOS), as the teacher's
+    tokenizer does."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-    from gguf_trainer.demo import demo_prompts
-    from gguf_trainer.packs.llada_image import PACK
+    from gguf_trainer.tiny.prompts import demo_prompts
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -147,7 +148,7 @@ def _write_tokenizer(folder: Path) -> None:
     trainer = trainers.BpeTrainer(vocab_size=TEXT_ENCODER["vocab_size"],
                                   special_tokens=[SPECIAL["pad"], SPECIAL["bos"], SPECIAL["eos"]],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    texts = [PACK.format_prompt(p) for p in demo_prompts()] + [PACK.format_prompt("")]
+    texts = [format_prompt(p) for p in demo_prompts()] + [format_prompt("")]
     tok.train_from_iterator(texts, trainer)
     bos, eos = SPECIAL["bos"], SPECIAL["eos"]
     tok.post_processor = processors.TemplateProcessing(
@@ -176,8 +177,10 @@ def _save_sharded(state: dict, folder: Path, n: int) -> None:
                                                           "weight_map": weight_map})
 
 
-def build_shipped(root: Path = SHIPPED, seed: int = 0) -> Path:
-    """(Re)write every generated file of the tiny snapshot at `root` (its *.py stay)."""
+def build_shipped(format_prompt, root: Path = SHIPPED, seed: int = 0) -> Path:
+    """(Re)write every generated file of the tiny snapshot at `root` (its *.py stay);
+    `format_prompt` is the pack's template (llada_image's PACK.format_prompt), which the tiny
+    tokenizer learns."""
     from gguf_trainer.teachers.queryformer import QueryFormer, TextProjection, module_config
 
     te = root / "text_encoder"
@@ -193,7 +196,7 @@ def build_shipped(root: Path = SHIPPED, seed: int = 0) -> Path:
         shapes = {k: torch.empty(v.shape) for k, v in module.state_dict().items()}
         _save(_randomized(shapes, seed + 1), root / sub / "diffusion_pytorch_model.safetensors",
               torch.bfloat16)
-    _write_tokenizer(root / "tokenizer")
+    _write_tokenizer(root / "tokenizer", format_prompt)
     _write_json(root / "model_index.json", MODEL_INDEX)
     (root / TINY_MARKER).write_text("a tiny stand-in built by gguf_trainer.tiny.llada; no reference "
                                     "figures apply\n", encoding="utf-8")
@@ -223,5 +226,3 @@ def copy_tiny_sigvq(dest) -> Path:
     return dest
 
 
-if __name__ == "__main__":  # pragma: no cover - maintainer tool
-    print(build_shipped())

@@ -123,13 +123,14 @@ def _released_layout_snapshot(dest):
     (dest / "text_encoder").mkdir(parents=True)
     for name in CODE_FILES:
         shutil.copy(SHIPPED / "text_encoder" / name, dest / "text_encoder" / name)
-    return build_shipped(dest, seed=11)
+    return build_shipped(PACK.format_prompt, dest, seed=11)
 
 
 def _project(root, materials):
     """A llada_image project on the tiny student, demo-sized; no teacher path yet."""
-    from gguf_trainer.demo import demo_overrides, demo_prompts
+    from gguf_trainer.demo import demo_overrides
     from gguf_trainer.project import create_project
+    from gguf_trainer.tiny.prompts import demo_prompts
     from gguf_trainer.tiny.student import (
         tiny_qwen3_config,
         write_tiny_student,

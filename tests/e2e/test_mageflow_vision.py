@@ -22,10 +22,10 @@ from pipeline_helpers import make_project, run_pipeline
 
 from gguf_trainer.adapter_file import read_adapter_arrays
 from gguf_trainer.adapters import AdapterConfig, build_adapter, load_gguf
-from gguf_trainer.demo import demo_prompts
 from gguf_trainer.packs.mageflow_demo import write_demo_corpus
 from gguf_trainer.project import load_project
 from gguf_trainer.shards import Shard, shard_files
+from gguf_trainer.tiny.prompts import demo_prompts
 from gguf_trainer.vision import image_runs, load_vision_proj, read_inputs
 
 pytestmark = pytest.mark.slow

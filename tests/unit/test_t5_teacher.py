@@ -15,7 +15,7 @@ import torch
 
 from gguf_trainer.errors import UserError
 from gguf_trainer.hardware import Hardware
-from gguf_trainer.packs.base import TINY_MARKER
+from gguf_trainer.paths import TINY_MARKER
 from gguf_trainer.teachers import t5
 from gguf_trainer.teachers.t5_tiny import DEMO_DIR, TINY_T5_CONFIG
 
