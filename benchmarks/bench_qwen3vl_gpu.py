@@ -93,7 +93,7 @@ def make_samples(n: int, folder: Path, rng: random.Random):
 
 def run_mode(teacher, samples, tokenizer, pack, sync) -> dict:
     from gguf_trainer.hardware import budget_batches
-    from gguf_trainer.student import tokenize
+    from gguf_trainer.qwen_bpe import engine_bpe
     from gguf_trainer.teachers.base import VisionSegment
     from gguf_trainer.vision import image_runs
 
@@ -102,7 +102,8 @@ def run_mode(teacher, samples, tokenizer, pack, sync) -> dict:
     raw = [teacher.vision(list(s.images)) if s.images else [] for s in samples]
     sync()
     t_vis = time.perf_counter() - t0
-    ids = tokenize(tokenizer, [pack.student_text(s, [r.shape[0] for r in rows]) for s, rows in zip(samples, raw)])
+    encode = engine_bpe(tokenizer).encode
+    ids = [pack.student_ids(encode, s, [r.shape[0] for r in rows]) for s, rows in zip(samples, raw)]
     segs = [[VisionSegment(st, r) for (st, _), r in zip(image_runs(x, pack.image_pad_id), rows)]
             for x, rows in zip(ids, raw)]
     out = [None] * len(samples)
@@ -165,7 +166,7 @@ def main(argv: list[str] | None = None) -> dict:
             if cuda:
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats()
-            teacher = Qwen3VLTeacher(model, tokenizer, device, mode if cuda else "cpu", pack.student_text)
+            teacher = Qwen3VLTeacher(model, tokenizer, device, mode if cuda else "cpu", pack.student_pieces)
             use = samples if mode == "gpu" else samples[: max(24, n // 4)]  # streaming is slow
             res = run_mode(teacher, use, tokenizer, pack, sync)
             rows = res.pop("rows")

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import UserError
+from .qwen_bpe import engine_bpe
 
 # Reference files, first found wins: an external teacher context (trainer8's m1 dump),
 # the engine's adapter output, a plain LLM run.
@@ -118,10 +119,9 @@ def predict(adapter, student, prompt: str, pack_id: str, seed_ids=None):
     import torch
 
     from .packs import get_pack
-    from .student import tokenize
+    from .samples import Sample
 
-    text = get_pack(pack_id).format_prompt(prompt)
-    ids = tokenize(student.tokenizer, [text])[0]
+    ids = get_pack(pack_id).student_ids(engine_bpe(student.tokenizer).encode, Sample(prompt))
     x = torch.tensor([ids])
     hidden = student.hidden(x, torch.ones_like(x))
     with torch.no_grad():
@@ -130,8 +130,32 @@ def predict(adapter, student, prompt: str, pack_id: str, seed_ids=None):
     return out[0].float().cpu().numpy(), ids, hidden[0].float().cpu().numpy()
 
 
-def run_check(adapter_path, student_path, dump, prompt: str, tokenizer_dir=None) -> dict:
-    """Every figure of the check as a dict (see `format_check`)."""
+def check_seed_ids(seed_ids: list[int], window: int, prompt: str, t5_model=None) -> None:
+    """A PixArt dump's `t5_ids.txt` against the adapter and the prompt, one sentence per fault:
+    its length must be the adapter's window; a non-empty prompt whose ids are the empty
+    prompt's is the CFG negative pass (written last); with the teacher's `spiece.model` the ids
+    must be this prompt's (the engine's T5 rule, t5_unigram.py)."""
+    from .t5_unigram import T5Unigram
+    from .template_ids import Piece, template_ids
+
+    if len(seed_ids) != window:
+        raise UserError(f"the dump's {T5_IDS_TXT} holds {len(seed_ids)} ids but this adapter reads a "
+                        f"{window}-slot window; the dump was written by another PixArt model or adapter.")
+    real = [i for i in seed_ids if i != 0]
+    if prompt.strip() and real == [3, 1]:
+        raise UserError(f"the dump's {T5_IDS_TXT} is the empty prompt's: with CFG on, the last pass the "
+                        "engine writes is the empty negative prompt; dump again with --cfg-scale 1.")
+    if t5_model is not None:
+        pieces = template_ids(T5Unigram.from_spm(t5_model).encode, [Piece(prompt, prompt=True)])
+        want = (pieces[: window - 1] + [1] + [0] * window)[:window]
+        if want != seed_ids:
+            raise UserError(f"the dump's {T5_IDS_TXT} is not this prompt's T5 ids; pass the exact "
+                            "--prompt the engine ran (a dump is overwritten by each pass).")
+
+
+def run_check(adapter_path, student_path, dump, prompt: str, tokenizer_dir=None, t5_model=None) -> dict:
+    """Every figure of the check as a dict (see `format_check`). `t5_model`: the T5 teacher's
+    spiece.model, to compare a PixArt dump's ids with the prompt's."""
     from .adapters import load_gguf
     from .student import load_student
 
@@ -139,8 +163,10 @@ def run_check(adapter_path, student_path, dump, prompt: str, tokenizer_dir=None)
     pack_id = _pack_for(adapter)
     dump_dir = Path(dump) if Path(dump).is_dir() else Path(dump).parent
     seed_ids = read_ids(dump_dir / T5_IDS_TXT)
-    if pack_id == "t5xxl_pixart" and seed_ids is None:
-        raise UserError(f"{dump_dir} has no {T5_IDS_TXT}; a PixArt check needs the engine's seed ids.")
+    if pack_id == "t5xxl_pixart":
+        if seed_ids is None:
+            raise UserError(f"{dump_dir} has no {T5_IDS_TXT}; a PixArt check needs the engine's seed ids.")
+        check_seed_ids(seed_ids, adapter.config.num_queries, prompt, t5_model)
     if tokenizer_dir is None:
         from .tiny import qwen_tokenizer_dir  # the real Qwen BPE files pig_clip uses
 
@@ -161,11 +187,32 @@ def run_check(adapter_path, student_path, dump, prompt: str, tokenizer_dir=None)
     student_cos = None
     if (dump_dir / QWEN_HIDDEN).is_file():
         engine_states = read_dump(dump_dir / QWEN_HIDDEN, hidden.shape[1])
-        if engine_states.shape == hidden.shape:
-            student_cos = compare(hidden, engine_states)["cos"]
+        if engine_states.shape != hidden.shape:
+            raise UserError(f"the dump's {QWEN_HIDDEN} has {engine_states.shape[0]} student rows but this "
+                            f"prompt is {hidden.shape[0]} student tokens; pass the exact --prompt the "
+                            "engine ran (with CFG on, dump with --cfg-scale 1: the empty negative is written last).")
+        student_cos = compare(hidden, engine_states)["cos"]
     return {"student_cos": student_cos,"adapter": str(adapter_path), "dump": str(dump), "pack": pack_id, "prompt": prompt,
             "student_tokens": len(ids), "tokens_checked": engine_ids is not None, **figures,
-            "verdict": verdict_line(pack_id, figures), "thresholds": asdict(VERDICTS[pack_id])}
+            "verdict": _verdict(pack_id, figures, ref_name(dump)), "thresholds": asdict(VERDICTS[pack_id])}
+
+
+def ref_name(dump) -> str:
+    """The dump file the figures compare with."""
+    path = Path(dump)
+    if path.is_dir():
+        return next((n for n in DUMP_FILES if (path / n).is_file()), "")
+    return path.name
+
+
+def _verdict(pack_id: str, figures: dict, ref: str) -> str:
+    """PixArt's dump is the engine's run of this same adapter: its figure is a port check (the
+    engine vs this tool on one file), not a verdict on the adapter's quality."""
+    if pack_id == "t5xxl_pixart" and ref == "adapter_out.bin":
+        return (f"port check (the engine's run of this adapter vs this tool's): cos {figures['cos']:.6f}; "
+                "near 1 means the engine reads the file as trained, not that the adapter is good "
+                "(judge quality by eval's val cos)")
+    return verdict_line(pack_id, figures)
 
 
 def format_check(res: dict) -> str:
@@ -184,11 +231,11 @@ def format_check(res: dict) -> str:
     ])
 
 
-def check_main(adapter, student, dump, prompt, tokenizer=None, as_json=False, out=None) -> int:
+def check_main(adapter, student, dump, prompt, tokenizer=None, as_json=False, out=None, t5_model=None) -> int:
     """The body of `gguf-trainer check`: prints the figures and the verdict. Exit 0 whenever
     the check ran (the verdict is a finding, not a failure); bad input is a UserError."""
     import sys
 
-    res = run_check(adapter, student, dump, prompt, tokenizer)
+    res = run_check(adapter, student, dump, prompt, tokenizer, t5_model)
     print(json.dumps(res, indent=2) if as_json else format_check(res), file=out or sys.stdout)
     return 0

@@ -22,7 +22,7 @@ Usage:
     gguf-trainer materials --project DIR [--online] [--link-found] [--json]
     gguf-trainer link   --project DIR ID PATH
     gguf-trainer inspect FILE [--json]
-    gguf-trainer check  --adapter A --student S --dump DIR --prompt P [--tokenizer DIR] [--json]
+    gguf-trainer check  --adapter A --student S --dump DIR --prompt P [--tokenizer DIR] [--t5-model F] [--json]
     gguf-trainer demo   [--pack ID] [--dir DIR] [--steps N] [--no-run]
     gguf-trainer --auto-resume | --version | --help
 
@@ -320,7 +320,8 @@ def cmd_inspect(args) -> int:
 def cmd_check(args) -> int:
     from gguf_trainer.check import check_main  # lazy: runs the student and the adapter
 
-    return check_main(args.adapter, args.student, args.dump, args.prompt, args.tokenizer, args.json)
+    return check_main(args.adapter, args.student, args.dump, args.prompt, args.tokenizer, args.json,
+                      t5_model=args.t5_model)
 
 
 def cmd_demo(args) -> int:
@@ -604,6 +605,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dump", required=True, metavar="DIR", help="the SD_DUMP_COND folder (or a .bin in it)")
     p.add_argument("--prompt", required=True, metavar="P", help="the exact prompt the engine ran")
     p.add_argument("--tokenizer", metavar="DIR", help="the student tokenizer folder (default: Qwen BPE)")
+    p.add_argument("--t5-model", metavar="FILE",
+                   help="PixArt: the T5 teacher's spiece.model, to check t5_ids.txt is this prompt's")
     p.add_argument("--json", action="store_true")
     p = command("demo", cmd_demo, "build an offline demo project and train it", project=False)
     p.add_argument("--pack", metavar="ID",

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from . import atomic
 from .errors import UserError
+from .mageflow_images import engine_refuses
 from .prompt_syntax import RULE_VERSION, training_text, would_rewrite
 from .samples import Sample, iter_samples, write_samples
 from .stage_list import Stage
@@ -59,6 +60,8 @@ REASONS = {
     "control": "prompts with control characters replaced by spaces",
     "bad_json": "lines not a JSON object with a \"text\" string skipped",
     "bad_images": "samples with a missing or unreadable image skipped",
+    "engine_size": ("samples with an image of a shape the engine's clip_preprocess throws on skipped "
+                    "(crop or resize it by a pixel)"),
     "images_ignored": "samples whose images this pack ignores (it takes text only)",
     "too_many_images": "samples with more than 9 images (the engine's limit) skipped",
     "length": "prompts outside corpus.min_chars..max_chars",
@@ -230,6 +233,15 @@ def _with_empties(samples: list[Sample], frac: float, rng: random.Random) -> lis
     return out
 
 
+def _engine_refuses(path: Path) -> bool:
+    """A picture whose shape the engine's clip_preprocess throws on (mageflow_images)."""
+    from PIL import Image
+
+    with Image.open(path) as im:
+        w, h = im.size
+    return engine_refuses(h, w)
+
+
 def _image_ok(path: Path) -> bool:
     from PIL import Image, UnidentifiedImageError
 
@@ -263,6 +275,9 @@ def _check_images(samples: list[Sample], takes_images: bool, tally: Counter) -> 
             continue
         elif s.images and not all(p.is_file() and _image_ok(p) for p in s.images):
             tally["bad_images"] += 1
+            continue
+        elif s.images and any(_engine_refuses(p) for p in s.images):
+            tally["engine_size"] += 1
             continue
         out.append(s)
     return out

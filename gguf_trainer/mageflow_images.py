@@ -1,8 +1,10 @@
 """Reference images as ggk's MageFlow conditioner sees them (engine-contract §3.2).
 
 Owns: the target size (each side rounded to a multiple of 32, a long side over 384 scaled
-down with the engine's float32 floor rule), `clip_preprocess` (nearest resize to cover the
-target, centre crop, clamp, OpenAI-CLIP normalisation), the vision-token count, and the
+down with the engine's floor rule, in double as conditioner.hpp 3176-3181 computes it),
+`clip_preprocess` (nearest resize to cover the target, centre crop, clamp, OpenAI-CLIP
+normalisation; the shapes where the engine's own clip_preprocess throws are refused,
+`engine_refuses`), the vision-token count, and the
 patch rows the Qwen3-VL vision tower takes (Qwen2VLImageProcessor's layout: the still frame
 duplicated over the temporal patch, merge blocks contiguous). Must not: run a model.
 
@@ -14,6 +16,7 @@ duplicated over the temporal patch, merge blocks contiguous). Must not: run a mo
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -30,15 +33,31 @@ CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 def target_size(h: int, w: int) -> tuple[int, int]:
     """(h̄, w̄): h̄ = max(32, round(h/32)·32), w̄ likewise; when max(h, w) > 384,
-    β = 384/max(h, w) in float32 and each side is max(32, ⌊side·β/32⌋·32), computed in
-    float32 as the engine does (a float64 β gives a different size at some sides)."""
+    β = 384/max(h, w) and each side is max(32, ⌊side·β/32⌋·32), all in double as the engine
+    computes them (float32 gave another size for ~4 % of shapes: 401×535 → 256×384, not the
+    engine's 256×352)."""
     if h < 1 or w < 1:
         raise ValueError(f"an image of {w}×{h} pixels has no content")
     if max(h, w) <= MAX_SIDE:
-        return tuple(max(FACTOR, int(np.floor(s / FACTOR + 0.5)) * FACTOR) for s in (h, w))
-    beta = np.float32(MAX_SIDE) / np.float32(max(h, w))
-    return tuple(max(FACTOR, int(np.floor(np.float32(s) * beta / np.float32(FACTOR))) * FACTOR)
-                 for s in (h, w))
+        return tuple(max(FACTOR, math.floor(s / FACTOR + 0.5) * FACTOR) for s in (h, w))
+    beta = MAX_SIDE / max(h, w)
+    return tuple(max(FACTOR, math.floor(s * beta / FACTOR) * FACTOR) for s in (h, w))
+
+
+def resized_size(h: int, w: int, th: int, tw: int) -> tuple[int, int]:
+    """The engine's clip_preprocess resize (util.cpp 771-784): scale = max(tw/w, th/h) and
+    (⌊scale·h⌋, ⌊scale·w⌋), all in float32."""
+    scale = max(np.float32(tw) / np.float32(w), np.float32(th) / np.float32(h))
+    return int(np.float32(scale) * np.float32(h)), int(np.float32(scale) * np.float32(w))
+
+
+def engine_refuses(h: int, w: int) -> bool:
+    """Whether the engine cannot take an h×w reference image: float32 rounding leaves its
+    resize a pixel short of the target and its centre crop reads past the picture (the
+    engine's clip_preprocess throws; ~4 % of shapes, e.g. 78×592 → 32×384)."""
+    th, tw = target_size(h, w)
+    rh, rw = resized_size(h, w, th, tw)
+    return rh < th or rw < tw
 
 
 def vision_tokens(h: int, w: int) -> int:
@@ -56,16 +75,15 @@ def _nearest(x: np.ndarray, rh: int, rw: int) -> np.ndarray:
 
 
 def clip_preprocess(x: np.ndarray, th: int, tw: int) -> np.ndarray:
-    """(th, tw, 3) from an (h, w, 3) float image in [0, 1]: scale = max(tw/w, th/h) in float32,
-    nearest resize to (⌊scale·w⌋, ⌊scale·h⌋), a row/column of edge pixels where float32
-    rounding left it one short, centre crop, clamp to [0, 1], (x − mean) / std."""
+    """(th, tw, 3) from an (h, w, 3) float image in [0, 1]: nearest resize to resized_size,
+    centre crop, clamp to [0, 1], (x − mean) / std. ValueError where the engine throws (the
+    resize is short of the target): such an image cannot be used with the engine."""
     h, w = x.shape[:2]
-    scale = max(np.float32(tw) / np.float32(w), np.float32(th) / np.float32(h))
-    rh = int(np.float32(scale) * np.float32(h))
-    rw = int(np.float32(scale) * np.float32(w))
-    x = _nearest(x, max(rh, 1), max(rw, 1))
-    if x.shape[0] < th or x.shape[1] < tw:  # float32 rounding: at most a pixel short
-        x = np.pad(x, ((0, max(0, th - x.shape[0])), (0, max(0, tw - x.shape[1])), (0, 0)), mode="edge")
+    rh, rw = resized_size(h, w, th, tw)
+    if rh < th or rw < tw:
+        raise ValueError(f"the engine cannot preprocess a {w}×{h} picture (its resize to cover "
+                         f"{tw}×{th} comes out {rw}×{rh}, and its crop then throws); crop or resize it")
+    x = _nearest(x, rh, rw)
     top, left = (x.shape[0] - th) // 2, (x.shape[1] - tw) // 2
     x = np.clip(x[top: top + th, left: left + tw], 0.0, 1.0)
     return (x - np.array(CLIP_MEAN, dtype=np.float32)) / np.array(CLIP_STD, dtype=np.float32)

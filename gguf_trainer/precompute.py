@@ -29,6 +29,7 @@ from . import atomic, distributed, hardware, shards, vision
 from .errors import UserError
 from .materials import student_identity, student_paths, teacher_identity, teacher_paths
 from .paths import VERIFIED_JSON
+from .qwen_bpe import engine_bpe
 from .samples import count_samples, iter_samples
 from .stage_list import Stage, Stopped
 
@@ -188,12 +189,10 @@ def _segments(pack, ids: list[int], rows: list[torch.Tensor]):
 
 def tokenize_samples(ctx: Context, records: list, start: int) -> tuple[list[_Sample], list[int], dict]:
     """The samples within both length limits, their teacher lengths, and the drop counts."""
-    from .student import tokenize
-
     pack = ctx.pack
     raw = _vision_rows(ctx, records)
-    ids = tokenize(ctx.student.tokenizer, [pack.student_text(r, [v.shape[0] for v in rows])
-                                           for r, rows in zip(records, raw)])
+    encode = engine_bpe(ctx.student.tokenizer).encode  # the engine's ids, piece by piece
+    ids = [pack.student_ids(encode, r, [v.shape[0] for v in rows]) for r, rows in zip(records, raw)]
     segments = [_segments(pack, t, rows) for t, rows in zip(ids, raw)]
     within = [_Sample(start + k, r, t, seg) for k, (r, t, seg) in enumerate(zip(records, ids, segments))
               if len(t) <= pack.max_len_student and seg is not None]

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..teachers.base import Teacher
+from ..template_ids import Piece, student_ids
 
 # token_aligned: text-only families (no vision tensors); token_aligned_vision splices images.
 ADAPTER_KINDS = ("resampler", "seeded_resampler", "token_aligned", "token_aligned_vision")
@@ -107,13 +108,25 @@ class TrainerPack:
         return self
 
     def format_prompt(self, text: str) -> str:
-        """The exact string the student tokenizes for a corpus prompt (no template = raw)."""
+        """The template around a corpus prompt as one string (no template = raw): what a
+        teacher that runs its own released pipeline tokenizes."""
         return text
 
+    def student_pieces(self, sample, image_tokens: Sequence[int] = ()) -> tuple[Piece, ...]:
+        """The student's template for a sample whose images have `image_tokens` vision rows
+        each, in the pieces the engine tokenizes one by one (template_ids.py); default: the
+        raw prompt, parsed for weight syntax (PixArt). A pack with a template declares its
+        pieces here, citing the engine lines they come from (tests/engine reads them there)."""
+        return (Piece(sample.text, prompt=True),)
+
     def student_text(self, sample, image_tokens: Sequence[int] = ()) -> str:
-        """The exact string the student tokenizes for a sample whose images have
-        `image_tokens` vision rows each (text-only packs: `format_prompt(sample.text)`)."""
-        return self.format_prompt(sample.text)
+        """The student's template joined into one string (logs, teachers that read text)."""
+        return "".join(p.text for p in self.student_pieces(sample, image_tokens))
+
+    def student_ids(self, encode, sample, image_tokens: Sequence[int] = ()) -> list[int]:
+        """The engine's student ids for a sample: `encode` (qwen_bpe.engine_bpe(tok).encode)
+        over each piece's chunks (the one rule every pack follows, template_ids.student_ids)."""
+        return student_ids(encode, self.student_pieces(sample, image_tokens))
 
     def load_teacher(self, materials: dict[str, Path], plan, device) -> Teacher:
         """The real teacher from resolved material paths ({material id: path}, see

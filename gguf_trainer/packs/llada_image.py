@@ -6,10 +6,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..template_ids import Piece
 from .base import Material, TrainerPack
 
+# The engine's template (conditioner.hpp 3443-3463, LLMEmbedder::get_learned_condition, LLaDA):
+# the prefix, " " + the prompt as the prompt range (the space belongs to it), the suffix;
+# the empty prompt is one piece ending "image." with no prompt range.
 HUMAN = "<role>HUMAN</role> Generate an image"
 ASSISTANT = "\n<role>ASSISTANT</role>\n<IMAGE1>"
+ENGINE_TEMPLATE = ("diffusion/src/conditioning/conditioner.hpp", 3443, 3463)
 
 
 class LLaDAImagePack(TrainerPack):
@@ -75,8 +80,17 @@ class LLaDAImagePack(TrainerPack):
     bytes_per_sample = 256 * 2560 * 2 + 60 * 1024 * 2
 
     def format_prompt(self, text: str) -> str:
+        """The released pipeline's string (LLaDAImagePipeline._encode_text), which the teacher
+        tokenizes whole with its own tokenizer: the prompt stripped, "" -> "... image." as in
+        the engine."""
         text = text.strip()
         return f"{HUMAN}: {text}{ASSISTANT}" if text else f"{HUMAN}.{ASSISTANT}"
+
+    def student_pieces(self, sample, image_tokens=()):
+        """The engine's pieces: the prompt is not stripped (only "" takes the empty form)."""
+        if not sample.text:
+            return (Piece(f"{HUMAN}.{ASSISTANT}"),)
+        return (Piece(f"{HUMAN}:"), Piece(" " + sample.text, prompt=True), Piece(ASSISTANT))
 
     def engine_command(self, student="<pig_clip.gguf>", adapter="<adapter.gguf>", extras=None):
         """With a real adapter path, `--llm_vision` names its SigVQ companion only when that

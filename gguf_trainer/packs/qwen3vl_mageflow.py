@@ -7,9 +7,12 @@ from __future__ import annotations
 # Reference-image preprocessing (engine-contract §3.2) lives in mageflow_images; re-exported
 # here because tests and the mock teacher take these names from the pack.
 from ..mageflow_images import CLIP_MEAN, CLIP_STD, FACTOR, MAX_SIDE, preprocess_image, target_size  # noqa: F401
+from ..template_ids import Piece
 from .base import Material, TrainerPack
 
-# Copied exactly from the engine (engine-contract §3.2); token counts are checked in tests.
+# Copied exactly from the engine (conditioner.hpp 3154-3235, LLMEmbedder, MageFlow: edit and
+# text-to-image); tests/engine reads them at those lines, token counts are checked in tests.
+ENGINE_TEMPLATE = ("diffusion/src/conditioning/conditioner.hpp", 3154, 3235)
 EDIT_PREFIX = (
     "<|im_start|>system\nDescribe the key features of the input image (color, shape, size, texture, "
     "objects, background), then explain how the user's text instruction should alter or modify the "
@@ -92,12 +95,14 @@ class MageFlowPack(TrainerPack):
         """Text-only samples use the engine's text-to-image template (rows >= 34 reach the DiT)."""
         return T2I_PREFIX + text + SUFFIX
 
-    def student_text(self, sample, image_tokens=()) -> str:
-        """The edit template with one block per reference image, else the text-to-image one."""
+    def student_pieces(self, sample, image_tokens=()):
+        """The engine's pieces: the edit prefix with one block per reference image (one piece,
+        images included), else the text-to-image prefix; the prompt range; the suffix."""
         if not sample.images:
-            return self.format_prompt(sample.text)
-        blocks = "".join(image_block(i, n) for i, n in enumerate(image_tokens))
-        return EDIT_PREFIX + blocks + sample.text + SUFFIX
+            prefix = T2I_PREFIX
+        else:
+            prefix = EDIT_PREFIX + "".join(image_block(i, n) for i, n in enumerate(image_tokens))
+        return (Piece(prefix), Piece(sample.text, prompt=True), Piece(SUFFIX))
 
     def demo_corpus(self, folder, prompts):
         """The demo's corpus: small synthetic images (64–160 px, 4–20 vision tokens each) in
@@ -122,7 +127,7 @@ class MageFlowPack(TrainerPack):
         tokenizer first."""
         from ..teachers.qwen3vl import load_qwen3vl_teacher
 
-        return load_qwen3vl_teacher(materials["teacher"], device, plan.mode, student_text=self.student_text,
+        return load_qwen3vl_teacher(materials["teacher"], device, plan.mode, student_pieces=self.student_pieces,
                                     ram_limit_gib=plan.cpu_gib)
 
     def check_teacher(self, materials) -> str:

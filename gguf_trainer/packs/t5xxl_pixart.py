@@ -9,6 +9,9 @@ import copy
 from .base import Material, TrainerPack
 
 T5_WINDOW = 120  # PixArt-alpha caption_length
+# PixArtT5Embedder (conditioner.hpp 1783-1816): the raw prompt's weight chunks, no template,
+# for the student (the base pack's pieces) and for T5 (teachers/t5.py).
+ENGINE_TEMPLATE = ("diffusion/src/conditioning/conditioner.hpp", 1783, 1816)
 T5_VOCAB = 32128  # T5 v1.1 sentencepiece
 
 

@@ -14,7 +14,7 @@ times slower). Must not: know projects, settings or the planner (the pack's hook
 resolved snapshot folder and the planned mode).
 
     report = check_snapshot(root)                       # headers only: names, dims, tokenizer
-    teacher = load_qwen3vl_teacher(root, device, "gpu", student_text=pack.student_text)
+    teacher = load_qwen3vl_teacher(root, device, "gpu", student_pieces=pack.student_pieces)
     rows = teacher.vision([path, ...])                  # [n_i, vis_dim] float32 per image
     out = teacher.targets(samples, student_ids, segments)   # [TargetRows(rows [L, hidden])]
     teacher.close()
@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import UserError
+from ..qwen_bpe import engine_bpe
+from ..template_ids import student_ids as engine_ids
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -204,13 +206,14 @@ def _check_rotary(text_model) -> None:
 
 
 class Qwen3VLTeacher:
-    """See the module docstring. `student_text(sample, counts)` is the pack's template (the
-    same string the student tokenizes): the teacher tokenizes it with its own tokenizer and
-    refuses when the ids differ from the student's."""
+    """See the module docstring. `student_pieces(sample, counts)` is the pack's template in the
+    engine's pieces (the student's): the teacher tokenizes them with its own vocabulary by the
+    engine's rule (the engine feeds Qwen3-VL the ids it builds for the student) and refuses
+    when the ids differ from the student's."""
 
     is_mock = False
 
-    def __init__(self, model, tokenizer, device, mode: str, student_text: Callable,
+    def __init__(self, model, tokenizer, device, mode: str, student_pieces: Callable,
                  report: SnapshotReport | None = None):
         import torch
 
@@ -219,7 +222,7 @@ class Qwen3VLTeacher:
         self.visual = model.visual
         self.device = torch.device(device) if mode != "cpu" else torch.device("cpu")
         self.dtype = next(self.visual.parameters()).dtype
-        self.student_text = student_text
+        self.student_pieces = student_pieces
         self.report = report
         self.identity = {"teacher": "qwen3_vl", "tap": "final_norm"}
         self._table = self.text.embed_tokens.weight  # offload: the plain RAM module place() kept
@@ -282,8 +285,7 @@ class Qwen3VLTeacher:
     def _ids(self, sample, student_ids: Sequence[int], counts: list[int]) -> list[int]:
         """The teacher's own ids of the sample's template; UserError when they differ from the
         student's or the image runs are not where the engine splices them."""
-        text = self.student_text(sample, counts)
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] or [0]
+        ids = engine_ids(engine_bpe(self.tokenizer).encode, self.student_pieces(sample, counts))
         if list(ids) != list(student_ids):
             raise UserError("the teacher's and the student's tokenizers give different ids for the same "
                             "template; use the pig_clip tokenizer folder with the Qwen3-VL snapshot (both "
@@ -335,7 +337,7 @@ def compute_dtype(device, mode: str):
     return torch.bfloat16 if mode != "cpu" and torch.device(device).type == "cuda" else torch.float32
 
 
-def load_qwen3vl_teacher(root: Path, device, mode: str, student_text: Callable,
+def load_qwen3vl_teacher(root: Path, device, mode: str, student_pieces: Callable,
                          ram_limit_gib: float = 0.0) -> Qwen3VLTeacher:
     """Check the snapshot from its headers and the templates against its tokenizer (both fail
     in seconds, before any weight loads), then load `Qwen3VLModel` placed for `mode`."""
@@ -365,7 +367,7 @@ def load_qwen3vl_teacher(root: Path, device, mode: str, student_text: Callable,
     model.eval().requires_grad_(False)
     _check_rotary(model.language_model)
     place(model, device, mode)
-    return Qwen3VLTeacher(model, tokenizer, device, mode, student_text, report)
+    return Qwen3VLTeacher(model, tokenizer, device, mode, student_pieces, report)
 
 
 def place(model, device, mode: str) -> None:

@@ -9,11 +9,12 @@ encoder resident (`gpu`), streamed layer by layer from RAM (`offload`) or on the
 (`cpu`), and batched targets. Must not: know projects, settings or the planner (the pack's
 hook passes the resolved snapshot folder and the mode the planner chose).
 
-Tokenizer: `sentencepiece` on the snapshot's `spiece.model`, not transformers' T5Tokenizer.
-The snapshot ships only that file; sentencepiece is the reference implementation the engine's
-Unigram tokenizer was ported from, loads in milliseconds (T5TokenizerFast converts the 32k
-pieces to a tokenizers model at every load), and adds nothing of its own (no `<extra_id_N>`
-specials, no template), so the ids do not move with transformers versions.
+Tokenizer: the engine's own unigram encoder (t5_unigram.py, a port of ggk's
+T5UniGramTokenizer) over the pieces and scores of the snapshot's `spiece.model`, applied to
+each weight chunk of the prompt as PixArtT5Embedder does (template_ids.py). Not sentencepiece's
+`EncodeAsIds`: that applies NFKC and merges runs of unknown characters, which the engine does
+not (only runs of spaces are collapsed), so `…`, full-width text, CJK and the empty prompt
+(engine: `▁` + EOS = [3, 1]) got other ids. The teacher runs T5 over exactly these ids.
 
     check_snapshot(root)                                  # SnapshotReport, or a UserError
     teacher = load_t5_teacher(root, device, mode="gpu")   # mode: gpu | offload | cpu
@@ -27,7 +28,6 @@ import contextlib
 import gc
 import json
 import logging
-import re
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +35,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import UserError
+from ..t5_unigram import T5Unigram
+from ..template_ids import Piece, template_ids
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -53,7 +55,6 @@ CONFIG = "config.json"
 SINGLE_WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
 TEACHER_MODES = ("gpu", "offload", "cpu")
-_MULTI_SPACE = re.compile(r" {2,}")
 
 
 def check_window(window: int) -> int:
@@ -79,12 +80,6 @@ def window_ids(pieces: Sequence[int], window: int) -> list[int]:
 def real_length(ids: Sequence[int]) -> int:
     """Real slots of a window (the pieces and EOS): the engine's DiT mask is `id != 0`."""
     return sum(1 for i in ids if i != PAD_ID)
-
-
-def normalize_prompt(text: str) -> str:
-    """The engine's T5 normalizer: runs of two or more spaces become one (sentencepiece's own
-    nmt_nfkc normalization then strips and collapses the rest, as ggk's port does)."""
-    return _MULTI_SPACE.sub(" ", text)
 
 
 def _load_spm(path: Path):
@@ -114,9 +109,11 @@ class SeedTokenizer:
         if self.sp.get_piece_size() > vocab_limit:
             raise UserError(f"{self.path} has {self.sp.get_piece_size()} pieces, more than the adapter's "
                             f"{vocab_limit}-row seed table; use the T5 v1.1 tokenizer.")
+        self.unigram = T5Unigram.from_spm(self.path)
 
     def pieces(self, text: str) -> list[int]:
-        return self.sp.EncodeAsIds(normalize_prompt(text))
+        """The engine's T5 ids of the prompt's weight chunks, each encoded on its own."""
+        return template_ids(self.unigram.encode, [Piece(text, prompt=True)])
 
     def seed_ids(self, text: str) -> list[int]:
         return window_ids(self.pieces(text), self.window)

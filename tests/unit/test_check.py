@@ -126,6 +126,43 @@ def test_pixart_counts_only_real_slots(tmp_path, student, tiny_materials):
         run_check(adapter, tiny_materials["student"], tmp_path / "dump", PROMPT, tiny_materials["tokenizer"])
 
 
+def _pixart_case(tmp_path, student, prompt=PROMPT):
+    """A tiny PixArt adapter and the engine's dump of `prompt`, seeded with the demo T5's ids."""
+    from gguf_trainer.teachers.t5 import SeedTokenizer
+    from gguf_trainer.teachers.t5_tiny import DEMO_DIR
+
+    cfg = AdapterConfig("seeded_resampler", HIDDEN, 48, 64, 1, num_queries=120, seed_vocab=240)
+    adapter = _write_adapter(tmp_path / "pig_t5_adapter-f16.gguf", cfg, "t5xxl_pixart", seed=4)
+    seeds = SeedTokenizer(DEMO_DIR / "spiece.model", 120).seed_ids(prompt)
+    _engine_dump(tmp_path / "dump", adapter, student, "t5xxl_pixart", prompt, seeds)
+    return adapter, tmp_path / "dump", DEMO_DIR / "spiece.model"
+
+
+def test_pixart_figure_is_a_port_check_and_refuses_other_dumps(tmp_path, student, tiny_materials):
+    """A PixArt dump is the engine's run of this adapter: the figure is a port check. A dump of
+    another prompt (t5_ids.txt, checked with --t5-model; qwen_hidden.bin's row count), of the
+    CFG negative pass, or with a window of the wrong length is refused with one sentence."""
+    s, tok = tiny_materials["student"], tiny_materials["tokenizer"]
+    adapter, dump, spiece = _pixart_case(tmp_path, student)
+    res = run_check(adapter, s, dump, PROMPT, tok, t5_model=spiece)
+    assert res["cos"] >= 0.9999 and res["verdict"].startswith("port check")
+    assert "not that the adapter is good" in res["verdict"]
+    # another prompt of the same student length: only the T5 ids tell
+    with pytest.raises(UserError, match="not this prompt's T5 ids"):
+        run_check(adapter, s, dump, "a sheep in raincoats", tok, t5_model=spiece)
+    # another student length: qwen_hidden.bin's rows are refused, not skipped
+    with pytest.raises(UserError, match="qwen_hidden.bin has 4 student rows but this prompt is 7"):
+        run_check(adapter, s, dump, PROMPT + " at the beach", tok)
+    ids = (dump / "t5_ids.txt").read_text().split()
+    (dump / "t5_ids.txt").write_text("\n".join(ids[:100]) + "\n")
+    with pytest.raises(UserError, match="holds 100 ids but this adapter reads a 120-slot window"):
+        run_check(adapter, s, dump, PROMPT, tok)
+    empty = [3, 1] + [0] * 118  # the real T5's "" (the piece "▁" + EOS): the CFG negative pass
+    (dump / "t5_ids.txt").write_text("\n".join(map(str, empty)) + "\n")
+    with pytest.raises(UserError, match="--cfg-scale 1"):
+        run_check(adapter, s, dump, PROMPT, tok)
+
+
 def test_compare_centres_by_the_dumps_own_mean():
     g = np.random.default_rng(0)
     ref = 100.0 + g.normal(size=(256, 32))  # a large shared offset, like LLaDA's rows

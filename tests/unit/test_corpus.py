@@ -310,6 +310,21 @@ def test_jsonl_images_are_checked_copied_and_round_trip(tmp_path, caplog):
     assert [x.index for x in iter_samples(data / "train.jsonl", 2, 4)] == [2, 3]
 
 
+def test_an_image_the_engine_cannot_preprocess_is_refused(tmp_path, caplog):
+    """78×592 is one of the ~4 % of shapes where the engine's clip_preprocess throws (its float32
+    resize comes out a pixel short of 32×384): the sample is skipped with a sentence, not padded."""
+    _png(tmp_path / "thin.png", size=(78, 592))
+    _png(tmp_path / "fine.png", size=(78, 600))
+    rows = [{"text": p} for p in make_prompts(20)]
+    rows += [{"text": "thin one", "images": ["thin.png"]}, {"text": "fine one", "images": ["fine.png"]}]
+    src = tmp_path / "c.jsonl"
+    src.write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
+    train, val = corpus.build_split(settings(files=[str(src)], n_val=2, empty_frac=0.0), takes_images=True)
+    texts = [x.text for x in train + val]
+    assert "thin one" not in texts and "fine one" in texts
+    assert "1 samples with an image of a shape the engine's clip_preprocess throws on skipped" in caplog.text
+
+
 def test_fingerprint_covers_referenced_images(tmp_path):
     img = _png(tmp_path / "a.png")
     src = tmp_path / "c.jsonl"

@@ -1,5 +1,5 @@
 """Reference images as ggk's MageFlow conditioner sees them (engine-contract §3.2): sizes
-computed by hand, the float32 floor rule, nearest resize + centre crop + CLIP normalisation,
+computed by hand, the engine's double floor rule, the shapes its clip_preprocess throws on, nearest resize + centre crop + CLIP normalisation,
 and the vision tower's patch layout against transformers' own Qwen2-VL image processor."""
 
 from __future__ import annotations
@@ -12,8 +12,10 @@ from gguf_trainer.mageflow_images import (
     CLIP_MEAN,
     CLIP_STD,
     MAX_TOKENS,
+    engine_refuses,
     patchify,
     preprocess_image,
+    resized_size,
     target_size,
     vision_tokens,
 )
@@ -42,18 +44,34 @@ def test_target_sizes_by_hand(hw, want, tokens):
     assert vision_tokens(*hw) == tokens
 
 
-@pytest.mark.parametrize("hw, want, float64_would_give", [
-    # 141·384/423 is exactly 128, but float32 β makes it 127.99999: floor -> 3 cells (96)
-    ((141, 423), (96, 384), (128, 384)),
-    # 535·(384/535) in float64 is 383.99999 (-> 352); in float32 it is 384
-    ((8, 535), (32, 384), (32, 352)),
+@pytest.mark.parametrize("hw, want, float32_gave", [
+    # conditioner.hpp 3176-3181 computes β and the floor in double. 401×535 (w×h): 535·(384/535)
+    # in double is 383.99999 -> 11 cells (352); float32 made it 384 (96 tokens, not the engine's 88)
+    ((535, 401), (352, 256), (384, 256)),
+    ((8, 535), (32, 352), (32, 384)),
+    # 141·384/423 is exactly 128 in double; float32 β made it 127.99999 -> 96
+    ((141, 423), (128, 384), (96, 384)),
 ])
-def test_the_scaled_sides_follow_the_engines_float32_floor(hw, want, float64_would_give):
-    import math
-
-    beta = 384 / max(hw)
-    assert tuple(max(32, math.floor(s * beta / 32) * 32) for s in hw) == float64_would_give
+def test_the_scaled_sides_follow_the_engines_double_floor(hw, want, float32_gave):
+    beta = np.float32(384) / np.float32(max(hw))
+    assert tuple(max(32, int(np.floor(np.float32(s) * beta / np.float32(32))) * 32) for s in hw) == float32_gave
     assert target_size(*hw) == want
+    assert vision_tokens(*hw) == want[0] // 32 * want[1] // 32
+
+
+def test_the_shapes_the_engine_throws_on_are_refused(tmp_path):
+    """util.cpp clip_preprocess: a float32 scale can leave the resize a pixel short of the target,
+    and the engine's crop then throws; such a picture is refused, never padded."""
+    assert target_size(592, 78) == (384, 32)
+    assert engine_refuses(592, 78) and resized_size(592, 78, 384, 32) == (383, 50)  # 383 < 384
+    assert not engine_refuses(300, 200) and not engine_refuses(535, 401)
+    pixels = np.zeros((592, 78, 3), dtype=np.uint8)
+    with pytest.raises(ValueError, match="engine cannot preprocess a 78×592 picture"):
+        preprocess_image(_png(tmp_path / "thin.png", pixels))
+    rng = np.random.default_rng(5)
+    shapes = rng.integers(8, 1200, size=(3000, 2))
+    share = np.mean([engine_refuses(int(h), int(w)) for h, w in shapes])
+    assert 0.01 < share < 0.10  # a few percent of shapes, as the engine run found
 
 
 def test_no_size_gives_more_than_144_tokens():

@@ -34,7 +34,7 @@ def snapshot(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def teacher(snapshot):
-    t = qwen3vl.load_qwen3vl_teacher(snapshot, "cpu", "cpu", student_text=PACK.student_text)
+    t = qwen3vl.load_qwen3vl_teacher(snapshot, "cpu", "cpu", student_pieces=PACK.student_pieces)
     yield t
     t.close()
 
@@ -152,7 +152,7 @@ def test_snapshot_checks_from_headers(snapshot, tmp_path):
     with pytest.raises(UserError, match="cut short|not a complete"):
         qwen3vl.check_snapshot(bad)
     with pytest.raises(UserError, match="needs a CUDA device"):
-        qwen3vl.load_qwen3vl_teacher(snapshot, "cpu", "gpu", student_text=PACK.student_text)
+        qwen3vl.load_qwen3vl_teacher(snapshot, "cpu", "gpu", student_pieces=PACK.student_pieces)
 
 
 def test_the_ridge_fit_recovers_a_known_linear_map(snapshot):
@@ -192,7 +192,7 @@ def test_offload_placement_streams_the_text_stack_and_keeps_the_rows(teacher, sn
     qwen3vl.place(model, torch.device("cpu"), "offload")
     assert model.language_model.layers[0].mlp.up_proj.weight.device.type == "meta"
     assert model.language_model.embed_tokens.weight.device.type == "cpu"
-    streamed = qwen3vl.Qwen3VLTeacher(model, teacher.tokenizer, "cpu", "offload", PACK.student_text)
+    streamed = qwen3vl.Qwen3VLTeacher(model, teacher.tokenizer, "cpu", "offload", PACK.student_pieces)
     rows = teacher.vision(pictures[:1])
     sample = Sample("make it night", tuple(pictures[:1]))
     ids = _ids(teacher.tokenizer, sample, [rows[0].shape[0]])
@@ -237,7 +237,7 @@ def test_a_snapshot_whose_tokenizer_breaks_the_template_is_refused_at_load(snaps
     cfg["additional_special_tokens"] = [t for t in cfg.get("additional_special_tokens", []) if t != "<|im_start|>"]
     (bad / "tokenizer_config.json").write_text(json.dumps(cfg), encoding="utf-8")
     with pytest.raises(UserError, match="MageFlow edit prefix is [0-9]+ tokens .* hard-codes 64"):
-        qwen3vl.load_qwen3vl_teacher(bad, "cpu", "cpu", student_text=PACK.student_text)
+        qwen3vl.load_qwen3vl_teacher(bad, "cpu", "cpu", student_pieces=PACK.student_pieces)
 
 
 def test_every_copy_of_the_tiny_snapshot_is_the_same_bytes(snapshot, tmp_path):

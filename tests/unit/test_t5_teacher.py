@@ -1,5 +1,5 @@
-"""The PixArt pack's real T5 teacher on the shipped tiny snapshot: seed ids against
-sentencepiece itself, batched == per-prompt, the header-only snapshot check and its bad inputs."""
+"""The PixArt pack's real T5 teacher on the shipped tiny snapshot: seed ids by the engine's
+unigram rule (against sentencepiece where they agree, and where they must not), batched == per-prompt, the header-only snapshot check and its bad inputs."""
 
 from __future__ import annotations
 
@@ -43,9 +43,9 @@ def snapshot(tmp_path):
     return dest
 
 
-def test_seed_ids_are_sentencepiece_ids_then_eos_then_pads(sp):
+def test_seed_ids_are_the_engines_pieces_then_eos_then_pads(sp):
     tok = t5.SeedTokenizer(DEMO_DIR / "spiece.model", window=120)
-    for text in PROMPTS:
+    for text in [p for p in PROMPTS if p == p.strip() and p]:  # plain ASCII: the engine agrees with sentencepiece
         pieces = sp.encode(text)
         ids = tok.seed_ids(text)
         assert len(ids) == 120
@@ -53,9 +53,23 @@ def test_seed_ids_are_sentencepiece_ids_then_eos_then_pads(sp):
             assert ids == pieces + [1] + [0] * (119 - len(pieces))
         else:  # cut: the first 119 pieces, EOS forced into the last slot, no pad
             assert ids[:119] == pieces[:119] and ids[119] == 1 and 0 not in ids
-    assert tok.seed_ids("") == [1] + [0] * 119  # an empty prompt is EOS alone
     assert tok.seed_ids("a  red   fox") == tok.seed_ids("a red fox")  # the engine collapses spaces
     assert t5.real_length(tok.seed_ids("a red fox")) == len(sp.encode("a red fox")) + 1
+
+
+def test_seeds_follow_the_engines_unigram_not_sentencepiece(sp):
+    """t5_unigram_tokenizer.cpp: "" is the piece "▁" + EOS (PixArt's default negative prompt,
+    run on every CFG step; sentencepiece gives EOS alone); no NFKC (full-width letters stay
+    unknown); each unknown character is its own <unk> (sentencepiece merges the run); each
+    weight chunk is encoded on its own, so "(red:1.2) fox" gains a "▁" per chunk."""
+    tok = t5.SeedTokenizer(DEMO_DIR / "spiece.model", window=120)
+    meta = sp.piece_to_id("\u2581")
+    assert tok.seed_ids("") == [meta, 1] + [0] * 118 and sp.encode("") == []
+    assert tok.pieces("猫猫") == [meta, 2, 2] and sp.encode("猫猫") == [meta, 2]
+    assert tok.pieces("ｆｕｌｌ") == [meta, 2, 2, 2, 2] != sp.encode("ｆｕｌｌ")
+    assert tok.pieces("a (red:1.2) fox") == tok.pieces("a ") + tok.pieces("red") + tok.pieces(" fox")
+    assert tok.pieces(" lead") == [meta] + tok.pieces("lead")  # a leading space is its own "▁"
+    assert tok.pieces("lead  ") == tok.pieces("lead") == sp.encode("lead")  # a trailing one is dropped
 
 
 def test_window_is_one_the_engine_builds():
