@@ -33,7 +33,7 @@ from typing import Any
 from gguf_trainer import atomic, locks, project_file
 from gguf_trainer.errors import NoProjectError, UserError, quote
 from gguf_trainer.paths import ProjectPaths
-from gguf_trainer.runner import lock, supervisor
+from gguf_trainer.runner import capacity, lock, supervisor
 from gguf_trainer.runner import status as status_mod
 
 PathLike = str | os.PathLike
@@ -341,8 +341,13 @@ def resolve_launch(root: PathLike, launch=None):
     from gguf_trainer import project
     from gguf_trainer.runner.launch import Launch
 
-    launch = (launch or Launch()).resolved(project.load_project(_paths(root).root).settings)
+    proj = project.load_project(_paths(root).root)
+    launch = (launch or Launch()).resolved(proj.settings)
     launch.check()
+    if launch.needed() and launch.config_file is None:  # a config file says it all itself
+        mock = proj.settings.precompute.mock_teacher or _env_mock()
+        flag = "precompute.processes / train.processes" if launch.per_stage else "--processes"
+        capacity.check_processes(launch.processes or 1, capacity.read_capacity(proj, mock), flag)
     return launch
 
 
@@ -396,9 +401,12 @@ def _check_materials(proj, only: list[str] | None) -> None:
     if done:  # a resume or a re-export: the pipeline decides what it needs
         return
     materials.student_paths(proj)
-    env_mock = os.environ.get(MOCK_ENV, "").strip().lower() not in ("", "0", "false")
-    if not (proj.settings.precompute.mock_teacher or env_mock):
+    if not (proj.settings.precompute.mock_teacher or _env_mock()):
         materials.teacher_paths(proj)
+
+
+def _env_mock() -> bool:
+    return os.environ.get(MOCK_ENV, "").strip().lower() not in ("", "0", "false")
 
 
 def clear_stale_requests(root: PathLike) -> list[str]:
