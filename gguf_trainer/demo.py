@@ -14,7 +14,8 @@ import logging
 from pathlib import Path
 
 from .errors import UserError
-from .project import PROJECTS_ROOT, create_project, load_project, update_settings
+from .paths import PROJECTS_ROOT
+from .project import create_project, load_project, update_settings
 from .tiny.prompts import demo_prompts
 
 log = logging.getLogger(__name__)

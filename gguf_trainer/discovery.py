@@ -27,6 +27,7 @@ import os
 import re
 from pathlib import Path
 
+from . import paths
 from .errors import UserError
 from .folder_check import LISTING_JSON, MANIFEST_DIR, check_folder, local_files
 from .gguf_bounds import check_gguf
@@ -55,9 +56,7 @@ def candidate_roots(project_dir: Path, projects_root: Path | None = None) -> lis
     cwd = Path.cwd()
     roots += [cwd, cwd / "materials", project_dir / "materials", project_dir]
     if projects_root is None:
-        from .project import PROJECTS_ROOT
-
-        projects_root = PROJECTS_ROOT
+        projects_root = paths.PROJECTS_ROOT  # read now: tests point it elsewhere
     if Path(projects_root).is_dir():
         roots += sorted(p / "materials" for p in Path(projects_root).iterdir()
                         if p.is_dir() and p.resolve() != project_dir)

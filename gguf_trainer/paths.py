@@ -6,8 +6,13 @@ Importing this module is cheap: no torch, no pydantic.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
+
+# Where new projects go by default (the demo, the GUI's New project); materials are searched
+# in its projects too (discovery).
+PROJECTS_ROOT = Path(os.environ.get("GGUF_TRAINER_PROJECTS", "~/gguf-trainer/projects")).expanduser()
 
 PROJECT_JSON = "project.json"
 STATE_JSON = "state.json"

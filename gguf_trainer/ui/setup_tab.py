@@ -17,7 +17,7 @@ import gradio as gr
 
 from gguf_trainer import atomic
 from gguf_trainer.errors import UserError
-from gguf_trainer.project import PROJECTS_ROOT
+from gguf_trainer.paths import PROJECTS_ROOT
 from gguf_trainer.runner import control
 from gguf_trainer.runner.status import format_eta
 from gguf_trainer.ui import api, common, files, form, recent

@@ -48,7 +48,7 @@ def project(hub_server, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.delenv("GGUF_TRAINER_MATERIALS", raising=False)
-    monkeypatch.setattr("gguf_trainer.project.PROJECTS_ROOT", tmp_path / "projects")
+    monkeypatch.setattr("gguf_trainer.paths.PROJECTS_ROOT", tmp_path / "projects")
     monkeypatch.setenv("GGUF_TRAINER_PROJECTS", str(tmp_path / "projects"))
     files = vidprom_files(N_ROWS)
     hub_server.add_repo(T5_REPO, tiny_t5_files())

@@ -198,7 +198,7 @@ def test_corpus_mixes_a_downloaded_dataset_with_files_by_weight(hub_server, tmp_
     from gguf_trainer.runner import downloads
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr("gguf_trainer.project.PROJECTS_ROOT", tmp_path / "projects")
+    monkeypatch.setattr("gguf_trainer.paths.PROJECTS_ROOT", tmp_path / "projects")
     hub_server.add_repo(VIDPROM_REPO, vidprom_files(300), repo_type="dataset")
     mine = tmp_path / "mine.txt"
     mine.write_text("\n".join(f"my own prompt number {i}" for i in range(300)) + "\n", "utf-8")
@@ -226,7 +226,7 @@ def test_project_image_sources_need_their_downloads_and_folders(tmp_path, monkey
     from gguf_trainer import corpus_sources
     from gguf_trainer.project import create_project, load_project, update_settings
 
-    monkeypatch.setattr("gguf_trainer.project.PROJECTS_ROOT", tmp_path / "projects")
+    monkeypatch.setattr("gguf_trainer.paths.PROJECTS_ROOT", tmp_path / "projects")
     pics = tmp_path / "pics"
     (pics / "x").mkdir(parents=True)
     (pics / "x" / "a.png").write_bytes(_img("red"))

@@ -33,7 +33,7 @@ def t5(hub_server, tmp_path, monkeypatch):
     hub_server.add_repo(TOK_REPO, TOK_FILES)
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("GGUF_TRAINER_MATERIALS", raising=False)
-    monkeypatch.setattr("gguf_trainer.project.PROJECTS_ROOT", tmp_path / "projects")
+    monkeypatch.setattr("gguf_trainer.paths.PROJECTS_ROOT", tmp_path / "projects")
     root = tmp_path / "projects" / "t5"
     create_project(root, "t5xxl_pixart")
     del files["README.md"]  # on the Hub, but not one of the pack's files

@@ -150,7 +150,7 @@ def test_the_corpus_stage_synthesizes_from_an_image_folder(tmp_path, monkeypatch
     from gguf_trainer.corpus import make_split
     from gguf_trainer.project import create_project, load_project
 
-    monkeypatch.setattr("gguf_trainer.project.PROJECTS_ROOT", tmp_path / "projects")
+    monkeypatch.setattr("gguf_trainer.paths.PROJECTS_ROOT", tmp_path / "projects")
     pics = tmp_path / "pics"
     pics.mkdir()
     for i in range(12):

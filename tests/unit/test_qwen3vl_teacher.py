@@ -255,7 +255,7 @@ def test_the_disk_preflight_estimates_the_reference_mix(tmp_path, monkeypatch):
     from gguf_trainer.project import create_project, load_project
 
     assert 2.3e6 < IMAGE_SAMPLE_BYTES < 2.5e6 and 0.4e6 < TEXT_SAMPLE_BYTES < 0.45e6
-    monkeypatch.setattr("gguf_trainer.project.PROJECTS_ROOT", tmp_path / "projects")
+    monkeypatch.setattr("gguf_trainer.paths.PROJECTS_ROOT", tmp_path / "projects")
     root = tmp_path / "projects" / "mf"
     create_project(root, "qwen3vl_mageflow")
     proj = load_project(root)
