@@ -288,9 +288,7 @@ def cmd_download(args) -> int:
 def _trust_if_asked(args, project_dir) -> None:
     """--trust-remote-code: the user's once-per-snapshot decision (teachers/trust.py)."""
     if getattr(args, "trust_remote_code", False):
-        from gguf_trainer.teachers.trust import confirm_for_project_dir  # torch-free
-
-        _out(confirm_for_project_dir(project_dir))
+        _out(control.confirm_trust(project_dir))
 
 
 def cmd_materials(args) -> int:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from . import atomic
 from .errors import UserError
+from .teachers import trust
 
 log = logging.getLogger(__name__)
 
@@ -190,3 +191,36 @@ def student_identity(project, recorded: str | None = None) -> str:
         return recorded
     gguf, _tok = student_paths(project)
     return file_sha256(gguf, project.paths.hashes_json)
+
+
+# ---------------------------------------------------------------- trusting the teacher's code
+
+
+def _project_teacher(project):
+    """The teacher folder whose code the project would run, or None (no remote code, the mock
+    teacher, or no teacher folder yet)."""
+    if not getattr(project.pack, "remote_code", False) or project.settings.precompute.mock_teacher:
+        return None
+    root = project.material_path("teacher")
+    return root if root is not None and Path(root).is_dir() else None
+
+
+def project_trust_status(project) -> dict | None:
+    """trust_status of the project's teacher snapshot, or None when nothing needs trusting."""
+    root = _project_teacher(project)
+    return None if root is None else trust.trust_status(root)
+
+
+def confirm_project_trust(project) -> dict | None:
+    """The user trusts the project's teacher code as it is now (`--trust-remote-code`, the
+    GUI's button); None when nothing needs trusting."""
+    root = _project_teacher(project)
+    return None if root is None else trust.confirm_trust(root)
+
+
+def require_project_trust(project) -> None:
+    """Before a run starts: UserError with how to confirm when the teacher's code is not
+    trusted (the teacher loader checks again before importing anything)."""
+    root = _project_teacher(project)
+    if root is not None:
+        trust.require_trust(root, project.dir)

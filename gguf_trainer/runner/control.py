@@ -309,6 +309,21 @@ def settings_table_markdown() -> str:
     return project_schema.settings_table_markdown()
 
 
+# ---- teacher code trust -----------------------------------------------------------------
+def confirm_trust(root: PathLike) -> str:
+    """`--trust-remote-code` on run/start/download: confirm the project's teacher code as it
+    is now and say what was trusted, in one line (torch-free: the CLI calls it)."""
+    from gguf_trainer import materials, project
+
+    proj = project.load_project(_paths(root).root)
+    st = materials.confirm_project_trust(proj)
+    if st is None:
+        return (f"--trust-remote-code: nothing to trust ({proj.pack.title} runs no teacher code "
+                "of its own here, or its teacher is not downloaded yet)")
+    return (f"trusted the teacher code in {st['path']} ({len(st['files'])} .py files, sha256 "
+            f"{st['code_hash'][:12]}); a change to it will ask again")
+
+
 # ---- runs -----------------------------------------------------------------------------
 def start(root: PathLike, only: list[str] | None = None, force: bool = False,
           steps: Any = None, launch=None) -> int:

@@ -15,8 +15,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from gguf_trainer import materials
 from gguf_trainer.errors import UserError
 from gguf_trainer.packs.llada_image import PACK
+from gguf_trainer.runner import control
 from gguf_trainer.teachers import trust
 from gguf_trainer.teachers.llada import attention_inputs, load_llada_teacher, plan_backbone
 from gguf_trainer.teachers.llada_compat import (
@@ -520,13 +522,13 @@ def _fake_project(tmp_path, teacher=None, sigvq=None, mock=False, export_sigvq=T
 def test_project_trust_functions(llada_env, snapshot, tmp_path):
     root = shutil.copytree(snapshot, llada_env / "project_trust")
     proj = _fake_project(tmp_path, teacher=root)
-    assert trust.project_trust_status(proj)["reason"] == "never"
+    assert materials.project_trust_status(proj)["reason"] == "never"
     with pytest.raises(UserError, match=f"--project {tmp_path / 'proj'} --trust-remote-code"):
-        trust.require_project_trust(proj)
-    assert trust.confirm_project_trust(proj)["trusted"]
-    trust.require_project_trust(proj)  # no error now
-    assert trust.project_trust_status(_fake_project(tmp_path, teacher=root, mock=True)) is None
-    assert trust.project_trust_status(_fake_project(tmp_path, teacher=None)) is None
+        materials.require_project_trust(proj)
+    assert materials.confirm_project_trust(proj)["trusted"]
+    materials.require_project_trust(proj)  # no error now
+    assert materials.project_trust_status(_fake_project(tmp_path, teacher=root, mock=True)) is None
+    assert materials.project_trust_status(_fake_project(tmp_path, teacher=None)) is None
 
 
 def test_export_without_sigvq_says_so_and_command_leaves_llm_vision_out(tmp_path, caplog):
@@ -567,7 +569,7 @@ def test_trust_remote_code_flag_confirms_the_projects_teacher(llada_env, snapsho
     for cmd in ("run", "start", "download"):
         assert build_parser().parse_args([cmd, "--project", str(proj), "--trust-remote-code"]).trust_remote_code
     assert trust.trust_status(root)["reason"] == "never"
-    line = trust.confirm_for_project_dir(proj)
+    line = control.confirm_trust(proj)
     assert line.startswith(f"trusted the teacher code in {root}") and "3 .py files" in line
     assert trust.trust_status(root)["trusted"]
 
