@@ -36,8 +36,6 @@ from .llada_layout import (
     weights_mismatch,
 )
 
-__all__ = ["WEIGHTS_FILE", "QueryFormer", "TextProjection", "load_module", "module_config"]
-
 
 def _layer_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
     return F.layer_norm(x, (x.shape[-1],), eps=eps)
