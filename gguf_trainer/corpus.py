@@ -13,10 +13,9 @@ accepted, by one rule (`decode_lines` + `clean_text`), each case counted in the 
     that survive decoding would be training on noise;
   * lone surrogates (from JSON escapes) are removed, other control characters become spaces;
   * a .jsonl line that is not a JSON object with a "text" string is skipped;
-  * prompt-weight syntax (`(x)`, `(x:1.2)`, `[x]`, `\\(`) is rewritten to the text the engine
-    tokenizes for it (prompt_syntax.training_text, an exact port of the engine's parser), so
-    training sees the words inference sees and never the brackets; a prompt the engine's
-    parser throws on is skipped.
+  * prompt-weight syntax (`(x)`, `(x:1.2)`, `[x]`, `\\(`) is kept: the student and T5 ids are
+    the engine's chunk ids (template_ids.py), as at inference; a prompt the engine's parser
+    throws on is skipped (prompt_syntax.training_text, an exact port of that parser).
 Whitespace is normalised here, once; from then on the exact text is what the student and
 the teacher see. A corpus with no usable prompt (or fewer than the split needs) is refused
 here, with the counts of why, before any model loads. The split is seeded, so the same
@@ -38,8 +37,8 @@ from pathlib import Path
 from . import atomic
 from .errors import UserError
 from .mageflow_images import engine_refuses
-from .prompt_syntax import RULE_VERSION, training_text, would_rewrite
-from .samples import Sample, iter_samples, write_samples
+from .prompt_syntax import RULE_CHANGES, RULE_VERSION, training_text
+from .samples import Sample, write_samples
 from .stage_list import Stage
 
 log = logging.getLogger(__name__)
@@ -68,7 +67,6 @@ REASONS = {
     "duplicate": "duplicates",
     "empty": "dataset rows without a prompt skipped",
     "bad_row": "dataset rows that could not be parsed skipped",
-    "syntax": "prompts with weight syntax ( ) [ ] \\ rewritten to the text the engine tokenizes",
     "syntax_error": "prompts with a weight the engine cannot read skipped",
 }
 
@@ -102,7 +100,7 @@ def decode_lines(raw: bytes, tally: Counter) -> list[str | None]:
 
 def clean_text(text: str, tally: Counter) -> str | None:
     """Text the tokenizer and a UTF-8 file can hold: no lone surrogates, no control characters,
-    the engine's weight syntax resolved, whitespace collapsed. None: the engine cannot run it.
+    whitespace collapsed, weight syntax kept. None: the engine's parser throws on it.
     Every prompt of every pack passes here (captions of image sources pass the same
     prompt_syntax.training_text in image_sources)."""
     if _SURROGATE.search(text):
@@ -454,27 +452,17 @@ def run_corpus(project, report, split: tuple[list[Sample], list[Sample]] | None 
 SPLIT_KEY = "corpus_split"  # the split `check` built, reused by `run` in the same pipeline run
 
 
-def _syntax_key(project, fp: dict, recorded: dict | None) -> int | None:
-    """The prompt-syntax rule's version for the corpus fingerprint. A corpus recorded before
-    the version was (no key) is kept when none of its stored prompts would be rewritten by the
-    rule (None: the key stays absent, the fingerprint unchanged; checked again at each start,
-    a read of data/*.jsonl); when some would, the current version is returned, so the corpus
-    and everything built on it are redone, and the log says why. A corpus rebuilt anyway (new,
-    or other inputs changed) records the version."""
+def _syntax_key(fp: dict, recorded: dict | None) -> int:
+    """The prompt rule's version for the corpus fingerprint (prompt_syntax.RULE_VERSION: what a
+    stored prompt is and how its ids are made). A corpus recorded under another version (or
+    before versions were recorded) is redone with everything built on it (`status` names
+    prompt_syntax), and the log says what changed."""
     old = (recorded or {}).get("prompt_syntax")
-    if recorded is None or old == RULE_VERSION:
-        return RULE_VERSION
-    if {k: v for k, v in recorded.items() if k != "prompt_syntax"} != json.loads(json.dumps(fp)):
-        return RULE_VERSION  # rebuilt for another reason (compared as recorded: JSON)
-    files = [project.paths.samples(split) for split in ("train", "val")]
-    if not all(f.is_file() for f in files):
-        return RULE_VERSION
-    stale = sum(would_rewrite(s.text or "") for f in files for s in iter_samples(f))
-    if stale == 0:
-        return old
-    log.warning("corpus: %d stored prompt(s) carry weight syntax ( ) [ ] \\ that the prompt-syntax "
-                "rule (version %d) rewrites to the text the engine tokenizes; the corpus is rebuilt",
-                stale, RULE_VERSION)
+    same_inputs = recorded is not None and (
+        {k: v for k, v in recorded.items() if k != "prompt_syntax"} == json.loads(json.dumps(fp)))
+    if same_inputs and old != RULE_VERSION:
+        log.warning("corpus: rebuilt with its shards: the prompt rule changed (version %s -> %d: %s)",
+                    old or "unrecorded", RULE_VERSION, RULE_CHANGES[RULE_VERSION])
     return RULE_VERSION
 
 
@@ -490,9 +478,7 @@ class CorpusStage(Stage):
             from .corpus_sources import fingerprint
 
             fp["sources"] = fingerprint(project)
-        syntax = _syntax_key(project, fp, recorded)
-        if syntax is not None:
-            fp["prompt_syntax"] = syntax
+        fp["prompt_syntax"] = _syntax_key(fp, recorded)
         return fp
 
     def folder(self, paths):

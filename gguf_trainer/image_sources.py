@@ -79,8 +79,8 @@ class StoredImage:
 
 
 def _clean_captions(values, tally: Counter) -> tuple[str, ...]:
-    """Whitespace collapsed and the engine's weight syntax resolved, like every corpus prompt
-    (prompt_syntax.training_text)."""
+    """Whitespace collapsed, weight syntax kept (a caption the engine's parser throws on is
+    skipped), like every corpus prompt (prompt_syntax.training_text)."""
     caps = tuple(training_text(" ".join(c.split()), tally) for c in values
                  if isinstance(c, str) and c.strip())
     caps = tuple(c for c in caps if c)
@@ -234,6 +234,5 @@ def describe_tally(tally: Counter) -> str:
              "missing_image": "listed but missing from the zip", "unreadable": "unreadable",
              "corrupt": "corrupt or not images", "same_as_val": "train copies of val images dropped",
              "duplicate": "duplicates dropped",
-             "syntax": "captions with weight syntax ( ) [ ] \\ rewritten to the text the engine tokenizes",
              "syntax_error": "captions with a weight the engine cannot read skipped"}
     return ", ".join(f"{n} {words.get(k, k)}" for k, n in sorted(tally.items()) if n) or "none"

@@ -1,4 +1,4 @@
-"""The prompt-weight syntax the engine rewrites before tokenizing, replicated for training.
+"""The prompt-weight syntax the engine parses before tokenizing, replicated for training.
 
 At inference the engine passes every prompt through `parse_prompt_attention` (ggk 0.9.7
 sdist, `vendor/engine/diffusion/src/core/util.cpp`, a C++ port of A1111's parser): `(x)`,
@@ -8,9 +8,11 @@ separate chunk. Each chunk's text is then tokenized (student and T5 alike: condi
 `model/te/t5.hpp` `T5Embedder::tokenize`) and the ids concatenated; the weights only rescale
 the adapter's output rows afterwards. So the brackets never reach a model.
 
-Training policy (corpus.py applies it to every prompt of every pack): a prompt is replaced
-by the text the engine tokenizes, i.e. its chunks joined. `engine_text` is an exact port of
-the C++ function, quirks included (they decide which characters survive):
+Training policy (corpus.py applies it to every prompt of every pack): a prompt keeps its
+weight syntax; its student and T5 ids are the engine's, each chunk tokenized on its own
+(template_ids.py), and the weights stay out of the targets (the engine applies them to the
+adapter's output rows). A prompt the engine's parser throws on is skipped. The parser is an
+exact port of the C++ function, quirks included (they decide which characters survive):
   * only `\\(` loses its backslash; `\\)`, `\\[`, `\\]` and `\\\\` are kept verbatim
     (A1111's Python strips all of them; the C++ port does not);
   * a `)` or `]` with no open bracket is kept as text; a `:1.2)` with no open `(` vanishes;
@@ -18,8 +20,8 @@ the C++ function, quirks included (they decide which characters survive):
     student and T5 paths tokenize it, with weight -1);
   * a weight `std::stof` cannot read (`(x:.)`, out of float range) throws in the engine: such a
     prompt cannot run there, so `engine_text` raises PromptSyntaxError and the corpus skips it.
-What training does not replicate: the engine tokenizes each chunk separately (a chunk border
-can split a merge, e.g. "an (important) word" ends "an " + "important"), and the weights.
+What training does not replicate: the weights (a teacher has no weight input; the engine
+scales the adapter's rows by them and restores the global mean).
 """
 
 from __future__ import annotations
@@ -39,8 +41,12 @@ _FLT_MIN = float(np.finfo(np.float32).tiny)
 ROUND = np.float32(1.1)
 SQUARE = np.float32(1) / np.float32(1.1)
 # The rule's version, recorded in the corpus fingerprint (corpus.CorpusStage): bump it when
-# training_text changes what a stored prompt would be.
-RULE_VERSION = 1
+# training_text changes what a stored prompt would be, or when the ids of a stored prompt
+# change (template_ids.py, a tokenizer port, a template). 1: syntax rewritten to the
+# joined chunks, ids of the joined template string; 2: syntax kept, the engine's chunked ids.
+RULE_VERSION = 2
+RULE_CHANGES = {2: "weight syntax is now kept and every prompt's ids are the engine's (template "
+                   "pieces and weight chunks tokenized one by one, its Qwen2 BPE and T5 unigram)"}
 
 
 class PromptSyntaxError(ValueError):
@@ -120,24 +126,12 @@ def engine_text(text: str) -> str:
 
 
 def training_text(text: str, tally) -> str | None:
-    """The training policy, for every prompt and caption of every pack: `text` (whitespace
-    already collapsed) as the engine tokenizes it, whitespace collapsed again; counted in
-    `tally` ("syntax": rewritten, "syntax_error": skipped). None: the engine cannot run it."""
+    """The training policy, for every prompt and caption of every pack: `text` as it is (weight
+    syntax kept: template_ids tokenizes its chunks as the engine does), or None, counted in
+    `tally` ("syntax_error"), when the engine's parser throws on it."""
     try:
-        rewritten = " ".join(engine_text(text).split())
+        engine_text(text)
     except PromptSyntaxError:
         tally["syntax_error"] += 1
         return None
-    if rewritten != text:
-        tally["syntax"] += 1
-    return rewritten
-
-
-def would_rewrite(text: str) -> bool:
-    """Whether the training policy would change this stored prompt (or skip it): how a corpus
-    recorded without the rule's version is checked. Conservative: a prompt the rule already
-    produced from an escaped `\\(` holds a literal `(`, which reads as a rewrite."""
-    try:
-        return " ".join(engine_text(text).split()) != text
-    except PromptSyntaxError:
-        return True
+    return text

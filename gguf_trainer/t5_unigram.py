@@ -22,11 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-SPECIAL = {"<pad>": 0, "</s>": 1, "<unk>": 2}
-UNK_ID = 2
+SPECIAL = {"<pad>": 0, "</s>": 1, "<unk>": 2}  # T5; UMT5 (is_umt5) has <s> 2 and <unk> 3
 UNK_PENALTY = np.float32(10.0)
 _MULTI_SPACE = re.compile(" {2,}")
-_SPECIAL_SPLIT = re.compile("(<pad>|</s>|<unk>)")
 META = "\u2581"
 
 
@@ -40,8 +38,11 @@ def metaspace(text: str) -> str:
 
 
 class T5Unigram:
-    def __init__(self, pieces: list[str], scores: list[float]):
+    def __init__(self, pieces: list[str], scores: list[float], special: dict[str, int] | None = None):
         self.ids = {p: i for i, p in reversed(list(enumerate(pieces)))}  # first id of a piece wins
+        self.special = dict(SPECIAL if special is None else special)
+        self.unk_id = self.special["<unk>"]
+        self._split = re.compile("(" + "|".join(map(re.escape, self.special)) + ")")
         self.scores = np.asarray(scores, dtype=np.float32)
         self.unk_score = np.float32(self.scores.min() - UNK_PENALTY)
         self.max_len = max(len(p) for p in pieces)
@@ -55,7 +56,8 @@ class T5Unigram:
         proc.Load(str(path))
         n = proc.get_piece_size()
         pieces = [proc.id_to_piece(i) or "<empty_token>" for i in range(n)]
-        return cls(pieces, [proc.get_score(i) for i in range(n)])
+        special = {pieces[i]: i for i in (proc.pad_id(), proc.eos_id(), proc.unk_id(), proc.bos_id()) if i >= 0}
+        return cls(pieces, [proc.get_score(i) for i in range(n)], special)
 
     def _viterbi(self, text: str) -> list[int]:
         """EncodeOptimized over characters (pieces end on character boundaries, so character
@@ -82,7 +84,7 @@ class T5Unigram:
             if not single:
                 cand = np.float32(self.unk_score + here)
                 if start[s + 1] == -1 or cand > best[s + 1]:
-                    best[s + 1], start[s + 1], ident[s + 1] = cand, s, UNK_ID
+                    best[s + 1], start[s + 1], ident[s + 1] = cand, s, self.unk_id
         out, e = [], n
         while e > 0:
             out.append(ident[e])
@@ -95,11 +97,11 @@ class T5Unigram:
         if hit is not None:
             return list(hit)
         normalized = _MULTI_SPACE.sub(" ", text)
-        parts = [p for p in _SPECIAL_SPLIT.split(normalized) if p] or [""]
+        parts = [p for p in self._split.split(normalized) if p] or [""]
         ids: list[int] = []
         for part in parts:
-            if part in SPECIAL:
-                ids.append(SPECIAL[part])
+            if part in self.special:
+                ids.append(self.special[part])
             else:
                 ids.extend(self._viterbi(metaspace(part)))
         if len(self._memo) > 65536:

@@ -22,9 +22,8 @@ from dataclasses import dataclass
 
 from .prompt_syntax import parse_prompt_attention
 
-# The rule's version, recorded in the corpus fingerprint (prompt_syntax.RULE_VERSION reads
-# it): bump it when the ids of a stored prompt would change (a tokenizer port, a template).
-IDS_VERSION = 1
+# Changing what ids a stored prompt gets (this rule, a tokenizer port, a template) bumps
+# prompt_syntax.RULE_VERSION: the corpus and its shards are redone and `status` says why.
 EMPTY_STUDENT_ID = 151643  # PixArtT5Embedder::compute_qwen_hidden: no tokens -> the Qwen pad
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..prompt_syntax import engine_text
 from ..template_ids import Piece
 from .base import Material, TrainerPack
 
@@ -81,9 +82,10 @@ class LLaDAImagePack(TrainerPack):
 
     def format_prompt(self, text: str) -> str:
         """The released pipeline's string (LLaDAImagePipeline._encode_text), which the teacher
-        tokenizes whole with its own tokenizer: the prompt stripped, "" -> "... image." as in
-        the engine."""
-        text = text.strip()
+        tokenizes whole with its own tokenizer: the prompt's weight chunks joined (the pipeline
+        has no weight syntax; the engine scales rows by the weights afterwards), stripped, and
+        "" -> "... image." as in the engine."""
+        text = engine_text(text).strip()
         return f"{HUMAN}: {text}{ASSISTANT}" if text else f"{HUMAN}.{ASSISTANT}"
 
     def student_pieces(self, sample, image_tokens=()):

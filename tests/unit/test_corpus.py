@@ -189,7 +189,7 @@ MEMBERS = {
                   ["\u00fcber cool k\u00f6nig"], None),
     "nul_bytes": (_utf8(GOOD) + b"bin\x00ary\x00junk\n", ".txt", [], "binary"),
     "control_chars": (_utf8(GOOD + ["bell\x07 and\x1b[31m escape and\x7f del"]), ".txt",
-                      ["bell and 31m escape and del"], "control"),  # "[" too: the engine drops it
+                      ["bell and [31m escape and del"], "control"),  # "[" is kept: weight syntax
     "encoded_surrogate": (_utf8(GOOD) + b"half \xed\xa0\x80 emoji\n", ".txt", [], "legacy"),
     "json_lone_surrogate": ("\n".join(json.dumps({"text": t}) for t in GOOD + ["lone \ud800 surrogate"])
                             .encode("utf-8"), ".jsonl", ["lone surrogate"], "surrogates"),

@@ -1,4 +1,5 @@
-"""Prompt-weight syntax: training prompts are the text the engine tokenizes.
+"""Prompt-weight syntax: the engine's parser, ported; training prompts keep their syntax (their
+ids are the engine's chunk ids, tests/unit/test_template_ids.py) unless the parser throws.
 
 The engine rewrites every prompt with `parse_prompt_attention` (ggk 0.9.7 sdist,
 vendor/engine/diffusion/src/core/util.cpp, lines 806-906) before any tokenizer sees it;
@@ -26,7 +27,8 @@ from gguf_trainer.prompt_syntax import (
     training_text,
 )
 
-# prompt, engine (util.cpp output joined; None = std::stof throws), training text
+# prompt, engine (util.cpp output joined; None = std::stof throws), that text with whitespace
+# collapsed (what rule 1 stored; rule 2 stores the prompt itself)
 TABLE = [
     ("a red fox, oil painting", "a red fox, oil painting", "a red fox, oil painting"),
     ("an (important) word", "an important word", "an important word"),
@@ -56,17 +58,16 @@ TABLE = [
 ]
 
 
-@pytest.mark.parametrize("prompt, engine, training", TABLE, ids=[t[0] for t in TABLE])
-def test_prompt_is_rewritten_as_the_engine_does(prompt, engine, training):
+@pytest.mark.parametrize("prompt, engine, joined", TABLE, ids=[t[0] for t in TABLE])
+def test_prompt_is_parsed_as_the_engine_does_and_kept_for_training(prompt, engine, joined):
     tally: Counter = Counter()
     if engine is None:
         with pytest.raises(PromptSyntaxError):
             engine_text(prompt)
         assert training_text(prompt, tally) is None and tally == {"syntax_error": 1}
         return
-    assert engine_text(prompt) == engine
-    assert training_text(prompt, tally) == training
-    assert tally == ({"syntax": 1} if training != prompt else {})
+    assert engine_text(prompt) == engine and " ".join(engine.split()) == joined
+    assert training_text(prompt, tally) == prompt and not tally  # the syntax is kept
 
 
 def test_weights_are_the_engines():
@@ -85,7 +86,7 @@ def settings(**c):
 PLAIN = [f"a plain prompt number {i} about a lake" for i in range(20)]
 
 
-def test_corpus_files_are_rewritten_and_counted_in_the_log(tmp_path, caplog):
+def test_corpus_files_keep_weight_syntax_and_skip_what_the_engine_throws_on(tmp_path, caplog):
     src = tmp_path / "p.txt"
     src.write_text("\n".join(PLAIN + ["(masterpiece:1.2), a red fox", "a [blurry] castle at night",
                                       "(a broken weight:.) here"]) + "\n", encoding="utf-8")
@@ -93,25 +94,24 @@ def test_corpus_files_are_rewritten_and_counted_in_the_log(tmp_path, caplog):
     jl.write_text('{"text": "(a jsonl prompt), with weights"}\n', encoding="utf-8")
     train, val = corpus.build_split(settings(files=[str(src), str(jl)], n_val=4, empty_frac=0.0))
     texts = {s.text for s in train + val}
-    assert {"masterpiece, a red fox", "a blurry castle at night", "a jsonl prompt, with weights"} <= texts
+    assert {"(masterpiece:1.2), a red fox", "a [blurry] castle at night",
+            "(a jsonl prompt), with weights"} <= texts
     assert set(PLAIN) <= texts and not any("broken weight" in t for t in texts)
-    assert not any(c in t for t in texts for c in "()[]")
-    assert f"{src}: 2 {corpus.REASONS['syntax']}, 1 {corpus.REASONS['syntax_error']}" in caplog.text
-    assert f"{jl}: 1 {corpus.REASONS['syntax']}" in caplog.text
+    assert f"{src}: 1 {corpus.REASONS['syntax_error']}" in caplog.text
 
 
-def test_prompt_datasets_are_rewritten_and_counted_in_the_log(caplog):
-    pools = {"gustavosta": PLAIN + ["portrait of a lady, (intricate:1.3), [[blur]]"]}
+def test_prompt_datasets_keep_weight_syntax(caplog):
+    pools = {"gustavosta": PLAIN + ["portrait of a lady, (intricate:1.3), [[blur]]", "(x:.)"]}
     train, val = corpus.build_split(settings(presets=["gustavosta"], n_val=4, empty_frac=0.0),
                                     preset_pools=pools)
-    assert "portrait of a lady, intricate, blur" in {s.text for s in train + val}
-    assert f"prompt dataset gustavosta: 1 {corpus.REASONS['syntax']}" in caplog.text
+    assert "portrait of a lady, (intricate:1.3), [[blur]]" in {s.text for s in train + val}
+    assert f"prompt dataset gustavosta: 1 {corpus.REASONS['syntax_error']}" in caplog.text
 
 
-def test_image_captions_are_rewritten_and_counted(tmp_path):
+def test_image_captions_keep_weight_syntax(tmp_path):
     (tmp_path / "a.png").write_bytes(b"not decoded here")
     (tmp_path / "a.txt").write_text("a (red:1.2) door\n(bad:.)\n", encoding="utf-8")
     tally: Counter = Counter()
     (entry,) = folder_entries(tmp_path, tally)
-    assert entry.captions == ("a red door",)
-    assert tally["syntax"] == 1 and tally["syntax_error"] == 1
+    assert entry.captions == ("a (red:1.2) door",)
+    assert tally["syntax_error"] == 1 and "syntax" not in tally

@@ -50,6 +50,11 @@ def test_llada_weighted_prompt_is_chunked_with_the_space_its_own_chunk(tok, enc)
     assert ids != hf(tok, LLADA_HUMAN + " a cat in a hat" + LLADA_TAIL)
 
 
+def test_llada_teacher_reads_the_weighted_prompts_words_without_brackets():
+    pack = get_pack("llada_image")
+    assert pack.format_prompt("(a cat:1.2) in [rain]") == LLADA_HUMAN + " a cat in rain" + LLADA_TAIL
+
+
 def test_llada_empty_prompt_is_the_engines_single_piece(enc, tok):
     pack = get_pack("llada_image")
     (piece,) = pack.student_pieces(Sample(""))
