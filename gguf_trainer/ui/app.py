@@ -45,6 +45,12 @@ CSS = """
 #file-browser { position: fixed !important; top: 8vh; left: 50%; transform: translateX(-50%);
   width: min(960px, 94vw); max-height: 84vh; overflow-y: auto; z-index: 1000;
   box-shadow: 0 8px 40px rgba(0, 0, 0, 0.35); border: 1px solid #888; }
+/* Material table headers are words: never broken inside one. */
+#materials-md th { white-space: nowrap; word-break: keep-all; }
+/* Vega lays the series legend out below the plot's own height and the SVG clips it: let it
+   show, with room under the chart, so train cos and val cos are labelled. */
+#loss-plot .vega-embed, #cos-plot .vega-embed { height: calc(100% - 64px) !important; }
+#loss-plot svg.marks, #cos-plot svg.marks { overflow: visible !important; }
 /* A field the last save refused (form.mark): red frame, its sentence red under the label. */
 .field-error { border: 2px solid #d9480f !important; border-radius: 6px; }
 .field-error [data-testid="block-info"], .field-error .info { color: #b3380b !important; }

@@ -40,6 +40,10 @@ class SetupParts:
     download: gr.Button
     one_material: gr.Dropdown
     one_download: gr.Button
+    replace_id: gr.Dropdown
+    replace_path: gr.Textbox
+    replace_browse: gr.Button
+    replace_button: gr.Button
     trust_md: gr.Markdown
     trust_button: gr.Button
     token: gr.Textbox
@@ -127,6 +131,12 @@ def build() -> SetupParts:
             download = gr.Button("Download missing", interactive=False, elem_id="btn-download")
             one_material = gr.Dropdown([], label="One material", scale=2, elem_id="one-material")
             one_download = gr.Button("Download it", interactive=False, scale=0, elem_id="btn-download-one")
+        with gr.Row(equal_height=True):
+            replace_id = gr.Dropdown([], label="Replace a material", scale=2, elem_id="replace-material")
+            replace_path = gr.Textbox(label="with this folder or file (checked, then linked where it is)",
+                                      scale=4, elem_id="replace-path")
+            replace_browse = gr.Button("Browse…", size="sm", scale=0)
+            replace_button = gr.Button("Replace", scale=0, elem_id="btn-replace")
         trust_md = gr.Markdown("", visible=False, elem_id="trust-md")
         trust_button = gr.Button("Trust and run this code", visible=False, variant="stop",
                                  elem_id="btn-trust")
@@ -145,7 +155,8 @@ def build() -> SetupParts:
     save_md = gr.Markdown("", elem_id="save-md")
     return SetupParts(recent_dd, open_path, open_browse, open_button, pack, pack_info, create_parent,
                       create_browse, create_name, create_button, project_md, materials_md, download,
-                      one_material, one_download, trust_md, trust_button, token, token_save,
+                      one_material, one_download, replace_id, replace_path, replace_browse,
+                      replace_button, trust_md, trust_button, token, token_save,
                       token_md, fm, preflight_btn, preflight_md, save, save_md, browser, browser_for,
                       browser_msg, target, root, folder, entries, up, use, close, roots_text,
                       roots_save)
@@ -195,6 +206,15 @@ def _where(path: str | None) -> str:
     return "`…/" + "/".join(parts[-2:]) + "`" if len(parts) > 2 else f"`{path}`"
 
 
+def _origin(m: dict) -> str:
+    """Where a material came from (material status `source`): "downloaded", "in the project
+    folder" or "linked from …/<folder>"; "—" while it is not set."""
+    source = m.get("source") or ""
+    if source.startswith("linked from /"):
+        return "linked from " + _where(source.removeprefix("linked from "))
+    return source or "—"
+
+
 def materials_view(project: str | None) -> tuple:
     """(table markdown, Download-missing button, per-material dropdown, its button)."""
     off = gr.update(interactive=False)
@@ -218,13 +238,36 @@ def materials_view(project: str | None) -> tuple:
         rows.append([m.get("title") or m["id"], "required" if m.get("required") else "optional",
                      st.upper() if st == "failed" else st,
                      f"{common.fmt_size(done)} / {common.fmt_size(total)}", prog, rate, eta,
-                     _where(m.get("path")) + (f" — {why}" if why else "")])
-    table = common.md_table(["material", "", "status", "size", "progress", "rate", "ETA", "where"], rows)
+                     _origin(m), _where(m.get("path")) + (f" — {why}" if why else "")])
+    table = common.md_table(["material", "need", "status", "size", "progress", "rate", "ETA", "from",
+                             "where"], rows)
     # Disabled while a download runs (a second click can never start a duplicate) and when
     # every file is present.
     fetch = gr.update(interactive=bool(can_fetch) and not busy)
     return (table or "This pack needs no materials."), fetch, \
         gr.update(choices=can_fetch, value=can_fetch[0][1] if can_fetch else None), fetch
+
+
+def replace_choices(project: str | None):
+    """The Replace dropdown: every material of the project's pack."""
+    got = api.materials(project) if project else {}
+    choices = [(m.get("title") or m["id"], m["id"]) for m in got.get("materials") or []]
+    return gr.update(choices=choices, value=choices[0][1] if choices else None)
+
+
+def replace_material(project: str, material_id: str | None, path: str) -> str:
+    """Link `path` as `material_id` (the same check as `gguf-trainer link`: a complete copy,
+    a GGUF for the student); returns the sentence for the toast."""
+    link = common.feature("gguf_trainer.runner.control:link_material",
+                          "gguf_trainer.runner.downloads:link_material")
+    if link is None:
+        raise UserError(f"linking is {common.NOT_AVAILABLE}; set the path field below instead")
+    if not material_id:
+        raise UserError("choose the material to replace")
+    if not (path or "").strip():
+        raise UserError("type or browse to the folder or file to use instead")
+    row = link(project, material_id, path.strip())
+    return f"{row.get('title') or material_id}: now {row.get('state')}, {_origin(row)} ({row.get('path')})"
 
 
 # ---- trusting a teacher snapshot's own code (optional feature) ------------------------
@@ -272,7 +315,7 @@ def project_summary(view: dict) -> str:
 
 def load_outputs(p: SetupParts) -> list:
     return [p.project_md, p.recent, p.open_path, p.save, p.materials_md, p.download, p.one_material,
-            p.one_download, p.trust_md, p.trust_button, *p.form.comps,
+            p.one_download, p.replace_id, p.trust_md, p.trust_button, *p.form.comps,
             *[f.browse for f in p.form.path_fields]]
 
 
@@ -283,14 +326,15 @@ def load_values(p: SetupParts, project: str | None) -> tuple[list, dict | None]:
         return ([("No project open: create one or open a folder." if not recents else
                   "No project open: pick a recent project or create one."),
                  gr.update(choices=recents, value=None), gr.skip(), gr.update(interactive=False),
-                 *materials_view(None), *trust_view(None), *form.fill(p.form, None, None),
+                 *materials_view(None), replace_choices(None), *trust_view(None), *form.fill(p.form, None, None),
                  *form.browse_visibility(p.form, None, None)], None)
     view = control.open_project(project)
     values = view.settings if view.ok else None
     pack_id = (view.pack or {}).get("id")
     read = {"values": values, "version": view.version} if values else None
     return ([project_summary(view.as_dict()), gr.update(choices=recents, value=view.root), view.root,
-             gr.update(interactive=values is not None), *materials_view(project), *trust_view(project),
+             gr.update(interactive=values is not None), *materials_view(project),
+             replace_choices(project), *trust_view(project),
              *form.fill(p.form, values, pack_id), *form.browse_visibility(p.form, pack_id, values)], read)
 
 
@@ -363,6 +407,13 @@ def wire(p: SetupParts, project: gr.State, read: gr.State, cursor: gr.State, aft
         return trust_view(proj)
 
     p.trust_button.click(do_trust, [project], [p.trust_md, p.trust_button])
+    @common.shown_errors
+    def do_replace(proj, material_id, path):
+        gr.Info(replace_material(common.need_project(proj), material_id, path), title="Materials")
+        ups, rd = load_values(p, proj)  # the path field and the table show the new copy
+        return [rd, *ups]
+
+    p.replace_button.click(do_replace, [project, p.replace_id, p.replace_path], [read, *outs])
     p.download.click(do_download, [project], mat_outs)
     p.one_download.click(do_download, [project, p.one_material], mat_outs)
     _wire_browser(p, project)
@@ -477,6 +528,7 @@ def _wire_browser(p: SetupParts, project: gr.State) -> None:
         f.browse.click(lambda proj, cur, _k=f.key: open_for(_k, proj, cur), [project, f.comp], bro_outs)
     p.open_browse.click(lambda proj, cur: open_for("#open", proj, cur), [project, p.open_path], bro_outs)
     p.create_browse.click(lambda proj, cur: open_for("#create", proj, cur), [project, p.create_parent], bro_outs)
+    p.replace_browse.click(lambda proj, cur: open_for("#replace", proj, cur), [project, p.replace_path], bro_outs)
 
     def listed(folder, roots):
         """(folder, entries, message): a refused folder clears the old listing and says why
@@ -521,11 +573,11 @@ def _wire_browser(p: SetupParts, project: gr.State) -> None:
                 outs.append("\n".join([*lines, path]) if path not in lines else cur)
             else:
                 outs.append(path)
-        return [gr.update(visible=False),
-                path if key == "#open" else gr.skip(), path if key == "#create" else gr.skip(), *outs]
+        return [gr.update(visible=False), path if key == "#open" else gr.skip(),
+                path if key == "#create" else gr.skip(), path if key == "#replace" else gr.skip(), *outs]
 
     p.use.click(use, [p.target, p.entries, p.folder, *[f.comp for f in path_fields]],
-                [p.browser, p.open_path, p.create_parent, *[f.comp for f in path_fields]])
+                [p.browser, p.open_path, p.create_parent, p.replace_path, *[f.comp for f in path_fields]])
 
     @common.shown_errors
     def save_roots(text):

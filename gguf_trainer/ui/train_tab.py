@@ -24,6 +24,7 @@ STAGE_CLASSES = ("stage", "stage-box")
 # No data is None, never an empty DataFrame: a LinePlot that starts from an empty frame draws
 # no lines for the data that arrives later (Gradio 6.31).
 EMPTY_CHART = None
+CHART_PX = 340
 # steps/s is not among them: the one rate shown is the training stage's (step_rate).
 METRIC_LABELS = {"loss": "loss", "cos": "train cos", "val_cos": "val cos", "best_val_cos": "best val cos",
                  "lr": "learning rate", "mse": "mse", "rel_mse": "rel mse",
@@ -73,12 +74,17 @@ def build() -> TrainParts:
         with gr.Column(scale=3):
             with gr.Row():
                 log_scale = gr.Checkbox(False, label="log10 loss", elem_id="log-scale", scale=0)
-            loss_plot = gr.LinePlot(EMPTY_CHART, x="step", y="value", color="series", height=260,
-                                    title="Loss", elem_id="loss-plot", label="loss",
-                                    color_map={"loss": "#4f6ef7"})
-            cos_plot = gr.LinePlot(EMPTY_CHART, x="step", y="value", color="series", height=260,
-                                   title="Cosine", elem_id="cos-plot", label="cosine",
-                                   color_map={"train cos": "#2f9e63", "val cos": "#e0a52a"})
+            # Tall enough for the legend: at 260 px the cosine legend was cut off, and the two
+            # lines could not be told apart. The step axis runs to the planned steps (chart()).
+            loss_plot = gr.LinePlot(EMPTY_CHART, x="step", y="value", color="series", height=CHART_PX,
+                                    title="Loss", elem_id="loss-plot", label="loss", x_title="step",
+                                    y_title="loss", color_title="", color_map={"loss": "#4f6ef7"},
+                                    colors_in_legend=["loss"])
+            cos_plot = gr.LinePlot(EMPTY_CHART, x="step", y="value", color="series", height=CHART_PX,
+                                   title="Cosine", elem_id="cos-plot", label="cosine", x_title="step",
+                                   y_title="cosine", color_title="",
+                                   color_map={"train cos": "#2f9e63", "val cos": "#e0a52a"},
+                                   colors_in_legend=["train cos", "val cos"])
         with gr.Column(scale=2):
             metrics = gr.Markdown("", elem_id="train-metrics")
             with gr.Row(equal_height=True):
