@@ -13,7 +13,9 @@ sentence (`UnsafeProjectFile`, a UserError). A file that does not exist raises
 FileNotFoundError as `open` does, so callers keep their "not written yet" behaviour.
 
 The check is made on the path and again on the opened descriptor (`/proc/self/fd`), so a
-link swapped in between the two cannot slip through. Knows nothing of projects beyond
+link swapped in between the two cannot slip through. Logs and metrics are appended through
+`open_append`, which refuses a link in the file's place, so a planted link cannot make the
+tool write into someone's file either. Knows nothing of projects beyond
 "a folder"; imports only errors.
 
     with project_file.open_file(paths.root, paths.eval_json) as f:
@@ -22,6 +24,7 @@ link swapped in between the two cannot slip through. Knows nothing of projects b
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
@@ -33,15 +36,23 @@ from .errors import UserError
 class UnsafeProjectFile(UserError, ValueError):
     """A project file that leads outside the project or is not a regular file. Also a
     ValueError, so readers that treat any unusable file as absent (status) keep doing so;
-    readers whose answer the user asked for (eval.json, a log) let the sentence out."""
+    readers whose answer the user asked for (eval.json, a log) let LeadsOutside's sentence out."""
+
+
+class LeadsOutside(UnsafeProjectFile):
+    """A link (or a linked folder on the way) that leads outside the project."""
+
+
+class NotAFile(UnsafeProjectFile):
+    """A folder, FIFO or device where the tool writes a file: nothing to show, like absent."""
 
 
 def _is_under(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
-def _outside(path: os.PathLike | str, real: str, base: str) -> UnsafeProjectFile:
-    return UnsafeProjectFile(
+def _outside(path: os.PathLike | str, real: str, base: str) -> LeadsOutside:
+    return LeadsOutside(
         f"{path} leads outside the project folder {base} (to {real}), so it is not shown or "
         "returned; replace that link with the tool's own file or remove it.")
 
@@ -57,7 +68,7 @@ def resolve(root: str | os.PathLike, path: str | os.PathLike) -> Path:
         raise _outside(path, real, base)
     st = os.stat(real)  # FileNotFoundError propagates: "not written yet"
     if not stat.S_ISREG(st.st_mode):
-        raise UnsafeProjectFile(f"{path} is not a regular file (the tool writes a file there), "
+        raise NotAFile(f"{path} is not a regular file (the tool writes a file there), "
                                 "so it is not read; move it away.")
     return Path(real)
 
@@ -77,7 +88,7 @@ def open_file(root: str | os.PathLike, path: str | os.PathLike) -> BinaryIO:
     fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise UnsafeProjectFile(f"{path} is not a regular file (the tool writes a file "
+            raise NotAFile(f"{path} is not a regular file (the tool writes a file "
                                     "there), so it is not read; move it away.")
         landed = _opened_path(fd)
         base = os.path.realpath(root)
@@ -88,6 +99,33 @@ def open_file(root: str | os.PathLike, path: str | os.PathLike) -> BinaryIO:
     except BaseException:
         os.close(fd)
         raise
+
+
+def open_append(folder: str | os.PathLike, path: str | os.PathLike) -> BinaryIO:
+    """`path` (a log, metrics.jsonl) opened to append, created if absent: never through a
+    link (the tool makes none; `pipeline.log -> ~/.bashrc` would have the run's output
+    appended to someone's file) and only inside `folder`. UnsafeProjectFile otherwise."""
+    base = os.path.realpath(folder)
+    parent = os.path.realpath(os.path.dirname(os.path.abspath(path)))
+    if not _is_under(parent, base):
+        raise _outside(path, parent, base)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+                     | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        if e.errno == errno.ELOOP:  # O_NOFOLLOW met a symbolic link
+            raise LeadsOutside(f"{path} is a symbolic link, so nothing is written to it "
+                                    "(the tool writes only its own files); remove the link.") from None
+        if e.errno == errno.ENXIO:  # a FIFO nobody reads
+            raise NotAFile(f"{path} is not a regular file (the tool writes a file "
+                                    "there), so nothing is written to it; move it away.") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise NotAFile(f"{path} is not a regular file (the tool writes a file there), "
+                                "so nothing is written to it; move it away.")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "ab")
 
 
 def read_bytes(root: str | os.PathLike, path: str | os.PathLike,

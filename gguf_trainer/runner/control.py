@@ -528,7 +528,7 @@ def list_exports(root: PathLike) -> list[dict]:
 
 def read_eval(root: PathLike) -> dict | None:
     """eval.json (the last evaluation), or None when there is none or it is unreadable.
-    UnsafeProjectFile (its sentence) when it leads outside the project (a symlink)."""
+    LeadsOutside (its sentence) when it leads outside the project (a symlink)."""
     paths = _paths(root)
     data = _read_json_quiet(paths.eval_json, paths.root)
     return data if isinstance(data, dict) else None
@@ -598,7 +598,8 @@ def read_tail(path: Path, offset: int, max_bytes: int = TAIL_MAX_BYTES,
             start_at = max(offset, size - max_bytes)
             f.seek(start_at)
             data = f.read(size - start_at)
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError):
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError,
+            project_file.NotAFile):  # a folder or FIFO in its place: nothing to show
         return "", 0 if offset == 0 else offset
     end = data.rfind(b"\n") + 1  # a line still being written waits for the next call
     return data[:end].decode("utf-8", errors="replace"), start_at + end
@@ -655,7 +656,7 @@ def _read_json_quiet(path: Path, inside: Path) -> Any:
     project is not quiet: the caller asked to see it, so the sentence goes out."""
     try:
         return atomic.read_json(path, inside=inside)
-    except project_file.UnsafeProjectFile:
+    except project_file.LeadsOutside:
         raise
     except (ValueError, OSError):
         return None

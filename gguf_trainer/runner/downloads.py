@@ -23,6 +23,7 @@ and the CLI use this one module for everything about materials.
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import signal
@@ -30,7 +31,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gguf_trainer import discovery, disk_space, hub, locks
+from gguf_trainer import discovery, disk_space, hub, locks, project_file
 from gguf_trainer.errors import UserError
 from gguf_trainer.folder_check import check_folder
 from gguf_trainer.runner import jobs
@@ -136,7 +137,9 @@ def link_found(root, passed_over: dict[str, list[str]] | None = None) -> list[di
 
 def _note(project, line: str) -> None:
     log.info("%s", line)
-    with open(project.paths.root / DOWNLOAD_LOG, "a", encoding="utf-8") as f:
+    log_file = project.paths.root / DOWNLOAD_LOG  # appended only to the project's own file
+    with io.TextIOWrapper(project_file.open_append(project.paths.root, log_file),
+                          encoding="utf-8") as f:
         f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}\n")
 
 

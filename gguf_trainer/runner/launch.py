@@ -19,6 +19,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+from gguf_trainer import project_file
 from gguf_trainer.errors import UserError
 
 ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch"]
@@ -116,7 +117,7 @@ def run_foreground(paths, launch: Launch, pipeline_args: list[str], on_change=No
     from gguf_trainer.runner import status as status_mod
     from gguf_trainer.runner import supervisor
 
-    with open(paths.pipeline_log, "ab") as out:
+    with project_file.open_append(paths.root, paths.pipeline_log) as out:  # never via a link
         proc = subprocess.Popen(launch.argv(pipeline_args), env={**supervisor._child_env(), **launch.env()},
                                 cwd=paths.root, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)

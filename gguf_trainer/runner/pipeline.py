@@ -26,7 +26,7 @@ import signal
 import sys
 from collections.abc import Callable, Iterator
 
-from gguf_trainer import atomic, locks
+from gguf_trainer import atomic, locks, project_file
 from gguf_trainer.errors import UserError, as_user_error
 from gguf_trainer.exit_codes import EXIT_INTERNAL, EXIT_NO_PROJECT, EXIT_OK, EXIT_USER
 from gguf_trainer.paths import ProjectPaths
@@ -251,6 +251,7 @@ class _QuietFileHandler(logging.FileHandler):
 @contextlib.contextmanager
 def _log_to_file(paths: ProjectPaths) -> Iterator[None]:
     """Timestamped log lines to pipeline.log for the life of the run (root logger)."""
+    project_file.open_append(paths.root, paths.pipeline_log).close()  # a link there: refused
     handler = _QuietFileHandler(paths.pipeline_log, encoding="utf-8")
     handler.setFormatter(logging.Formatter(LOG_FORMAT))
     root = logging.getLogger()

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import io
 import json
 import logging
 import math
@@ -442,13 +443,15 @@ class Report:
 
 
 def _open_metrics_for_append(path: Path):
-    """Append handle; a torn last line (power loss mid-write) is cut off first."""
-    if path.exists():
+    """Append handle; a torn last line (power loss mid-write) is cut off first. A link in the
+    file's place is refused before anything is cut or written (project_file.open_append)."""
+    handle = io.TextIOWrapper(project_file.open_append(path.parent, path), encoding="utf-8")
+    if path.stat().st_size:
         with open(path, "rb+") as f:
             data = f.read()
             if data and not data.endswith(b"\n"):
                 f.truncate(data.rfind(b"\n") + 1)
-    return open(path, "a", encoding="utf-8")
+    return handle
 
 
 def read_metrics(paths: ProjectPaths, offset: int = 0) -> tuple[list[dict], int]:

@@ -38,7 +38,7 @@ from pathlib import Path
 import psutil
 
 import gguf_trainer
-from gguf_trainer import atomic, locks
+from gguf_trainer import atomic, locks, project_file
 from gguf_trainer.errors import NoProjectError, UserError
 from gguf_trainer.paths import ProjectPaths
 from gguf_trainer.runner import lock, state
@@ -94,7 +94,7 @@ def spawn_detached(argv: list[str], log_path: Path, cwd: Path,
         cmd = [sys.executable, "-m", MONITOR_MODULE, "monitor", "--exit-file", str(exit_path),
                "--", *cmd]
     stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
-    with open(log_path, "ab") as out:
+    with project_file.open_append(log_path.parent, log_path) as out:  # never through a link
         out.write(f"===== launch {stamp}: {shlex.join(argv)}\n".encode())
         out.flush()
         proc = subprocess.Popen(cmd, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out,

@@ -17,7 +17,8 @@ import pytest
 
 from gguf_trainer import project_file
 from gguf_trainer.paths import ProjectPaths
-from gguf_trainer.runner import control, state
+from gguf_trainer.project import load_project
+from gguf_trainer.runner import control, downloads, state, supervisor
 from gguf_trainer.ui import live
 
 PACK = "t5xxl_pixart"
@@ -89,8 +90,11 @@ def test_a_linked_folder_on_the_way_cannot_escape(tmp_path, proj, secret):
 
 def test_a_fifo_in_place_of_a_log_does_not_hang_the_reader(proj):
     os.mkfifo(proj / "pipeline.log")
-    with pytest.raises(project_file.UnsafeProjectFile, match="not a regular file"):
-        control.tail_log(proj, 0)
+    assert control.tail_log(proj, 0) == ("", 0)  # nothing to show, at once
+    with pytest.raises(project_file.NotAFile, match="not a regular file"):
+        project_file.read_bytes(proj, proj / "pipeline.log")
+    with pytest.raises(project_file.NotAFile):
+        project_file.open_append(proj, proj / "pipeline.log")
 
 
 def test_a_project_folder_that_is_itself_a_link_works(tmp_path, proj):
@@ -138,3 +142,25 @@ def test_reset_in_a_folder_that_held_someone_elses_files_deletes_only_the_tools(
     assert (paths.data / "notes.csv").read_text() == "my research\n"
     assert (paths.checkpoints / "sub" / "thesis.pt").read_bytes() == b"mine"
     assert not paths.shards.exists()
+
+
+def test_logs_and_metrics_are_never_appended_through_a_link(proj, tmp_path):
+    """`pipeline.log -> ~/.bashrc` must not get the run's output appended to it."""
+    victim = tmp_path / "home" / ".bashrc"
+    victim.parent.mkdir(parents=True)
+    victim.write_text("export PATH=/usr/bin\n")
+    paths = ProjectPaths(proj)
+    for name in ("pipeline.log", "metrics.jsonl", "download.log"):
+        (proj / name).symlink_to(victim)
+    with pytest.raises(project_file.UnsafeProjectFile, match="symbolic link"):
+        supervisor.spawn_detached(["true"], paths.pipeline_log, proj)  # nothing is started
+    with pytest.raises(project_file.UnsafeProjectFile):
+        state._open_metrics_for_append(paths.metrics_jsonl)
+    with pytest.raises(project_file.UnsafeProjectFile):
+        downloads._note(load_project(proj), "student: linked /x")
+    assert victim.read_text() == "export PATH=/usr/bin\n"
+    (proj / "metrics.jsonl").unlink()
+    (proj / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2, "lo')  # torn last line
+    with state._open_metrics_for_append(paths.metrics_jsonl) as f:
+        f.write('{"step": 2}\n')
+    assert (proj / "metrics.jsonl").read_text() == '{"step": 1}\n{"step": 2}\n'
