@@ -14,12 +14,13 @@ output has a fixed shape can be checked (LLaDA-Image, PixArt); for PixArt only t
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
 from .errors import UserError
+from .packs import get_pack, pack_ids
 from .qwen_bpe import engine_bpe
 
 # Reference files, first found wins: an external teacher context (trainer8's m1 dump),
@@ -28,24 +29,6 @@ DUMP_FILES = ("context.bin", "adapter_out.bin", "llm_hidden.bin")
 TOKENS_TXT = "tokens.txt"
 QWEN_HIDDEN = "qwen_hidden.bin"  # the engine's student states: tells a student problem from an adapter one
 T5_IDS_TXT = "t5_ids.txt"
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """How a pack reads the check: the headline, its healthy floor, and below `broken_below`
-    the failure it usually means."""
-
-    headline: str
-    healthy: float
-    broken_below: float
-    broken_means: str
-
-
-VERDICTS = {
-    "llada_image": Verdict("cos_centered", 0.96, 0.92, "~0.87 is the broken-RoPE teacher signature"),
-    "t5xxl_pixart": Verdict("cos", 0.80, 0.60, "under ~0.6 the seed or tokenizer path is broken"),
-}
-KIND_PACK = {"resampler": "llada_image", "seeded_resampler": "t5xxl_pixart"}
 
 
 def read_dump(path, dim: int) -> np.ndarray:
@@ -95,18 +78,18 @@ def compare(pred: np.ndarray, ref: np.ndarray, keep: np.ndarray | None = None) -
 
 
 def verdict_line(pack_id: str, figures: dict) -> str:
-    v = VERDICTS[pack_id]
-    x = figures[v.headline]
-    if x >= v.healthy:
-        return f"healthy: {v.headline} {x:.4f} >= {v.healthy}"
-    if x < v.broken_below:
-        return f"broken: {v.headline} {x:.4f} < {v.broken_below} ({v.broken_means})"
-    return f"weak: {v.headline} {x:.4f} is below the {v.healthy} of a healthy adapter"
+    """The pack's healthy / weak / broken line for these figures (TrainerPack.verdict)."""
+    return get_pack(pack_id).verdict.line(figures)
 
 
 def _pack_for(module) -> str:
+    """The pack whose verdict judges this adapter: the one it names (adapter.pack), else the
+    pack declared the default for its kind (exports from before adapter.pack)."""
+    judged = [p for p in map(get_pack, pack_ids()) if p.verdict is not None]
     pack = (getattr(module, "metadata", {}) or {}).get("adapter.pack")
-    pack = pack if pack in VERDICTS else KIND_PACK.get(module.config.kind)
+    if pack not in [p.id for p in judged]:
+        pack = next((p.id for p in judged if p.check_default_for_kind
+                     and p.adapter_kind == module.config.kind), None)
     if pack is None:
         raise UserError("only fixed-shape adapters (LLaDA-Image resampler, PixArt seeded resampler) "
                         "can be checked against a dump; a token-aligned adapter's rows follow the prompt.")
@@ -194,7 +177,7 @@ def run_check(adapter_path, student_path, dump, prompt: str, tokenizer_dir=None,
         student_cos = compare(hidden, engine_states)["cos"]
     return {"student_cos": student_cos,"adapter": str(adapter_path), "dump": str(dump), "pack": pack_id, "prompt": prompt,
             "student_tokens": len(ids), "tokens_checked": engine_ids is not None, **figures,
-            "verdict": _verdict(pack_id, figures, ref_name(dump)), "thresholds": asdict(VERDICTS[pack_id])}
+            "verdict": _verdict(pack_id, figures, ref_name(dump)), "thresholds": asdict(get_pack(pack_id).verdict)}
 
 
 def ref_name(dump) -> str:

@@ -73,7 +73,7 @@ def evaluate_gguf(project, gguf: Path, which: str = "best", device: str | torch.
         teacher = project.material_path("teacher")
         if record["health"] and teacher is not None and (teacher / TINY_MARKER).exists():
             record["health"] = "n/a: a tiny demo teacher; the reference figures are for the real teacher"
-        if getattr(pack, "reference", None):
+        if pack.reference:
             record["reference"] = dict(pack.reference)  # the recipe's published run, to compare with
     return record
 

@@ -199,7 +199,7 @@ def student_identity(project, recorded: str | None = None) -> str:
 def _project_teacher(project):
     """The teacher folder whose code the project would run, or None (no remote code, the mock
     teacher, or no teacher folder yet)."""
-    if not getattr(project.pack, "remote_code", False) or project.settings.precompute.mock_teacher:
+    if not project.pack.remote_code or project.settings.precompute.mock_teacher:
         return None
     root = project.material_path("teacher")
     return root if root is not None and Path(root).is_dir() else None

@@ -571,7 +571,7 @@ def field_metadata(pack_id: str | None = None) -> list[dict]:
     from .packs import get_pack
 
     pack = get_pack(pack_id)
-    declared = getattr(pack, "field_meta", {}) or {}
+    declared = pack.field_meta
     by_key = {f["key"]: f for f in fields}
     for key, value in (pack.defaults or {}).items():
         if key in by_key:

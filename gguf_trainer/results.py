@@ -29,7 +29,7 @@ def ggk_command(project: Project) -> tuple[str, list[str]]:
         student_arg = str(student)
     cmd = pack.engine_command(student=shlex.quote(student_arg),
                               adapter=shlex.quote(str(project.final_gguf)))
-    notes += list(getattr(pack, "engine_notes", ()))  # the pack's advice for running it
+    notes += list(pack.engine_notes)  # the pack's advice for running it
     if "tiny" in Path(student_arg).name:
         notes.append("this project's student is the demo's tiny stand-in, not the real pig_clip: "
                      "its adapter only fits that stand-in, so this command shows the shape of a "

@@ -58,6 +58,26 @@ STUDENT_MATERIALS = (
 )
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """How a pack reads an adapter's figures against its teacher (eval's health line and
+    `gguf-trainer check`): the headline figure, its healthy floor, and below `broken_below`
+    the failure it usually means."""
+
+    headline: str
+    healthy: float
+    broken_below: float
+    broken_means: str
+
+    def line(self, figures: dict) -> str:
+        x = figures[self.headline]
+        if x >= self.healthy:
+            return f"healthy: {self.headline} {x:.4f} >= {self.healthy}"
+        if x < self.broken_below:
+            return f"broken: {self.headline} {x:.4f} < {self.broken_below} ({self.broken_means})"
+        return f"weak: {self.headline} {x:.4f} is below the {self.healthy} of a healthy adapter"
+
+
 class TrainerPack:
     """Base class; a pack module defines a subclass and registers one instance."""
 
@@ -83,7 +103,7 @@ class TrainerPack:
     defaults: dict[str, Any] = {}
     hints: dict[str, str] = {}
     # Per-field GUI metadata for the settings this pack changes (dotted key -> label, help,
-    # ge/le, choices ...), laid over the schema's own (project.field_metadata merges them).
+    # ge/le, choices ...), laid over the schema's own (project_schema.field_metadata merges them).
     field_meta: dict[str, dict] = {}
     teacher_memory_gib: float = 0.0  # the teacher's weights in memory; the placement planner's need
     teacher_offload: str = "stream"  # how offload mode holds the weights: hardware.OFFLOAD_KINDS
@@ -92,6 +112,16 @@ class TrainerPack:
     export_kv: dict[str, Any] = {}
     bytes_per_sample: int = 0  # shard bytes per sample at the reference corpus
     image_pad_id: int = 0  # vision packs: the student token whose runs receive image embeds
+    remote_code: bool = False  # the teacher snapshot runs its own Python: trust records first
+    # The recipe's published run (figures and where it ran), copied into eval.json to compare.
+    reference: dict[str, Any] = {}
+    engine_notes: tuple[str, ...] = ()  # advice printed under the ggk command (results.py)
+    # healthy / weak / broken floors of a real teacher's eval and of `gguf-trainer check`;
+    # None: no verdict (no reference run to judge by).
+    verdict: Verdict | None = None
+    # `gguf-trainer check` reads an adapter of this pack's kind that names no pack
+    # (adapter.pack) as this pack's: at most one pack per adapter kind sets it.
+    check_default_for_kind: bool = False
 
     @property
     def fixed_rows(self) -> int:
@@ -138,6 +168,12 @@ class TrainerPack:
         raise UserError(f"the real {self.title} teacher is not in this version yet; turn on "
                         "precompute.mock_teacher (or set GGUF_TRAINER_MOCK_TEACHER=1) to run the pipeline.")
 
+    def check_teacher(self, materials: dict[str, Path]) -> str | None:
+        """A header-only check of the teacher files (tensor names and shapes, the tokenizer; no
+        weights read): a one-line summary, or UserError naming the file to fix. None: the pack
+        has no such check (the default); material status then checks file presence only."""
+        return None
+
     def teacher_gib(self, materials: dict[str, Path], device) -> float:
         """The memory the teacher in these folders takes once loaded on `device` (the
         pre-flight's need); default: the pack's reference figure."""
@@ -176,12 +212,10 @@ class TrainerPack:
     def health_line(self, metrics: dict) -> str | None:
         """For a real teacher's eval: healthy / weak / broken against the pack's reference
         figures (one table, shared with `gguf-trainer check`), or None without one."""
-        from ..check import VERDICTS, verdict_line
-
-        v = VERDICTS.get(self.id)
+        v = self.verdict
         if not v or metrics.get(v.headline) is None:
             return None
-        line = verdict_line(self.id, metrics)
+        line = v.line(metrics)
         steps = metrics.get("trained_steps")
         if isinstance(steps, int) and steps < self.health_after_steps and not line.startswith("healthy"):
             line = (f"too early to judge at {steps} steps: from {self.health_after_steps} steps on, "

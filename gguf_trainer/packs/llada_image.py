@@ -8,9 +8,9 @@ from pathlib import Path
 
 from ..prompt_syntax import engine_text
 from ..template_ids import Piece
-from .base import Material, TrainerPack
+from .base import Material, TrainerPack, Verdict
 
-# The engine's template (conditioner.hpp 3443-3463, LLMEmbedder::get_learned_condition, LLaDA):
+# The engine's template (conditioner.hpp 3444-3464, LLMEmbedder::get_learned_condition, LLaDA):
 # the prefix, " " + the prompt as the prompt range (the space belongs to it), the suffix;
 # the empty prompt is one piece ending "image." with no prompt range.
 HUMAN = "<role>HUMAN</role> Generate an image"
@@ -61,6 +61,8 @@ class LLaDAImagePack(TrainerPack):
     teacher_memory_gib = 34.0
     teacher_offload = "split"  # offload = an accelerate device map: the card's budget, then RAM
     remote_code = True  # the backbone is the snapshot's own Python: trust records, teachers/trust.py
+    verdict = Verdict("cos_centered", 0.96, 0.92, "~0.87 is the broken-RoPE teacher signature")
+    check_default_for_kind = True  # `check` reads a resampler naming no pack as LLaDA's
     health_after_steps = 2000  # early in a run every adapter is under the floor
     health_early_hint = "a centred cosine near 0.87 is the broken-RoPE teacher signature"
     health_reference = "val centred cosine 0.965 / rel_mse 0.0024 (RTX 5090 run)"

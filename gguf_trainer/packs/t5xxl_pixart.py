@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import copy
 
-from .base import Material, TrainerPack
+from .base import Material, TrainerPack, Verdict
 
 T5_WINDOW = 120  # PixArt-alpha caption_length
-# PixArtT5Embedder (conditioner.hpp 1783-1816): the raw prompt's weight chunks, no template,
-# for the student (the base pack's pieces) and for T5 (teachers/t5.py).
-ENGINE_TEMPLATE = ("diffusion/src/conditioning/conditioner.hpp", 1783, 1816)
+# PixArtT5Embedder (conditioner.hpp 1781-1822): the raw prompt's weight chunks, no template
+# (engine_template {}), for the student (the base pack's pieces) and for T5 (teachers/t5.py).
 T5_VOCAB = 32128  # T5 v1.1 sentencepiece
 
 
@@ -61,6 +60,8 @@ class PixArtT5Pack(TrainerPack):
     health_after_steps = 2000  # the health floor (cos ~0.6) reads a broken seed/tokenizer from here on
     health_early_hint = "cos at or under ~0.6 means a broken seed or tokenizer path"
     health_reference = "val cos 0.827 at 12.5k steps, runs plateau at 0.80-0.83"
+    verdict = Verdict("cos", 0.80, 0.60, "under ~0.6 the seed or tokenizer path is broken")
+    check_default_for_kind = True  # `check` reads a seeded resampler naming no pack as PixArt's
     reference = {"val cos": 0.827, "at step": 12500, "prompts": 117000,
                  "plateau of both reference runs": "0.80-0.83 (the 0.6B student is the ceiling)"}
     engine_notes = (

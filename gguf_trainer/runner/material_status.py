@@ -195,14 +195,15 @@ def check_content(out: dict, project, material, dest: Path) -> None:
     summary as the note, or state "failed", `verified` False and the sentence naming the file
     to fix as the error (every file is there, but precompute would refuse it: it is not ready,
     and downloading again cannot fix it)."""
-    check = getattr(project.pack, "check_teacher", None)
-    if check is None or material not in project.pack.teacher_materials:
+    if material not in project.pack.teacher_materials:
         return
     try:
-        summary = check({material.id: dest})
+        summary = project.pack.check_teacher({material.id: dest})
     except UserError as e:
         out.update(state="failed", verified=False, error=str(e))
     else:
+        if summary is None:  # the pack has no header check: file presence is all there is
+            return
         out.update(verified=True, note="; ".join(filter(None, [out.get("note"), summary])))
 
 
