@@ -202,25 +202,67 @@ def source_files(settings) -> list[Path]:
     return [Path(p).expanduser() for p in paths]
 
 
+PATH_SETTINGS = ("files", "train_file", "val_file", "image_folders")  # places, not content
+
+
+def placeless(corpus_settings: dict) -> dict:
+    """The corpus settings with each path replaced by what it means to the split: how many
+    files or folders, whether a train/val file is set. Where they are is no input."""
+    out = dict(corpus_settings)
+    for key in PATH_SETTINGS:
+        value = out.get(key)
+        out[key] = len(value) if isinstance(value, list) else bool(value)
+    return out
+
+
 def fingerprint_inputs(settings) -> dict:
-    """The corpus settings plus a hash of every source file and of the images they reference
-    (by path, size and mtime: re-reading every image at each start would cost minutes)."""
-    files, images = {}, hashlib.sha256()
+    """The corpus settings (paths left out) plus each source file's content identity, in
+    order (size + sha256), and the images .jsonl files reference (by size and mtime, in
+    order: their names are in the hashed .jsonl, and re-reading every image at each start
+    would cost minutes). Moving the files or the project changes nothing here."""
+    files, images = [], hashlib.sha256()
     for p in source_files(settings):
         if not p.is_file():
-            files[str(p)] = "missing"
+            files.append("missing")
             continue
         raw = p.read_bytes()
-        files[str(p)] = hashlib.sha256(raw).hexdigest()
+        files.append({"bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest()})
         if p.suffix.lower() == ".jsonl" and b'"images"' in raw:
             for s in read_source(p, Counter()):
                 for img in s.images:
                     st = img.stat() if img.is_file() else None
-                    images.update(f"{img}|{st and st.st_size}|{st and st.st_mtime_ns}\n".encode())
-    out = {"settings": settings.corpus.model_dump(mode="json"), "files": files}
+                    images.update(f"{st and st.st_size}|{st and st.st_mtime_ns}\n".encode())
+    out = {"settings": placeless(settings.corpus.model_dump(mode="json")), "files": files}
     if images.digest() != hashlib.sha256().digest():
         out["images"] = images.hexdigest()
     return out
+
+
+def legacy_same_content(recorded: dict | None, fp: dict) -> bool:
+    """A corpus recorded by an older version (files keyed by their absolute paths, settings
+    with paths) that was made from the same content as `fp`: same settings but for the
+    paths, the same file hashes in the same roles. Compared once per start, by content only
+    (nothing is read at the recorded paths, which may now belong to another project)."""
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("files"), dict):
+        return False
+    old_settings, old_files = recorded.get("settings"), recorded["files"]
+    if not isinstance(old_settings, dict) or "images" in recorded or "images" in fp:
+        return False  # image references were recorded by path: not comparable, rebuilt
+    pairs = ([old_settings.get("train_file"), old_settings.get("val_file")]
+             if old_settings.get("train_file") or old_settings.get("val_file")
+             else list(old_settings.get("files") or []))
+    hashes = [old_files.get(str(Path(p).expanduser())) for p in pairs if isinstance(p, str)]
+    now = [f if f == "missing" else f["sha256"] for f in fp["files"]]
+    old_sources = recorded.get("sources")
+    if isinstance(old_sources, dict) and isinstance(old_sources.get("image_folders"), dict):
+        old_sources = {**old_sources, "image_folders": [
+            old_sources["image_folders"].get(f) for f in old_settings.get("image_folders") or []]}
+    same = {k: v for k, v in fp.items() if k not in ("files", "settings", "prompt_syntax")}
+    was = {k: v for k, v in recorded.items() if k not in ("files", "settings", "prompt_syntax")}
+    if old_sources is not None:
+        was["sources"] = old_sources
+    return (hashes == now and placeless(old_settings) == fp["settings"]
+            and json.loads(json.dumps(was)) == json.loads(json.dumps(same)))
 
 
 def _with_empties(samples: list[Sample], frac: float, rng: random.Random) -> list[Sample]:
@@ -478,6 +520,11 @@ class CorpusStage(Stage):
             from .corpus_sources import fingerprint
 
             fp["sources"] = fingerprint(project)
+        if legacy_same_content(recorded, fp):
+            # An older version keyed the corpus by its paths; the same content keeps that
+            # record (its digest names every shard and checkpoint built on it) until the
+            # corpus is rebuilt for a real change, which records the content form.
+            fp = {k: v for k, v in recorded.items() if k != "prompt_syntax"}
         fp["prompt_syntax"] = _syntax_key(fp, recorded)
         return fp
 

@@ -71,10 +71,10 @@ def image_entries(project, tally: Counter | None = None) -> list:
 
 
 def fingerprint(project) -> dict:
-    """Dataset repo/revision/commit/file hashes (cached at download) and, per image folder,
-    each image's path, size and mtime."""
+    """Dataset repo/revision/commit/file hashes (cached at download) and, per image folder
+    in order, each image's name inside it, size and mtime (not where the folder is)."""
     c = project.settings.corpus
-    out: dict = {"presets": {}, "image_presets": {}, "image_folders": {}}
+    out: dict = {"presets": {}, "image_presets": {}, "image_folders": []}
     for pid in c.presets:
         folder = location(project, PRESETS[pid])
         out["presets"][pid] = preset_fingerprint(folder, PRESETS[pid], project.paths.hashes_json)
@@ -85,7 +85,7 @@ def fingerprint(project) -> dict:
     for folder in c.image_folders:
         root = Path(folder).expanduser()
         files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else []
-        out["image_folders"][folder] = [
+        out["image_folders"].append([
             (p.relative_to(root).as_posix(), p.stat().st_size, p.stat().st_mtime_ns)
-            for p in files]
+            for p in files])
     return out

@@ -18,7 +18,7 @@ import shutil
 import time
 from pathlib import Path
 
-from . import __version__, atomic
+from . import __version__, atomic, places
 from .errors import UserError
 from .stage_list import Stage
 
@@ -97,7 +97,11 @@ def record_export(project, path: Path, kind: str, pending: bool = False) -> None
     entry = {"kind": kind, "time": time.time()}
     if not pending:
         entry.update(file_record(path))
-    files[str(path)] = entry
+    # Beside the project: relative to its parent, so a moved or copied project names the
+    # file beside itself, never the one at its old place (places.py).
+    key = places.record_key(path, project.dir.resolve())
+    files.pop(str(path), None)  # an older version's absolute key for the same file
+    files[key] = entry
     atomic.write_json(project.paths.exports_json, {**(man if isinstance(man, dict) else {}), "files": files})
 
 
@@ -108,7 +112,8 @@ def exported_files(project) -> list[Path]:
     except (ValueError, OSError):  # garbage: nothing provably ours
         return []
     files = man.get("files") if isinstance(man, dict) and isinstance(man.get("files"), dict) else {}
-    return [Path(p) for p in sorted(files) if Path(p).exists()]
+    found = (places.recorded_path(p, project.dir.resolve()) for p in sorted(files))
+    return [p for p in found if p.exists()]
 
 
 def run_export(project, report) -> None:
@@ -136,6 +141,7 @@ def run_export(project, report) -> None:
 def record_snapshot(project, entry: dict) -> None:
     """Add or replace (same path) an entry of snapshots.json, sorted by step."""
     man = atomic.read_json(project.paths.snapshots_json, {"snapshots": []}) or {"snapshots": []}
+    entry = {**entry, "path": places.record_key(entry["path"], project.dir.resolve())}
     items = [e for e in man["snapshots"] if e.get("path") != entry["path"]] + [entry]
     man["snapshots"] = sorted(items, key=lambda e: (e["step"], e["time"]))
     atomic.write_json(project.paths.snapshots_json, man)

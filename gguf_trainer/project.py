@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from . import atomic, locks, project_file
+from . import atomic, locks, places, project_file
 from .errors import QUOTE_MAX_CHARS, NoProjectError, UserError, quote
 from .paths import ProjectPaths
 from .project_schema import (
@@ -127,8 +127,26 @@ def read_raw(paths: ProjectPaths) -> Any:
 
 def load_project(root: str | os.PathLike) -> Project:
     paths = ProjectPaths(Path(root))
-    raw = read_raw(paths)
+    raw = read_settings_raw(paths)
     return Project(paths, validate_settings(raw, str(paths.project_json)))
+
+
+def read_settings_raw(paths: ProjectPaths) -> Any:
+    """project.json with its in-project paths made absolute (places.py): what every reader
+    and client sees; a moved project's paths are where it is now."""
+    return read_settings_versioned(paths)[0]
+
+
+def read_settings_versioned(paths: ProjectPaths) -> tuple[Any, str]:
+    raw, version = read_raw_versioned(paths)
+    return places.from_stored_settings(raw, paths.root), version
+
+
+def _stored_text(paths: ProjectPaths, settings: ProjectSettings) -> str:
+    """project.json's text: in-project paths relative to the folder (an older project's
+    absolute ones become relative at its first write)."""
+    data = places.to_stored_settings(settings.model_dump(mode="json"), paths.root)
+    return json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n"
 
 
 def _check_folder(root: Path) -> None:
@@ -160,7 +178,7 @@ def create_project(root: str | os.PathLike, pack_id: str, name: str | None = Non
     settings = validate_settings(data, "the new project's settings")
     try:
         paths.root.mkdir(parents=True, exist_ok=True)
-        atomic.write_json(paths.project_json, settings.model_dump(mode="json"))
+        atomic.write_text(paths.project_json, _stored_text(paths, settings))
     except OSError as e:
         raise UserError(f"cannot create {paths.project_json} ({e.strerror}); choose a folder you "
                         "can write to.") from None
@@ -200,7 +218,7 @@ def compare_and_set(paths: ProjectPaths, changes: dict[str, Any], expected: dict
     if out["errors"]:
         return out
     with _SettingsLock(paths):
-        raw, version = read_raw_versioned(paths)
+        raw, version = read_settings_versioned(paths)
         if not isinstance(raw, dict):
             raise UserError(f"{paths.project_json} does not hold a JSON object; fix or recreate it.")
         try:
@@ -235,8 +253,7 @@ def compare_and_set(paths: ProjectPaths, changes: dict[str, Any], expected: dict
             errs = field_errors(e)
             out["errors"] = {k: v for k, v in errs.items()}
             return out
-        text = json.dumps(settings.model_dump(mode="json"), indent=2, sort_keys=True,
-                          allow_nan=False) + "\n"
+        text = _stored_text(paths, settings)
         if len(text.encode()) > MAX_PROJECT_JSON_BYTES:  # it could never be read back
             out["errors"] = {k: f"{k}: a value of {len(json.dumps(v))} characters would make "
                              "project.json larger than 1 MiB; give a shorter value"
@@ -321,4 +338,6 @@ def _recorded_exports(project: Project) -> dict:
     except (ValueError, OSError):
         return {}
     files = man.get("files") if isinstance(man, dict) else None
-    return files if isinstance(files, dict) else {}
+    # keys are relative to the project's parent (places.py) or absolute (older versions)
+    return {str(places.recorded_path(k, project.dir.resolve())): v
+            for k, v in files.items()} if isinstance(files, dict) else {}

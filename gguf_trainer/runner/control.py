@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gguf_trainer import atomic, locks, project_file
+from gguf_trainer import atomic, locks, places, project_file
 from gguf_trainer.errors import NoProjectError, UserError, quote
 from gguf_trainer.paths import ProjectPaths
 from gguf_trainer.runner import capacity, lock, supervisor
@@ -217,7 +217,7 @@ def open_project(root: PathLike) -> ProjectView:
     settings = None
     pack = None
     try:
-        raw, version = project.read_raw_versioned(paths)
+        raw, version = project.read_settings_versioned(paths)  # paths absolute, where it is
         settings = project_schema.validate_settings(raw, str(paths.project_json)).model_dump(
             mode="json")
     except NoProjectError:
@@ -240,7 +240,7 @@ def read_settings(root: PathLike) -> SettingsRead:
     from gguf_trainer import project, project_schema
 
     paths = _paths(root)
-    raw, version = project.read_raw_versioned(paths)
+    raw, version = project.read_settings_versioned(paths)  # paths absolute, where it is
     values = project_schema.validate_settings(raw, str(paths.project_json)).model_dump(mode="json")
     return SettingsRead(values=values, version=version)
 
@@ -540,7 +540,9 @@ def list_snapshots(root: PathLike) -> list[dict]:
     paths = _paths(root)
     data = _read_json_quiet(paths.snapshots_json, paths.root)
     items = data.get("snapshots") if isinstance(data, dict) else None
-    return [e for e in items or [] if isinstance(e, dict)]
+    root = paths.root.resolve()  # recorded relative to the project's parent (places.py)
+    return [{**e, "path": str(places.recorded_path(e["path"], root))} if isinstance(e.get("path"), str)
+            else e for e in items or [] if isinstance(e, dict)]
 
 
 def request_snapshot(root: PathLike, checkpoint: str = "last", evaluate: bool = False,

@@ -22,10 +22,11 @@ set back to "pending", and `status` no longer shows them done.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
-from .. import atomic, safe_delete
+from .. import atomic, places, safe_delete
 from ..errors import UserError, quote
 from ..paths import TOOL_FILES, ProjectPaths
 from . import lock
@@ -53,17 +54,18 @@ def recorded_exports(paths: ProjectPaths) -> list[dict]:
     in the records reads as fewer (or no) entries."""
     out: dict[str, dict] = {}
     files = _read_obj(paths.exports_json).get("files")
+    root = paths.root.resolve()
     for p, rec in (files.items() if isinstance(files, dict) else []):
         rec = rec if isinstance(rec, dict) else {}
-        out[str(p)] = {"path": str(p), "kind": rec.get("kind") if isinstance(rec.get("kind"), str)
+        p = str(places.recorded_path(str(p), root))  # relative: beside this project's folder
+        out[p] = {"path": p, "kind": rec.get("kind") if isinstance(rec.get("kind"), str)
                        else "file", "time": _num(rec.get("time")), "size": rec.get("size"),
                        "sha256": rec.get("sha256")}
     snaps = _read_obj(paths.snapshots_json).get("snapshots")
     for e in snaps if isinstance(snaps, list) else []:
         if not isinstance(e, dict) or not isinstance(e.get("path"), str):
             continue
-        p = Path(e["path"])
-        p = p if p.is_absolute() else paths.root / p
+        p = places.recorded_path(e["path"], root)
         key = str(p)
         if key not in out and str(p.resolve()) not in out:
             out[key] = {"path": key, "kind": "snapshot", "time": _num(e.get("time")),
@@ -100,6 +102,22 @@ def _owned(paths: ProjectPaths, target: str) -> list[tuple[Path, str]]:
     return items
 
 
+def _recorded_by_another(path: Path, paths: ProjectPaths) -> str | None:
+    """Why `path` is kept: another project beside it records it too. A copied project's
+    records (absolute ones from an older version, or relative ones of a copy made in the same
+    folder) name the original's files, which a reset of the copy must never delete."""
+    me = os.path.realpath(paths.root)
+    try:
+        others = [d for d in path.parent.iterdir() if d.is_dir() and os.path.realpath(d) != me
+                  and ProjectPaths(d).exports_json.is_file()]
+    except OSError:
+        return None
+    for other in others:
+        if str(path) in {it["path"] for it in recorded_exports(ProjectPaths(other))}:
+            return (f"the project {other} records it too (this one is a copy of it?); left alone")
+    return None
+
+
 def _check_target(target: str) -> None:
     if target not in TARGETS:
         raise UserError(f"unknown reset target {quote(target)}; choose one of {', '.join(TARGETS)}.")
@@ -126,7 +144,7 @@ def _decide(paths: ProjectPaths, target: str) -> tuple[list[tuple], list[dict]]:
             p = Path(it["path"])
             if not (p.exists() or p.is_symlink()):
                 continue
-            reason = safe_delete.check_recorded_file(p, it, name)
+            reason = safe_delete.check_recorded_file(p, it, name) or _recorded_by_another(p, paths)
             if reason:
                 kept.append({"path": str(p), "reason": reason})
             else:

@@ -21,6 +21,7 @@ from gguf_trainer.errors import UserError
 from gguf_trainer.packs import register
 from gguf_trainer.packs.base import TrainerPack
 from gguf_trainer.paths import ProjectPaths
+from gguf_trainer.runner import reset as reset_mod
 from gguf_trainer.runner import stages
 from gguf_trainer.train import STAGE as train_stage
 
@@ -342,7 +343,8 @@ def test_copy_to_and_forced_reexport(reference, tmp_path):
     assert run_pipeline(root, only=["export", "eval"], force=True) == "done"
     copied = dest / proj.final_gguf.name
     assert copied.read_bytes() == proj.final_gguf.read_bytes()
-    assert str(copied.resolve()) in json.loads(proj.paths.exports_json.read_text())["files"]
+    # recorded relative to the project's parent (places.py); the control API reads it absolute
+    assert str(copied.resolve()) in {e["path"] for e in reset_mod.recorded_exports(proj.paths)}
 
 
 def test_nan_loss_stops_with_a_sentence_and_keeps_the_last_good_checkpoint(tmp_path, tiny_materials, monkeypatch):
@@ -441,5 +443,5 @@ def test_export_is_recorded_before_the_file_lands(reference, tmp_path, monkeypat
     assert proj.final_gguf.exists()
     check_name_clash(project_mod.load_project(root))  # ours: no refusal
     assert run_pipeline(root, only=["export"], force=True) == "done"
-    files = json.loads(proj.paths.exports_json.read_text())["files"]
+    files = {e["path"]: e for e in reset_mod.recorded_exports(proj.paths)}
     assert files[str(proj.final_gguf.resolve())]["sha256"]  # the final record proves it is ours

@@ -642,7 +642,9 @@ def test_status_of_a_broken_project_is_one_sentence(tmp_path, capsys, case):
                             "deep": b"[" * 100000}[case])
     before = tree(tmp_path)
     code, out, err = run_cli(capsys, "status", "--project", root)
-    assert code == EXIT_USER and "Traceback" not in out + err
+    # a file is no project at all: exit 2 like any other non-project (issue 20)
+    assert code == (EXIT_NO_PROJECT if case == "project_is_a_file" else EXIT_USER)
+    assert "Traceback" not in out + err
     assert "project.json" in out + err or "not a project folder" in err
     assert tree(tmp_path) == before
 

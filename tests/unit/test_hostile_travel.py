@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 
 import pytest
 from pipeline_helpers import cli_at_home, make_project
@@ -19,17 +20,18 @@ from gguf_trainer import atomic, corpus
 from gguf_trainer.errors import UserError
 from gguf_trainer.exit_codes import EXIT_NO_PROJECT, EXIT_OK
 from gguf_trainer.paths import MANIFEST_JSON, STALE_PREFIX, ProjectPaths
-from gguf_trainer.project import update_settings
-from gguf_trainer.runner import pipeline, supervisor
+from gguf_trainer.project import load_project, update_settings
+from gguf_trainer.runner import control, pipeline, supervisor
 
 PACK = "t5xxl_pixart"
 MANIFEST_FOLDERS = ("data", "shards/val", "shards/train", "checkpoints")
 
 
-def work_bytes(root) -> dict[str, bytes]:
-    """What a redone stage would rewrite: the corpus, every shard and checkpoint, the export."""
+def work_bytes(root, exports: bool = False) -> dict[str, bytes]:
+    """What a redone stage would rewrite: the corpus, every shard and checkpoint (and the
+    exports beside the project)."""
     files = [*root.glob("data/*.jsonl"), *root.glob("shards/*/*.safetensors"),
-             *root.glob("checkpoints/*.pt"), *root.parent.glob("*.gguf")]
+             *root.glob("checkpoints/*.pt"), *(root.parent.glob("*.gguf") if exports else ())]
     return {str(p.relative_to(root.parent)): p.read_bytes() for p in files}
 
 
@@ -72,13 +74,13 @@ def _damage(path, how: str) -> None:
 ])
 def test_a_damaged_manifest_is_rebuilt_from_the_data_with_nothing_redone(proj, folders, how):
     paths = ProjectPaths(proj)
-    before = work_bytes(proj)
+    before = work_bytes(proj, exports=True)
     for folder in folders:
         _damage(proj / folder / MANIFEST_JSON, how)
     start = len(paths.pipeline_log.read_bytes())
     assert pipeline.run_foreground(paths) == 0
     log = log_since(paths, start)
-    assert work_bytes(proj) == before  # no stage was redone: the same bytes
+    assert work_bytes(proj, exports=True) == before  # no stage was redone: the same bytes
     assert not list(proj.glob(f"{STALE_PREFIX}*"))
     assert log.count("rebuilt the missing or damaged manifest") == 1, log
     assert "redoing" not in log and "recomputing" not in log
@@ -175,3 +177,192 @@ def test_set_without_a_key_shows_every_setting(proj, tmp_path):
     assert json.loads(shown["materials.student.path"]) == raw["materials"]["student"]["path"]
     assert json.loads(shown["pack"]) == PACK
     assert len(shown) > 40  # every setting, not just the steps
+
+
+# ---------------------------------------------------------------- projects that travel
+
+
+def tree_state(root) -> dict[str, tuple[bytes, int]]:
+    """Every file under root: bytes and mtime (a decoy must be neither read into nor written)."""
+    return {str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mtime_ns)
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def inside(tmp_path_factory, tiny_materials):
+    """disk/proj: a finished run whose materials and prompt file live inside the project
+    folder (as the demo's do); its GGUF is in disk/ (the default output folder)."""
+    disk = tmp_path_factory.mktemp("travel") / "disk"
+    root = disk / "proj"
+    mats = root / "materials"
+    mats.mkdir(parents=True)
+    local = {"student": mats / "pig.gguf", "tokenizer": mats / "tok", "prompts": mats / "prompts.txt"}
+    shutil.copyfile(tiny_materials["student"], local["student"])
+    shutil.copytree(tiny_materials["tokenizer"], local["tokenizer"])
+    shutil.copyfile(tiny_materials["prompts"], local["prompts"])
+    make_project(root, PACK, local, **{"export.output_dir": ""})
+    assert pipeline.run_foreground(ProjectPaths(root)) == 0
+    return disk
+
+
+def test_in_project_paths_are_stored_relative_and_read_absolute(inside):
+    root = inside / "proj"
+    raw = json.loads((root / "project.json").read_text())
+    assert raw["materials"]["student"]["path"] == "materials/pig.gguf"
+    assert raw["materials"]["student_tokenizer"]["path"] == "materials/tok"
+    assert raw["corpus"]["files"] == ["materials/prompts.txt"]
+    assert raw["export"]["output_dir"] == ""
+    exports = json.loads((root / "exports.json").read_text())["files"]
+    assert list(exports) == ["pig_t5_adapter-f16.gguf"]  # relative to the project's parent
+    proj = load_project(root)
+    assert proj.material_path("student") == root / "materials" / "pig.gguf"
+    assert proj.settings.corpus.files == [str(root / "materials" / "prompts.txt")]
+    assert control.read_settings(root).values["corpus"]["files"] == [str(root / "materials/prompts.txt")]
+
+
+def test_a_moved_project_continues_with_nothing_recomputed_and_never_touches_its_old_place(
+        inside, tmp_path, tiny_materials):
+    old = tmp_path / "old"
+    shutil.copytree(inside, old, symlinks=True)
+    new = tmp_path / "elsewhere" / "renamed"
+    new.parent.mkdir()
+    shutil.move(old / "proj", new)
+    before = work_bytes(new)
+    # a decoy: another project now sits at the old path, with the same file names
+    make_project(old / "proj", PACK, tiny_materials, **{"export.output_dir": ""})
+    decoy = tree_state(old)
+    paths = ProjectPaths(new)
+    info = control.status(new)
+    assert str(new.parent) in json.dumps(control.results(new)) and str(old) not in json.dumps(info)
+    start = len(paths.pipeline_log.read_bytes())
+    assert pipeline.run_foreground(paths) == 0
+    log = log_since(paths, start)
+    assert work_bytes(new) == before  # shards, checkpoints, corpus: the same bytes
+    assert not list(new.glob(f"{STALE_PREFIX}*")) and "redoing" not in log
+    assert tree_state(old) == decoy
+    # more steps continue from the checkpoint; the export lands beside the new folder
+    update_settings(new, {"train.steps": 15})
+    start = len(paths.pipeline_log.read_bytes())
+    assert pipeline.run_foreground(paths) == 0
+    log = log_since(paths, start)
+    assert "resuming from last.pt at step 12" in log and "redoing" not in log
+    assert json.loads((new / "checkpoints" / "last.json").read_text())["step"] == 15
+    gguf = new.parent / "pig_t5_adapter-f16.gguf"
+    assert gguf.is_file() and json.loads((new / "exports.json").read_text())["files"].keys() == {gguf.name}
+    assert tree_state(old) == decoy  # the decoy's files, its GGUF beside it included
+    assert str(old) not in (new / "project.json").read_text()
+
+
+def test_reset_output_in_a_copy_removes_only_the_copys_exports(inside, tmp_path):
+    src = tmp_path / "a"
+    shutil.copytree(inside, src, symlinks=True)
+    copy = tmp_path / "b" / "proj"
+    copy.parent.mkdir()
+    subprocess.run(["cp", "-a", str(src / "proj"), str(copy)], check=True)
+    original = src / "pig_t5_adapter-f16.gguf"
+    kept = original.read_bytes()
+    done = control.reset(copy, "output")  # its record names the file beside the copy: none yet
+    assert original.read_bytes() == kept and not any(str(src) in p for p in done.deleted)
+    # the copy exports beside itself; its reset removes that one, the original's stays
+    assert pipeline.run_foreground(ProjectPaths(copy)) == 0
+    mine = copy.parent / original.name
+    assert mine.is_file()
+    done = control.reset(copy, "output")
+    assert str(mine) in done.deleted and not mine.exists() and original.read_bytes() == kept
+
+
+def test_an_older_projects_absolute_export_records_in_a_copy_are_left_alone(inside, tmp_path):
+    """exports.json written by an older version names absolute paths: in a copy they are the
+    original's files, which the copy's reset must keep."""
+    src = tmp_path / "a"
+    shutil.copytree(inside, src, symlinks=True)
+    ej = src / "proj" / "exports.json"
+    files = json.loads(ej.read_text())["files"]
+    ej.write_text(json.dumps({"files": {str(src / k): v for k, v in files.items()}}))
+    copy = tmp_path / "b" / "proj"
+    copy.parent.mkdir()
+    subprocess.run(["cp", "-a", str(src / "proj"), str(copy)], check=True)
+    original = src / "pig_t5_adapter-f16.gguf"
+    done = control.reset(copy, "output")
+    assert original.is_file() and str(original) not in done.deleted
+    assert any(k["path"] == str(original) for k in done.kept)
+
+
+def _legacy_corpus_fingerprint(settings) -> dict:
+    """The corpus fingerprint as versions before content identity wrote it: the settings with
+    their paths, each file's sha256 keyed by its absolute path."""
+    import hashlib
+    from pathlib import Path
+
+    files = {}
+    for p in corpus.source_files(settings):
+        files[str(p)] = hashlib.sha256(Path(p).read_bytes()).hexdigest() if p.is_file() else "missing"
+    return {"settings": settings.corpus.model_dump(mode="json"), "files": files}
+
+
+def _absolute_project_json(root) -> None:
+    """project.json and exports.json as an older version wrote them: every path absolute."""
+    from gguf_trainer import places
+
+    pj = root / "project.json"
+    pj.write_text(json.dumps(places.from_stored_settings(json.loads(pj.read_text()), root), indent=2))
+    ej = root / "exports.json"
+    files = json.loads(ej.read_text())["files"]
+    ej.write_text(json.dumps({"files": {str(root.parent / k): v for k, v in files.items()}}))
+
+
+def test_an_older_project_stays_done_is_rewritten_relative_then_travels(
+        tmp_path, tiny_materials, monkeypatch):
+    disk = tmp_path / "disk"
+    root = disk / "proj"
+    (root / "materials").mkdir(parents=True)
+    prompts = root / "materials" / "prompts.txt"
+    shutil.copyfile(tiny_materials["prompts"], prompts)
+    make_project(root, PACK, {**tiny_materials, "prompts": prompts}, **{"export.output_dir": ""})
+    with monkeypatch.context() as m:  # the run an older version made
+        m.setattr(corpus, "fingerprint_inputs", _legacy_corpus_fingerprint)
+        m.setattr(corpus, "legacy_same_content", lambda recorded, fp: False)
+        assert pipeline.run_foreground(ProjectPaths(root)) == 0
+    _absolute_project_json(root)
+    recorded = atomic.read_json(root / "data" / MANIFEST_JSON)["inputs"]
+    assert str(prompts) in recorded["files"]  # keyed by place, as it was
+    before = work_bytes(root, exports=True)
+    paths = ProjectPaths(root)
+    start = len(paths.pipeline_log.read_bytes())
+    assert pipeline.run_foreground(paths) == 0  # read as it is: nothing to redo
+    assert work_bytes(root, exports=True) == before and "redoing" not in log_since(paths, start)
+    assert str(prompts) in (root / "project.json").read_text()
+    update_settings(root, {"train.steps": 12})  # a settings write (no change of value)...
+    update_settings(root, {"train.log_every": 3})  # ...and one that writes
+    raw = json.loads((root / "project.json").read_text())
+    assert raw["corpus"]["files"] == ["materials/prompts.txt"]  # rewritten relative
+    # moved, the old record still stands for the same content: nothing recomputed
+    new = tmp_path / "moved" / "proj"
+    new.parent.mkdir()
+    shutil.move(root, new)
+    paths = ProjectPaths(new)
+    before = work_bytes(new)
+    start = len(paths.pipeline_log.read_bytes())
+    assert pipeline.run_foreground(paths) == 0
+    log = log_since(paths, start)
+    assert work_bytes(new) == before and "redoing" not in log, log
+    assert not list(new.glob(f"{STALE_PREFIX}*"))
+    # a real change of the prompt file's content is still a change
+    with open(new / "materials" / "prompts.txt", "a", encoding="utf-8") as f:
+        f.write("a new prompt about a lighthouse at dusk\n")
+    start = len(paths.pipeline_log.read_bytes())
+    assert pipeline.run_foreground(paths) == 0
+    assert "corpus inputs changed" in log_since(paths, start)
+    assert isinstance(atomic.read_json(new / "data" / MANIFEST_JSON)["inputs"]["files"], list)
+
+
+def test_reset_output_in_a_copy_beside_the_original_keeps_the_originals_gguf(inside, tmp_path):
+    """cp -a proj proj2 in the same folder: both records name the same GGUF beside them; the
+    copy's reset leaves it, naming the project that records it too."""
+    src = tmp_path / "a"
+    shutil.copytree(inside, src, symlinks=True)
+    subprocess.run(["cp", "-a", str(src / "proj"), str(src / "proj2")], check=True)
+    original = src / "pig_t5_adapter-f16.gguf"
+    done = control.reset(src / "proj2", "output")
+    assert original.is_file() and str(original) not in done.deleted
+    assert any("records it too" in k["reason"] for k in done.kept)
