@@ -181,6 +181,8 @@ def build_app(roots: list[str] | None = None, project: str | None = None) -> gr.
                 if cand and ProjectPaths(cand).exists():
                     proj = str(ProjectPaths(cand).root)
                     break
+            if proj and asked and proj not in recent.projects()[:1]:
+                recent.remember(proj)  # opened by path (?project=, --project): a recent one too
             ups, rd = setup_tab.load_values(setup, proj)
             return [proj, rd, *ups]
 

@@ -12,17 +12,21 @@ import gradio as gr
 
 from gguf_trainer.ui import common, hardware
 
+POLL_S = 2.0  # while torch's facts are being asked, the tab re-renders itself this often
+
 
 @dataclass
 class HardwareParts:
     refresh: gr.Button
     text: gr.Markdown
+    poll: gr.Timer
 
 
 def build() -> HardwareParts:
     refresh = gr.Button("Refresh", scale=0, elem_id="hw-refresh")
-    text = gr.Markdown("Press Refresh.", elem_id="hw-text")
-    return HardwareParts(refresh, text)
+    text = gr.Markdown("Reading the machine…", elem_id="hw-text")
+    poll = gr.Timer(POLL_S, active=False)
+    return HardwareParts(refresh, text, poll)
 
 
 def render(project: str | None) -> str:
@@ -49,7 +53,7 @@ def render(project: str | None) -> str:
     out.append("### torch")
     facts = env["torch_facts"]
     if facts is None:
-        out.append("asking torch in a subprocess… press Refresh in a few seconds")
+        out.append("asking torch in a subprocess… (shown here when it answers)")
     elif facts.get("error"):
         out.append(f"torch could not be asked: {facts['error']}")
     else:
@@ -66,6 +70,15 @@ def render(project: str | None) -> str:
     return "\n\n".join(out)
 
 
+def render_and_poll(project: str | None) -> tuple:
+    """(the tab's text, the poll timer): polling only while torch's facts are on their way,
+    so they appear without pressing Refresh."""
+    text = render(project)
+    return text, gr.Timer(active=hardware.environment()["torch_facts"] is None)
+
+
 def wire(p: HardwareParts, project: gr.State, tab: gr.Tab) -> None:
-    p.refresh.click(render, [project], [p.text], api_visibility="private")
-    tab.select(render, [project], [p.text], api_visibility="private")
+    outs = [p.text, p.poll]
+    p.refresh.click(render_and_poll, [project], outs, api_visibility="private")
+    tab.select(render_and_poll, [project], outs, api_visibility="private")
+    p.poll.tick(render_and_poll, [project], outs, api_visibility="private")

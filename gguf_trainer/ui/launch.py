@@ -13,7 +13,9 @@ never does) nor build components (app.py does).
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import io
 import ipaddress
 import os
 import secrets
@@ -166,7 +168,8 @@ def serve(opts: LaunchOptions, launch=None, say=print) -> int:
         return launch(app, **kwargs)
     say(f"gguf-trainer GUI on http://{opts.host}:{opts.port}/ (Ctrl-C to quit; runs keep going)")
     try:
-        app.launch(**kwargs)
+        with ours_for_gradios(opts):
+            app.launch(**kwargs)
     except KeyboardInterrupt:
         pass
     except OSError as e:  # lost a race for the port between the check and the bind
@@ -174,6 +177,40 @@ def serve(opts: LaunchOptions, launch=None, say=print) -> int:
     finally:
         sys.stdout.flush()
     return 0
+
+
+class _OurWords(io.TextIOBase):
+    """stdout while Gradio launches: its lines about share links (written for Python users
+    of `launch()`) become ours; everything else passes through unchanged."""
+
+    def __init__(self, out, opts: LaunchOptions):
+        self.out, self.opts = out, opts
+
+    def write(self, text: str) -> int:
+        if "set `share=True` in `launch()`" in text:
+            return len(text)  # our own first line already says where the GUI is
+        if "Could not create share link" in text:  # with the tunnel binary's download steps
+            self.out.write(f"--share could not open a public link: the tunnel needs the internet "
+                           f"(gradio.live), and it was not reachable from here. The GUI runs on "
+                           f"http://{self.opts.host}:{self.opts.port}/ only; reach it through an "
+                           "SSH tunnel (ssh -L) or start it with --host 0.0.0.0 on a trusted "
+                           "network.\n")
+            return len(text)
+        return self.out.write(text)
+
+    def flush(self) -> None:
+        self.out.flush()
+
+
+@contextlib.contextmanager
+def ours_for_gradios(opts: LaunchOptions):
+    """Replace Gradio's share-link messages on stdout with our sentence (see _OurWords)."""
+    real = sys.stdout
+    sys.stdout = _OurWords(real, opts)
+    try:
+        yield
+    finally:
+        sys.stdout = real
 
 
 # ---- the command line (cli.py adds these to the top-level parser) ---------------------

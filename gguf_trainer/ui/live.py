@@ -152,6 +152,29 @@ def chart_rows(cur: Cursor, names: dict[str, str], log10: bool = False) -> dict:
     return {"step": steps, "value": values, "series": labels}
 
 
+def read_new_progress(cur: Cursor, paths: ProjectPaths, line_of) -> bool:
+    """The Logs tab's "Training progress" view: metrics.jsonl rows written since the last
+    call, each through `line_of(row)`, appended to the tab's buffer; True if any. A resume
+    that truncated the file restarts the view."""
+    if cur.log_name != "progress":
+        cur.log_name, cur.log_offset, cur.log_text = "progress", 0, ""
+    rows, offset = read_metrics(paths, cur.log_offset)
+    first = _num(rows[0].get("step")) if rows else None
+    last = cur.shown.get("progress-step")
+    # read_metrics itself restarts at 0 when the file was rewritten: a step going back says so
+    restarted = offset < cur.log_offset or (first is not None and last is not None and first <= last)
+    if restarted:
+        cur.log_text = ""
+    cur.log_offset = offset
+    steps = [s for s in (_num(r.get("step")) for r in rows) if s is not None]
+    if steps:
+        cur.shown["progress-step"] = steps[-1]
+    if not rows:
+        return restarted
+    cur.log_text = (cur.log_text + "".join(line_of(r) + "\n" for r in rows))[-LOG_KEEP_CHARS:]
+    return True
+
+
 def read_new_log(cur: Cursor, paths: ProjectPaths, name: str) -> bool:
     """Append the log's new text to the tab's buffer (last LOG_KEEP_CHARS); True if any."""
     from gguf_trainer.runner import control

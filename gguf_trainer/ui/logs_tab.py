@@ -1,7 +1,9 @@
-"""Logs tab: the pipeline log, following, and the snapshot and download job logs.
+"""Logs tab: the pipeline log, following, the snapshot and download job logs, and the
+training progress (one line per metrics.jsonl row: the pipeline log has no line per step).
 
-Each tick reads only the bytes appended since this tab's last read (control.tail_log);
-the view keeps the last live.LOG_KEEP_CHARS characters. "Clear view" clears the view only.
+Each tick reads only the bytes appended since this tab's last read (control.tail_log, or the
+metrics byte offset); the view keeps the last live.LOG_KEEP_CHARS characters. "Clear view"
+clears the view only.
 """
 
 from __future__ import annotations
@@ -11,9 +13,11 @@ from dataclasses import dataclass
 import gradio as gr
 
 from gguf_trainer.runner import control
-from gguf_trainer.ui import live
+from gguf_trainer.ui import common, live
 
-LOG_CHOICES = [("Pipeline", "pipeline"), ("Snapshot job", "snapshot"), ("Download job", "download")]
+PROGRESS = "progress"  # not a log file: metrics.jsonl rows as lines (live.read_new_progress)
+LOG_CHOICES = [("Pipeline", "pipeline"), ("Training progress", PROGRESS), ("Snapshot job", "snapshot"),
+               ("Download job", "download")]
 
 
 @dataclass
@@ -26,7 +30,7 @@ class LogsParts:
 
 def build() -> LogsParts:
     with gr.Row():
-        which = gr.Radio([c for c in LOG_CHOICES if c[1] in control.LOGS], value="pipeline",
+        which = gr.Radio([c for c in LOG_CHOICES if c[1] in (*control.LOGS, PROGRESS)], value="pipeline",
                          label="Log", elem_id="log-which")
         follow = gr.Checkbox(True, label="Follow", elem_id="log-follow")
         clear = gr.Button("Clear view", scale=0)
@@ -39,10 +43,22 @@ def render(cur: live.Cursor, paths, which: str, follow: bool):
     """The log text update for a tick: new text appended, or gr.skip()."""
     if not follow and which == cur.log_name:
         return gr.skip()
-    changed = live.read_new_log(cur, paths, which)
+    if which == PROGRESS:
+        changed = live.read_new_progress(cur, paths, progress_line)
+    else:
+        changed = live.read_new_log(cur, paths, which)
     if not changed and not cur.changed("log-which", which):
         return gr.skip()
     return cur.log_text or f"({which} log is empty or not written yet)"
+
+
+PROGRESS_KEYS = (("loss", "loss"), ("cos", "train cos"), ("val_cos", "val cos"), ("lr", "lr"))
+
+
+def progress_line(row: dict) -> str:
+    """One metrics row as a log line: time, step and the figures the charts show."""
+    bits = [f"{label} {common.fmt(row[key])}" for key, label in PROGRESS_KEYS if key in row]
+    return f"{common.fmt_time(row.get('time'))} step {common.fmt(row.get('step'))}: " + " · ".join(bits)
 
 
 SCROLL_TO_END = ("() => { const t = document.querySelector('#log-text textarea'); "

@@ -30,6 +30,7 @@ class OutputParts:
     evaluation: gr.Markdown
     snapshots: gr.Markdown
     ggk: gr.Textbox
+    notes: gr.Markdown
     advice: gr.Markdown
 
 
@@ -43,12 +44,20 @@ def build() -> OutputParts:
     snapshots = gr.Markdown("", elem_id="out-snapshots")
     ggk = gr.Textbox("", label="Use it in ggk", lines=3, interactive=False, buttons=["copy"],
                      elem_id="ggk-command")
+    notes = gr.Markdown("", elem_id="ggk-notes")
     advice = gr.Markdown(QUANT_ADVICE)
-    return OutputParts(refresh, export, snapshot, exports, evaluation, snapshots, ggk, advice)
+    return OutputParts(refresh, export, snapshot, exports, evaluation, snapshots, ggk, notes, advice)
 
 
 def outputs(p: OutputParts) -> list:
-    return [p.exports, p.evaluation, p.snapshots, p.ggk]
+    return [p.exports, p.evaluation, p.snapshots, p.ggk, p.notes]
+
+
+def notes_md(res: dict | None) -> str:
+    """The notes `gguf-trainer results` prints under the command (the demo's stand-in student,
+    where ggk's own model files must be, a companion left out), in GUI words."""
+    notes = (res or {}).get("notes") or []
+    return "\n".join(f"* {common.gui_words(n)}" for n in notes)
 
 
 def _exports_md(project: str) -> str:
@@ -102,15 +111,15 @@ def _snapshots_md(project: str) -> str:
 
 def render(project: str | None) -> list:
     if not project:
-        return ["", "", "", ""]
+        return ["", "", "", "", ""]
     view = control.open_project(project)
     res = control.results(project) if hasattr(control, "results") else {}
     return [_exports_md(project), _eval_md(project, view.pack), _snapshots_md(project),
-            (res or {}).get("ggk") or "(export the adapter first)"]
+            (res or {}).get("ggk") or "(export the adapter first)", notes_md(res)]
 
 
 def wire(p: OutputParts, project: gr.State, tab: gr.Tab) -> None:
-    safe_render = common.user_errors(render)
+    safe_render = common.shown_errors(render)
     p.refresh.click(safe_render, [project], outputs(p), api_visibility="private")
     tab.select(safe_render, [project], outputs(p), api_visibility="private")
 

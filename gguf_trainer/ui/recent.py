@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gguf_trainer import atomic
+from gguf_trainer import atomic, paths
 from gguf_trainer.paths import ProjectPaths
 from gguf_trainer.runner import supervisor
 
@@ -26,14 +26,25 @@ def remember(root: str) -> None:
 
 
 def projects() -> list[str]:
-    """Recent projects that still exist, newest first (the last project included)."""
+    """Recent projects that still exist, newest first (the last project included), then the
+    demo projects under the projects folder (`gguf-trainer demo` makes them from the CLI)."""
     settings = supervisor.read_settings()
-    cands = [settings.get("last_project"), *(settings.get(KEY) or [])]
+    cands = [settings.get("last_project"), *(settings.get(KEY) or []), *demo_projects()]
     out: list[str] = []
     for p in cands:
         if isinstance(p, str) and p not in out and ProjectPaths(p).exists():
             out.append(p)
     return out
+
+
+def demo_projects() -> list[str]:
+    """`<projects folder>/demo_*` projects, by name."""
+    root = Path(paths.PROJECTS_ROOT)
+    try:
+        found = sorted(p for p in root.glob("demo_*") if ProjectPaths(p).exists())
+    except OSError:  # an unreadable projects folder: no demos to offer
+        return []
+    return [str(p.resolve()) for p in found]
 
 
 def last() -> str | None:

@@ -64,7 +64,8 @@ def build() -> TrainParts:
     with gr.Row():
         start = gr.Button("Start", variant="primary", elem_id="btn-start", interactive=False)
         stop = gr.Button("Stop", elem_id="btn-stop", interactive=False)
-        kill = gr.Button("Kill (stalled run)", variant="stop", elem_id="btn-kill", interactive=False)
+        # neutral until a run is stalled: then it is the button to press (render)
+        kill = gr.Button("Kill (stalled run)", variant="secondary", elem_id="btn-kill", interactive=False)
     with gr.Row(equal_height=True, elem_id="stage-strip"):
         stages = [gr.Button(stage_title(s), elem_id=f"stage-{s}", interactive=False,
                             elem_classes=[*STAGE_CLASSES, "stage-pending"], min_width=110)
@@ -275,7 +276,8 @@ def render(cur: live.Cursor, info: dict, plot_changed: bool, log10: bool) -> lis
     out = [put("banner", banner_text(info, planned)),
            put("start", gr.update(value=run_label(info), interactive=not active and not info.get("settings_error"))),
            put("stop", gr.update(value="Stopping…" if stopping else "Stop", interactive=active and not stopping)),
-           put("kill", gr.update(interactive=active))]
+           put("kill", gr.update(interactive=active,
+                                 variant="stop" if status == "stalled" else "secondary"))]
     for name in STAGES:
         label, cls = stage_text(name, (info.get("stages") or {}).get(name),
                                 counts if name == "train" else None)

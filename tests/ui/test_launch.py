@@ -134,3 +134,18 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_gradios_share_lines_become_our_sentence(capsys):
+    """Issue 24: with --share and no internet, Gradio printed "set share=True in launch()"
+    and the tunnel binary's manual download steps. Our sentence replaces both; other lines
+    pass through."""
+    opts = LaunchOptions(port=8655, share=True)
+    with launch.ours_for_gradios(opts):
+        print("* Running on local URL:  http://127.0.0.1:8655")
+        print("* To create a public link, set `share=True` in `launch()`.")
+        print("\nCould not create share link. Missing file: /x/frpc_linux_amd64_v0.3. \n\nPlease "
+              "check your internet connection. ... \n\n1. Download this file: https://cdn/frpc")
+    out = capsys.readouterr().out
+    assert "Running on local URL" in out and "share=True" not in out and "frpc" not in out
+    assert "--share could not open a public link" in out and "http://127.0.0.1:8655/ only" in out

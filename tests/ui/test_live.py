@@ -68,3 +68,24 @@ def test_a_series_without_points_is_registered_but_not_drawn():
     assert rows["series"] == ["train cos", "train cos", "val cos"]
     assert rows["step"][2] == 5 and rows["value"][2] != rows["value"][2]  # NaN: no line
     assert live.chart_rows(live.Cursor(), live.COS_SERIES)["step"] == []  # nothing yet: no rows
+
+
+def test_the_training_progress_view_is_a_line_per_metrics_row(tmp_path):
+    """Logs → Training progress: the pipeline log has no line per step; this view shows one
+    per metrics row, reads only new rows, and restarts when a resume rewrote the file."""
+    import json
+
+    from gguf_trainer.paths import ProjectPaths
+    from gguf_trainer.ui import live, logs_tab
+
+    paths = ProjectPaths(tmp_path)
+    rows = [{"step": s, "time": 1.7e9, "loss": 0.5 / s, "cos": 0.1 * s} for s in (5, 10)]
+    paths.metrics_jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cur = live.Cursor()
+    assert live.read_new_progress(cur, paths, logs_tab.progress_line)
+    lines = cur.log_text.splitlines()
+    assert len(lines) == 2 and "step 10: loss 0.05 · train cos 1" in lines[1]
+    assert not live.read_new_progress(cur, paths, logs_tab.progress_line)  # nothing new
+    paths.metrics_jsonl.write_text(json.dumps({"step": 5, "time": 1.7e9, "loss": 0.2}) + "\n")
+    assert live.read_new_progress(cur, paths, logs_tab.progress_line)  # rewritten by a resume
+    assert cur.log_text.count("\n") == 1 and "step 5: loss 0.2" in cur.log_text

@@ -152,3 +152,13 @@ def test_a_launched_run_shows_a_line_per_rank_under_the_run():
     ended = train_tab.render(live.Cursor(), {**info, "status": "done"}, False, False)
     ended = ended[4 + len(train_tab.STAGES)]
     assert isinstance(ended, str) and "rank 1" not in ended  # ranks show while the run runs
+
+
+def test_kill_is_neutral_until_the_run_is_stalled():
+    from gguf_trainer.ui import train_tab
+
+    base = {"message": "m", "mock": False, "stages": {}}
+    running = train_tab.render(live.Cursor(), {**base, "status": "running"}, False, False)[3]
+    stalled = train_tab.render(live.Cursor(), {**base, "status": "stalled"}, False, False)[3]
+    assert running["variant"] == "secondary" and running["interactive"] is True
+    assert stalled["variant"] == "stop"
