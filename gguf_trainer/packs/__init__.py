@@ -28,9 +28,9 @@ def get_pack(pack_id: str) -> TrainerPack:
 
 
 def _register_builtin() -> None:
-    from . import llada_image, qwen3vl_mageflow, t5xxl_pixart
+    from . import llada_image, qwen3vl_mageflow, t5xxl_chroma, t5xxl_pixart, umt5xxl_wan
 
-    for module in (t5xxl_pixart, qwen3vl_mageflow, llada_image):
+    for module in (t5xxl_pixart, qwen3vl_mageflow, llada_image, t5xxl_chroma, umt5xxl_wan):
         register(module.PACK)
 
 

@@ -49,6 +49,10 @@ T5_VOCAB = 32128  # rows of T5 v1.1's embedding table (32000 pieces + 100 sentin
 # caption_length = the DiT's caption_projection.y_embedding ne[1] (contract §3.3). The engine
 # does not adapt the window to the adapter on PixArt: num_queries must equal it (contract §4).
 CAPTION_LENGTHS = {120: "PixArt-α", 300: "PixArt-Σ"}
+# T5CLIPEmbedder (Chroma, Wan): chunk_len 512 (conditioner.hpp:1199); with an adapter the engine
+# takes its num_queries as the window and warns when they differ (conditioner.hpp:1240-1245).
+T5CLIP_WINDOWS = {512: "Chroma / Wan (the T5CLIPEmbedder window)"}
+ENCODER_TYPES = ("t5", "umt5")  # config.json model_type: T5EncoderModel / UMT5EncoderModel
 
 SPIECE = "spiece.model"
 CONFIG = "config.json"
@@ -57,12 +61,13 @@ WEIGHTS_INDEX = "model.safetensors.index.json"
 TEACHER_MODES = ("gpu", "offload", "cpu")
 
 
-def check_window(window: int) -> int:
-    """The caption window the engine builds for a PixArt model; anything else is refused."""
-    if window not in CAPTION_LENGTHS:
-        known = ", ".join(f"{n} ({name})" for n, name in CAPTION_LENGTHS.items())
-        raise UserError(f"a T5 window of {window} slots is not one the engine builds: PixArt's DiT takes "
-                        f"exactly caption_length rows and the adapter's num_queries must equal it; "
+def check_window(window: int, lengths: Mapping[int, str] = CAPTION_LENGTHS) -> int:
+    """The window the engine builds for the family (`lengths`: PixArt's caption lengths, or
+    T5CLIP_WINDOWS for Chroma and Wan); anything else is refused."""
+    if window not in lengths:
+        known = ", ".join(f"{n} ({name})" for n, name in lengths.items())
+        raise UserError(f"a T5 window of {window} slots is not one the engine builds: the DiT takes "
+                        f"exactly that many rows and the adapter's num_queries must equal it; "
                         f"use {known}.")
     return window
 
@@ -102,8 +107,9 @@ def _load_spm(path: Path):
 class SeedTokenizer:
     """T5 window ids for prompts, from the snapshot's `spiece.model`."""
 
-    def __init__(self, spiece: Path, window: int = 120, vocab_limit: int = T5_VOCAB):
-        self.window = check_window(window)
+    def __init__(self, spiece: Path, window: int = 120, vocab_limit: int = T5_VOCAB,
+                 windows: Mapping[int, str] = CAPTION_LENGTHS):
+        self.window = check_window(window, windows)
         self.path = Path(spiece)
         self.sp = _load_spm(self.path)
         if self.sp.get_piece_size() > vocab_limit:
@@ -157,7 +163,8 @@ def expected_encoder_tensors(config: Mapping[str, Any]) -> dict[str, tuple[int, 
     out: dict[str, tuple[int, ...]] = {"shared.weight": (int(config["vocab_size"]), d),
                                        "encoder.final_layer_norm.weight": (d,)}
     buckets = int(config.get("relative_attention_num_buckets", 32))
-    out["encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"] = (buckets, heads)
+    for i in range(n_layers if config.get("model_type") == "umt5" else 1):  # UMT5: one per block
+        out[f"encoder.block.{i}.layer.0.SelfAttention.relative_attention_bias.weight"] = (buckets, heads)
     for i in range(n_layers):
         b = f"encoder.block.{i}.layer"
         for proj in "qkv":
@@ -219,14 +226,14 @@ def read_config(root: Path) -> dict:
     except ValueError:
         raise UserError(f"{path} is not valid JSON; download the T5 snapshot again.") from None
     missing = [k for k in ("d_model", "num_heads", "d_kv", "d_ff", "num_layers", "vocab_size") if k not in config]
-    if config.get("model_type") != "t5" or missing:
+    if config.get("model_type") not in ENCODER_TYPES or missing:
         raise UserError(f"{path} does not describe a T5 encoder (model_type {config.get('model_type')!r}"
                         f"{', missing ' + ', '.join(missing) if missing else ''}); point materials.teacher.path "
                         "at the callgg/t5-v1_1-xxl-encoder-bf16 snapshot.")
     return config
 
 
-def check_snapshot(root: Path, vocab_limit: int = T5_VOCAB) -> SnapshotReport:
+def check_snapshot(root: Path, vocab_limit: int = T5_VOCAB, spiece: Path | None = None) -> SnapshotReport:
     """Everything a load would trip over, found from headers in seconds: config.json, the
     tokenizer, every weight shard present and complete, every encoder tensor named with the
     shape the config implies. Reads no weights. A UserError names the file to fix."""
@@ -234,9 +241,10 @@ def check_snapshot(root: Path, vocab_limit: int = T5_VOCAB) -> SnapshotReport:
     if not root.is_dir():
         raise UserError(f"the T5 teacher snapshot {root} does not exist; download it or set materials.teacher.path.")
     config = read_config(root)
-    sp = _load_spm(root / SPIECE)
+    spiece = Path(spiece) if spiece else root / SPIECE
+    sp = _load_spm(spiece)
     if sp.get_piece_size() > min(vocab_limit, int(config["vocab_size"])):
-        raise UserError(f"{root / SPIECE} has {sp.get_piece_size()} pieces but the encoder embeds "
+        raise UserError(f"{spiece} has {sp.get_piece_size()} pieces but the encoder embeds "
                         f"{config['vocab_size']} (seed table {vocab_limit}); the tokenizer and weights do not match.")
     files = _weight_files(root)
     found: dict[str, tuple[tuple[int, ...], str, str]] = {}
@@ -310,7 +318,7 @@ def load_encoder(root: Path, device, mode: str):
              forward by accelerate hooks: ~0.25 GiB of VRAM for the XXL encoder;
     cpu      everything on the CPU in fp32."""
     import torch
-    from transformers import T5EncoderModel
+    from transformers import T5EncoderModel, UMT5EncoderModel
 
     if mode not in TEACHER_MODES:
         raise ValueError(f"teacher mode {mode!r} is not one of {TEACHER_MODES}")
@@ -320,7 +328,8 @@ def load_encoder(root: Path, device, mode: str):
     dtype = encoder_dtype(device if mode != "cpu" else "cpu")
     kwargs = {"device_map": {"": str(device)}} if mode == "gpu" else {}
     with _quiet_progress():  # a tqdm bar per load would garble the pipeline log and CLI bars
-        model = T5EncoderModel.from_pretrained(str(root), dtype=dtype, **kwargs)
+        cls = UMT5EncoderModel if read_config(root)["model_type"] == "umt5" else T5EncoderModel
+        model = cls.from_pretrained(str(root), dtype=dtype, **kwargs)
     model.eval().requires_grad_(False)
     if mode == "offload":
         from accelerate import cpu_offload
@@ -329,14 +338,24 @@ def load_encoder(root: Path, device, mode: str):
     return model
 
 
-def encode_windows(model, windows: Sequence[Sequence[int]], device, trim: bool = True) -> list[torch.Tensor]:
+def encode_windows(model, windows: Sequence[Sequence[int]], device, trim: bool = True,
+                   masked: bool = True, pad_rows: int = 0) -> list[torch.Tensor]:
     """`last_hidden_state` at the real slots of each window, one [n_i, d_model] CPU tensor each.
 
     The batch runs right-padded with the attention mask; `trim` cuts it to the longest real
     length. Pads are masked keys (softmax weight exactly 0) and T5's position bias is relative,
-    so real rows equal the per-prompt full-window run (`trim=False`, one window per call)."""
+    so real rows equal the per-prompt full-window run (`trim=False`, one window per call).
+    `masked=False` is Chroma's default (chroma_use_t5_mask off): every slot of the whole window,
+    pads included, is a key, so nothing is trimmed; `pad_rows` more rows after the real ones
+    are returned (the pad slots the DiT still sees, chroma_t5_mask_pad)."""
     import torch
 
+    if not masked:
+        ids = torch.tensor([list(w) for w in windows], dtype=torch.long, device=device)
+        with torch.inference_mode():
+            hidden = model(input_ids=ids).last_hidden_state.cpu()
+        return [hidden[i, :min(real_length(w) + pad_rows, len(w))].clone()
+                for i, w in enumerate(windows)]
     lens = [max(real_length(w), 1) for w in windows]
     width = max(lens) if trim else len(windows[0])
     ids = torch.tensor([list(w[:width]) for w in windows], dtype=torch.long, device=device)
@@ -362,10 +381,12 @@ class T5Teacher:
 
     is_mock = False
 
-    def __init__(self, model, tokenizer: SeedTokenizer, device, mode: str, identity: dict | None = None):
+    def __init__(self, model, tokenizer: SeedTokenizer, device, mode: str, identity: dict | None = None,
+                 masked: bool = True, pad_rows: int = 0):
         import torch
 
         self.model, self.tokenizer, self.mode = model, tokenizer, mode
+        self.masked, self.pad_rows = masked, pad_rows  # encode_windows: Chroma's unmasked window
         self.device = torch.device(device) if mode != "cpu" else torch.device("cpu")
         self.window = tokenizer.window
         self.identity = identity or {"teacher": "t5_encoder", "window": self.window}
@@ -386,7 +407,9 @@ class T5Teacher:
         return self._window(text)[0]
 
     def lengths(self, samples: Sequence, student_ids=None) -> list[int]:
-        """Real T5 slots of each sample (its cost in a trimmed batch)."""
+        """Real T5 slots of each sample (its cost in a trimmed batch; unmasked: the window)."""
+        if not self.masked:
+            return [self.window] * len(samples)
         return [real_length(self.seed_ids(_text(s))) for s in samples]
 
     def targets(self, samples: Sequence, student_ids=None, vision=None) -> list:
@@ -401,7 +424,7 @@ class T5Teacher:
                 log.info("prompts longer than the %d-slot T5 window are cut to it with EOS last, "
                          "as the engine cuts them (the student still reads the whole prompt)", self.window)
             self.n_truncated += cut
-        rows = encode_windows(self.model, windows, self.device)
+        rows = encode_windows(self.model, windows, self.device, masked=self.masked, pad_rows=self.pad_rows)
         return [TargetRows(rows=r, seed_ids=list(w)) for r, w in zip(rows, windows)]
 
     def close(self) -> None:
@@ -418,18 +441,22 @@ class T5Teacher:
 
 
 def load_t5_teacher(root: Path, device, mode: str, window: int = 120, identity: dict | None = None,
-                    vocab_limit: int = T5_VOCAB, ram_limit_gib: float = 0.0) -> T5Teacher:
+                    vocab_limit: int = T5_VOCAB, ram_limit_gib: float = 0.0,
+                    windows: Mapping[int, str] = CAPTION_LENGTHS, masked: bool = True,
+                    pad_rows: int = 0, spiece: Path | None = None) -> T5Teacher:
     """Check the snapshot from its headers (fails in seconds, before any weight loads), check
     that the weights fit `ram_limit_gib` in RAM when `mode` keeps them there (offload: bf16,
-    cpu: fp32 — twice the snapshot; 0 = no limit), then load the tokenizer and the encoder."""
-    report = check_snapshot(Path(root), vocab_limit)
+    cpu: fp32 — twice the snapshot; 0 = no limit), then load the tokenizer and the encoder.
+    `windows`, `masked`, `pad_rows`: the family's window and mask mode (encode_windows);
+    `spiece`: the tokenizer when it is not root/spiece.model (a diffusers layout)."""
+    report = check_snapshot(Path(root), vocab_limit, spiece)
     need = encoder_gib(report.n_params, mode)
     if mode in ("offload", "cpu") and ram_limit_gib and need > ram_limit_gib:
         how = "fp32 on the CPU" if mode == "cpu" else "bf16, streamed to the card"
         raise UserError(f"the T5 encoder needs {need:.1f} GiB of RAM in teacher mode {mode} ({how}) but only "
                         f"{ram_limit_gib:.1f} GiB is available; use a CUDA card (teacher_mode gpu or offload), "
                         "raise precompute.cpu_mem_gib, or close other programs.")
-    tokenizer = SeedTokenizer(Path(root) / SPIECE, window, vocab_limit)
+    tokenizer = SeedTokenizer(spiece or Path(root) / SPIECE, window, vocab_limit, windows)
     log.info("teacher: %s; mode %s", report.summary(), mode)
     model = load_encoder(Path(root), device, mode)
-    return T5Teacher(model, tokenizer, device, mode, identity)
+    return T5Teacher(model, tokenizer, device, mode, identity, masked, pad_rows)

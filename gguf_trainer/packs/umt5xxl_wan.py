@@ -1,0 +1,137 @@
+"""Wan 2.x / UMT5-XXL pack: pig_clip + a 512-query resampler seeded with UMT5 token ids (a
+256384-row seed table) replaces the UMT5-XXL encoder of Wan (ggk's T5CLIPEmbedder in UMT5 mode,
+engine-families §2 row 3).
+
+Sources. The engine builds Wan's conditioner with the T5 mask on and the UMT5 tokenizer
+(ggk 0.9.7 gk-diffuser.cpp:1643-1648: use_mask true, mask_pad 0, is_umt5 true); its UMT5 vocabulary
+is PAD 0, EOS 1, BOS 2, UNK 3 (tokenizers/t5_unigram_tokenizer.cpp:217-226). The teacher is the
+UMT5-XXL encoder of the official Wan 2.2 diffusers snapshot,
+https://huggingface.co/Wan-AI/Wan2.2-TI2V-5B-Diffusers (`text_encoder/`: UMT5EncoderModel in three
+safetensors shards, 11.4 GB in bf16; `tokenizer/spiece.model`, 4.55 MB; model_index.json names
+UMT5EncoderModel + T5TokenizerFast). Its config (d_model 4096, 24 blocks, 64 heads, d_kv 64,
+d_ff 10240, gated-gelu, vocab_size 256384) is the google/umt5-xxl encoder's, the same as the
+Wan 2.1 snapshots' text_encoder/config.json (e.g. Wan-AI/Wan2.1-T2V-14B-Diffusers, stored in
+fp32 there: 22.7 GB). 5.68B parameters: 10.6 GiB of bf16 weights.
+
+Pads. On the video path the engine zeroes the pad rows of the conditioning before the DiT
+(`zero_out_masked`, gk-diffuser.cpp:7207; conditioner.hpp:1517-1521), and the T5 runs masked, so
+the teacher is the masked encoder and only the real slots (pieces + EOS) are supervised: what
+the adapter writes at pad slots never reaches the DiT.
+
+Window. T5CLIPEmbedder's chunk_len 512 (conditioner.hpp:1199) = the adapter's num_queries
+(Wan's own text_len is 512 too).
+
+Reference. No published pig_clip + adapter run exists for Wan: the health line reads "n/a"; the
+recipe is the PixArt pack's. The seed table is 256384 x width (1 GiB of f32 at width 1024 while
+training, 0.5 GiB of f16 in the file): train.seed_rank factorizes it at export
+(t5_embed_a + t5_embed_b, engine-families §4) when the file size matters.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .base import Material
+from .t5xxl_chroma import T5CLIP_WINDOW
+from .t5xxl_pixart import PixArtT5Pack
+
+UMT5_VOCAB = 256384
+
+
+def umt5_layout(root: Path) -> tuple[Path, Path]:
+    """(encoder folder, spiece.model) of a snapshot: the diffusers layout (text_encoder/ +
+    tokenizer/) the pack downloads, or a flat encoder folder holding its spiece.model."""
+    root = Path(root)
+    if (root / "text_encoder").is_dir():
+        return root / "text_encoder", root / "tokenizer" / "spiece.model"
+    return root, root / "spiece.model"
+
+
+class WanUMT5Pack(PixArtT5Pack):
+    id = "umt5xxl_wan"
+    title = "Wan 2.x (UMT5-XXL)"
+    description = ("Replaces Wan's UMT5-XXL encoder with pig_clip + a 512-query resampler seeded with "
+                   "the UMT5 token ids (256384-row table); pad rows are zeroed by the engine.")
+    num_queries = T5CLIP_WINDOW
+    seed_vocab = UMT5_VOCAB
+    default_name = "wan_umt5_adapter"
+    shard_contract = "umt5xxl_wan/1"
+    max_len_teacher = T5CLIP_WINDOW
+    teacher_materials = (
+        Material("teacher", "Teacher: UMT5-XXL encoder of Wan 2.2 (bf16) + tokenizer", "hf_snapshot",
+                 repo="Wan-AI/Wan2.2-TI2V-5B-Diffusers", subdir="Wan2.2-TI2V-5B-Diffusers-umt5",
+                 size_gb=11.4, patterns=("text_encoder/*", "tokenizer/spiece.model")),
+    )
+    hints = {
+        "train": "Wan conditions on the real UMT5 slots only (the engine zeroes pad rows on the "
+                 "video path); the 256384-row seed table is the largest tensor: set train.seed_rank "
+                 "to factorize it at export.",
+        "eval": "cos over the real slots (pieces + EOS); no reference run exists for Wan, so judge "
+                "against the mean baseline.",
+    }
+    field_meta = {
+        "train.steps": {"help": "planned training steps; the PixArt recipe is 20k (no Wan reference "
+                                "run exists)"},
+    }
+    health_reference = ""
+    reference = {"status": "none published for Wan; the recipe is the PixArt pack's"}
+    # 5.68B parameters in bf16; the planner adds its activation headroom for a resident teacher.
+    teacher_memory_gib = 10.6
+    engine_notes = (
+        "run pig_clip at f16 or q8_0 in the engine: a 4-bit student loses ~0.09 cosine before the adapter runs",
+    )
+    engine_command_template = (
+        "ggk diffuser engine -- -M vid_gen --diffusion-model wan2.2-ti2v-5b-q8_0.gguf "
+        "--vae wan2.2_vae.safetensors --llm {student} --llm-adapter {adapter} "
+        "-p \"a red fox running through fresh snow\" -W 832 -H 480 --video-frames 33 "
+        "--cfg-scale 5.0 -s 42 -o out.avi")
+    export_kv = {
+        "adapter.qwen_hidden_source": "final_norm",
+        "adapter.target": "umt5_xxl encoder last_hidden_state (masked), real slots of the 512-slot "
+                          "window; pad rows are zeroed by the engine on the video path",
+        "adapter.teacher": "Wan-AI/Wan2.2-TI2V-5B-Diffusers (text_encoder, tokenizer)",
+    }
+    bytes_per_sample = 40 * 4096 * 2 + 30 * 1024 * 2 + T5CLIP_WINDOW * 4
+
+    def configured(self, settings):
+        """The window is the engine's 512 for every Wan model (no t5_window setting)."""
+        return self
+
+    def teacher_gib(self, materials, device):
+        import torch
+
+        from ..teachers.t5 import check_snapshot, encoder_gib
+
+        encoder, spiece = umt5_layout(materials["teacher"])
+        report = check_snapshot(encoder, vocab_limit=self.seed_vocab, spiece=spiece)
+        return encoder_gib(report.n_params, "cpu" if torch.device(device).type != "cuda" else "gpu")
+
+    def check_teacher(self, materials) -> str:
+        from ..teachers.t5 import check_snapshot
+
+        encoder, spiece = umt5_layout(materials["teacher"])
+        return check_snapshot(encoder, vocab_limit=self.seed_vocab, spiece=spiece).summary()
+
+    def load_teacher(self, materials, plan, device):
+        """UMT5EncoderModel from text_encoder/, masked (Wan's use_mask), the real slots as targets."""
+        from ..teachers.t5 import T5CLIP_WINDOWS, load_t5_teacher
+
+        encoder, spiece = umt5_layout(materials["teacher"])
+        return load_t5_teacher(encoder, device, plan.mode, window=self.num_queries,
+                               vocab_limit=self.seed_vocab, ram_limit_gib=plan.cpu_gib,
+                               windows=T5CLIP_WINDOWS, spiece=spiece,
+                               identity={"teacher": "umt5_encoder", "window": self.num_queries})
+
+    def demo_materials(self, folder):
+        """A tiny real UMT5 (random weights, d_model 64) with a synthetic 256384-piece UMT5-shaped
+        tokenizer, built here (~40 MB, none of it package data): tiny/umt5.py."""
+        from ..tiny.umt5 import build_tiny_umt5
+
+        return {"teacher": build_tiny_umt5(folder / "umt5-tiny")}
+
+    def health_line(self, metrics):
+        return ("n/a: no reference run exists for a Wan adapter (none is published); "
+                "compare val cos with the mean baseline")
+
+
+PACK = WanUMT5Pack()
