@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> dict:
     config = Qwen3VLConfig(text_config=dict(tc), vision_config=dict(vc), image_token_id=151655,
                            video_token_id=151656, vision_start_token_id=151652, vision_end_token_id=151653)
     tokenizer = load_tokenizer(qwen_tokenizer_dir())
-    check_templates(tokenizer)
+    check_templates(tokenizer, pack.teacher_template())
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     t0 = time.perf_counter()
     model = build_model(config, device, dtype)
@@ -166,7 +166,8 @@ def main(argv: list[str] | None = None) -> dict:
             if cuda:
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats()
-            teacher = Qwen3VLTeacher(model, tokenizer, device, mode if cuda else "cpu", pack.student_pieces)
+            teacher = Qwen3VLTeacher(model, tokenizer, device, mode if cuda else "cpu", pack.student_pieces,
+                                     pack.teacher_template())
             use = samples if mode == "gpu" else samples[: max(24, n // 4)]  # streaming is slow
             res = run_mode(teacher, use, tokenizer, pack, sync)
             rows = res.pop("rows")

@@ -128,7 +128,14 @@ class MageFlowPack(TrainerPack):
         from ..teachers.qwen3vl import load_qwen3vl_teacher
 
         return load_qwen3vl_teacher(materials["teacher"], device, plan.mode, student_pieces=self.student_pieces,
-                                    ram_limit_gib=plan.cpu_gib)
+                                    template=self.teacher_template(), ram_limit_gib=plan.cpu_gib)
+
+    def teacher_template(self):
+        """The templates and the engine's counts, as the teacher takes them (teachers import
+        no pack)."""
+        from ..teachers.qwen3vl import Template
+
+        return Template(EDIT_PREFIX, EDIT_START, T2I_PREFIX, T2I_START, IMAGE_HEADER_TOKENS)
 
     def check_teacher(self, materials) -> str:
         """Header-only check of the snapshot (config, tokenizer, complete shards): its summary."""

@@ -14,7 +14,8 @@ times slower). Must not: know projects, settings or the planner (the pack's hook
 resolved snapshot folder and the planned mode).
 
     report = check_snapshot(root)                       # headers only: names, dims, tokenizer
-    teacher = load_qwen3vl_teacher(root, device, "gpu", student_pieces=pack.student_pieces)
+    teacher = load_qwen3vl_teacher(root, device, "gpu", student_pieces=pack.student_pieces,
+                                   template=pack.teacher_template())
     rows = teacher.vision([path, ...])                  # [n_i, vis_dim] float32 per image
     out = teacher.targets(samples, student_ids, segments)   # [TargetRows(rows [L, hidden])]
     teacher.close()
@@ -50,25 +51,31 @@ VISUAL_PREFIXES = ("model.visual.", "visual.")
 # ---------------------------------------------------------------- templates (the engine's counts)
 
 
-def _templates():
-    from ..packs import qwen3vl_mageflow as p
+@dataclass(frozen=True)
+class Template:
+    """The pack's edit and text-to-image prefixes and the counts the engine hard-codes for
+    them; the pack passes it in (a teacher imports no pack)."""
 
-    return p
+    edit_prefix: str
+    edit_start: int  # tokens of the edit prefix: the first row the DiT reads (64)
+    t2i_prefix: str
+    t2i_start: int  # tokens of the text-to-image prefix (34)
+    image_header_tokens: int  # "Image i: <|vision_start|>" (6)
 
 
 def count_tokens(tokenizer, text: str) -> int:
     return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def check_templates(tokenizer, max_images: int = 9) -> dict[str, int]:
+def check_templates(tokenizer, p: Template, max_images: int = 9) -> dict[str, int]:
     """The token counts the engine hard-codes, measured with `tokenizer`: the edit prefix (64),
     the text-to-image prefix (34) and every image header `Image i: <|vision_start|>` (6, for
     i = 1..max_images; ten or more images break the engine's assumption). UserError naming
     the template whose count differs (the engine would splice images at the wrong rows)."""
-    p = _templates()
-    want = {"edit prefix": (p.EDIT_PREFIX, p.EDIT_START), "text-to-image prefix": (p.T2I_PREFIX, p.T2I_START)}
+    want = {"edit prefix": (p.edit_prefix, p.edit_start),
+            "text-to-image prefix": (p.t2i_prefix, p.t2i_start)}
     for i in range(max_images):
-        want[f"image {i + 1} header"] = (f"Image {i + 1}: <|vision_start|>", p.IMAGE_HEADER_TOKENS)
+        want[f"image {i + 1} header"] = (f"Image {i + 1}: <|vision_start|>", p.image_header_tokens)
     got = {}
     for name, (text, n) in want.items():
         got[name] = count_tokens(tokenizer, text)
@@ -83,21 +90,20 @@ def check_templates(tokenizer, max_images: int = 9) -> dict[str, int]:
     return got
 
 
-def splice_starts(counts: Sequence[int]) -> list[int]:
+def splice_starts(counts: Sequence[int], p: Template) -> list[int]:
     """Where the engine splices each image's rows: 64 + 6 = 70 for the first, then each next
     image 1 (`<|vision_end|>`) + n_prev + 6 (the next header) later."""
-    p = _templates()
-    out, at = [], p.EDIT_START + p.IMAGE_HEADER_TOKENS
+    out, at = [], p.edit_start + p.image_header_tokens
     for n in counts:
         out.append(at)
-        at += n + 1 + p.IMAGE_HEADER_TOKENS
+        at += n + 1 + p.image_header_tokens
     return out
 
 
-def check_splices(ids: Sequence[int], counts: Sequence[int]) -> None:
+def check_splices(ids: Sequence[int], counts: Sequence[int], p: Template) -> None:
     """The image runs of `ids` sit where the engine splices them, framed by vision start/end;
     UserError otherwise (the sample's text would shift the engine's rows)."""
-    for start, n in zip(splice_starts(counts), counts):
+    for start, n in zip(splice_starts(counts, p), counts):
         ok = (start + n < len(ids) and ids[start - 1] == VISION_START_ID and ids[start + n] == VISION_END_ID
               and all(t == IMAGE_PAD_ID for t in ids[start: start + n]))
         if not ok:
@@ -105,10 +111,9 @@ def check_splices(ids: Sequence[int], counts: Sequence[int]) -> None:
                             "edit template or its image headers do not tokenize as the engine assumes.")
 
 
-def sup_start(has_images: bool) -> int:
+def sup_start(has_images: bool, p: Template) -> int:
     """First row the DiT consumes: 64 for the edit template, 34 for text-to-image."""
-    p = _templates()
-    return p.EDIT_START if has_images else p.T2I_START
+    return p.edit_start if has_images else p.t2i_start
 
 
 # ---------------------------------------------------------------- snapshot check (headers only)
@@ -214,7 +219,7 @@ class Qwen3VLTeacher:
     is_mock = False
 
     def __init__(self, model, tokenizer, device, mode: str, student_pieces: Callable,
-                 report: SnapshotReport | None = None):
+                 template: Template, report: SnapshotReport | None = None):
         import torch
 
         self.model, self.tokenizer, self.mode = model, tokenizer, mode
@@ -222,7 +227,7 @@ class Qwen3VLTeacher:
         self.visual = model.visual
         self.device = torch.device(device) if mode != "cpu" else torch.device("cpu")
         self.dtype = next(self.visual.parameters()).dtype
-        self.student_pieces = student_pieces
+        self.student_pieces, self.template = student_pieces, template
         self.report = report
         self.identity = {"teacher": "qwen3_vl", "tap": "final_norm"}
         self._table = self.text.embed_tokens.weight  # offload: the plain RAM module place() kept
@@ -291,7 +296,7 @@ class Qwen3VLTeacher:
                             "template; use the pig_clip tokenizer folder with the Qwen3-VL snapshot (both "
                             "are the Qwen vocabulary).")
         if counts:
-            check_splices(ids, counts)
+            check_splices(ids, counts, self.template)
         return list(ids)
 
     def targets(self, samples: Sequence, student_ids: Sequence[Sequence[int]], vision=None) -> list:
@@ -319,7 +324,7 @@ class Qwen3VLTeacher:
             # runs MageFlow's text stack; no deepstack embeds are passed.
             h = self.text(inputs_embeds=embeds, attention_mask=mask, use_cache=False).last_hidden_state
         h = h.float().cpu()
-        return [TargetRows(rows=h[b, : len(x)].clone(), sup_start=sup_start(bool(segs)))
+        return [TargetRows(rows=h[b, : len(x)].clone(), sup_start=sup_start(bool(segs), self.template))
                 for b, (x, segs) in enumerate(zip(ids, vision))]
 
     def close(self) -> None:
@@ -338,7 +343,7 @@ def compute_dtype(device, mode: str):
 
 
 def load_qwen3vl_teacher(root: Path, device, mode: str, student_pieces: Callable,
-                         ram_limit_gib: float = 0.0) -> Qwen3VLTeacher:
+                         template: Template, ram_limit_gib: float = 0.0) -> Qwen3VLTeacher:
     """Check the snapshot from its headers and the templates against its tokenizer (both fail
     in seconds, before any weight loads), then load `Qwen3VLModel` placed for `mode`."""
     import torch
@@ -359,7 +364,7 @@ def load_qwen3vl_teacher(root: Path, device, mode: str, student_pieces: Callable
                         f"{ram_limit_gib:.1f} GiB is available; use a CUDA card, raise "
                         "precompute.cpu_mem_gib, or close other programs.")
     tokenizer = load_tokenizer(root)
-    counts = check_templates(tokenizer)
+    counts = check_templates(tokenizer, template)
     log.info("teacher: %s; mode %s; templates %d/%d tokens, image header %d", report.summary(), mode,
              counts["edit prefix"], counts["text-to-image prefix"], counts["image 1 header"])
     with _quiet_progress():
@@ -367,7 +372,7 @@ def load_qwen3vl_teacher(root: Path, device, mode: str, student_pieces: Callable
     model.eval().requires_grad_(False)
     _check_rotary(model.language_model)
     place(model, device, mode)
-    return Qwen3VLTeacher(model, tokenizer, device, mode, student_pieces, report)
+    return Qwen3VLTeacher(model, tokenizer, device, mode, student_pieces, template, report)
 
 
 def place(model, device, mode: str) -> None:

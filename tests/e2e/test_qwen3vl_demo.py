@@ -96,7 +96,9 @@ def test_shards_hold_the_teachers_rows_for_the_engine_template(demo):
     assert runs[0][0] == 70
     rows, pos = shard.vision(i)
     assert pos.tolist() == [p for s, n in runs for p in range(s, s + n)]
-    teacher = load_qwen3vl_teacher(proj.material_path("teacher"), "cpu", "cpu", student_pieces=proj.pack.student_pieces)
+    teacher = load_qwen3vl_teacher(proj.material_path("teacher"), "cpu", "cpu",
+                                   student_pieces=proj.pack.student_pieces,
+                                   template=proj.pack.teacher_template())
     try:
         sample = samples[index[i]]
         fresh = teacher.vision(list(sample.images))

@@ -34,7 +34,8 @@ def snapshot(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def teacher(snapshot):
-    t = qwen3vl.load_qwen3vl_teacher(snapshot, "cpu", "cpu", student_pieces=PACK.student_pieces)
+    t = qwen3vl.load_qwen3vl_teacher(snapshot, "cpu", "cpu", student_pieces=PACK.student_pieces,
+                                     template=PACK.teacher_template())
     yield t
     t.close()
 
@@ -52,7 +53,7 @@ def pictures(tmp_path_factory):
 
 
 def test_templates_have_the_engines_counts_with_the_real_tokenizer(qwen_tokenizer_dir):
-    counts = qwen3vl.check_templates(load_tokenizer(qwen_tokenizer_dir))
+    counts = qwen3vl.check_templates(load_tokenizer(qwen_tokenizer_dir), PACK.teacher_template())
     assert counts["edit prefix"] == 64 and counts["text-to-image prefix"] == 34
     assert all(counts[f"image {i} header"] == 6 for i in range(1, 10))
 
@@ -62,20 +63,20 @@ def test_a_tokenizer_with_other_counts_is_refused_naming_the_template():
         return {"input_ids": list(range(len(text.split())))}
 
     with pytest.raises(UserError, match="edit prefix is .* tokens .* hard-codes 64"):
-        qwen3vl.check_templates(words)
+        qwen3vl.check_templates(words, PACK.teacher_template())
 
 
 def test_splice_positions_are_70_then_plus_1_n_6(qwen_tokenizer_dir):
-    assert qwen3vl.splice_starts([144]) == [70]
-    assert qwen3vl.splice_starts([12, 30, 4]) == [70, 70 + 1 + 12 + 6, 70 + 1 + 12 + 6 + 1 + 30 + 6]
+    assert qwen3vl.splice_starts([144], PACK.teacher_template()) == [70]
+    assert qwen3vl.splice_starts([12, 30, 4], PACK.teacher_template()) == [70, 70 + 1 + 12 + 6, 70 + 1 + 12 + 6 + 1 + 30 + 6]
     tok = load_tokenizer(qwen_tokenizer_dir)
     counts = [12, 30]
     ids = tokenize(tok, [PACK.student_text(Sample("put the cat from Image 1 into Image 2", ("a", "b")),
                                            counts)])[0]
     assert image_runs(ids, qwen3vl.IMAGE_PAD_ID) == [(70, 12), (89, 30)]
-    qwen3vl.check_splices(ids, counts)
+    qwen3vl.check_splices(ids, counts, PACK.teacher_template())
     with pytest.raises(UserError, match="not at row 70"):
-        qwen3vl.check_splices(ids[1:], counts)
+        qwen3vl.check_splices(ids[1:], counts, PACK.teacher_template())
 
 
 def test_vision_rows_are_the_raw_merger_output(teacher, snapshot, pictures):
@@ -152,7 +153,8 @@ def test_snapshot_checks_from_headers(snapshot, tmp_path):
     with pytest.raises(UserError, match="cut short|not a complete"):
         qwen3vl.check_snapshot(bad)
     with pytest.raises(UserError, match="needs a CUDA device"):
-        qwen3vl.load_qwen3vl_teacher(snapshot, "cpu", "gpu", student_pieces=PACK.student_pieces)
+        qwen3vl.load_qwen3vl_teacher(snapshot, "cpu", "gpu", student_pieces=PACK.student_pieces,
+                                     template=PACK.teacher_template())
 
 
 def test_the_ridge_fit_recovers_a_known_linear_map(snapshot):
@@ -192,7 +194,8 @@ def test_offload_placement_streams_the_text_stack_and_keeps_the_rows(teacher, sn
     qwen3vl.place(model, torch.device("cpu"), "offload")
     assert model.language_model.layers[0].mlp.up_proj.weight.device.type == "meta"
     assert model.language_model.embed_tokens.weight.device.type == "cpu"
-    streamed = qwen3vl.Qwen3VLTeacher(model, teacher.tokenizer, "cpu", "offload", PACK.student_pieces)
+    streamed = qwen3vl.Qwen3VLTeacher(model, teacher.tokenizer, "cpu", "offload", PACK.student_pieces,
+                                       PACK.teacher_template())
     rows = teacher.vision(pictures[:1])
     sample = Sample("make it night", tuple(pictures[:1]))
     ids = _ids(teacher.tokenizer, sample, [rows[0].shape[0]])
@@ -237,7 +240,8 @@ def test_a_snapshot_whose_tokenizer_breaks_the_template_is_refused_at_load(snaps
     cfg["additional_special_tokens"] = [t for t in cfg.get("additional_special_tokens", []) if t != "<|im_start|>"]
     (bad / "tokenizer_config.json").write_text(json.dumps(cfg), encoding="utf-8")
     with pytest.raises(UserError, match="MageFlow edit prefix is [0-9]+ tokens .* hard-codes 64"):
-        qwen3vl.load_qwen3vl_teacher(bad, "cpu", "cpu", student_pieces=PACK.student_pieces)
+        qwen3vl.load_qwen3vl_teacher(bad, "cpu", "cpu", student_pieces=PACK.student_pieces,
+                                     template=PACK.teacher_template())
 
 
 def test_every_copy_of_the_tiny_snapshot_is_the_same_bytes(snapshot, tmp_path):
