@@ -109,8 +109,6 @@ def cmd_run(args) -> int:
 def _run_launched(paths, args, launch) -> int:
     """`run` with several processes or machines: accelerate's launcher in this terminal.
     Machine rank 0 shows the bars (it owns state.json); the others only wait for the end."""
-    from gguf_trainer.runner import launch as launch_mod
-
     if launch.is_main_machine:
         steps = _parse_steps(args.steps)
         control.preflight(paths.root, only=args.only)
@@ -122,7 +120,7 @@ def _run_launched(paths, args, launch) -> int:
         + (["--force"] if args.force else [])
     bars = _ProgressBars() if launch.is_main_machine else None
     try:
-        rc = launch_mod.run_foreground(paths, launch, pipeline_args, bars)
+        rc = supervisor.run_launched(paths, launch, pipeline_args, bars)
     finally:
         if bars is not None:
             bars.close()

@@ -13,7 +13,7 @@ import signal
 from gguf_trainer import distributed
 from gguf_trainer.errors import UserError, as_user_error
 from gguf_trainer.exit_codes import EXIT_INTERNAL, EXIT_OK, EXIT_USER
-from gguf_trainer.runner import ranks
+from gguf_trainer.runner import processes, ranks
 
 log = logging.getLogger("gguf_trainer.follower")
 
@@ -22,9 +22,7 @@ def main(paths) -> int:
     w = distributed.world()
     paths.ranks.mkdir(exist_ok=True)
     handler = logging.FileHandler(paths.rank_log(w.rank), encoding="utf-8")
-    from gguf_trainer.runner.pipeline import LOG_FORMAT
-
-    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    handler.setFormatter(logging.Formatter(processes.LOG_FORMAT))
     root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(logging.INFO)

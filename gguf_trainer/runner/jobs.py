@@ -48,6 +48,7 @@ from typing import Any
 from gguf_trainer import atomic, locks
 from gguf_trainer.errors import UserError, as_user_error
 from gguf_trainer.exit_codes import EXIT_INTERNAL, EXIT_OK, EXIT_USER
+from gguf_trainer.runner import processes
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,6 @@ def start_job(folder: str | os.PathLike, name: str, target: str, kwargs: dict | 
     """Spawn job `name` running `target` ("module:function") with JSON `kwargs`, detached
     (new session, survives the caller). Returns its state once it runs (or has already
     ended). Raises LockHeld ("a NAME job is already running (pid N)") if one runs."""
-    from gguf_trainer.runner.supervisor import spawn_detached  # no cycle at import time
 
     _check_name(name)
     folder = Path(folder).expanduser().resolve()
@@ -93,7 +93,7 @@ def start_job(folder: str | os.PathLike, name: str, target: str, kwargs: dict | 
     job_id = uuid.uuid4().hex
     argv = [sys.executable, "-m", JOBS_MODULE, "run", "--folder", str(folder), "--name", name,
             "--target", target, "--job-id", job_id, "--kwargs", json.dumps(kwargs or {})]
-    proc = spawn_detached(argv, log_path(folder, name), folder)
+    proc = processes.spawn_detached(argv, log_path(folder, name), folder)
     deadline = time.monotonic() + wait_s
     while True:
         st = job_status(folder, name)
@@ -177,13 +177,12 @@ def wait(folder: str | os.PathLike, name: str, timeout_s: float | None = None,
 def stop_job(folder: str | os.PathLike, name: str, timeout_s: float = 10.0) -> str:
     """SIGTERM the verified job process: "stopped" | "not running" | "stopping" (still
     alive after timeout_s). The job records status "stopped"."""
-    from gguf_trainer.runner.supervisor import signal_verified
 
     lf = lock_path(Path(folder).expanduser().resolve(), name)
     found = locks.holder(lf)
     if found is None:
         return "not running"
-    if not signal_verified(found[0], found[1], signal.SIGTERM):
+    if not processes.signal_verified(found[0], found[1], signal.SIGTERM):
         return "not running"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -14,12 +14,9 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 import sys
-import time
 from dataclasses import dataclass
 
-from gguf_trainer import project_file
 from gguf_trainer.errors import UserError
 
 ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch"]
@@ -103,52 +100,3 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def run_foreground(paths, launch: Launch, pipeline_args: list[str], on_change=None,
-                   poll_s: float = 0.5) -> int:
-    """`gguf-trainer run` with several processes: the launcher runs as a child of the CLI in
-    its own session, its output appended to pipeline.log (the launcher's own messages are not
-    the user's to read). Progress is read back from state.json and handed to
-    `on_change(stage, stage_dict)` like the in-process run does. The first Ctrl-C asks every
-    rank to stop after its unit (the stop request); a second one ends the ranks (SIGTERM)."""
-    import signal
-
-    from gguf_trainer.runner import status as status_mod
-    from gguf_trainer.runner import supervisor
-
-    with project_file.open_append(paths.root, paths.pipeline_log) as out:  # never via a link
-        proc = subprocess.Popen(launch.argv(pipeline_args), env={**supervisor._child_env(), **launch.env()},
-                                cwd=paths.root, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    seen: dict = {}
-    interrupts = 0
-
-    def interrupt(_signum, _frame):  # the terminal closing, or a plain kill: as Ctrl-C
-        raise KeyboardInterrupt
-
-    old = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    while proc.poll() is None:
-        try:
-            if on_change is not None and launch.is_main_machine:
-                _forward_progress(status_mod.read_state(paths) or {}, seen, on_change)
-            time.sleep(poll_s)
-        except KeyboardInterrupt:
-            interrupts += 1
-            if interrupts == 1 and launch.is_main_machine:
-                os.write(2, b"\nstopping after the current step (Ctrl-C again to abort)\n")
-                supervisor.stop(paths.root, timeout_s=0)
-            else:
-                os.killpg(proc.pid, signal.SIGTERM)
-    for sig, handler in old.items():
-        signal.signal(sig, handler)
-    if on_change is not None and launch.is_main_machine:
-        _forward_progress(status_mod.read_state(paths) or {}, seen, on_change)
-    return proc.returncode
-
-
-def _forward_progress(state: dict, seen: dict, on_change) -> None:
-    for name, stage in (state.get("stages") or {}).items():
-        if isinstance(stage, dict) and stage.get("status") != "pending" and seen.get(name) != stage:
-            seen[name] = dict(stage)
-            on_change(name, stage)

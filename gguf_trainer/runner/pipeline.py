@@ -30,14 +30,13 @@ from gguf_trainer import atomic, locks, project_file
 from gguf_trainer.errors import UserError, as_user_error
 from gguf_trainer.exit_codes import EXIT_INTERNAL, EXIT_NO_PROJECT, EXIT_OK, EXIT_USER
 from gguf_trainer.paths import ProjectPaths
-from gguf_trainer.runner import lock
+from gguf_trainer.runner import lock, processes
 from gguf_trainer.runner.state import Report, StateWriter, jsonable
 from gguf_trainer.stage_list import STAGES
 
 log = logging.getLogger("gguf_trainer.pipeline")
 
 MAX_SHARD_REPAIRS = 3  # shards found corrupted while training, recomputed within one run
-LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 StageRunner = Callable[[ProjectPaths, Report, "list[str] | None", bool], str]
 
 
@@ -253,7 +252,7 @@ def _log_to_file(paths: ProjectPaths) -> Iterator[None]:
     """Timestamped log lines to pipeline.log for the life of the run (root logger)."""
     project_file.open_append(paths.root, paths.pipeline_log).close()  # a link there: refused
     handler = _QuietFileHandler(paths.pipeline_log, encoding="utf-8")
-    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    handler.setFormatter(logging.Formatter(processes.LOG_FORMAT))
     root = logging.getLogger()
     old_level = root.level
     if root.level == logging.NOTSET or root.level > logging.INFO:

@@ -1,6 +1,6 @@
 """The supervisor: the one place the CLI and the GUI start, stop, kill and watch pipelines.
 
-Owns: launching detached jobs (`spawn_detached`), the launch monitor (records how a job
+Owns: launching pipelines (through processes.spawn_detached), the launch monitor (records how a job
 process ended in exit.json, since nobody can record its own SIGKILL), signalling VERIFIED
 processes only, and ~/.gguf-trainer/settings.json. Must not: import torch, write
 state.json (the pipeline's), or signal a pid it has not just matched to the lock holder's
@@ -23,31 +23,25 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import errno
 import logging
 import os
-import shlex
 import signal
-import site
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import psutil
 
-import gguf_trainer
 from gguf_trainer import atomic, locks, project_file
 from gguf_trainer.errors import NoProjectError, UserError
 from gguf_trainer.paths import ProjectPaths
-from gguf_trainer.runner import lock, state
+from gguf_trainer.runner import lock, processes, state
 from gguf_trainer.runner import status as status_mod
 
 log = logging.getLogger(__name__)
 
 PIPELINE_MODULE = "gguf_trainer.runner.pipeline"
-MONITOR_MODULE = "gguf_trainer.runner.supervisor"
 HOME_ENV = "GGUF_TRAINER_HOME"  # relocates ~/.gguf-trainer (tests point it at a tmp dir)
 DEFAULT_HOME = "~/.gguf-trainer"
 SETTINGS_JSON = "settings.json"
@@ -59,80 +53,6 @@ EXIT_RECORDS_KEPT = 8
 
 class StopTimeout(UserError):
     """stop() waited `timeout_s` and the pipeline is still finishing (CLI exit code 3)."""
-
-
-# ---- processes ------------------------------------------------------------------------
-def _child_env() -> dict:
-    env = dict(os.environ)
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    # A source checkout works without `pip install`: the child finds this very package.
-    # Never for an installed package: site-packages on PYTHONPATH would go before the
-    # standard library and let a stray backport shadow it.
-    pkg_parent = str(Path(gguf_trainer.__file__).resolve().parent.parent)
-    site_dirs = {str(Path(p).resolve()) for p in [*site.getsitepackages(),
-                                                   site.getusersitepackages()]}
-    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if pkg_parent not in parts and pkg_parent not in site_dirs:
-        env["PYTHONPATH"] = os.pathsep.join([pkg_parent, *parts])
-    return env
-
-
-def spawn_detached(argv: list[str], log_path: Path, cwd: Path,
-                   exit_path: Path | None = None, extra_env: dict | None = None) -> subprocess.Popen:
-    """Start `argv` in a new session, stdin /dev/null, output appended to `log_path`.
-
-    A banner "===== launch <time>: <cmd>" goes to the log first. With `exit_path`, the job
-    runs under the monitor, which appends {pid, returncode, signal, ...} to that file when
-    the job ends. Never a shell; never os.fork. The returned Popen is the monitor (or the
-    job); a daemon thread reaps it so long-lived clients (the GUI) collect no zombies, so
-    read `returncode` rather than calling poll().
-    """
-    log_path = Path(log_path)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    cmd = list(argv)
-    if exit_path is not None:
-        cmd = [sys.executable, "-m", MONITOR_MODULE, "monitor", "--exit-file", str(exit_path),
-               "--", *cmd]
-    stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
-    with project_file.open_append(log_path.parent, log_path) as out:  # never through a link
-        out.write(f"===== launch {stamp}: {shlex.join(argv)}\n".encode())
-        out.flush()
-        proc = subprocess.Popen(cmd, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True,
-                                close_fds=True, env={**_child_env(), **(extra_env or {})})
-    threading.Thread(target=proc.wait, name=f"reap-{proc.pid}", daemon=True).start()
-    return proc
-
-
-def signal_verified(pid: int, start_time: float, sig: int) -> bool:
-    """Send `sig` to `pid` only if it is still the process that started at `start_time`.
-
-    Uses a pidfd where the kernel has one: the check and the signal then address the same
-    process even if the pid is recycled in between. False if that process is gone.
-    """
-    pidfd = None
-    try:
-        pidfd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return False
-    except OSError as e:  # ENOSYS: kernel < 5.3; fall back to check-then-kill
-        if e.errno != errno.ENOSYS:
-            raise
-    try:
-        if not locks.is_same_process(pid, start_time):
-            return False
-        if pidfd is not None:
-            signal.pidfd_send_signal(pidfd, sig)
-        else:
-            os.kill(pid, sig)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError as e:
-        raise UserError(f"cannot signal pid {pid}: it belongs to another user") from e
-    finally:
-        if pidfd is not None:
-            os.close(pidfd)
 
 
 def project_paths(project_dir: str | os.PathLike) -> ProjectPaths:
@@ -177,7 +97,7 @@ def start(project_dir: str | os.PathLike, only: list[str] | None = None, force: 
     if launch is not None and launch.needed():  # several processes: accelerate's launcher
         extra_env = {k: v for k, v in launch.env().items() if k.startswith("GGUF_TRAINER_")}
         argv = launch.argv(argv[3:])
-    proc = spawn_detached(argv, paths.pipeline_log, paths.root, state.exit_record_path(paths),
+    proc = processes.spawn_detached(argv, paths.pipeline_log, paths.root, state.exit_record_path(paths),
                           extra_env)
     pid = _await_lock_holder(paths, proc, wait_s)
     remember_project(paths.root)
@@ -304,7 +224,7 @@ def stop(project_dir: str | os.PathLike, timeout_s: float = STOP_TIMEOUT_S,
             return "stopped"
         if not sent_term and time.monotonic() - begun >= grace_s:
             sent_term = True
-            if signal_verified(pid, start_time, signal.SIGTERM):
+            if processes.signal_verified(pid, start_time, signal.SIGTERM):
                 log.info("stop: sent SIGTERM to pid %d", pid)
         time.sleep(0.1)
     if _holder_gone(paths, pid):
@@ -337,16 +257,60 @@ def kill(project_dir: str | os.PathLike, wait_s: float = KILL_WAIT_S) -> str:
     marker = state.killed_marker_path(paths)
     atomic.write_json(marker, {"pid": pid, "pid_start_time": start_time, "time": time.time(),
                                "by_pid": os.getpid()})
-    if not signal_verified(pid, start_time, signal.SIGKILL):
+    if not processes.signal_verified(pid, start_time, signal.SIGKILL):
         with contextlib.suppress(FileNotFoundError):
             marker.unlink()
         return "not running"
     for kid, kid_start in kids:
-        signal_verified(kid, kid_start, signal.SIGKILL)
+        processes.signal_verified(kid, kid_start, signal.SIGKILL)
     deadline = time.monotonic() + wait_s
     while not _holder_gone(paths, pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     return "killed"
+
+
+def run_launched(paths, launch, pipeline_args: list[str], on_change=None,
+                   poll_s: float = 0.5) -> int:
+    """`gguf-trainer run` with several processes: the launcher runs as a child of the CLI in
+    its own session, its output appended to pipeline.log (the launcher's own messages are not
+    the user's to read). Progress is read back from state.json and handed to
+    `on_change(stage, stage_dict)` like the in-process run does. The first Ctrl-C asks every
+    rank to stop after its unit (the stop request); a second one ends the ranks (SIGTERM)."""
+    with project_file.open_append(paths.root, paths.pipeline_log) as out:  # never via a link
+        proc = subprocess.Popen(launch.argv(pipeline_args), env={**processes.child_env(), **launch.env()},
+                                cwd=paths.root, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    seen: dict = {}
+    interrupts = 0
+
+    def interrupt(_signum, _frame):  # the terminal closing, or a plain kill: as Ctrl-C
+        raise KeyboardInterrupt
+
+    old = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    while proc.poll() is None:
+        try:
+            if on_change is not None and launch.is_main_machine:
+                _forward_progress(status_mod.read_state(paths) or {}, seen, on_change)
+            time.sleep(poll_s)
+        except KeyboardInterrupt:
+            interrupts += 1
+            if interrupts == 1 and launch.is_main_machine:
+                os.write(2, b"\nstopping after the current step (Ctrl-C again to abort)\n")
+                stop(paths.root, timeout_s=0)
+            else:
+                os.killpg(proc.pid, signal.SIGTERM)
+    for sig, handler in old.items():
+        signal.signal(sig, handler)
+    if on_change is not None and launch.is_main_machine:
+        _forward_progress(status_mod.read_state(paths) or {}, seen, on_change)
+    return proc.returncode
+
+
+def _forward_progress(state: dict, seen: dict, on_change) -> None:
+    for name, stage in (state.get("stages") or {}).items():
+        if isinstance(stage, dict) and stage.get("status") != "pending" and seen.get(name) != stage:
+            seen[name] = dict(stage)
+            on_change(name, stage)
 
 
 # ---- settings and auto-resume ---------------------------------------------------------
@@ -419,7 +383,7 @@ def _append_exit_record(exit_path: Path, record: dict) -> None:
 
 def monitor_main(argv: list[str]) -> int:
     """Run the job as a child, wait, record how it ended. Exit with its code (128+sig)."""
-    parser = argparse.ArgumentParser(prog=f"python -m {MONITOR_MODULE} monitor")
+    parser = argparse.ArgumentParser(prog=f"python -m {processes.MONITOR_MODULE} monitor")
     parser.add_argument("--exit-file", required=True, type=Path)
     parser.add_argument("job", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
@@ -448,5 +412,5 @@ def monitor_main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     if sys.argv[1:2] != ["monitor"]:
-        sys.exit(f"usage: python -m {MONITOR_MODULE} monitor --exit-file F -- CMD...")
+        sys.exit(f"usage: python -m {processes.MONITOR_MODULE} monitor --exit-file F -- CMD...")
     sys.exit(monitor_main(sys.argv[2:]))

@@ -19,7 +19,7 @@ import pytest
 from gguf_trainer import atomic, locks
 from gguf_trainer.exit_codes import EXIT_INTERNAL, EXIT_USER
 from gguf_trainer.paths import ProjectPaths
-from gguf_trainer.runner import lock, state, status, supervisor
+from gguf_trainer.runner import lock, processes, state, status, supervisor
 
 E2E_DIR = Path(__file__).resolve().parent
 FAKE = "fake_pipeline"
@@ -50,7 +50,7 @@ def _cleanup(paths: ProjectPaths) -> None:
     """Kill whatever pipeline a failed test left behind (verified holder only)."""
     found = lock.holder(paths)
     if found:
-        supervisor.signal_verified(*found, signal.SIGKILL)
+        processes.signal_verified(*found, signal.SIGKILL)
 
 
 def wait_for(pred, timeout_s=15.0, every_s=0.05):
@@ -297,7 +297,7 @@ def test_stale_pid_pointing_at_an_unrelated_process_is_left_alone(project):
                 assert supervisor.stop(project, timeout_s=1) == "not running"
         finally:
             os.close(fd)
-        assert not supervisor.signal_verified(bystander.pid, start - 3, signal.SIGKILL)
+        assert not processes.signal_verified(bystander.pid, start - 3, signal.SIGKILL)
         time.sleep(0.1)
         assert bystander.poll() is None  # still alive
     finally:

@@ -38,7 +38,7 @@ def test_a_thousand_processes_on_this_machine_are_refused_with_the_numbers(proj,
 def test_the_cli_refuses_before_spawning(proj, monkeypatch, capsys):
     monkeypatch.setattr(capacity, "visible_gpus", lambda: 0)
     spawned = []
-    monkeypatch.setattr("gguf_trainer.runner.launch.run_foreground",
+    monkeypatch.setattr("gguf_trainer.runner.supervisor.run_launched",
                         lambda *a, **k: spawned.append(a) or 0)
     code = cli.main(["run", "--project", str(proj), "--processes", "1000"])
     assert code == EXIT_USER and not spawned

@@ -18,7 +18,7 @@ import pytest
 from gguf_trainer import project_file
 from gguf_trainer.paths import ProjectPaths
 from gguf_trainer.project import load_project
-from gguf_trainer.runner import control, downloads, state, supervisor
+from gguf_trainer.runner import control, downloads, processes, state
 from gguf_trainer.ui import live
 
 PACK = "t5xxl_pixart"
@@ -153,7 +153,7 @@ def test_logs_and_metrics_are_never_appended_through_a_link(proj, tmp_path):
     for name in ("pipeline.log", "metrics.jsonl", "download.log"):
         (proj / name).symlink_to(victim)
     with pytest.raises(project_file.UnsafeProjectFile, match="symbolic link"):
-        supervisor.spawn_detached(["true"], paths.pipeline_log, proj)  # nothing is started
+        processes.spawn_detached(["true"], paths.pipeline_log, proj)  # nothing is started
     with pytest.raises(project_file.UnsafeProjectFile):
         state._open_metrics_for_append(paths.metrics_jsonl)
     with pytest.raises(project_file.UnsafeProjectFile):
