@@ -235,6 +235,8 @@ def format_statuses(rows: list[dict]) -> str:
             rate = f"{r['rate_bps'] / 1e6:.1f} MB/s" if r["rate_bps"] else "starting"
             eta = f", ETA {r['eta_s']:.0f} s" if r["eta_s"] else ""
             extra.append(f"{rate}{eta}, pid {r['pid']}")
+        if r.get("source"):
+            extra.append(r["source"])
         if r["error"]:
             extra.append(r["error"])
         if r["note"]:

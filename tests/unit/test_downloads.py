@@ -194,6 +194,8 @@ def test_the_tokenizer_must_match_the_student(t5, tmp_path, monkeypatch):
     assert passed == {"student_tokenizer": [
         f"{wrong} does not match the student: hidden_size 64 (the student has 1024)"]}
     assert _row(root, "student")["source"] == f"linked from {tmp_path.resolve()}"
+    lines = downloads.format_statuses(downloads.material_statuses(root)).splitlines()
+    assert f"linked from {tmp_path.resolve()}" in next(x for x in lines if x.startswith("student "))
 
 
 def test_selected_datasets_become_materials(t5):
