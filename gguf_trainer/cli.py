@@ -21,6 +21,7 @@ Usage:
     gguf-trainer download --project DIR [--id ID ...] [--required-only]
     gguf-trainer materials --project DIR [--online] [--link-found] [--json]
     gguf-trainer link   --project DIR ID PATH
+    gguf-trainer verify --project DIR [--repair]
     gguf-trainer inspect FILE [--json]
     gguf-trainer check  --adapter A --student S --dump DIR --prompt P [--tokenizer DIR] [--t5-model F] [--json]
     gguf-trainer demo   [--pack ID] [--dir DIR] [--steps N] [--no-run]
@@ -305,6 +306,16 @@ def cmd_link(args) -> int:
     row = downloads.link_material(args.project, args.id, args.path)
     _out(f"{row['id']}: {row['state']} at {row['path']}")
     return EXIT_OK
+
+
+def cmd_verify(args) -> int:
+    from gguf_trainer.runner import verify  # lazy: reads every shard and checkpoint (torch)
+
+    paths = supervisor.project_paths(args.project)
+    report = verify.verify_project(paths.root, args.repair)
+    for line in verify.describe(report, paths.root):
+        _out(line)
+    return EXIT_OK if report["ok"] else EXIT_ERROR
 
 
 def cmd_inspect(args) -> int:
@@ -592,6 +603,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("link", cmd_link, "use a complete copy you already have for a material")
     p.add_argument("id", metavar="ID")
     p.add_argument("path", metavar="PATH")
+    p = command("verify", cmd_verify, "re-read every shard and checkpoint and report damage")
+    p.add_argument("--repair", action="store_true", help="recompute just the damaged shards")
     p = command("inspect", cmd_inspect, "describe an adapter GGUF file", project=False)
     p.add_argument("file", metavar="FILE")
     p.add_argument("--json", action="store_true")

@@ -564,6 +564,25 @@ def snapshot_job(root: PathLike) -> dict:
     return jobs.job_status(_paths(root).root, "snapshot")
 
 
+def start_verify(root: PathLike, repair: bool = False) -> dict:
+    """Start `verify` (re-read every shard and checkpoint; `repair` recomputes the damaged
+    shards) as a DETACHED job; its state as verify_job() gives it."""
+    from gguf_trainer.runner import jobs
+
+    paths = _paths(root)
+    if not paths.exists():
+        raise NoProjectError(f"{paths.root} is not a gguf-trainer project (no project.json); check the path.")
+    return jobs.start_job(paths.root, "verify", "gguf_trainer.runner.verify:job_main",
+                          {"repair": bool(repair)})
+
+
+def verify_job(root: PathLike) -> dict:
+    """The verify job's state; when done, "result" holds the report and its "lines"."""
+    from gguf_trainer.runner import jobs
+
+    return jobs.job_status(_paths(root).root, "verify")
+
+
 def wait_snapshot(root: PathLike, timeout_s: float | None = None) -> dict:
     """Block until the snapshot job is not running; its last state."""
     from gguf_trainer.runner import jobs

@@ -1,4 +1,5 @@
-"""Output tab: exported files, Export GGUF, snapshots, the evaluation and the ggk command.
+"""Output tab: exported files, Export GGUF, snapshots, the evaluation, the ggk command and
+Verify (re-read every shard and checkpoint in a detached job; its report shows here).
 
 Reads exports.json, eval.json and snapshots.json through the control API on tab select, on
 Refresh, and on a tick that saw state.json change. Files are listed by path, never copied
@@ -32,6 +33,8 @@ class OutputParts:
     ggk: gr.Textbox
     notes: gr.Markdown
     advice: gr.Markdown
+    verify: gr.Button
+    verified: gr.Markdown
 
 
 def build() -> OutputParts:
@@ -46,11 +49,28 @@ def build() -> OutputParts:
                      elem_id="ggk-command")
     notes = gr.Markdown("", elem_id="ggk-notes")
     advice = gr.Markdown(QUANT_ADVICE)
-    return OutputParts(refresh, export, snapshot, exports, evaluation, snapshots, ggk, notes, advice)
+    with gr.Row():
+        verify = gr.Button("Verify shards and checkpoints", scale=0, elem_id="btn-out-verify")
+    verified = gr.Markdown("", elem_id="out-verify")
+    return OutputParts(refresh, export, snapshot, exports, evaluation, snapshots, ggk, notes, advice,
+                       verify, verified)
 
 
 def outputs(p: OutputParts) -> list:
-    return [p.exports, p.evaluation, p.snapshots, p.ggk, p.notes]
+    return [p.exports, p.evaluation, p.snapshots, p.ggk, p.notes, p.verified]
+
+
+def verify_md(job: dict) -> str:
+    """The verify job's report (`gguf-trainer verify`'s lines), or where it stands."""
+    status = job.get("status")
+    if status == "running":
+        return "### Verify\nRe-reading every shard and checkpoint…"
+    result = job.get("result") if isinstance(job.get("result"), dict) else {}
+    if status == "done" and result.get("lines"):
+        return "### Verify\n" + "\n".join(f"* {common.gui_words(line)}" for line in result["lines"])
+    if status in ("failed", "interrupted"):
+        return f"### Verify\nVerify did not finish: {job.get('error') or status}"
+    return ""
 
 
 def notes_md(res: dict | None) -> str:
@@ -111,11 +131,12 @@ def _snapshots_md(project: str) -> str:
 
 def render(project: str | None) -> list:
     if not project:
-        return ["", "", "", "", ""]
+        return ["", "", "", "", "", ""]
     view = control.open_project(project)
     res = control.results(project) if hasattr(control, "results") else {}
     return [_exports_md(project), _eval_md(project, view.pack), _snapshots_md(project),
-            (res or {}).get("ggk") or "(export the adapter first)", notes_md(res)]
+            (res or {}).get("ggk") or "(export the adapter first)", notes_md(res),
+            verify_md(control.verify_job(project))]
 
 
 def wire(p: OutputParts, project: gr.State, tab: gr.Tab) -> None:
@@ -135,3 +156,11 @@ def wire(p: OutputParts, project: gr.State, tab: gr.Tab) -> None:
 
     p.export.click(do_export, [project], None, api_visibility="private")
     p.snapshot.click(do_snapshot, [project], None, api_visibility="private")
+
+    @common.shown_errors
+    def do_verify(proj):
+        job = control.start_verify(common.need_project(proj))
+        gr.Info(f"verify started (pid {job.get('pid')}); its report shows here (Refresh)")
+        return verify_md(control.verify_job(proj))
+
+    p.verify.click(do_verify, [project], [p.verified], api_visibility="private")

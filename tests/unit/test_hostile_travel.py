@@ -10,15 +10,16 @@ a file, `set` with no KEY.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 
 import pytest
 from pipeline_helpers import cli_at_home, make_project
 
-from gguf_trainer import atomic, corpus
+from gguf_trainer import atomic, cli, corpus
 from gguf_trainer.errors import UserError
-from gguf_trainer.exit_codes import EXIT_NO_PROJECT, EXIT_OK
+from gguf_trainer.exit_codes import EXIT_NO_PROJECT, EXIT_OK, EXIT_USER
 from gguf_trainer.paths import MANIFEST_JSON, STALE_PREFIX, ProjectPaths
 from gguf_trainer.project import load_project, update_settings
 from gguf_trainer.runner import control, pipeline, supervisor
@@ -366,3 +367,60 @@ def test_reset_output_in_a_copy_beside_the_original_keeps_the_originals_gguf(ins
     done = control.reset(src / "proj2", "output")
     assert original.is_file() and str(original) not in done.deleted
     assert any("records it too" in k["reason"] for k in done.kept)
+
+
+# ---------------------------------------------------------------- verify
+
+
+def _rot(path, offset: int = -64) -> None:
+    """Flip one byte, keeping size and mtime (bit rot: a run's verified.json cannot see it)."""
+    st = path.stat()
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0xFF
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_verify_finds_rot_and_repair_recomputes_just_the_damaged_shard(proj, capsys):
+    shard = sorted((proj / "shards" / "train").glob("*.safetensors"))[1]
+    good, before = shard.read_bytes(), work_bytes(proj)
+    others = {k: v for k, v in before.items() if not k.endswith(shard.name) or "/train/" not in k}
+    _rot(shard)
+    assert cli.main(["verify", "--project", str(proj)]) == EXIT_USER
+    out = capsys.readouterr().out
+    assert f"{shard.name}: checksum mismatch (corrupted)" in out and "--repair" in out
+    assert "shards/val: 2 whole, 0 damaged" in out and "checkpoints/last.pt: ok" in out
+    assert shard.read_bytes() != good  # a report changes nothing
+    assert cli.main(["verify", "--project", str(proj), "--repair"]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert f"recomputed: train/{shard.name}" in out and "every shard and checkpoint is whole" in out
+    assert shard.read_bytes() == good  # recomputed to the same bytes
+    assert {k: v for k, v in work_bytes(proj).items() if k in others} == others
+    assert not list(proj.glob(f"{STALE_PREFIX}*"))
+
+
+def test_verify_reports_a_damaged_checkpoint_with_what_to_do(proj, capsys):
+    _rot(proj / "checkpoints" / "best.pt", offset=200)
+    assert cli.main(["verify", "--project", str(proj)]) == EXIT_USER
+    out = capsys.readouterr().out
+    assert "checkpoints/best.pt:" in out and "damaged" in out and "checkpoints/last.pt: ok" in out
+
+
+def test_verify_runs_as_a_job_for_the_gui(proj):
+    from gguf_trainer.runner import jobs
+    from gguf_trainer.ui.output_tab import verify_md
+
+    _rot(min((proj / "shards" / "val").glob("*.safetensors")))
+    control.start_verify(proj)
+    job = jobs.wait(proj, "verify", timeout_s=300)
+    assert job["status"] == "done", job
+    assert job["result"]["ok"] is False
+    shown = verify_md(control.verify_job(proj))
+    assert "checksum mismatch" in shown and "1 damaged" in shown
+
+
+def test_verify_of_a_file_or_a_non_project_exits_2(tmp_path):
+    afile = tmp_path / "x.txt"
+    afile.write_text("x")
+    assert cli.main(["verify", "--project", str(afile)]) == EXIT_NO_PROJECT
+    assert cli.main(["verify", "--project", str(tmp_path)]) == EXIT_NO_PROJECT
