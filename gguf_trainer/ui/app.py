@@ -19,6 +19,7 @@ from gguf_trainer.paths import ProjectPaths
 from gguf_trainer.runner import control
 from gguf_trainer.ui import (
     api,
+    files,
     hardware_tab,
     live,
     logs_tab,
@@ -56,17 +57,11 @@ CSS = """
 .field-error [data-testid="block-info"], .field-error .info { color: #b3380b !important; }
 """
 
-_launch_roots: list[str] = []
 _tick_lock = threading.Lock()  # ticks take milliseconds; one at a time keeps cursors whole
 
 
-def launch_roots() -> list[str]:
-    """The --root folders this GUI was launched with (configuration, not job state)."""
-    return list(_launch_roots)
-
-
 def build_app(roots: list[str] | None = None, project: str | None = None) -> gr.Blocks:
-    _launch_roots[:] = [str(r) for r in roots or []]
+    files.set_launch_roots(roots)
     start_project = project
     with gr.Blocks(title="gguf-trainer", analytics_enabled=False) as app:
         project_state = gr.State(None)

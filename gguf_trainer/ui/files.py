@@ -31,10 +31,34 @@ def _real(p: str | os.PathLike) -> Path:
     return Path(os.path.realpath(Path(p).expanduser()))
 
 
-def blocked_real_paths() -> list[Path]:
-    from gguf_trainer.ui.launch import blocked_paths
+def blocked_paths() -> list[str]:
+    """Never served: SSH keys and the Hugging Face token store."""
+    home = Path.home()
+    out = [home / ".ssh"]
+    try:
+        from huggingface_hub import constants
 
+        out += [Path(constants.HF_TOKEN_PATH), Path(constants.HF_STORED_TOKENS_PATH)]
+    except (ImportError, AttributeError):
+        out += [home / ".cache" / "huggingface" / "token"]
+    return [str(p) for p in out]
+
+
+def blocked_real_paths() -> list[Path]:
     return [_real(p) for p in blocked_paths()]
+
+
+_launch_roots: list[str] = []
+
+
+def set_launch_roots(roots: list[str] | None) -> None:
+    """The --root folders this GUI was launched with (app.build_app sets them)."""
+    _launch_roots[:] = [str(r) for r in roots or []]
+
+
+def launch_roots() -> list[str]:
+    """The --root folders this GUI was launched with (configuration, not job state)."""
+    return list(_launch_roots)
 
 
 def _inside(path: Path, folder: Path) -> bool:

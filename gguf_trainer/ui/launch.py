@@ -22,12 +22,11 @@ import secrets
 import socket
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import psutil
 
 from gguf_trainer.errors import UserError
-from gguf_trainer.ui import host_guard
+from gguf_trainer.ui import files, host_guard
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8655
@@ -119,19 +118,6 @@ def port_holder(port: int) -> str:
     return f" by pid {pid}" + (f" ({what})" if what else "")
 
 
-def blocked_paths() -> list[str]:
-    """Never served: SSH keys and the Hugging Face token store."""
-    home = Path.home()
-    out = [home / ".ssh"]
-    try:
-        from huggingface_hub import constants
-
-        out += [Path(constants.HF_TOKEN_PATH), Path(constants.HF_STORED_TOKENS_PATH)]
-    except (ImportError, AttributeError):
-        out += [home / ".cache" / "huggingface" / "token"]
-    return [str(p) for p in out]
-
-
 def launch_kwargs(opts: LaunchOptions, auth: tuple[str, str] | None) -> dict:
     """Everything passed to Blocks.launch (the security switches live here, in one place)."""
     return {
@@ -139,7 +125,7 @@ def launch_kwargs(opts: LaunchOptions, auth: tuple[str, str] | None) -> dict:
         "auth_message": "gguf-trainer: log in with the user and password given at launch" if auth else None,
         "inbrowser": opts.open_browser, "strict_cors": True, "ssr_mode": False, "run_history": False,
         "enable_monitoring": False, "mcp_server": False, "pwa": False, "allowed_paths": [],
-        "blocked_paths": blocked_paths(), "max_file_size": "1mb", "show_error": False, "quiet": False,
+        "blocked_paths": files.blocked_paths(), "max_file_size": "1mb", "show_error": False, "quiet": False,
         "footer_links": ["api", "gradio"], "css": _css(),
         # DNS rebinding: only the Host names this GUI was started for (ui/host_guard.py)
         "app_kwargs": {"lifespan": host_guard.lifespan(

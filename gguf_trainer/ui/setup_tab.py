@@ -490,12 +490,10 @@ def _listing(folder: str, roots: list[str]):
 
 
 def _wire_browser(p: SetupParts, project: gr.State) -> None:
-    from gguf_trainer.ui.app import launch_roots  # the --root folders of this GUI
-
     path_fields = p.form.path_fields
 
     def roots_for(proj):
-        return files.browse_roots(proj, launch_roots())
+        return files.browse_roots(proj, files.launch_roots())  # the --root folders
 
     def start_at(proj, current):
         roots = roots_for(proj)
