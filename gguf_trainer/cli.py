@@ -22,6 +22,7 @@ Usage:
     gguf-trainer materials --project DIR [--online] [--link-found] [--json]
     gguf-trainer link   --project DIR ID PATH
     gguf-trainer verify --project DIR [--repair]
+    gguf-trainer render --project DIR --prompt P [--seed S] [--ggk PATH] [--models DIR] [--wait]
     gguf-trainer inspect FILE [--json]
     gguf-trainer check  --adapter A --student S --dump DIR --prompt P [--tokenizer DIR] [--t5-model F] [--json]
     gguf-trainer demo   [--pack ID] [--dir DIR] [--steps N] [--no-run]
@@ -318,6 +319,33 @@ def cmd_verify(args) -> int:
     return EXIT_OK if report["ok"] else EXIT_ERROR
 
 
+def cmd_render(args) -> int:
+    from gguf_trainer.runner import jobs, render_job  # torch-free; the job process runs ggk
+
+    paths = supervisor.project_paths(args.project)
+    if args.ggk is not None or args.models is not None:
+        conf = render_job.save_render_settings(args.ggk, args.models)
+        _out(f"ggk: {conf['ggk'] or '(on PATH)'}; model files: {conf['models'] or '(not set)'}")
+    seed = _parse_seed(args.seed)
+    st = render_job.start_render(paths.root, args.prompt, seed)
+    _out(f"render started (pid {st['pid']}); each result goes to {paths.root / 'renders'}")
+    if not args.wait:
+        return EXIT_OK
+    st = jobs.wait(paths.root, render_job.JOB_NAME)
+    if st["status"] != "done":
+        raise UserError(f"the render {st['status']}: {st.get('error') or 'see render.log'}")
+    for line in render_job.describe(st["result"]):
+        _out(line)
+    return EXIT_OK
+
+
+def _parse_seed(text) -> int:
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        raise UserError(f"--seed must be a whole number, not {text!r}") from None
+
+
 def cmd_inspect(args) -> int:
     from gguf_trainer.adapter_file import inspect_main  # lazy: reads GGUF
 
@@ -605,6 +633,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", metavar="PATH")
     p = command("verify", cmd_verify, "re-read every shard and checkpoint and report damage")
     p.add_argument("--repair", action="store_true", help="recompute just the damaged shards")
+    p = command("render", cmd_render, "render a prompt with the teacher and the adapter in your ggk")
+    p.add_argument("--prompt", required=True, metavar="P", help="the prompt both runs render")
+    p.add_argument("--seed", default="42", metavar="S", help="the seed of both runs (default 42)")
+    p.add_argument("--ggk", metavar="PATH", help="the ggk command, if not on PATH (remembered)")
+    p.add_argument("--models", metavar="DIR", help="the folder with ggk's model files (remembered)")
+    p.add_argument("--wait", action="store_true", help="wait for the images and print the result")
     p = command("inspect", cmd_inspect, "describe an adapter GGUF file", project=False)
     p.add_argument("file", metavar="FILE")
     p.add_argument("--json", action="store_true")

@@ -35,6 +35,8 @@ SAMPLES_SUFFIX = ".jsonl"  # data/{split}.jsonl: the corpus's sample records (gg
 IMAGES_DIR = "images"  # data/images/: the corpus's copies of referenced images, by content hash
 # A stand-in built by the package (demo and test materials) says so, and discovery never links
 # it into another project: a snapshot folder holds this file, a student GGUF this string key.
+RENDERS_DIR = "renders"  # renders/<time>-s<seed>/: a side-by-side render in the user's ggk
+RENDER_JSON = "render.json"  # in each render folder: prompt, seed, command lines, figures
 TINY_MARKER = "GGUF_TRAINER_TINY"
 TINY_GGUF_KEY = "gguf_trainer.tiny"
 VISION_PROJ = "vision_proj.safetensors"  # the project's frozen vis_dim -> in_dim map (vision.py)

@@ -121,6 +121,9 @@ class TrainerPack:
     verdict: Verdict | None = None
     # `gguf-trainer check` reads an adapter of this pack's kind that names no pack
     # (adapter.pack) as this pack's: at most one pack per adapter kind sets it.
+    # The teacher's own text encoder in ggk, in place of `--llm S --llm-adapter A` in the
+    # engine command (the render's teacher half); "" = ggk has no teacher path for the family.
+    engine_teacher_args: str = ""
     check_default_for_kind: bool = False
 
     @property

@@ -68,6 +68,8 @@ class ChromaT5Pack(PixArtT5Pack):
          "or --chroma-disable-dit-mask"),
         "run pig_clip at f16 or q8_0 in the engine: a 4-bit student loses ~0.09 cosine before the adapter runs",
     )
+    # the T5-XXL encoder itself (engine-contract §3.3: without --llm-adapter ggk runs --t5xxl)
+    engine_teacher_args = "--t5xxl t5xxl_fp16.safetensors"
     engine_command_template = (
         "ggk diffuser engine -- --diffusion-model chroma1-hd-q8_0.gguf --vae ae.safetensors "
         "--llm {student} --llm-adapter {adapter} -p \"close-up portrait of a young lady\" "

@@ -67,6 +67,8 @@ class PixArtT5Pack(TrainerPack):
     engine_notes = (
         "run pig_clip at f16 or q8_0 in the engine: a 4-bit student loses ~0.09 cosine before the adapter runs",
     )
+    # the T5-XXL encoder itself (engine-contract §3.3: without --llm-adapter ggk runs --t5xxl)
+    engine_teacher_args = "--t5xxl t5xxl_fp16.safetensors"
     engine_command_template = (
         "ggk diffuser engine -- --diffusion-model pixart-nvfp4.gguf --vae pig_pixart_vae_fp16-f16.gguf "
         "--llm {student} --llm-adapter {adapter} -p \"close-up portrait of a young lady\" "

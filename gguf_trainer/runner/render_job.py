@@ -1,0 +1,211 @@
+"""Render jobs: the teacher and the adapter run side by side in the user's ggk.
+
+A render is a detached `runner.jobs` job named "render" in the project folder (one per
+project; Stop ends it and the ggk process it runs). Each render gets its own folder
+`renders/<UTC time>-s<seed>/` holding the images, the SD_DUMP_COND dumps, the ggk output
+(`<half>.log`) and `render.json` (prompt, seed, every command line, the figures), so a result
+stays readable after the job and the GUI are gone. The plan (commands, model files, figures)
+is gguf_trainer.render's; this module only runs it.
+
+    start_render(root, "a red fox", seed=42) -> job state       (raises UserError / LockHeld)
+    render_settings() / save_render_settings(ggk=..., models=...)   user settings, not project
+    render_status(root) -> {job, plan_missing, latest}          what the Output tab shows
+    list_renders(root) -> [render.json dicts], newest first
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import time
+from pathlib import Path
+
+from gguf_trainer import atomic, render
+from gguf_trainer.check import run_check
+from gguf_trainer.errors import UserError
+from gguf_trainer.paths import RENDER_JSON, RENDERS_DIR
+from gguf_trainer.runner import jobs, supervisor
+
+JOB_NAME = "render"
+JOB_TARGET = "gguf_trainer.runner.render_job:render_main"
+SETTINGS_KEY = "render"  # in ~/.gguf-trainer/settings.json: {"ggk": path, "models": folder}
+POLL_S = 0.2
+
+
+def render_settings() -> dict:
+    """{"ggk": configured ggk path or "", "models": ggk's model folder or ""}."""
+    got = supervisor.read_settings().get(SETTINGS_KEY)
+    got = got if isinstance(got, dict) else {}
+    return {k: got.get(k) if isinstance(got.get(k), str) else "" for k in ("ggk", "models")}
+
+
+def save_render_settings(ggk: str | None = None, models: str | None = None) -> dict:
+    """Remember where ggk and its model files are (user settings: they serve every project)."""
+    settings = supervisor.read_settings()
+    cur = render_settings()
+    if ggk is not None:
+        cur["ggk"] = str(Path(ggk).expanduser()) if ggk.strip() else ""
+    if models is not None:
+        cur["models"] = str(Path(models).expanduser()) if models.strip() else ""
+    settings[SETTINGS_KEY] = cur
+    atomic.write_json(supervisor.settings_path(), settings)
+    return cur
+
+
+def plan_for(root, prompt: str = "a red fox", seed: int = 42) -> render.RenderPlan:
+    from gguf_trainer.project import load_project
+
+    conf = render_settings()
+    models = Path(conf["models"]).expanduser() if conf["models"] else None
+    return render.render_plan(load_project(root), prompt, seed, render.find_ggk(conf["ggk"] or None),
+                              models)
+
+
+def start_render(root, prompt: str, seed: int = 42) -> dict:
+    """Start the render job (detached); a UserError naming everything missing, or LockHeld
+    when a render of this project already runs."""
+    from gguf_trainer.project import load_project
+
+    prompt = (prompt or "").strip()
+    if not prompt:
+        raise UserError("type a prompt to render")
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise UserError(f"the seed must be a whole number of 0 or more, not {seed!r}")
+    project = load_project(root)
+    plan = plan_for(project.dir, prompt, seed)
+    if plan.missing:
+        raise UserError("cannot render yet; missing: " + "; ".join(plan.missing) + ".")
+    return jobs.start_job(project.dir, JOB_NAME, JOB_TARGET, {"prompt": prompt, "seed": seed})
+
+
+def stop_render(root) -> str:
+    from gguf_trainer.project import load_project
+
+    return jobs.stop_job(load_project(root).dir, JOB_NAME)
+
+
+def list_renders(root) -> list[dict]:
+    """Every finished or partial render's render.json, newest first."""
+    folder = Path(root) / RENDERS_DIR
+    out = []
+    for f in sorted(folder.glob(f"*/{RENDER_JSON}"), reverse=True) if folder.is_dir() else []:
+        try:
+            data = atomic.read_json(f, inside=Path(root))
+        except (ValueError, OSError):  # a torn or foreign file: not a render
+            continue
+        if isinstance(data, dict):
+            out.append({**data, "folder": str(f.parent)})
+    return out
+
+
+def render_status(root) -> dict:
+    """What the Output tab shows: the job's status, what is missing, the newest render."""
+    renders = list_renders(root)
+    plan = plan_for(root)
+    return {"job": jobs.job_status(Path(root), JOB_NAME), "missing": plan.missing,
+            "no_teacher": plan.no_teacher, "latest": renders[0] if renders else None}
+
+
+def describe(result: dict | None) -> list[str]:
+    """A finished render as lines: its folder, each image, the figures."""
+    if not result:
+        return []
+    folder = Path(result["folder"])
+    record = atomic.read_json(folder / RENDER_JSON, {}) or {}
+    lines = [f"render:    {folder}"]
+    for half, h in (record.get("halves") or {}).items():
+        lines.append(f"{half + ':':<10} {h.get('image')}")
+    if record.get("no_teacher"):
+        lines.append(f"teacher:   {record['no_teacher']}")
+    fig = record.get("figures")
+    if fig:
+        lines.append(f"cosine:    {fig['cos']:.4f} (centred {fig['cos_centered']:.4f}, rel_mse "
+                     f"{fig['rel_mse']:.4g}) — {record.get('figures_note')}")
+    elif record.get("figures_note"):
+        lines.append(f"cosine:    {record['figures_note']}")
+    return lines
+
+
+# ---- the job ----------------------------------------------------------------------------
+def render_main(folder: Path, job, *, prompt: str, seed: int) -> dict:
+    """The job body: each half's image pass and conditioning pass, then the figures."""
+    from gguf_trainer.project import load_project
+
+    project = load_project(folder)
+    plan = plan_for(folder, prompt, seed)
+    if plan.missing:
+        raise UserError("cannot render; missing: " + "; ".join(plan.missing) + ".")
+    out = project.paths.root / RENDERS_DIR / f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-s{seed}"
+    out.mkdir(parents=True, exist_ok=True)
+    record = {"prompt": prompt, "seed": seed, "pack": project.pack.id, "started": time.time(),
+              "no_teacher": plan.no_teacher, "models": plan.models, "halves": {}}
+    for run in plan.runs:
+        record["halves"][run.half] = half = {"command": shlex.join(run.argv), "image": None}
+        atomic.write_json(out / RENDER_JSON, record)
+        (out / run.dump).mkdir(exist_ok=True)
+        job.update(phase=f"{run.half}: rendering", folder=str(out))
+        dump_env = None if run.cond_argv else out / run.dump
+        _run_ggk(job, run.argv, plan.models, out, f"{run.half}.log", dump_env, out / run.image)
+        half["image"] = str(out / run.image)
+        if run.cond_argv:
+            half["cond_command"] = shlex.join(run.cond_argv)
+            job.update(phase=f"{run.half}: conditioning pass (CFG 1)")
+            _run_ggk(job, run.cond_argv, plan.models, out, f"{run.half}-cond.log", out / run.dump,
+                     None)
+        half["dump"] = str(out / run.dump)
+    job.update(phase="comparing the conditioning")
+    record["figures"], record["figures_note"] = _figures(project, prompt, out, plan)
+    record["finished"] = time.time()
+    atomic.write_json(out / RENDER_JSON, record)
+    return {"folder": str(out), "figures": record["figures"]}
+
+
+def _run_ggk(job, argv: list[str], cwd: str, out: Path, log_name: str, dump: Path | None,
+             image: Path | None) -> None:
+    """One ggk process in the model folder, its output in the render folder; Stop (SIGTERM
+    to the job) terminates it. A failure is a UserError naming the log."""
+    env = dict(os.environ)
+    env.pop("SD_DUMP_COND", None)
+    if dump is not None:
+        env["SD_DUMP_COND"] = str(dump)  # must exist: the engine does not create it
+    # -o names a file in the render folder; ggk runs where its model files are.
+    argv = [out / a if i and argv[i - 1] == "-o" else a for i, a in enumerate(argv)]
+    with open(out / log_name, "ab") as log:
+        log.write(f"$ {shlex.join(map(str, argv))}\n".encode())
+        log.flush()
+        proc = subprocess.Popen([str(a) for a in argv], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            while proc.poll() is None:
+                job.check()
+                time.sleep(POLL_S)
+        except jobs.JobStopped:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:  # a ggk that ignores SIGTERM
+                proc.kill()
+                proc.wait()
+            raise
+    if proc.returncode != 0:
+        raise UserError(f"ggk exited with code {proc.returncode}; see {out / log_name}")
+    if image is not None and not image.is_file():
+        raise UserError(f"ggk wrote no image {image.name}; see {out / log_name}")
+
+
+def _figures(project, prompt: str, out: Path, plan: render.RenderPlan) -> tuple[dict | None, str]:
+    """The conditioning cosine: teacher dump vs adapter dump when ggk wrote both; else
+    `check` (the adapter in PyTorch vs the engine's adapter dump) for the fixed-shape packs."""
+    halves = {r.half: r for r in plan.runs}
+    if "teacher" in halves:
+        got = render.dump_cosine(out / halves["teacher"].dump, out / halves["adapter"].dump)
+        if got is not None:
+            return got, "adapter vs teacher, from the two SD_DUMP_COND dumps"
+    tok = project.material_path("student_tokenizer")
+    try:
+        got = run_check(project.final_gguf, project.material_path("student"),
+                        out / halves["adapter"].dump, prompt, tok)
+    except UserError as e:  # a token-aligned adapter, another engine's dump: say why
+        return None, f"no cosine: {e}"
+    return got, "check: the adapter in PyTorch vs the engine's adapter dump (ggk writes no teacher dump here)"
