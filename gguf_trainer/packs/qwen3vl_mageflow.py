@@ -77,10 +77,10 @@ class MageFlowPack(TrainerPack):
     }
     reference = {"val cos": 0.915, "cos_vis": 0.80, "cos_txt": 0.98, "recipe": "trainer5, width 1024, depth 4"}
     teacher_memory_gib = 9.0
-    engine_command_template = (
     # the full Qwen3-VL-4B text stack (engine-contract §4b: it dumps llm_hidden.bin); the
     # --llm_vision mmproj stays from the command
     engine_teacher_args = "--llm Qwen3-VL-4B-Instruct-f16.gguf"
+    engine_command_template = (
         "ggk diffuser engine -- --diffusion-model mageflow-edit-turbo-nvfp4.gguf "
         "--vae pig_mageflow_vae_fp32-f16.gguf --llm {student} --llm-adapter {adapter} "
         "--llm_vision mmproj-qwen3vl-4b-it-f16.gguf --ref-image sheep.png -p \"a sheep in sunglasses\" "
