@@ -116,14 +116,14 @@ class TrainerPack:
     # The recipe's published run (figures and where it ran), copied into eval.json to compare.
     reference: dict[str, Any] = {}
     engine_notes: tuple[str, ...] = ()  # advice printed under the ggk command (results.py)
+    # The teacher's own text encoder in ggk, in place of `--llm S --llm-adapter A` in the
+    # engine command (the render's teacher half); "" = ggk has no teacher path for the family.
+    engine_teacher_args: str = ""
     # healthy / weak / broken floors of a real teacher's eval and of `gguf-trainer check`;
     # None: no verdict (no reference run to judge by).
     verdict: Verdict | None = None
     # `gguf-trainer check` reads an adapter of this pack's kind that names no pack
     # (adapter.pack) as this pack's: at most one pack per adapter kind sets it.
-    # The teacher's own text encoder in ggk, in place of `--llm S --llm-adapter A` in the
-    # engine command (the render's teacher half); "" = ggk has no teacher path for the family.
-    engine_teacher_args: str = ""
     check_default_for_kind: bool = False
 
     @property
