@@ -23,7 +23,7 @@ WIDTH, DEPTH, IN_DIM = 64, 1, 32  # tiny adapter dims
 BATCH, SEQ = 2, 5
 SEED = 0
 PROMPTS = ["a red fox in the snow, oil painting", "a bowl of ramen at sunset"]
-BUILTIN = ("llada_image", "qwen3vl_mageflow", "t5xxl_pixart")
+BUILTIN = ("llada_image", "qwen3vl_mageflow", "t5xxl_pixart", "t5xxl_chroma", "umt5xxl_wan")
 
 
 @pytest.fixture(scope="module")
