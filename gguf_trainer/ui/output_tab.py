@@ -14,7 +14,7 @@ from pathlib import Path
 import gradio as gr
 
 from gguf_trainer.runner import control
-from gguf_trainer.ui import api, common
+from gguf_trainer.ui import api, common, render_section
 
 QUANT_ADVICE = (
     "The adapter was trained against the **f16** student, and the engine should load the same "
@@ -35,6 +35,7 @@ class OutputParts:
     advice: gr.Markdown
     verify: gr.Button
     verified: gr.Markdown
+    render: render_section.RenderParts
 
 
 def build() -> OutputParts:
@@ -52,8 +53,9 @@ def build() -> OutputParts:
     with gr.Row():
         verify = gr.Button("Verify shards and checkpoints", scale=0, elem_id="btn-out-verify")
     verified = gr.Markdown("", elem_id="out-verify")
+    render = render_section.build()
     return OutputParts(refresh, export, snapshot, exports, evaluation, snapshots, ggk, notes, advice,
-                       verify, verified)
+                       verify, verified, render)
 
 
 def outputs(p: OutputParts) -> list:
@@ -154,6 +156,7 @@ def wire(p: OutputParts, project: gr.State, tab: gr.Tab) -> None:
         job = api.snapshot(common.need_project(proj), "last", False)
         gr.Info(f"snapshot export started (pid {job.get('pid')})")
 
+    render_section.wire(p.render, project, tab)
     p.export.click(do_export, [project], None, api_visibility="private")
     p.snapshot.click(do_snapshot, [project], None, api_visibility="private")
 

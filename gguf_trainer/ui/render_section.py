@@ -1,0 +1,162 @@
+"""Output tab › "Render it in your ggk": the teacher's and the adapter's image side by side.
+
+A thin view of runner/render_job.py (the job that runs the user's ggk; the same functions
+`gguf-trainer render` calls). Without ggk, the model folder or an exported adapter the
+section says what to install or point at instead of offering a button that would fail.
+Images are read from renders/ and sent as pictures (the GUI serves no project files).
+A timer re-reads the job's small state file; nothing is sent when nothing changed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import gradio as gr
+
+from gguf_trainer.errors import UserError
+from gguf_trainer.runner import render_job
+from gguf_trainer.ui import common
+
+TICK_S = 3.0
+
+
+@dataclass
+class RenderParts:
+    status: gr.Markdown
+    ggk: gr.Textbox
+    models: gr.Textbox
+    save: gr.Button
+    prompt: gr.Textbox
+    seed: gr.Number
+    start: gr.Button
+    stop: gr.Button
+    teacher: gr.Image
+    adapter: gr.Image
+    result: gr.Markdown
+    timer: gr.Timer
+    shown: gr.State
+
+
+def build() -> RenderParts:
+    conf = render_job.render_settings()
+    with gr.Accordion("Render it in your ggk", open=True, elem_id="render-box"):
+        status = gr.Markdown("", elem_id="render-status")
+        with gr.Row(equal_height=True):
+            ggk = gr.Textbox(conf["ggk"], label="ggk command (empty: `ggk` on PATH, from pip install ggk)",
+                             scale=2, elem_id="render-ggk")
+            models = gr.Textbox(conf["models"], label="Folder with ggk's model files (diffusion model, "
+                                "VAE, encoders)", scale=3, elem_id="render-models")
+            save = gr.Button("Save", scale=0, elem_id="btn-render-save")
+        with gr.Row(equal_height=True):
+            prompt = gr.Textbox("a red fox in the snow, 35mm photo", label="Prompt", scale=4,
+                                elem_id="render-prompt")
+            seed = gr.Number(42, label="Seed", precision=0, minimum=0, scale=1, elem_id="render-seed")
+            start = gr.Button("Render", variant="primary", scale=0, elem_id="btn-render")
+            stop = gr.Button("Stop render", scale=0, interactive=False, elem_id="btn-render-stop")
+        with gr.Row(equal_height=True):
+            teacher = gr.Image(label="Teacher (its own text encoder)", type="pil", interactive=False,
+                               elem_id="render-teacher")
+            adapter = gr.Image(label="Your adapter (pig_clip + the exported GGUF)", type="pil",
+                               interactive=False, elem_id="render-adapter")
+        result = gr.Markdown("", elem_id="render-result")
+    return RenderParts(status, ggk, models, save, prompt, seed, start, stop, teacher, adapter, result,
+                       gr.Timer(TICK_S), gr.State(None))
+
+
+def outputs(p: RenderParts) -> list:
+    return [p.status, p.start, p.stop, p.teacher, p.adapter, p.result, p.shown]
+
+
+def _image(path: str | None):
+    """The image as a picture (not a file path: the GUI serves no project files), or None."""
+    if not path or not Path(path).is_file():
+        return None
+    from PIL import Image  # Gradio's own dependency
+
+    with Image.open(path) as img:
+        return img.copy()
+
+
+def status_md(st: dict) -> str:
+    job = st["job"]
+    lines = []
+    if st["missing"]:
+        lines.append("**Before a render**, install or point at:\n" +
+                     "\n".join(f"* {common.gui_words(m)}" for m in st["missing"]))
+    if job["status"] == "running":
+        phase = (job.get("progress") or {}).get("phase") or "starting"
+        lines.append(f"**Rendering** (pid {job['pid']}): {phase}")
+    elif job["status"] in ("failed", "interrupted"):
+        lines.append(f"Last render {job['status']}: {job.get('error')}")
+    elif job["status"] == "stopped":
+        lines.append("Last render stopped.")
+    if st.get("no_teacher"):
+        lines.append(st["no_teacher"] + ".")
+    return "\n\n".join(lines) or "Ready: type a prompt and press Render."
+
+
+def result_md(record: dict | None) -> str:
+    if not record:
+        return "No render yet. Each one is kept in the project's `renders/` folder with its command lines."
+    fig = record.get("figures")
+    lines = [f"**{record.get('prompt')}** · seed {record.get('seed')} · `{record.get('folder')}`"]
+    if fig:
+        lines.append(f"Conditioning cosine **{fig['cos']:.4f}** (centred {fig['cos_centered']:.4f}, "
+                     f"rel_mse {fig['rel_mse']:.4g}) — {record.get('figures_note')}")
+    elif record.get("figures_note"):
+        lines.append(record["figures_note"])
+    for half, h in (record.get("halves") or {}).items():
+        lines.append(f"{half}: `{h.get('command')}`")
+        if h.get("cond_command"):
+            lines.append(f"{half} conditioning pass: `{h['cond_command']}`")
+    return "\n\n".join(lines)
+
+
+def view(project: str | None, shown) -> list:
+    """Updates for outputs(); everything skipped when the job, the newest render and what is
+    missing are what this page already shows."""
+    if not project:
+        return [gr.skip()] * 7
+    st = render_job.render_status(project)
+    job = st["job"]
+    latest = st["latest"] or {}
+    sig = repr((job["status"], job.get("pid"), (job.get("progress") or {}).get("phase"),
+                latest.get("folder"), latest.get("finished"), st["missing"]))
+    if sig == shown:
+        return [gr.skip()] * 7
+    running = job["status"] == "running"
+    halves = latest.get("halves") or {}
+    return [status_md(st), gr.update(interactive=not running and not st["missing"]),
+            gr.update(interactive=running), _image((halves.get("teacher") or {}).get("image")),
+            _image((halves.get("adapter") or {}).get("image")), result_md(st["latest"]), sig]
+
+
+def wire(p: RenderParts, project: gr.State, tab: gr.Tab) -> None:
+    outs = outputs(p)
+    refresh = {"fn": view, "inputs": [project, p.shown], "outputs": outs, "queue": False,
+               "api_visibility": "private"}
+    p.timer.tick(**refresh)
+    tab.select(lambda proj: view(proj, None), [project], outs, api_visibility="private")
+
+    @common.shown_errors
+    def do_save(ggk, models):
+        conf = render_job.save_render_settings(ggk or "", models or "")
+        gr.Info(f"ggk: {conf['ggk'] or 'on PATH'}; model files: {conf['models'] or 'not set'}")
+
+    @common.shown_errors
+    def do_render(proj, prompt, seed):
+        if seed is None or float(seed) != int(seed):
+            raise UserError("the seed must be a whole number")
+        job = render_job.start_render(common.need_project(proj), prompt, int(seed))
+        gr.Info(f"render started (pid {job.get('pid')})")
+
+    @common.shown_errors
+    def do_stop(proj):
+        gr.Info(f"render: {render_job.stop_render(common.need_project(proj))}")
+
+    reset = {"fn": lambda proj: view(proj, None), "inputs": [project], "outputs": outs,
+             "api_visibility": "private"}
+    p.save.click(do_save, [p.ggk, p.models], None, api_visibility="private").then(**reset)
+    p.start.click(do_render, [project, p.prompt, p.seed], None, api_visibility="private").then(**reset)
+    p.stop.click(do_stop, [project], None, api_visibility="private").then(**reset)

@@ -1,0 +1,43 @@
+"""Output tab › Render it in your ggk, in process: what it says without ggk, and a render
+kept in renders/ shown side by side with its figures and command lines."""
+
+from __future__ import annotations
+
+import json
+
+import gradio as gr
+from PIL import Image
+
+from gguf_trainer.project import create_project
+from gguf_trainer.ui import render_section
+
+
+def test_without_ggk_it_says_what_to_install_and_render_is_off(tmp_path, monkeypatch):
+    monkeypatch.setenv("GGUF_TRAINER_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    root = tmp_path / "p"
+    create_project(root, "llada_image")
+    status, start, stop, teacher, adapter, result, sig = render_section.view(str(root), None)
+    assert "pip install ggk" in status and "export it first" in status
+    assert "ggk has no teacher path" in status  # LLaDA: the adapter's image alone
+    assert start["interactive"] is False and stop["interactive"] is False
+    assert teacher is None and adapter is None and "No render yet" in result
+    assert render_section.view(str(root), sig) == [gr.skip()] * 7  # unchanged: nothing sent
+
+
+def test_the_newest_render_is_shown_with_its_cosine_and_commands(tmp_path, monkeypatch):
+    monkeypatch.setenv("GGUF_TRAINER_HOME", str(tmp_path / "home"))
+    root = tmp_path / "p"
+    create_project(root, "qwen3vl_mageflow")
+    folder = root / "renders" / "20260101-000000-s7"
+    folder.mkdir(parents=True)
+    for half, colour in (("teacher", (0, 0, 255)), ("adapter", (255, 0, 0))):
+        Image.new("RGB", (8, 8), colour).save(folder / f"{half}.png")
+    record = {"prompt": "a sheep", "seed": 7, "finished": 1.0, "figures_note": "adapter vs teacher",
+              "figures": {"cos": 0.91234, "cos_centered": 0.8, "rel_mse": 0.1},
+              "halves": {h: {"command": f"ggk {h} -p 'a sheep'", "image": str(folder / f"{h}.png")}
+                         for h in ("teacher", "adapter")}}
+    (folder / "render.json").write_text(json.dumps(record))
+    _status, _start, _stop, teacher, adapter, result, _sig = render_section.view(str(root), None)
+    assert teacher.getpixel((0, 0)) == (0, 0, 255) and adapter.getpixel((0, 0)) == (255, 0, 0)
+    assert "cosine **0.9123**" in result and "`ggk teacher -p 'a sheep'`" in result
