@@ -54,6 +54,26 @@ GEOMETRY_KEYS = (
     "has_layer_map",
 )
 # fmt: on
+# engine-families §2: the ggk 0.9.7 families that condition on a stack of n teacher taps; the
+# conditioner aborts unless the adapter's layer_map length is the family's n (conditioner.hpp
+# 2798-2840). The taps (1-based decoder layers) are each family's out_layers.
+LAYERWISE_FAMILIES = {
+    "Flux.2 klein": (9, 18, 27),  # conditioner.hpp 3562-3573, a Qwen3 teacher
+    "SeFi-Image": (9, 18, 27),  # 3574-3585, Qwen3-VL
+    "FLUX.3 Klein": (4, 8, 12, 16, 20, 24, 28, 32),  # 3549-3560
+    "Krea2": (2, 5, 8, 11, 14, 17, 20, 23, 26, 29, 32, 35),  # 3295-3305
+    "Iris-3B": (2, 5, 8, 11, 14, 17, 20, 23, 26, 29, 32, 35),  # 3656-3680, Krea2's adapter
+    "Ideogram 4": (1, 4, 7, 10, 13, 16, 19, 22, 25, 28, 31, 34, 36),  # 3383-3390
+    "Fibo 2.0": (5, 7, 9, 11, 13, 16, 18, 20, 22, 24, 27, 29, 31, 33, 35),  # fibo2.hpp 39-43
+}
+
+
+def families_for(n: int) -> list[str]:
+    """The engine families whose conditioner accepts an n-layer stack (by count: the engine
+    checks nothing else)."""
+    return [f for f, taps in LAYERWISE_FAMILIES.items() if len(taps) == n]
+
+
 EMBED_TABLES = ("t5_embed.weight", "t5_embed_a.weight")
 F32_NAMES = ("query", "vision_proj.weight", "layer_map")
 # Embedding tables keep these types in the engine; anything else becomes f32 on load.
@@ -81,6 +101,7 @@ class AdapterView:
     vis_dim: int | None = None  # 0 without the vision extension
     mlp_hidden: int | None = None
     n_out_layers: int | None = None  # layer_map length; 0 when not layerwise
+    taps: tuple[int, ...] = ()  # layer_map's values (provenance: the engine never reads them)
     has_skip: bool = False
     has_vision_proj: bool = False
     has_vis_in: bool = False
@@ -145,6 +166,7 @@ def read_adapter(path) -> AdapterView:
     view.metadata = {
         k: _field_value(f) for k, f in reader.fields.items() if not k.startswith("GGUF.")
     }
+    view.taps = _layer_map_values(reader)
     del reader  # drop the memmap before a caller renames the file
     rest = {}
     for name, info in view.tensors.items():
@@ -179,6 +201,20 @@ def read_adapter(path) -> AdapterView:
     if view.kind == "resampler":
         view.min_ggk = SEEDLESS_MIN_GGK
     return view
+
+
+def _layer_map_values(reader) -> tuple[int, ...]:
+    """adapter.layer_map as tap numbers when it is a 1-D f32 of whole numbers, else ()."""
+    import gguf
+
+    for t in reader.tensors:
+        if _rest_name(t.name) == "layer_map" and len(t.shape) == 1:
+            if t.tensor_type != gguf.GGMLQuantizationType.F32:
+                return ()
+            values = np.asarray(t.data, dtype=np.float64)
+            if np.all(np.isfinite(values)) and np.all(values == np.round(values)):
+                return tuple(int(v) for v in values)
+    return ()
 
 
 def read_adapter_arrays(path) -> dict[str, np.ndarray]:
@@ -256,13 +292,17 @@ def _detect(view: AdapterView, rest: dict) -> None:
 def trainer_kind(view: AdapterView) -> str | None:
     """The gguf-trainer module kind (adapters.KINDS) that rebuilds this file, or None. A
     factorized seed is a seeded_resampler with seed_rank = embed_rank; a token-aligned file
-    with skip is `token_aligned` without vision tensors, `token_aligned_vision` with both."""
+    with skip is `token_aligned` without vision tensors, `token_aligned_vision` with both;
+    with a layer_map of n > 1 taps (and no vision tensors) it is `layerwise`."""
     if view.kind in ("seeded_resampler", "resampler"):
         return view.kind
     if view.kind == "seeded_resampler_factorized":
         return "seeded_resampler"
-    if view.kind != "token_aligned" or not view.has_skip or view.has_layer_map:
+    if view.kind != "token_aligned" or not view.has_skip:
         return None
+    if view.has_layer_map:
+        plain = not view.has_vision_proj and not view.has_vis_in
+        return "layerwise" if plain and len(view.taps) > 1 else None
     if view.has_vision_proj and view.has_vis_in:
         return "token_aligned_vision"
     if not view.has_vision_proj and not view.has_vis_in:
@@ -544,6 +584,8 @@ def report_dict(view: AdapterView) -> dict:
         "notes": list(view.notes),
         "tensors": len(view.tensors),
         "seed_table": seed_table(view),
+        "taps": list(view.taps),
+        "families": families_for(view.n_out_layers) if view.has_layer_map else [],
     }
 
 
@@ -578,6 +620,21 @@ def _seed_lines(view: AdapterView) -> list[str]:
     return [line]
 
 
+def _tap_lines(view: AdapterView) -> list[str]:
+    if not view.has_layer_map:
+        return []
+    n = view.n_out_layers or 0
+    width = view.out_dim // n if n and view.out_dim else None
+    taps = ", ".join(map(str, view.taps)) if view.taps else "unreadable"
+    fams = families_for(n)
+    return [
+        f"  taps           : {n} ({taps}), {width} features each, concatenated in this order",
+        "  accepted by    : "
+        + (", ".join(fams) if fams else f"no ggk 0.9.7 family conditions on {n} layers")
+        + " (the engine checks the count only)",
+    ]
+
+
 def format_report(view: AdapterView) -> str:
     """Human text: what the engine detects, provenance, minimum ggk, problems and notes."""
     g = view
@@ -594,6 +651,7 @@ def format_report(view: AdapterView) -> str:
         + ", ".join(f"{n} {t}" for t, n in sorted(types.items()))
         + ")",
         *_seed_lines(view),
+        *_tap_lines(view),
         "  minimum ggk    : "
         + (
             f"{view.min_ggk} (seedless resampler; older builds fail to load it)"

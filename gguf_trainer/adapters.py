@@ -23,8 +23,10 @@ from gguf_trainer.errors import UserError
 
 log = logging.getLogger(__name__)
 
-KINDS = ("resampler", "seeded_resampler", "token_aligned", "token_aligned_vision")
-TOKEN_ALIGNED_KINDS = ("token_aligned", "token_aligned_vision")
+KINDS = ("resampler", "seeded_resampler", "token_aligned", "token_aligned_vision", "layerwise")
+# layerwise: the token-aligned trunk whose out_proj and skip emit a stack of n teacher taps
+# (engine-families §4; llm_adapter.hpp 54-61, 114-115, 260-263).
+TOKEN_ALIGNED_KINDS = ("token_aligned", "token_aligned_vision", "layerwise")
 HEAD_DIM = 64  # hard-coded in the engine: heads = width / 64
 LN_EPS = 1e-5
 INIT_STD = 0.02  # query and t5_embed
@@ -42,6 +44,12 @@ class AdapterConfig:
     vis_dim: int = 0  # token_aligned_vision
     mlp_hidden: int = 0  # 0 -> 4 * width
     seed_rank: int = 0  # seeded_resampler: 0 = full t5_embed table, r = t5_embed_a (V, r) + t5_embed_b
+    # layerwise: the teacher's 1-based tap layers, ascending; out_dim = len(taps) x teacher width,
+    # each output row the taps' states concatenated in this order (the engine's stack).
+    taps: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        object.__setattr__(self, "taps", tuple(int(t) for t in self.taps))  # JSON gives a list
 
     @property
     def hidden_dim(self) -> int:
@@ -51,6 +59,11 @@ class AdapterConfig:
     @property
     def heads(self) -> int:
         return self.width // HEAD_DIM
+
+    @property
+    def tap_dim(self) -> int:
+        """Layerwise: the teacher width of one tap (out_dim / n); else out_dim."""
+        return self.out_dim // len(self.taps) if self.taps else self.out_dim
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -90,12 +103,30 @@ class AdapterConfig:
             p.append("a token_aligned_vision adapter needs vis_dim > 0 (the mmproj width).")
         if self.kind != "token_aligned_vision" and self.vis_dim:
             p.append(f"vis_dim is only for token_aligned_vision; set it to 0 for a {self.kind}.")
+        if self.kind == "layerwise":
+            p += _tap_problems(self.taps, self.out_dim)
+        elif self.taps:
+            p.append(f"taps are for a layerwise adapter; set them to () for a {self.kind}.")
         if self.seed_rank and self.kind != "seeded_resampler":
             p.append(f"seed_rank factorizes a seed table; a {self.kind} has none, set it to 0.")
         elif self.seed_rank > min(self.seed_vocab, self.width) > 0:
             p.append(f"seed_rank {self.seed_rank} exceeds min(seed_vocab, width) = "
                      f"{min(self.seed_vocab, self.width)}; a factorized table cannot have more rank.")
         return p
+
+
+def _tap_problems(taps: tuple[int, ...], out_dim: int) -> list[str]:
+    # The engine declares layer_map only for n > 1 (llm_adapter.hpp 260-263): one tap is a
+    # plain token-aligned adapter.
+    if len(taps) < 2:
+        return [f"a layerwise adapter needs at least 2 taps, got {list(taps)}."]
+    p = []
+    if any(t <= 0 for t in taps) or list(taps) != sorted(set(taps)):
+        p.append(f"layerwise taps must be distinct positive layer numbers in ascending order "
+                 f"(the engine's stack order), got {list(taps)}.")
+    if out_dim % len(taps):
+        p.append(f"layerwise out_dim {out_dim} must be {len(taps)} taps x the teacher width.")
+    return p
 
 
 class Attention(nn.Module):
@@ -236,9 +267,11 @@ class ResamplerAdapter(nn.Module):
 
 
 class TokenAlignedAdapter(nn.Module):
-    """`token_aligned` (text-only families: no vision tensors in the file) and
-    `token_aligned_vision` (plus the frozen vision_proj and vis_in): one output row per
-    student token, plus the skip path."""
+    """`token_aligned` (text-only families: no vision tensors in the file),
+    `token_aligned_vision` (plus the frozen vision_proj and vis_in) and `layerwise` (text-only,
+    out_proj and skip n x the teacher width, plus the `layer_map` buffer of tap numbers that
+    the engine loads as f32 [n] and never reads): one output row per student token, plus the
+    skip path."""
 
     def __init__(self, cfg: AdapterConfig):
         super().__init__()
@@ -257,6 +290,8 @@ class TokenAlignedAdapter(nn.Module):
         nn.init.zeros_(self.out_proj.weight)  # starts as the skip path alone
         nn.init.zeros_(self.out_proj.bias)
         self.skip = nn.Linear(cfg.in_dim, cfg.out_dim)
+        if cfg.kind == "layerwise":  # a buffer: in the state dict (exported), never trained
+            self.register_buffer("layer_map", torch.tensor(cfg.taps, dtype=torch.float32))
 
     def forward(self, hidden, mask=None, seed_ids=None, vis=None, rows=None):
         """hidden (B, L, in_dim), mask (B, L), vis (B, L, vis_dim) raw embeds, zeros off-image
@@ -339,8 +374,8 @@ def load_gguf(path, device="cpu") -> nn.Module:
     if kind is None:
         raise UserError(
             f"{path} is a {view.kind} adapter that gguf-trainer cannot rebuild; only resampler, "
-            "seeded_resampler (full or factorized) and token-aligned files with skip (text-only, "
-            "or with both vision_proj and vis_in) load."
+            "seeded_resampler (full or factorized), token-aligned files with skip (text-only, "
+            "or with both vision_proj and vis_in) and text-only layerwise files with skip load."
         )
     for problem in view.problems:  # dtype policy only: the engine converts and still runs the file
         log.warning("%s: %s", path, problem)
@@ -356,6 +391,7 @@ def load_gguf(path, device="cpu") -> nn.Module:
         vis_dim=view.vis_dim,
         mlp_hidden=mlp_hidden,
         seed_rank=view.embed_rank,
+        taps=view.taps,
     )
     with torch.random.fork_rng(devices=[]):  # loading must not move the caller's RNG
         module = build_adapter(cfg)

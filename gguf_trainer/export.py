@@ -109,6 +109,8 @@ def _structural_kv(cfg: AdapterConfig) -> dict[str, int]:
         kv["adapter.t5_vocab"] = cfg.seed_vocab
     if cfg.seed_rank:
         kv["adapter.seed_rank"] = cfg.seed_rank
+    if cfg.taps:
+        kv["adapter.n_layers"] = len(cfg.taps)
     return kv
 
 
@@ -167,6 +169,7 @@ def _check_readback(tmp: Path, cfg: AdapterConfig, n_tensors: int) -> None:
         "vocab": view.t5_vocab,
         "vis_dim": view.vis_dim,
         "seed_rank": view.embed_rank,
+        "taps": view.taps,
     }
     want = {
         "kind": cfg.kind,
@@ -179,6 +182,7 @@ def _check_readback(tmp: Path, cfg: AdapterConfig, n_tensors: int) -> None:
         "vocab": cfg.seed_vocab,
         "vis_dim": cfg.vis_dim,
         "seed_rank": cfg.seed_rank,
+        "taps": cfg.taps,
     }
     if got != want:
         raise RuntimeError(f"exported adapter reads back as {got}, expected {want}")

@@ -26,8 +26,15 @@ from pathlib import Path
 import torch
 
 from . import atomic, distributed, hardware, shards, vision
+from .adapters import TOKEN_ALIGNED_KINDS
 from .errors import UserError
-from .materials import student_identity, student_paths, teacher_identity, teacher_paths
+from .materials import (
+    student_identity,
+    student_paths,
+    teacher_identity,
+    teacher_paths,
+    tokenizer_identity,
+)
 from .paths import VERIFIED_JSON
 from .qwen_bpe import engine_bpe
 from .samples import count_samples, iter_samples
@@ -143,7 +150,7 @@ def build_shard(ctx: Context, samples: list[_Sample], report, on_batch,
     tensors["moment_n"] = torch.tensor([stored.shape[0]], dtype=torch.int64)
     if targets[0].seed_ids is not None:
         tensors["seed_ids"] = torch.tensor([t.seed_ids for t in targets], dtype=torch.int32)
-    if ctx.pack.adapter_kind.startswith("token_aligned"):  # token_aligned(_vision)
+    if ctx.pack.adapter_kind in TOKEN_ALIGNED_KINDS:  # one row per token: the DiT's first row
         tensors["sup_start"] = torch.tensor([t.sup_start for t in targets], dtype=torch.int32)
     if ctx.vision_proj is not None:
         tensors.update(_vision_tensors(samples, ctx.vision_proj.shape[1]))

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from . import distributed, hardware
+from .adapters import TOKEN_ALIGNED_KINDS
 from .checkpoints import (
     BEST,
     LAST,
@@ -99,7 +100,7 @@ SKIP_START = "mean"  # token-aligned skip at step 0: "mean" (zero) or "ridge" (l
 
 def _skip_start(pack, cfg, train_files: list[Path], stats: Stats):
     """The ridge start of a token-aligned skip (when SKIP_START says so), else None."""
-    if SKIP_START != "ridge" or not cfg.kind.startswith("token_aligned"):
+    if SKIP_START != "ridge" or cfg.kind not in TOKEN_ALIGNED_KINDS:
         return None
     return linear_fit(train_files, stats if pack.standardized else None)
 

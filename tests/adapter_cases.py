@@ -9,6 +9,8 @@ CFGS = {
                                       seed_vocab=VOCAB),
     "token_aligned": AdapterConfig("token_aligned", IN, OUT, WIDTH, DEPTH),
     "token_aligned_vision": AdapterConfig("token_aligned_vision", IN, OUT, WIDTH, DEPTH, vis_dim=VIS),
+    # three taps of 16 (OUT = 48 = 3 x 16), ascending like the engine's stack
+    "layerwise": AdapterConfig("layerwise", IN, OUT, WIDTH, DEPTH, taps=(9, 18, 27)),
 }
 RANK = 16  # a factorized seed table (seeded_resampler with seed_rank)
 FACTORIZED = AdapterConfig("seeded_resampler", IN, OUT, WIDTH, DEPTH, num_queries=QUERIES,

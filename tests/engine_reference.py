@@ -78,7 +78,55 @@ def detect(t: dict[str, np.ndarray]) -> dict:
     if not c["resampler"]:
         c["num_queries"] = c["t5_vocab"] = 0
     c["heads"] = c["width"] // HEAD_DIM
+    # llm_adapter.hpp 114-115: n_out_layers = layer_map ne[0] (1-D); 260-263: the tensor is
+    # declared only for n > 1. Default 1: a plain adapter is a one-layer stack.
+    lm = t.get("layer_map")
+    c["n_out_layers"] = int(lm.shape[0]) if lm is not None and lm.ndim == 1 else 1
     return c
+
+
+def conditioner_stack(path_or_tensors, hidden, out_layers) -> np.ndarray:
+    """What LLMEmbedder::encode_prompt hands on for a family with `out_layers` (conditioner.hpp
+    2786-2840): the adapter's whole-template output, after the stack check that aborts unless
+    the adapter's n_out_layers equals max(1, |out_layers|) (no tiling hook set)."""
+    t = _tensors(path_or_tensors)
+    model_stack = max(len(out_layers), 1)
+    if detect(t)["n_out_layers"] != model_stack:
+        raise RuntimeError("llm adapter layer stack does not match this model's conditioning layers")
+    return engine_forward(t, hidden)
+
+
+def tap_slices(stack: np.ndarray, n: int) -> list[np.ndarray]:
+    """A layerwise row [n * D] as its n taps, in the ascending order the engine concatenates
+    them (sd::ops::concat along dim 0 of the layer outputs, llm.hpp 1779-1815)."""
+    d = stack.shape[-1] // n
+    return [stack[..., k * d : (k + 1) * d] for k in range(n)]
+
+
+FIBO2_TAPS = (5, 7, 9, 11, 13, 16, 18, 20, 22, 24, 27, 29, 31, 33, 35)  # fibo2.hpp 39-42
+FIBO2_BUNDLES = ((9, 20, 31), (5, 16, 27), (7, 18, 29), (9, 20, 31), (11, 22, 33), (13, 24, 35))
+
+
+def _round_bf16(x: np.ndarray) -> np.ndarray:
+    """fibo2.hpp round_bf16: round to nearest even on the dropped 16 bits."""
+    bits = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.astype(np.uint32).view(np.float32)
+
+
+def fibo2_bundles(states: np.ndarray, width: int) -> np.ndarray:
+    """fibo2.hpp make_bundles (167-193), applied by get_learned_condition to whatever
+    encode_prompt returned (the full teacher's taps or the adapter's output alike, 316-338):
+    each tap RMS-normalised per token (no weight, eps 1e-6, the sum in double), bf16-rounded,
+    then gathered into the six three-tap bundles. states (T, 15 * width) -> (T, 18 * width)."""
+    taps = tap_slices(np.asarray(states, dtype=np.float32), len(FIBO2_TAPS))
+    normed = []
+    for x in taps:
+        ms = (x.astype(np.float64) ** 2).sum(-1, keepdims=True) / width
+        scale = (np.float32(1.0) / np.sqrt(ms.astype(np.float32) + np.float32(1e-6))).astype(np.float32)
+        normed.append(_round_bf16((x * scale).astype(np.float32)))
+    index = {layer: k for k, layer in enumerate(FIBO2_TAPS)}
+    return np.concatenate([normed[index[layer]] for bundle in FIBO2_BUNDLES for layer in bundle], axis=-1)
 
 
 def _lin(t, name, x, bias=True):

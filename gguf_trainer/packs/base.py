@@ -22,9 +22,9 @@ from typing import Any
 from ..teachers.base import Teacher
 from ..template_ids import Piece, student_ids
 
-# token_aligned: text-only families (no vision tensors); token_aligned_vision splices images.
-ADAPTER_KINDS = ("resampler", "seeded_resampler", "token_aligned", "token_aligned_vision")
-TINY_MARKER = "GGUF_TRAINER_TINY"  # a tiny teacher's snapshot root holds it: no reference figures apply
+# token_aligned: text-only families (no vision tensors); token_aligned_vision splices images;
+# layerwise: a stack of teacher taps per token (the pack's `taps`).
+ADAPTER_KINDS = ("resampler", "seeded_resampler", "token_aligned", "token_aligned_vision", "layerwise")
 
 
 @dataclass(frozen=True)
@@ -90,6 +90,9 @@ class TrainerPack:
     num_queries: int = 0
     seed_vocab: int = 0
     vis_dim: int = 0
+    # layerwise: the teacher's 1-based tap layers, ascending (the engine's out_layers for the
+    # family); out_dim = len(taps) x the teacher width, and the export refuses another count.
+    taps: tuple[int, ...] = ()
     default_name: str = ""
     shard_contract: str = ""  # bump when stored rows change meaning: old shards are recomputed
     max_len_student: int = 512
@@ -236,7 +239,7 @@ class TrainerPack:
 
         return AdapterConfig(kind=self.adapter_kind, in_dim=in_dim, out_dim=out_dim or self.out_dim,
                              width=train.width, depth=train.depth, num_queries=self.num_queries,
-                             seed_vocab=self.seed_vocab, vis_dim=vis_dim or self.vis_dim)
+                             seed_vocab=self.seed_vocab, vis_dim=vis_dim or self.vis_dim, taps=self.taps)
 
     def describe(self) -> dict:
         return {

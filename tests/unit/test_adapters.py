@@ -26,8 +26,9 @@ FILE_KIND = {
     "seeded_resampler": "seeded_resampler",
     "token_aligned": "token_aligned",
     "token_aligned_vision": "token_aligned",
+    "layerwise": "token_aligned",
 }
-TOKEN = ("token_aligned", "token_aligned_vision")
+TOKEN = ("token_aligned", "token_aligned_vision", "layerwise")
 
 
 def engine_inventory(cfg: AdapterConfig) -> dict:
@@ -47,6 +48,8 @@ def engine_inventory(cfg: AdapterConfig) -> dict:
         has_skip=ta,
         has_vision_proj=vision,
         has_vis_in=vision,
+        n_out_layers=len(cfg.taps),
+        has_layer_map=bool(cfg.taps),
     )
     return {k: tuple(reversed(v)) for k, v in ne.items()}
 
@@ -250,6 +253,7 @@ WIDE = {  # a second geometry: more rows and wider matmuls than the tiny CFGS
     "seeded_resampler": AdapterConfig("seeded_resampler", 64, 512, 256, 2, num_queries=64, seed_vocab=VOCAB),
     "token_aligned_vision": AdapterConfig("token_aligned_vision", 64, 512, 256, 2, vis_dim=VIS),
     "token_aligned": AdapterConfig("token_aligned", 64, 512, 256, 2),
+    "layerwise": AdapterConfig("layerwise", 64, 512, 256, 2, taps=(4, 8, 12, 16, 20, 24, 28, 32)),
 }
 
 
@@ -265,7 +269,7 @@ def _supervised_case(cfg, g, lengths):
         vis = torch.randn(b, L, cfg.vis_dim, generator=g)
         vis[:, 1::3] = 0  # text positions between image rows
         kw["vis"], rows = vis, mask
-    elif cfg.kind == "token_aligned":
+    elif cfg.kind in ("token_aligned", "layerwise"):
         rows = mask
     else:
         slots = torch.randint(1, cfg.num_queries + 1, (b,), generator=g)

@@ -16,7 +16,13 @@ from adapter_cases import CFGS, DEPTH, FACTORIZED, IN, OUT, QUERIES, RANK, VIS, 
 from engine_reference import engine_forward, read_engine_tensors, vision_project
 
 from gguf_trainer.adapter_file import read_adapter
-from gguf_trainer.adapters import AdapterConfig, build_adapter, load_gguf, set_vision_proj
+from gguf_trainer.adapters import (
+    TOKEN_ALIGNED_KINDS,
+    AdapterConfig,
+    build_adapter,
+    load_gguf,
+    set_vision_proj,
+)
 from gguf_trainer.errors import UserError
 from gguf_trainer.export import factorize_seed, fold_standardization, write_adapter_gguf
 
@@ -97,7 +103,7 @@ def test_engine_forward_matches_module(kind, tmp_path):
         loaded_out = load_gguf(path)(hidden, **kw)[0].numpy()
     err, err_loaded = rel_err(torch_out, ref), rel_err(loaded_out, ref)
     print(f"{kind}: engine vs f16-rounded torch rel err {err:.2e}; load_gguf {err_loaded:.2e}")
-    assert ref.shape == ((LEN if kind.startswith("token_aligned") else QUERIES), OUT)
+    assert ref.shape == ((LEN if kind in TOKEN_ALIGNED_KINDS else QUERIES), OUT)
     assert err < RTOL and err_loaded < RTOL
     # and the f16 rounding is real: the unrounded module differs by far more than the tolerance
     with torch.no_grad():
