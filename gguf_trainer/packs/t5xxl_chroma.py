@@ -62,6 +62,10 @@ class ChromaT5Pack(PixArtT5Pack):
                                 "teacher is 20k (no Chroma reference run exists)"},
     }
     health_reference = ""
+    # No reference run: no verdict of its own (PixArt's floors are not this model's); `check`
+    # reads its adapters as their kind's default pack does.
+    verdict = None
+    check_default_for_kind = False
     reference = {"status": "none published for Chroma; the recipe is the PixArt pack's (same teacher)"}
     engine_notes = (
         ("the adapter is trained for the default mask mode: do not pass --chroma-enable-t5-mask "

@@ -74,6 +74,10 @@ class WanUMT5Pack(PixArtT5Pack):
                                 "run exists)"},
     }
     health_reference = ""
+    # No reference run: no verdict of its own (PixArt's floors are not this model's); `check`
+    # reads its adapters as their kind's default pack does.
+    verdict = None
+    check_default_for_kind = False
     reference = {"status": "none published for Wan; the recipe is the PixArt pack's"}
     # 5.68B parameters in bf16; the planner adds its activation headroom for a resident teacher.
     teacher_memory_gib = 10.6
