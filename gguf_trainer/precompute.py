@@ -28,13 +28,7 @@ import torch
 from . import atomic, distributed, hardware, shards, vision
 from .adapters import TOKEN_ALIGNED_KINDS
 from .errors import UserError
-from .materials import (
-    student_identity,
-    student_paths,
-    teacher_identity,
-    teacher_paths,
-    tokenizer_identity,
-)
+from .materials import student_identity, student_paths, teacher_identity, teacher_paths
 from .paths import VERIFIED_JSON
 from .qwen_bpe import engine_bpe
 from .samples import count_samples, iter_samples
