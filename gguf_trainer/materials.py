@@ -183,6 +183,17 @@ def teacher_identity(project, recorded: dict | None = None) -> dict:
     return ident["teacher"] if list(ident) == ["teacher"] else ident
 
 
+def tokenizer_identity(project, recorded: dict | None = None) -> dict:
+    """What identifies the student tokenizer (its ids are in every shard): every file of its
+    folder by content (folder_identity), or the recorded identity when the folder is gone."""
+    tok = project.material_path("student_tokenizer")
+    if (tok is None or not (tok / "tokenizer.json").is_file()) and recorded:
+        log.info("the student tokenizer is missing; using the identity recorded with the shards")
+        return recorded
+    _gguf, tok = student_paths(project)
+    return folder_identity(tok, project.paths.hashes_json)
+
+
 def student_identity(project, recorded: str | None = None) -> str:
     """sha256 of the student GGUF (cached), or the recorded one when the file is gone."""
     gguf = project.material_path("student")

@@ -17,6 +17,7 @@ no stage needs them any more.
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import math
 import time
@@ -28,7 +29,13 @@ import torch
 from . import atomic, distributed, hardware, shards, vision
 from .adapters import TOKEN_ALIGNED_KINDS
 from .errors import UserError
-from .materials import student_identity, student_paths, teacher_identity, teacher_paths
+from .materials import (
+    student_identity,
+    student_paths,
+    teacher_identity,
+    teacher_paths,
+    tokenizer_identity,
+)
 from .paths import VERIFIED_JSON
 from .qwen_bpe import engine_bpe
 from .samples import count_samples, iter_samples
@@ -338,7 +345,7 @@ class PrecomputeStage(Stage):
         recorded = recorded or {}
         student_sha = student_identity(project, recorded.get("student_sha256"))
         teacher = teacher_identity(project, recorded.get("teacher"))
-        return {
+        fp = {
             "corpus": upstream["corpus"],
             "student_sha256": student_sha,
             "teacher": teacher,
@@ -348,6 +355,11 @@ class PrecomputeStage(Stage):
             "max_len_student": pack.max_len_student, "max_len_teacher": pack.max_len_teacher,
             "split": self.split, "shard_size": shard_size(project, self.split),
         }
+        # The tokenizer's identity: shards recorded before it was part of the fingerprint
+        # (no key, all else equal) keep standing; any rebuild records it.
+        if not recorded or "student_tokenizer" in recorded or recorded != json.loads(json.dumps(fp)):
+            fp["student_tokenizer"] = tokenizer_identity(project, recorded.get("student_tokenizer"))
+        return fp
 
     def folder(self, paths):
         return paths.shard_dir(self.split)

@@ -424,3 +424,30 @@ def test_verify_of_a_file_or_a_non_project_exits_2(tmp_path):
     afile.write_text("x")
     assert cli.main(["verify", "--project", str(afile)]) == EXIT_NO_PROJECT
     assert cli.main(["verify", "--project", str(tmp_path)]) == EXIT_NO_PROJECT
+
+
+# ---------------------------------------------------------------- the tokenizer by content
+
+
+def test_a_changed_student_tokenizer_is_a_changed_input(inside, tmp_path):
+    disk = tmp_path / "disk"
+    shutil.copytree(inside, disk, symlinks=True)
+    root = disk / "proj"
+    cfg = root / "materials" / "tok" / "tokenizer_config.json"
+    cfg.write_text(json.dumps({**json.loads(cfg.read_text()), "model_max_length": 77}))
+    paths = ProjectPaths(root)
+    start = len(paths.pipeline_log.read_bytes())
+    assert pipeline.run_foreground(paths) == 0
+    assert "precompute_val inputs changed (student_tokenizer" in log_since(paths, start)
+
+
+def test_shards_recorded_before_the_tokenizer_was_an_input_keep_standing(inside):
+    from gguf_trainer.precompute import PRECOMPUTE_VAL
+
+    project = load_project(inside / "proj")
+    upstream = {"corpus": "0123456789abcdef"}
+    now = PRECOMPUTE_VAL.inputs(project, upstream, None)
+    assert now["student_tokenizer"]["files"] >= 2  # every file of the folder, by content
+    older = {k: v for k, v in now.items() if k != "student_tokenizer"}
+    assert PRECOMPUTE_VAL.inputs(project, upstream, older) == older  # same fingerprint as before
+    assert "student_tokenizer" in PRECOMPUTE_VAL.inputs(project, upstream, {**older, "shard_size": 9})
