@@ -231,7 +231,8 @@ def compare_and_set(paths: ProjectPaths, changes: dict[str, Any], expected: dict
             if expected is not None:
                 seen = get_dotted(expected, key)
                 if seen != now and now != value:
-                    out["conflicts"][key] = {"read": seen, "disk": now, "yours": value}
+                    out["conflicts"][key] = {"read": _echo(seen), "disk": _echo(now),
+                                             "yours": _echo(value)}
                     continue
             if now == value:
                 continue
@@ -268,6 +269,12 @@ def compare_and_set(paths: ProjectPaths, changes: dict[str, Any], expected: dict
         out["applied"] = todo
         out["version"] = hashlib.sha256(text.encode()).hexdigest()[:16]
         return out
+
+
+def _echo(value: Any) -> Any:
+    """A value as a conflict shows it: itself when short, else its first 80 characters
+    (errors.quote), so a 3 MB value sent in is not sent back."""
+    return value if len(repr(value)) <= QUOTE_MAX_CHARS else quote(value)
 
 
 def update_settings(root: str | os.PathLike, changes: dict[str, Any]) -> Project:

@@ -96,3 +96,10 @@ def test_other_text_arguments_are_quoted_short(proj, name, arg):
     with pytest.raises(UserError) as e:
         getattr(api, name)(*args, **kwargs)
     assert len(str(e.value)) < 400 and "y" * 81 not in str(e.value)
+
+
+def test_a_conflict_does_not_send_a_huge_value_back(proj):
+    big = "z" * 3_000_000
+    res = api.save_settings(proj, {"name": big}, {"name": "what I read"})
+    assert "name" in res["conflicts"] and not res["ok"]
+    assert len(json.dumps(res)) < 2000 and "z" * 81 not in json.dumps(res)
