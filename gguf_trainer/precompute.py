@@ -46,6 +46,30 @@ log = logging.getLogger(__name__)
 CACHE_KEY = "precompute"  # the loaded Context in the run's shared cache
 
 
+@dataclass
+class TeacherPlan:
+    """Where the teacher goes and why: what precompute decides before any weights load, and
+    what the GUI's pre-flight shows (ui/preflight.py asks this same function)."""
+
+    hw: object  # hardware.Hardware of the device
+    folders: dict  # the teacher's material folders by id ({} with the mock teacher)
+    need_gib: float  # the teacher's weights once loaded
+    plan: object  # hardware.Plan: mode, memory caps, budgets
+    warnings: list[str]  # the memory pre-flight's warnings (a refusal raises UserError)
+
+
+def plan_teacher(project, device) -> TeacherPlan:
+    """The memory pre-flight and the teacher's placement on `device`; UserError when it
+    cannot fit. Reads headers only: no weights load."""
+    pc, pack = project.settings.precompute, project.pack
+    hw = hardware.read_hardware(device)
+    folders = {} if pc.mock_teacher else teacher_paths(project)
+    need_gib = pack.teacher_gib(folders, device) if folders else pack.teacher_memory_gib
+    plan = hardware.plan_teacher(need_gib, pc, hw, is_mock=pc.mock_teacher,
+                                 offload=pack.teacher_offload)
+    return TeacherPlan(hw, folders, need_gib, plan, list(hardware.preflight(need_gib, plan, hw)))
+
+
 class Context:
     """Student and teacher, loaded once per pipeline process and shared by val and train.
     The teacher is placed by `hardware.plan_teacher` after a memory pre-flight that refuses
@@ -57,14 +81,11 @@ class Context:
         pc, pack = project.settings.precompute, project.pack
         self.device = distributed.rank_device(hardware.resolve_device(pc.device))
         self.pack = pack
-        hw = hardware.read_hardware(self.device)
-        folders = {} if pc.mock_teacher else teacher_paths(project)
-        need_gib = pack.teacher_gib(folders, self.device) if folders else pack.teacher_memory_gib
-        self.plan = hardware.plan_teacher(need_gib, pc, hw, is_mock=pc.mock_teacher,
-                                          offload=pack.teacher_offload)
+        planned = plan_teacher(project, self.device)
+        folders, self.plan = planned.folders, planned.plan
         for line in self.plan.info:
             log.info("%s", line)
-        for line in hardware.preflight(need_gib, self.plan, hw):
+        for line in planned.warnings:
             log.warning("%s", line)
         gguf, tok = student_paths(project)
         self.student = load_student(gguf, tok, device=self.device,

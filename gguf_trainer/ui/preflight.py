@@ -1,10 +1,9 @@
 """The Precompute section's memory pre-flight verdict, asked in a one-shot subprocess.
 
 The GUI process never imports torch, so the verdict comes from
-`python -m gguf_trainer.ui.preflight PROJECT`, which makes exactly the calls precompute makes
-before any weights load (hardware.read_hardware → pack.teacher_gib → hardware.plan_teacher →
-hardware.preflight) and prints one JSON line: {"ok", "mode", "budgets", "warnings",
-"error", "device"}. No decision is taken here that precompute does not take itself.
+`python -m gguf_trainer.ui.preflight PROJECT`, which calls the planner precompute itself
+calls before any weights load (precompute.plan_teacher) and prints one JSON line: {"ok",
+"mode", "budgets", "warnings", "error", "device"}. No decision is taken here.
 
     verdict(project_dir) -> dict          # in the GUI process (spawns the probe)
 """
@@ -35,24 +34,18 @@ def verdict(project: str) -> dict:
 def _probe(project_dir: str) -> dict:
     from gguf_trainer import hardware
     from gguf_trainer.errors import UserError
-    from gguf_trainer.materials import teacher_paths
+    from gguf_trainer.precompute import plan_teacher
     from gguf_trainer.project import load_project
 
     try:
         project = load_project(project_dir)
-        pc, pack = project.settings.precompute, project.pack
-        device = hardware.resolve_device(pc.device)
-        hw = hardware.read_hardware(device)
-        folders = {} if pc.mock_teacher else teacher_paths(project)
-        need = pack.teacher_gib(folders, device) if folders else pack.teacher_memory_gib
-        plan = hardware.plan_teacher(need, pc, hw, is_mock=pc.mock_teacher,
-                                     offload=pack.teacher_offload)
-        warnings = hardware.preflight(need, plan, hw)
+        device = hardware.resolve_device(project.settings.precompute.device)
+        planned = plan_teacher(project, device)
     except UserError as e:
         return {"ok": False, "error": str(e)}
-    b = plan.budgets
-    return {"ok": True, "device": str(device), "mode": plan.mode, "teacher_gib": need,
-            "gpu_gib": plan.gpu_gib, "cpu_gib": plan.cpu_gib, "warnings": list(warnings),
+    plan, b = planned.plan, planned.plan.budgets
+    return {"ok": True, "device": str(device), "mode": plan.mode, "teacher_gib": planned.need_gib,
+            "gpu_gib": plan.gpu_gib, "cpu_gib": plan.cpu_gib, "warnings": planned.warnings,
             "budgets": {"teacher_batch": b.teacher_batch, "tok_budget": b.tok_budget,
                         "student_batch": b.student_batch, "student_tok_budget": b.student_tok_budget}}
 
