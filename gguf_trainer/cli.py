@@ -97,7 +97,8 @@ def cmd_run(args) -> int:
     if launch.needed():
         return _run_launched(paths, args, launch)
     steps = _parse_steps(args.steps)  # every argument is checked before anything is written
-    control.preflight(paths.root, only=args.only)
+    for line in control.preflight(paths.root, only=args.only):  # materials found and linked
+        _out(line)
     _trust_if_asked(args, paths.root)
     if steps is not None:
         _out(control.set_steps(paths.root, steps).message.split(";")[0])

@@ -386,10 +386,11 @@ def read_metrics(root: PathLike, offset: int = 0) -> tuple[list[dict], int]:
     return _read(_paths(root), offset)
 
 
-def preflight(root: PathLike, only: list[str] | None = None) -> None:
+def preflight(root: PathLike, only: list[str] | None = None) -> list[str]:
     """The checks `start` and `run` make before anything is written or launched: a valid
-    project.json, the run not already live, no name clash in the output folder, and a
-    stale stop request cleared. Raises UserError with the sentence."""
+    project.json, the run not already live, no name clash in the output folder, the
+    materials present (missing ones linked first to a copy discovery finds), and a stale stop
+    request cleared. Raises UserError with the sentence; returns a line per material linked."""
     from gguf_trainer import project
 
     paths = _paths(root)
@@ -398,23 +399,43 @@ def preflight(root: PathLike, only: list[str] | None = None) -> None:
     if holder is not None:
         raise locks.LockHeld(holder)
     project.check_name_clash(proj)
-    _check_materials(proj, only)
+    linked = _check_materials(proj, only)
     clear_stale_requests(paths.root)
+    return linked
 
 
-def _check_materials(proj, only: list[str] | None) -> None:
+def _check_materials(proj, only: list[str] | None) -> list[str]:
     """Precompute still to do: the student and the teacher must be there now, so `start`
     says what is missing (the path tried, the command that fixes it) instead of launching a
-    pipeline that fails a few seconds later. Torch-free (file checks only)."""
-    from gguf_trainer import materials
+    pipeline that fails a few seconds later. A copied or moved project whose materials are
+    not at their recorded paths first looks for them by identity where discovery looks
+    (GGUF_TRAINER_MATERIALS, other projects, the Hugging Face cache) and links each copy it
+    finds; what is still missing is named with the `link` command. Torch-free."""
+    from gguf_trainer import project
 
     pre = ("precompute_val", "precompute_train")
     if only and not any(s in pre for s in only):
-        return
+        return []
     done = all((proj.paths.shard_dir(split) / "manifest.json").is_file() for split in
                ("val", "train"))
     if done:  # a resume or a re-export: the pipeline decides what it needs
-        return
+        return []
+    try:
+        _need_materials(proj)
+        return []
+    except UserError:
+        from gguf_trainer.runner import downloads
+
+        linked = downloads.link_found(proj.paths.root)
+        if not linked:
+            raise
+    _need_materials(project.load_project(proj.paths.root))  # the rest, named with `link`
+    return [it["message"] for it in linked]
+
+
+def _need_materials(proj) -> None:
+    from gguf_trainer import materials
+
     materials.student_paths(proj)
     if not (proj.settings.precompute.mock_teacher or _env_mock()):
         materials.teacher_paths(proj)

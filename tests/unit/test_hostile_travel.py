@@ -451,3 +451,31 @@ def test_shards_recorded_before_the_tokenizer_was_an_input_keep_standing(inside)
     older = {k: v for k, v in now.items() if k != "student_tokenizer"}
     assert PRECOMPUTE_VAL.inputs(project, upstream, older) == older  # same fingerprint as before
     assert "student_tokenizer" in PRECOMPUTE_VAL.inputs(project, upstream, {**older, "shard_size": 9})
+
+
+def test_a_copied_project_links_missing_materials_found_by_identity_then_names_link(
+        tmp_path, monkeypatch):
+    """Copied to another machine: the recorded student and tokenizer paths do not exist
+    there. The start links the pig_clip GGUF discovery finds (GGUF_TRAINER_MATERIALS), then
+    names the tokenizer it found nowhere with the `link` command."""
+    from material_repos import pig_clip_header_gguf
+
+    from gguf_trainer.project import create_project
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("gguf_trainer.paths.PROJECTS_ROOT", tmp_path / "projects")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    pig_clip_header_gguf(shared / "pig_clip-f16.gguf")
+    monkeypatch.setenv("GGUF_TRAINER_MATERIALS", str(shared))
+    gone = tmp_path / "the-other-machine"
+    root = tmp_path / "copy" / "proj"
+    create_project(root, PACK, overrides={"precompute.mock_teacher": True, "materials": {
+        "student": {"path": str(gone / "pig_clip-f16.gguf")},
+        "student_tokenizer": {"path": str(gone / "tok")}}})
+    with pytest.raises(UserError) as info:
+        control.preflight(root)
+    msg = str(info.value)
+    assert "student tokenizer is missing" in msg and "\n" not in msg
+    assert f"gguf-trainer link --project {root} student_tokenizer PATH" in msg
+    assert load_project(root).material_path("student") == (shared / "pig_clip-f16.gguf").resolve()
