@@ -21,6 +21,7 @@ Usage:
     gguf-trainer download --project DIR [--id ID ...] [--required-only]
     gguf-trainer materials --project DIR [--online] [--link-found] [--json]
     gguf-trainer link   --project DIR ID PATH
+    gguf-trainer login  (the Hugging Face token, read without echo or from stdin)
     gguf-trainer verify --project DIR [--repair]
     gguf-trainer render --project DIR --prompt P [--seed S] [--ggk PATH] [--models DIR] [--wait]
     gguf-trainer inspect FILE [--json]
@@ -299,6 +300,19 @@ def cmd_materials(args) -> int:
         _out(d["message"])
     rows = downloads.material_statuses(args.project, online=args.online)
     _out(json.dumps(rows, indent=2) if args.json else downloads.format_statuses(rows))
+    return EXIT_OK
+
+
+def cmd_login(args) -> int:
+    """The Hugging Face token for gated or private repos, stored where the GUI's Store token
+    puts it; typed without echo, or one line piped in."""
+    if sys.stdin.isatty():
+        import getpass
+
+        token = getpass.getpass("Hugging Face token (input hidden): ")
+    else:
+        token = sys.stdin.readline()
+    _out(control.store_token(token))
     return EXIT_OK
 
 
@@ -629,6 +643,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--online", action="store_true", help="check against the Hub's file listing")
     p.add_argument("--link-found", action="store_true", help="first link complete copies found on disk")
     p.add_argument("--json", action="store_true")
+    command("login", cmd_login, "store a Hugging Face token (gated or private repos)",
+            project=False)
     p = command("link", cmd_link, "use a complete copy you already have for a material")
     p.add_argument("id", metavar="ID")
     p.add_argument("path", metavar="PATH")

@@ -92,6 +92,40 @@ def has_token() -> bool:
     return bool(get_token())
 
 
+def token_path() -> Path:
+    """Where huggingface_hub reads the stored token (HF_HOME relocates it)."""
+    from huggingface_hub import constants
+
+    return Path(constants.HF_TOKEN_PATH)
+
+
+def token_status() -> str:
+    """One line on the token: stored, in HF_TOKEN, or none (never the token itself)."""
+    try:
+        stored = token_path().is_file() and token_path().stat().st_size > 0
+    except OSError:
+        stored = False
+    env = bool(os.environ.get("HF_TOKEN"))
+    if stored:
+        return "A Hugging Face token is stored." + (" (HF_TOKEN is also set and wins.)" if env else "")
+    return ("HF_TOKEN is set in the environment." if env else
+            "No Hugging Face token stored (public repos need none).")
+
+
+def store_token(token: str) -> str:
+    """Write the token where huggingface_hub reads it (0600); returns the status line only."""
+    token = (token or "").strip()
+    if not token:
+        raise UserError("paste a Hugging Face token first (hf_…)")
+    if any(c.isspace() for c in token):
+        raise UserError("a Hugging Face token has no spaces; paste it again")
+    path = token_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic.write_text(path, token)
+    os.chmod(path, 0o600)
+    return token_status()
+
+
 LOGIN_HINT = ("run `hf auth login` (or set HF_TOKEN) in the shell that starts gguf-trainer, "
               "then retry")
 

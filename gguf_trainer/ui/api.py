@@ -102,25 +102,18 @@ def read_eval(project: str) -> dict | None:
 
 
 def materials(project: str) -> dict:
-    """Each material's status: {"available": bool, "materials": [{id, title, state
+    """Each material's status: {"available": True, "materials": [{id, title, state
     (missing|partial|downloading|ready|failed), bytes_done, bytes_total, rate_bps, eta_s,
-    path, required, error, ...}]}; `available` is false on a version without downloads."""
+    path, required, error, ...}]}."""
     project = str(control.check_folder_arg(project))
-    fn = common.feature("gguf_trainer.runner.downloads:material_statuses")
-    if fn is None:
-        return {"available": False, "message": f"material status is {common.NOT_AVAILABLE}"}
-    return {"available": True, "materials": fn(project)}
+    return {"available": True, "materials": control.material_statuses(project)}
 
 
 def download_missing(project: str, ids: list[str] | None = None) -> dict:
     """Start detached downloads of the missing materials (or of `ids`); a material already
     downloading is reported, never started twice. {"started": [{id, action, pid, message}]}"""
     project = str(control.check_folder_arg(project))
-    fn = common.feature("gguf_trainer.runner.downloads:start_download")
-    if fn is None:
-        raise UserError(f"downloads are {common.NOT_AVAILABLE}; put the files in place and "
-                        "set their paths in Setup")
-    return {"started": fn(project, list(ids) if ids else None)}
+    return {"started": control.start_download(project, list(ids) if ids else None)}
 
 
 def reset_plan(project: str, target: str) -> dict:

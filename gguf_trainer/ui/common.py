@@ -1,15 +1,11 @@
-"""Helpers every tab uses: errors as one sentence, optional features, number formatting.
+"""Helpers every tab uses: errors as one sentence, number formatting.
 
-Optional features (material status and downloads, trust confirmation, health lines, ...)
-land in other modules over time; the GUI looks them up at call time with `feature()` and
-shows "not available in this version" when a function is absent, so every tab keeps
-working on any version of the backend.
+Every action of the GUI goes through runner/control.py (the functions the CLI calls).
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 import math
 import re
 import time
@@ -17,21 +13,6 @@ import time
 import gradio as gr
 
 from gguf_trainer.errors import UserError
-
-NOT_AVAILABLE = "not available in this version"
-
-
-def feature(*candidates: str):
-    """The first importable "module:function" of `candidates`, or None."""
-    for spec in candidates:
-        module, _, name = spec.partition(":")
-        try:
-            fn = getattr(importlib.import_module(module), name, None)
-        except ImportError:
-            continue
-        if callable(fn):
-            return fn
-    return None
 
 
 def user_errors(fn):

@@ -9,13 +9,11 @@ changed on disk in between. Paths are typed or picked with the confined file bro
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import gradio as gr
 
-from gguf_trainer import atomic
 from gguf_trainer.errors import UserError
 from gguf_trainer.paths import PROJECTS_ROOT
 from gguf_trainer.runner import control
@@ -162,39 +160,17 @@ def build() -> SetupParts:
                       roots_save)
 
 
-# ---- HF token -------------------------------------------------------------------------
-def _token_path() -> Path:
-    from huggingface_hub import constants
-
-    return Path(constants.HF_TOKEN_PATH)
-
-
+# ---- HF token (control.store_token: the same store as `gguf-trainer login`) ------------
 def token_status() -> str:
-    try:
-        stored = _token_path().is_file() and _token_path().stat().st_size > 0
-    except OSError:
-        stored = False
-    env = bool(os.environ.get("HF_TOKEN"))
-    if stored:
-        return "A Hugging Face token is stored." + (" (HF_TOKEN is also set and wins.)" if env else "")
-    return "HF_TOKEN is set in the environment." if env else "No Hugging Face token stored (public repos need none)."
+    return control.token_status()
 
 
 def store_token(token: str) -> str:
-    """Write the token where huggingface_hub reads it (0600); returns the status line only."""
-    token = (token or "").strip()
-    if not token:
-        raise UserError("paste a Hugging Face token first (hf_…)")
-    if any(c.isspace() for c in token):
-        raise UserError("a Hugging Face token has no spaces; paste it again")
-    path = _token_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic.write_text(path, token)
-    os.chmod(path, 0o600)
-    return token_status()
+    """Store the token (0600 where huggingface_hub reads it); returns the status line only."""
+    return control.store_token(token)
 
 
-# ---- materials (optional feature) ----------------------------------------------------
+# ---- materials ---------------------------------------------------------------------------
 DOWNLOADABLE = ("missing", "partial", "failed")
 
 
@@ -221,9 +197,6 @@ def materials_view(project: str | None) -> tuple:
     if not project:
         return "", off, gr.update(choices=[], value=None), off
     got = api.materials(project)
-    if not got.get("available"):
-        return ((f"Material status and downloads are {common.NOT_AVAILABLE}: put the files in "
-                 "place and set their paths below."), off, gr.update(choices=[], value=None), off)
     rows, can_fetch, busy = [], [], False
     for m in got["materials"]:
         st = m.get("state", "")
@@ -258,32 +231,17 @@ def replace_choices(project: str | None):
 def replace_material(project: str, material_id: str | None, path: str) -> str:
     """Link `path` as `material_id` (the same check as `gguf-trainer link`: a complete copy,
     a GGUF for the student); returns the sentence for the toast."""
-    link = common.feature("gguf_trainer.runner.control:link_material",
-                          "gguf_trainer.runner.downloads:link_material")
-    if link is None:
-        raise UserError(f"linking is {common.NOT_AVAILABLE}; set the path field below instead")
     if not material_id:
         raise UserError("choose the material to replace")
     if not (path or "").strip():
         raise UserError("type or browse to the folder or file to use instead")
-    row = link(project, material_id, path.strip())
+    row = control.link_material(project, material_id, path.strip())
     return f"{row.get('title') or material_id}: now {row.get('state')}, {_origin(row)} ({row.get('path')})"
 
 
-# ---- trusting a teacher snapshot's own code (optional feature) ------------------------
+# ---- trusting a teacher snapshot's own code ---------------------------------------------
 def _untrusted(project: str | None) -> list[dict]:
-    status = common.feature("gguf_trainer.teachers.trust:trust_status")
-    if not project or status is None:
-        return []
-    got = api.materials(project)
-    out = []
-    for m in got.get("materials") or []:
-        path = m.get("path")
-        if m.get("kind") == "hf_snapshot" and m.get("state") == "ready" and path and Path(path).is_dir():
-            st = status(path)
-            if not st["trusted"]:
-                out.append({**st, "title": m.get("title") or m["id"]})
-    return out
+    return control.untrusted_code(project) if project else []
 
 
 def trust_view(project: str | None) -> tuple:
@@ -400,10 +358,8 @@ def wire(p: SetupParts, project: gr.State, read: gr.State, cursor: gr.State, aft
 
     @common.shown_errors
     def do_trust(proj):
-        confirm = common.feature("gguf_trainer.teachers.trust:confirm_trust")
-        for it in _untrusted(common.need_project(proj)):
-            confirm(it["path"])
-            gr.Info(f"trusted: {it['path']}")
+        for path in control.trust_code(common.need_project(proj)):
+            gr.Info(f"trusted: {path}")
         return trust_view(proj)
 
     p.trust_button.click(do_trust, [project], [p.trust_md, p.trust_button])
