@@ -7,10 +7,12 @@ its log is ranks/rank-NNNNN.log. See gguf_trainer.runner.ranks.
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import signal
+import sys
 
-from gguf_trainer import distributed
+from gguf_trainer import distributed, project_file
 from gguf_trainer.errors import UserError, as_user_error
 from gguf_trainer.exit_codes import EXIT_INTERNAL, EXIT_OK, EXIT_USER
 from gguf_trainer.runner import processes, ranks
@@ -21,7 +23,12 @@ log = logging.getLogger("gguf_trainer.follower")
 def main(paths) -> int:
     w = distributed.world()
     paths.ranks.mkdir(exist_ok=True)
-    handler = logging.FileHandler(paths.rank_log(w.rank), encoding="utf-8")
+    try:  # like pipeline.log: never through a planted link, only inside the project
+        out = project_file.open_append(paths.root, paths.rank_log(w.rank))
+    except UserError as e:  # the launcher appends this rank's stderr to pipeline.log
+        print(str(e), file=sys.stderr)
+        return EXIT_USER
+    handler = logging.StreamHandler(io.TextIOWrapper(out, encoding="utf-8"))
     handler.setFormatter(logging.Formatter(processes.LOG_FORMAT))
     root = logging.getLogger()
     root.addHandler(handler)
@@ -31,6 +38,7 @@ def main(paths) -> int:
     finally:
         root.removeHandler(handler)
         handler.close()
+        handler.stream.close()  # StreamHandler.close leaves its stream open
 
 
 def _follow(paths, w) -> int:
