@@ -84,6 +84,9 @@ class WanUMT5Pack(PixArtT5Pack):
     engine_notes = (
         "run pig_clip at f16 or q8_0 in the engine: a 4-bit student loses ~0.09 cosine before the adapter runs",
     )
+    # the UMT5-XXL encoder itself (without --llm-adapter ggk runs --t5xxl in UMT5 mode for Wan);
+    # not PixArt's T5 v1.1 file, which this class would otherwise inherit
+    engine_teacher_args = "--t5xxl umt5_xxl_fp16.safetensors"
     engine_command_template = (
         "ggk diffuser engine -- -M vid_gen --diffusion-model wan2.2-ti2v-5b-q8_0.gguf "
         "--vae wan2.2_vae.safetensors --llm {student} --llm-adapter {adapter} "
