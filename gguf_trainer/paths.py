@@ -6,6 +6,7 @@ Importing this module is cheap: no torch, no pydantic.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +61,18 @@ TOOL_FILES = {
     CHECKPOINTS_DIR: ("*.pt", "*.json"),
     RANKS_DIR: (RANK_GLOB, f"{RANK_PREFIX}*.log"),
 }
+
+
+def tool_files_in(rel: str) -> tuple[str, ...] | None:
+    """TOOL_FILES for a folder below one of its keys ("shards/val" -> "*.safetensors", ...):
+    the globs whose leading components match `rel`'s, with those components cut off."""
+    top, *below = rel.split("/")
+    globs = TOOL_FILES.get(top)
+    if globs is None or not below:
+        return globs
+    n = len(below)
+    return tuple("/".join(parts[n:]) for parts in (g.split("/") for g in globs)
+                 if len(parts) > n and all(fnmatch.fnmatchcase(b, q) for b, q in zip(below, parts)))
 
 
 def checkpoint_file(which: str) -> str:

@@ -15,6 +15,10 @@ delete a stranger's file or folder. So:
   which never follows a symlink inside them on Linux (fd-based), so a link to /home in
   shards/ removes the link, not /home.
 
+A stage redone because its inputs changed (Stage.clear) follows the same rule through
+`empty_owned`: it deletes the tool's files in the folder and keeps the folder with someone
+else's file in it, named in the log.
+
 Anything else is left alone and reported with the reason. `check_*` functions say what a
 delete WOULD do (the reset dry-run uses them, so the plan equals what is deleted);
 `remove_*` do it and return the same verdict.
@@ -45,6 +49,7 @@ class Verdict:
     deleted: bool
     reason: str | None = None  # None when deleted (or when absent: `absent` True)
     absent: bool = False
+    foreign: str | None = None  # empty_owned: the file not the tool's that kept the folder
 
     def as_dict(self) -> dict:
         return {"path": self.path, "deleted": self.deleted, "reason": self.reason,
@@ -214,3 +219,41 @@ def remove_owned(path: str | os.PathLike, inside: str | os.PathLike,
     except OSError as e:
         return Verdict(str(path), False, f"cannot be deleted ({e.strerror}); left alone")
     return Verdict(str(path), True)
+
+
+def tool_paths(folder: Path, tool_files: tuple[str, ...]) -> list[Path]:
+    """The regular files under `folder` the tool writes there (never a link), deepest first."""
+    out = []
+    for dirpath, _dirnames, filenames in os.walk(folder):  # never descends a linked folder
+        base = Path(dirpath)
+        for name in filenames:
+            p = base / name
+            if (not p.is_symlink() and p.is_file()
+                    and _is_tool_name(p.relative_to(folder).as_posix(), tool_files)):
+                out.append(p)
+    return sorted(out, key=lambda p: -len(p.parts))
+
+
+def empty_owned(path: str | os.PathLike, inside: str | os.PathLike,
+                tool_files: tuple[str, ...]) -> Verdict:
+    """A stage folder about to be refilled (its inputs changed): removed like `remove_owned`
+    when it holds only the tool's files. When it holds someone else's file too, only the
+    tool's own files in it are deleted and the folder stays with theirs (Verdict.foreign
+    names the first). A link, a path outside `inside` or not a folder: nothing is touched,
+    Verdict.reason says why."""
+    path = Path(path)
+    if _lstat(path) is None:
+        return Verdict(str(path), False, None, absent=True)
+    reason = check_owned(path, inside, "dir")
+    if reason:
+        return Verdict(str(path), False, reason)
+    foreign = foreign_file(path, tool_files)
+    if foreign is None:
+        return remove_owned(path, inside, "dir", tool_files)
+    for p in tool_paths(path, tool_files):
+        try:
+            p.unlink()
+        except OSError as e:
+            return Verdict(str(path), False, f"holds {p.relative_to(path)}, which cannot be "
+                           f"deleted ({e.strerror}); left alone", foreign=foreign)
+    return Verdict(str(path), False, None, foreign=foreign)

@@ -8,6 +8,13 @@ objects themselves (inputs, done-test, run) live in the stage modules and are ga
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+
+from .paths import tool_files_in
+
+log = logging.getLogger(__name__)
+
 STAGES: tuple[str, ...] = ("corpus", "precompute_val", "precompute_train", "train", "export", "eval")
 
 STAGE_TITLES: dict[str, str] = {
@@ -81,14 +88,20 @@ class Stage:
         raise NotImplementedError
 
     def clear(self, paths) -> None:
-        # The one delete rule (gguf_trainer.safe_delete): only inside the project, never
-        # through a symlink; what it will not delete is refused with a sentence.
+        # The one delete rule, as reset follows it (gguf_trainer.safe_delete): only inside
+        # the project, never through a symlink, only the files the tool writes there
+        # (paths.TOOL_FILES); someone's file keeps the folder and is named in the log.
         from .errors import UserError
-        from .safe_delete import remove_owned
+        from .safe_delete import empty_owned
 
         folder = self.folder(paths)
         if folder is not None:
-            verdict = remove_owned(folder, paths.root, "dir")
+            rel = Path(folder).relative_to(paths.root).as_posix()
+            verdict = empty_owned(folder, paths.root, tool_files_in(rel) or ())
+            if verdict.foreign:
+                log.warning("%s holds %s, which gguf-trainer did not write: it and the folder "
+                            "are kept, only the %s stage's own files there were deleted.",
+                            folder, verdict.foreign, self.name)
             if verdict.reason:
                 raise UserError(f"{folder} {verdict.reason.removesuffix('; left alone')}, so the "
                                 f"{self.name} stage cannot be redone there; move it away and "

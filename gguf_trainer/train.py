@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from pathlib import Path
 
 import torch
 
-from . import distributed, hardware
+from . import distributed, hardware, safe_delete
 from .adapters import TOKEN_ALIGNED_KINDS
 from .checkpoints import (
     BEST,
@@ -39,6 +40,7 @@ from .checkpoints import (
     save_checkpoint,
 )
 from .errors import UserError
+from .paths import CHECKPOINTS_DIR, STALE_PREFIX, tool_files_in
 from .project import read_steps
 from .scoring import forward_rows, validate
 from .shards import Batch, ShardStream, Stats, StreamPos, dims, linear_fit, load_stats, shard_files
@@ -275,20 +277,34 @@ def train_done(project) -> bool:
 
 
 def move_checkpoints_aside(paths) -> Path | None:
-    """checkpoints/ -> checkpoints.stale-<time>/ (never deleted: hours of training)."""
-    import os
-
-    from .paths import STALE_PREFIX
-
+    """checkpoints/ -> checkpoints.stale-<time>/ (never deleted: hours of training). Only the
+    tool's files move (paths.TOOL_FILES), as reset deletes only those: a folder that holds
+    someone else's file stays, with that file, and the log names it. A checkpoints/ that is
+    a link (or not a folder) is never followed: a sentence."""
     folder = paths.checkpoints
+    reason = safe_delete.check_owned(folder, paths.root, "dir")
+    if reason:
+        raise UserError(f"{folder} {reason.removesuffix('; left alone')}, so the train stage "
+                        "cannot be redone there; move it away and start again.")
     if not folder.is_dir() or not any(folder.iterdir()):
         return None
     stamp = time.strftime("%Y%m%d-%H%M%S")
     dest, n = paths.root / f"{STALE_PREFIX}{stamp}", 1
-    while dest.exists():
+    while dest.exists() or dest.is_symlink():
         dest, n = paths.root / f"{STALE_PREFIX}{stamp}-{n}", n + 1
-    os.replace(folder, dest)
-    return dest
+    tool = tool_files_in(CHECKPOINTS_DIR)
+    foreign = safe_delete.foreign_file(folder, tool)
+    if foreign is None:
+        os.replace(folder, dest)
+        return dest
+    mine = safe_delete.tool_paths(folder, tool)
+    for p in mine:
+        target = dest / p.relative_to(folder)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(p, target)
+    log.warning("%s holds %s, which gguf-trainer did not write: it and the folder are kept, "
+                "only the tool's checkpoints were moved aside.", folder, foreign)
+    return dest if mine else None
 
 
 class TrainStage(Stage):
