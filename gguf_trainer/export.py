@@ -73,10 +73,11 @@ def factorize_seed(state_dict: dict[str, torch.Tensor], cfg: AdapterConfig, rank
     seed_rank, relative Frobenius error ||T - T·V_r·V_rᵀ|| / ||T||)."""
     if cfg.kind != "seeded_resampler" or cfg.seed_rank or "t5_embed.weight" not in state_dict:
         raise ValueError("only a full-table seeded_resampler can be factorized")
+    most = min(cfg.seed_vocab, cfg.width)
+    if not 0 < rank <= most:
+        raise UserError(f"train.seed_rank {rank} cannot factorize a {cfg.seed_vocab} x {cfg.width} seed "
+                        f"table; set it between 1 and {most}, or 0 to export the full table.")
     new_cfg = AdapterConfig.from_dict({**cfg.to_dict(), "seed_rank": rank})
-    problems = new_cfg.validate()
-    if problems:
-        raise UserError("train.seed_rank is invalid: " + " ".join(problems))
     table = state_dict["t5_embed.weight"].detach().to("cpu", torch.float64)
     _, vecs = torch.linalg.eigh(table.T @ table)  # ascending eigenvalues
     basis = vecs[:, -rank:].flip(1)  # (W, r), the strongest direction first

@@ -294,3 +294,11 @@ def test_factorized_export_matches_engine_and_the_svd(tmp_path):
     print(f"factorized rank {RANK}: engine vs load_gguf {rel_err(got, ref):.2e}; "
           f"gap to full export {gap:.3e}; SVD error {err:.3e}")
     assert 0 < gap
+
+
+def test_a_seed_rank_over_the_tables_rank_is_one_sentence():
+    cfg = CFGS["seeded_resampler"]
+    with pytest.raises(UserError, match=f"set it between 1 and {VOCAB}, or 0"):
+        factorize_seed(randomized(cfg).state_dict(), cfg, VOCAB + 1)  # VOCAB < WIDTH here
+    with pytest.raises(ValueError, match="full-table"):
+        factorize_seed(randomized(FACTORIZED).state_dict(), FACTORIZED, RANK)
