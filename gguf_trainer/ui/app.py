@@ -44,8 +44,12 @@ CSS = """
 /* The file browser is a dialog over the page: whichever field asked (the last one is far
    below the project box), it opens in view, not where the Group happens to sit. */
 #file-browser { position: fixed !important; top: 8vh; left: 50%; transform: translateX(-50%);
-  width: min(960px, 94vw); max-height: 84vh; overflow-y: auto; z-index: 1000;
-  box-shadow: 0 8px 40px rgba(0, 0, 0, 0.35); border: 1px solid #888; }
+  width: min(960px, 94vw); max-height: 84vh; overflow-y: auto; z-index: 1000; padding: 8px;
+  background: var(--background-fill-primary, #fff); box-shadow: 0 8px 40px rgba(0, 0, 0, 0.35);
+  border: 1px solid #888; border-radius: 8px; }
+/* Gradio repeats the Group's elem_id on its inner box: only the outer one is the dialog. */
+#file-browser #file-browser { position: static !important; transform: none; width: auto;
+  max-height: none; overflow: visible; box-shadow: none; border: 0; padding: 0; }
 /* Material table headers are words: never broken inside one. */
 #materials-md th { white-space: nowrap; word-break: keep-all; }
 /* Vega lays the series legend out below the plot's own height and the SVG clips it: let it

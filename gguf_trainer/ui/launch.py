@@ -187,6 +187,17 @@ class _OurWords(io.TextIOBase):
     def flush(self) -> None:
         self.out.flush()
 
+    # what loggers and terminals ask of stdout: the real stream's answers
+    def fileno(self) -> int:
+        return self.out.fileno()
+
+    def isatty(self) -> bool:
+        return self.out.isatty()
+
+    @property
+    def encoding(self) -> str:
+        return getattr(self.out, "encoding", "utf-8")
+
 
 @contextlib.contextmanager
 def ours_for_gradios(opts: LaunchOptions):

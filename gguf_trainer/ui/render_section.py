@@ -118,7 +118,10 @@ def view(project: str | None, shown) -> list:
     missing are what this page already shows."""
     if not project:
         return [gr.skip()] * 7
-    st = render_job.render_status(project)
+    try:
+        st = render_job.render_status(project)
+    except UserError:  # a broken or vanished project: the header says what is wrong
+        return [gr.skip()] * 7
     job = st["job"]
     latest = st["latest"] or {}
     sig = repr((job["status"], job.get("pid"), (job.get("progress") or {}).get("phase"),

@@ -351,7 +351,7 @@ def wire(p: SetupParts, project: gr.State, read: gr.State, cursor: gr.State, aft
     def do_preflight(proj):
         from gguf_trainer.ui import preflight
 
-        return preflight.to_markdown(preflight.verdict(common.need_project(proj)))
+        return common.gui_words(preflight.to_markdown(preflight.verdict(common.need_project(proj))))
 
     p.preflight.click(do_preflight, [project], [p.preflight_md])
     mat_outs = [p.materials_md, p.download, p.one_material, p.one_download]
