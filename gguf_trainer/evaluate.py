@@ -21,7 +21,7 @@ import torch
 from . import atomic, hardware
 from .checkpoints import BEST, checkpoint_path, load_checkpoint, model_from_checkpoint
 from .paths import TINY_MARKER
-from .scoring import forward, raw_prediction, score_batches
+from .scoring import forward, raw_prediction, score_batches, score_taps
 from .shards import Stats, iter_batches, shard_files
 from .stage_list import Stage
 
@@ -66,6 +66,9 @@ def evaluate_gguf(project, gguf: Path, which: str = "best", device: str | torch.
         "beats_baseline": res_gguf[pack.headline] > baseline.get(f"baseline_{pack.headline}", -1.0),
         "mock": bool(ck.get("mock")), "time": time.time(),
     }
+    if gguf_model.config.taps:  # layerwise: each tap's figures beside the whole stack's
+        record["per_tap"] = score_taps(iter_batches(val_files, batch_size, fixed), gguf_predict, stats,
+                                       gguf_model.config.taps, device)
     if record["mock"]:
         record["note"] = MOCK_NOTE
     else:  # real teacher: healthy / weak / broken against the pack's reference figures
@@ -84,9 +87,19 @@ def run_eval(project, report) -> None:
     log.info("eval: %s %.4f (checkpoint %.4f, roundtrip %.6f, mean baseline %s)%s", record["headline"],
              record["val_cos"], record["checkpoint_metrics"]["val_cos"], record["roundtrip_cos"],
              record["baseline"].get(f"baseline_{record['headline']}"), " [MOCK]" if record["mock"] else "")
+    if record.get("per_tap"):
+        log.info("eval: %s", format_taps(record["per_tap"]))
     if record.get("health"):
         log.info("eval: health %s", record["health"])
     report.progress(1, 1, "files", val_cos=record["val_cos"])
+
+
+def format_taps(per_tap: dict) -> str:
+    """One line: each tap's cosine against its mean baseline, in stack order."""
+    def f(x):
+        return "n/a" if x is None else f"{x:.4f}"
+    return "per tap cos (mean baseline): " + ", ".join(
+        f"L{t} {f(c)} ({f(b)})" for t, c, b in zip(per_tap["taps"], per_tap["cos"], per_tap["baseline_cos"]))
 
 
 def _finite(obj):

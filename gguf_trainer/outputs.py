@@ -61,6 +61,12 @@ def export_checkpoint(project, which: str, dest, is_snapshot: bool, ck: dict | N
     ck = ck or load_checkpoint(_checkpoint(project, which))
     dest = Path(dest(int(ck["step"])) if callable(dest) else dest)
     cfg = AdapterConfig.from_dict(ck["config"])
+    pack = project.pack
+    if pack.taps and cfg.taps != tuple(pack.taps):
+        # the engine aborts unless the stack is the family's (conditioner.hpp 2798-2840)
+        raise UserError(f"this checkpoint's adapter emits {len(cfg.taps)} taps {list(cfg.taps)}, but the "
+                        f"{pack.title} pack's family conditions on {list(pack.taps)}; ggk would refuse "
+                        "it. Retrain this project (gguf-trainer reset --project DIR train).")
     fold = {"mu": ck["mu"], "sigma_f": ck["sigma_f"]} if ck.get("standardized") else {}
     kind = "snapshot" if is_snapshot else "final"
     state, meta = ck["model"], export_metadata(project, ck, which, is_snapshot)

@@ -124,13 +124,30 @@ def _student_rows(ctx: Context, samples: list[_Sample]) -> list[torch.Tensor]:
     b = ctx.budgets
     for batch in hardware.budget_batches([len(s.ids) for s in samples], b.student_batch, b.student_tok_budget):
         ids, keep = pad_batch([samples[i].ids for i in batch])
+        keep, pos = _template_pads(ctx.pack.padding, [samples[i].ids for i in batch], keep)
         splices = [(j, seg.start, seg.rows.float() @ ctx.vision_proj.T)
                    for j, i in enumerate(batch) for seg in samples[i].vision or ()]
         with torch.no_grad():
-            h = ctx.student.hidden(ids.to(ctx.device), keep.to(ctx.device), splices=splices).float().cpu()
+            h = ctx.student.hidden(ids.to(ctx.device), keep.to(ctx.device), splices=splices,
+                                   position_ids=pos).float().cpu()
         for j, i in enumerate(batch):
             out[i] = h[j, : len(samples[i].ids)].to(torch.bfloat16)
     return out
+
+
+def _template_pads(padding, id_lists, keep: torch.Tensor):
+    """The family's appended pads (template_padding.py) masked as student keys, as the engine
+    masks them, and their rope positions (None: 0..L-1)."""
+    if not padding.pads:
+        return keep, None
+    keep = keep.clone()
+    pos = torch.arange(keep.shape[1]).repeat(len(id_lists), 1)
+    for j, ids in enumerate(id_lists):
+        keep[j, padding.real_length(ids):] = False
+        at = padding.positions(ids)
+        if at is not None:
+            pos[j, : len(at)] = torch.tensor(at)
+    return keep, pos
 
 
 def _teacher_rows(ctx: Context, samples: list[_Sample], lengths: list[int], report, on_batch) -> list:

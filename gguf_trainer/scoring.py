@@ -73,3 +73,30 @@ def validate(model, val_files, pack, stats: Stats, batch_size: int, device) -> d
         model.train()
     res["val_cos"] = res[pack.headline]
     return res
+
+
+def score_taps(batches, predict, stats: Stats, taps, device) -> dict:
+    """Layerwise adapters: the figures of each tap's D-wide column block of the rows the DiT
+    consumes (rows >= sup_start; every supervised row without one), beside the whole-stack
+    figures: {"taps": [...], "cos": [...], "rel_mse": [...], "baseline_cos": [...]} with one
+    entry per tap in the engine's ascending stack order; the baseline predicts that tap's
+    per-dimension mean on every row."""
+    n = len(taps)
+    mus = stats.mu.to(device).double().chunk(n)
+    per_tap = [RowMetrics(mu=mu) for mu in mus]
+    offset = 0
+    for batch in batches:
+        batch = batch.to(device)
+        with torch.no_grad():
+            pred = predict(batch)
+        m = batch.row_mask
+        if batch.sup_start is not None:
+            m = m & (torch.arange(m.shape[1], device=m.device)[None, :] >= batch.sup_start[:, None])
+        sample_ids = (torch.arange(m.shape[0], device=device)[:, None] + offset).expand_as(m)[m]
+        rows_p, rows_t = masked_rows(pred, m), masked_rows(batch.target, m)
+        for k, (p, t) in enumerate(zip(rows_p.chunk(n, -1), rows_t.chunk(n, -1))):
+            per_tap[k].update(p, t, sample_ids)
+        offset += m.shape[0]
+    res = [r.result() for r in per_tap]
+    return {"taps": list(taps), "cos": [r.get("cos") for r in res], "rel_mse": [r.get("rel_mse") for r in res],
+            "baseline_cos": [r.get("baseline_cos") for r in res]}

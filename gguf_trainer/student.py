@@ -318,9 +318,12 @@ class Student:
 
     @torch.no_grad()
     def hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-               splices: Sequence[tuple[int, int, torch.Tensor]] | None = None) -> torch.Tensor:
+               splices: Sequence[tuple[int, int, torch.Tensor]] | None = None,
+               position_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Final-RMSNorm states, float32 (B, L, hidden). `splices` (batch_index, start, rows)
-        replace the input embeddings at start..start+n-1 of that sample (vision splicing)."""
+        replace the input embeddings at start..start+n-1 of that sample (vision splicing).
+        `attention_mask` False marks keys no row may attend to (batch and template pads);
+        `position_ids` (B, L) the rope positions (None: 0..L-1; FLUX.3 puts its pads at 1)."""
         input_ids = input_ids.to(self.device)
         embeds = self.model.embed_tokens(input_ids)  # (B, L, D), a fresh tensor
         for index, start, rows in splices or ():
@@ -329,7 +332,8 @@ class Student:
                                  f"a sequence of {embeds.shape[1]}")
             embeds[index, start : start + rows.shape[0]] = rows.to(self.device, self.dtype)
         keep = attention_mask.to(self.device, torch.bool)
-        out = self.model(inputs_embeds=embeds, attention_mask=keep, use_cache=False)
+        pos = None if position_ids is None else position_ids.to(self.device)
+        out = self.model(inputs_embeds=embeds, attention_mask=keep, position_ids=pos, use_cache=False)
         return out.last_hidden_state.float()
 
     def embed_table(self) -> torch.Tensor:

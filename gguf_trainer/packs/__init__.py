@@ -32,6 +32,19 @@ def _register_builtin() -> None:
 
     for module in (t5xxl_pixart, qwen3vl_mageflow, llada_image, t5xxl_chroma, umt5xxl_wan):
         register(module.PACK)
+    from . import (
+        qwen3_flux2_klein,
+        qwen3vl_fibo2,
+        qwen3vl_flux3,
+        qwen3vl_ideogram4,
+        qwen3vl_krea2,
+        qwen3vl_sefi,
+    )
+
+    # the layerwise families (engine-families §2 rows 6, 13-18)
+    for module in (qwen3vl_krea2, qwen3vl_flux3, qwen3vl_fibo2, qwen3vl_ideogram4, qwen3vl_sefi,
+                   qwen3_flux2_klein):
+        register(module.PACK)
 
 
 _register_builtin()

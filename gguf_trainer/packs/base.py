@@ -21,6 +21,7 @@ from typing import Any
 
 from ..teachers.base import Teacher
 from ..template_ids import Piece, student_ids
+from ..template_padding import Padding
 
 # token_aligned: text-only families (no vision tensors); token_aligned_vision splices images;
 # layerwise: a stack of teacher taps per token (the pack's `taps`).
@@ -93,6 +94,9 @@ class TrainerPack:
     # layerwise: the teacher's 1-based tap layers, ascending (the engine's out_layers for the
     # family); out_dim = len(taps) x the teacher width, and the export refuses another count.
     taps: tuple[int, ...] = ()
+    # The pads the engine appends to the template ids (template_padding.py): masked as student
+    # keys, read by the adapter. Default: none.
+    padding: Padding = Padding()
     default_name: str = ""
     shard_contract: str = ""  # bump when stored rows change meaning: old shards are recomputed
     max_len_student: int = 512
@@ -161,8 +165,9 @@ class TrainerPack:
 
     def student_ids(self, encode, sample, image_tokens: Sequence[int] = ()) -> list[int]:
         """The engine's student ids for a sample: `encode` (qwen_bpe.engine_bpe(tok).encode)
-        over each piece's chunks (the one rule every pack follows, template_ids.student_ids)."""
-        return student_ids(encode, self.student_pieces(sample, image_tokens))
+        over each piece's chunks (the one rule every pack follows, template_ids.student_ids),
+        then the family's pads (`padding`)."""
+        return self.padding.apply(student_ids(encode, self.student_pieces(sample, image_tokens)))
 
     def load_teacher(self, materials: dict[str, Path], plan, device) -> Teacher:
         """The real teacher from resolved material paths ({material id: path}, see

@@ -157,3 +157,31 @@ def test_a_vision_layerwise_file_is_not_rebuilt_as_text_only(tmp_path):
     assert view.refusals == [] and trainer_kind(view) is None
     with pytest.raises(UserError, match="cannot rebuild"):
         load_gguf(other)
+
+
+def test_per_tap_figures_are_each_taps_block_of_the_dit_rows():
+    """score_taps: a prediction exact on tap 0, the mean on tap 1 and the negated target on
+    tap 2 reads cos 1 / the baseline / -1, over rows >= sup_start only."""
+    from gguf_trainer.scoring import score_taps
+    from gguf_trainer.shards import Batch, Stats
+
+    g = torch.Generator().manual_seed(0)
+    target = torch.randn(2, 5, 3 * D, generator=g)
+    mask = torch.ones(2, 5, dtype=torch.bool)
+    mask[1, 4] = False
+    sup = torch.tensor([2, 0])
+    batch = Batch(torch.zeros(2, 5, IN), mask, target, mask, None, sup, [(0, 0), (0, 1)], None, None)
+    mu = torch.randn(3 * D, generator=g)
+    stats = Stats(mu, torch.ones(3 * D), torch.ones(3 * D), 0)
+
+    def predict(b):
+        t0, _, t2 = b.target.chunk(3, -1)
+        return torch.cat([t0, mu[D:2 * D].expand_as(t0), -t2], -1)
+
+    res = score_taps([batch], predict, stats, TAPS, "cpu")
+    assert res["taps"] == list(TAPS)
+    assert res["cos"][0] == pytest.approx(1.0) and res["cos"][2] == pytest.approx(-1.0)
+    assert res["cos"][1] == pytest.approx(res["baseline_cos"][1])
+    rows = torch.cat([target[0, 2:], target[1, :4]])[:, D:2 * D].double()
+    want = torch.nn.functional.cosine_similarity(rows, mu[D:2 * D].double()[None], dim=-1).mean()
+    assert res["baseline_cos"][1] == pytest.approx(float(want))

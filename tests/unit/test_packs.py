@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from gguf_trainer.adapters import build_adapter
+from gguf_trainer.adapters import TOKEN_ALIGNED_KINDS, build_adapter
 from gguf_trainer.errors import UserError
 from gguf_trainer.packs import ADAPTER_KINDS, get_pack, pack_ids
 from gguf_trainer.packs.mock import t5_like_ids
@@ -73,7 +73,7 @@ def test_pack_builds_on_tiny_dims(pack_id):
     hidden, mask, seed_ids = _inputs(pack, gen)
     with torch.no_grad():
         out = model(hidden, mask=mask, seed_ids=seed_ids)
-    rows = SEQ if pack.adapter_kind == "token_aligned_vision" else pack.num_queries
+    rows = SEQ if pack.adapter_kind in TOKEN_ALIGNED_KINDS else pack.num_queries
     assert out.shape == (BATCH, rows, pack.out_dim)
     assert torch.isfinite(out).all()
 

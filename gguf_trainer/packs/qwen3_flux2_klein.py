@@ -1,0 +1,57 @@
+"""Flux.2 klein pack: pig_clip + a 3-tap layerwise adapter replaces the Qwen3 text encoder of
+FLUX.2 [klein] (engine-families §2 row 6).
+
+Engine (ggk 0.9.7 conditioner.hpp 3562-3573, VERSION_FLUX2_KLEIN): `<|im_start|>user\\n` + the
+prompt range + `<|im_end|>\\n<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n`; start 0;
+padded to 512 with 151643, masked as keys; out_layers {9, 18, 27}.
+
+Teacher: FLUX.2 [klein] 4B's text encoder is Qwen3-4B (hidden 2560, 36 layers), and its prompt
+embeds are the hidden states after layers 9, 18 and 27 concatenated
+(https://huggingface.co/latentdivergence/flux2-klein-edit-text, "Finetuned Qwen/Qwen3-4B";
+https://www.mintlify.com/OminiX-ai/OminiX-MLX/image/flux-klein: "Qwen3-4B text encoder: 36
+layers, 2560 hidden dimensions"). The 9B klein uses a larger Qwen3 (not cited here): link its
+snapshot instead and the adapter's width follows the snapshot (3 x its hidden size).
+"""
+
+from __future__ import annotations
+
+from ..template_padding import Padding
+from .base import Material
+from .layerwise import LayerwisePack
+
+QWEN3_4B = "Qwen/Qwen3-4B"
+
+
+class Flux2KleinPack(LayerwisePack):
+    id = "qwen3_flux2_klein"
+    title = "Flux.2 klein (Qwen3-4B, 3 taps)"
+    description = ("Replaces the Qwen3 text encoder of FLUX.2 [klein] with pig_clip + a layerwise adapter "
+                   "emitting the 3-layer stack {9, 18, 27}, padded to 512 rows.")
+    family = "Flux.2 klein"
+    serves = "FLUX.2 [klein]"
+    teacher_arch = "qwen3"
+    taps = (9, 18, 27)
+    suffix = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    padding = Padding(min_length=512)
+    max_len_student = max_len_teacher = 512  # longer prompts are not padded: keep the DiT's 512
+    default_name = "qwen3_flux2_klein_adapter"
+    shard_contract = "qwen3_flux2_klein/1"
+    engine_template = {"file": "diffusion/src/conditioning/conditioner.hpp", "lines": (3562, 3573),
+                       "version": "VERSION_FLUX2_KLEIN"}
+    teacher_materials = (
+        Material("teacher", "Teacher: Qwen3-4B", "hf_snapshot", repo=QWEN3_4B, subdir="Qwen3-4B", size_gb=8.1,
+                 patterns=("config.json", "model.safetensors.index.json", "model-*.safetensors",
+                           "tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt")),
+    )
+    teacher_memory_gib = 8.0
+    typical_rows = 512
+    hints = {"train": "Targets: Qwen3 layers 9, 18, 27 (raw) of all 512 rows, pads included.",
+             "eval": "Judge by cos and the per-tap cosines against their mean baselines."}
+    engine_command_template = (
+        "ggk --diffusion-model <flux2-klein-4b DiT .gguf> --vae pig_flux2_vae_fp32-f16.gguf --llm {student} "
+        "--llm-adapter {adapter} -p \"a sheep in sunglasses\" --cfg-scale 1 --steps 4 -o out.png")
+    export_kv = {"adapter.teacher": QWEN3_4B, "adapter.teacher_tap": "layers 9,18,27 (raw)",
+                 "adapter.family": "Flux.2 klein"}
+
+
+PACK = Flux2KleinPack()

@@ -1,0 +1,113 @@
+"""Fibo 2.0 pack (text-to-image): pig_clip + a 15-tap layerwise adapter replaces the
+Qwen3-VL-4B-Instruct text encoder of Fibo 2.0 (engine-families §2 row 18).
+
+Engine (ggk 0.9.7 conditioning/fibo2.hpp): the prompt `<|im_start|>user\\n{caption}<|im_end|>\\n
+<|im_start|>assistant\\n` (277) tokenized as one piece (`{0, 0}`, 316-326), start 0, max 4096; the
+caption is plain text as typed, a JSON object cleaned and dumped, and the empty prompt the null
+caption (`format_prompt`, 88-150, ported below for prompts without images); taps {5, 7, 9, 11,
+13, 16, 18, 20, 22, 24, 27, 29, 31, 33, 35} (39-42); the stack must be 15 x 2560 = 38400 wide
+(331-336).
+
+Normalisation. `get_learned_condition` hands `make_bundles` whatever `encode_prompt` returned
+(338): the full teacher's taps and an adapter's output alike. make_bundles RMS-normalises every
+tap (eps 1e-6, no weight), rounds to bf16 and gathers the bundles (167-193). So the adapter emits
+the RAW tap stack and the engine normalises it once; the targets here are the raw taps
+(tests/unit/test_layerwise_packs.py pins it against fibo2.hpp's arithmetic).
+
+Teacher: Qwen3-VL-4B (hidden 2560, 36 layers; fibo2.hpp 49-53, the `qwen3vl-4b-it` GGUF of the
+ggk README). Edits (references <= 768 px, a vision-ext layerwise adapter) come after the text-only
+packs: not in this pack yet.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+from ..template_padding import Padding
+from .layerwise import QWEN3VL_4B, LayerwisePack
+from .qwen3vl_krea2 import Krea2Pack
+
+NULL_CAPTION = ('{"short_description":"","objects":[],"background_setting":"","lighting":{},"aesthetics":{},'
+                '"photographic_characteristics":{},"style_medium":"","context":"","artistic_style":""}')
+FIBO2_WIDTH = 2560  # kTextWidth
+
+
+def _empty(v) -> bool:
+    return (v is None or (isinstance(v, str) and not v) or (isinstance(v, float) and math.isnan(v))
+            or (isinstance(v, (list, dict)) and not v))
+
+
+def _clean(v):
+    """fibo2.hpp clean_caption (64-86): drop empty values, recursively."""
+    if isinstance(v, dict):
+        return {k: c for k, c in ((k, _clean(x)) for k, x in v.items()) if not _empty(c)}
+    if isinstance(v, list):
+        return [c for c in map(_clean, v) if not _empty(c)]
+    return v
+
+
+def fibo2_caption(text: str) -> str:
+    """fibo2.hpp format_prompt(text, 0): the caption the template carries for a prompt with no
+    reference image."""
+    if not text:
+        return NULL_CAPTION
+    try:
+        caption = json.loads(text)
+    except ValueError:
+        return text
+    if not isinstance(caption, dict):
+        return text
+    caption.pop("edit_instruction", None)
+    if "structured_caption" in caption:
+        caption = caption["structured_caption"]
+        if not isinstance(caption, dict):
+            return caption if isinstance(caption, str) else json.dumps(caption, separators=(",", ":"),
+                                                                       ensure_ascii=False)
+    short = len(caption) == 2 and "short_description" in caption and "text_render" in caption
+    for score in ("aesthetic_score", "preference_score"):
+        caption.pop(score, None)
+        for value in caption.values():
+            if isinstance(value, dict):
+                value.pop(score, None)
+    caption = _clean(caption)
+    if short:
+        caption = {"short_description": caption.get("short_description", ""),
+                   "text_render": caption.get("text_render", [])}
+    return "{}" if _empty(caption) else json.dumps(caption, separators=(",", ":"), ensure_ascii=False)
+
+
+class Fibo2Pack(LayerwisePack):
+    id = "qwen3vl_fibo2"
+    title = "Fibo 2.0 text-to-image (Qwen3-VL-4B, 15 taps)"
+    description = ("Replaces the Qwen3-VL-4B-Instruct text encoder of Fibo 2.0 (text-to-image) with pig_clip "
+                   "+ a layerwise adapter emitting the raw 15-layer stack (38400 wide); the engine normalises "
+                   "and bundles it.")
+    family = "Fibo 2.0"
+    serves = "Fibo 2.0 Dev (text-to-image)"
+    taps = (5, 7, 9, 11, 13, 16, 18, 20, 22, 24, 27, 29, 31, 33, 35)
+    one_piece = True
+    padding = Padding(max_length=4096)  # kMaxLength: encode_prompt cuts longer templates, pads none
+    max_len_student = max_len_teacher = 4096
+    default_name = "qwen3vl_fibo2_adapter"
+    shard_contract = "qwen3vl_fibo2/1"
+    engine_template = {"file": "diffusion/src/conditioning/fibo2.hpp", "lines": (277, 277),
+                       "version": "VERSION_FIBO2"}
+    teacher_materials = Krea2Pack.teacher_materials
+    teacher_memory_gib = 9.0
+    typical_rows = 200
+    hints = {"train": "Targets: the 15 RAW Qwen3-VL-4B layers (the engine RMS-normalises them itself).",
+             "eval": "Judge by cos and the per-tap cosines against their mean baselines."}
+    engine_command_template = (
+        "ggk --diffusion-model <fibo2 dev DiT .gguf> --vae pig_flux2_vae_fp32-f16.gguf --llm {student} "
+        "--llm-adapter {adapter} -p \"a sheep in sunglasses\" --cfg-scale 5 --steps 20 "
+        "--sampling-method euler --diffusion-fa -o out.png")
+    engine_notes = ("Text-to-image only: edits need a vision-ext layerwise adapter, not in this pack yet.",)
+    export_kv = {"adapter.teacher": QWEN3VL_4B, "adapter.teacher_tap": "layers 5,7,...,35 (raw)",
+                 "adapter.family": "Fibo 2.0"}
+
+    def format_prompt(self, text: str) -> str:
+        return self.prefix + fibo2_caption(text) + self.suffix
+
+
+PACK = Fibo2Pack()

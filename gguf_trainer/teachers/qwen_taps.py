@@ -1,0 +1,222 @@
+"""The layerwise packs' teacher: the text stack of a transformers Qwen3 (`Qwen3Model`) or
+Qwen3-VL (`Qwen3VLModel.language_model`) snapshot, run as ggk's LLMEmbedder runs the full
+teacher for a family that conditions on a stack of layers (engine-families §1, §2 rows 6, 13-18).
+
+Owns: the family's template ids built by the engine's rule (the pack's pieces, template_ids.py,
+then the family's pads, template_padding.py) and refused unless they are the student's; the
+attention (causal, the pads masked as keys, conditioner.hpp 2646-2663) and rope positions
+(0..L-1; FLUX.3's pads at 1 on every axis, 2698-2712; every M-RoPE axis equal for text, as the
+engine runs a text-only prompt); the taps: tap k is the RAW output of decoder layer k (1-based),
+so k = num_layers is taken before the final norm, and no taps means the final norm (llm.hpp
+1779-1815); the rows are the taps concatenated in ascending order along the features, one row
+per template id, pads included (the DiT reads them: the adapter must produce them). Capture is
+by forward hooks on the decoder layers, never `output_hidden_states` (whose last entry is the
+final norm in transformers, not layer num_layers' raw output). Must not: know packs, projects
+or settings.
+
+    layout = TapLayout(taps=(9, 18, 27), start=0, padding=Padding(min_length=512))
+    teacher = load_tap_teacher(root, "cpu", student_pieces=pack.student_pieces, layout=layout)
+    out = teacher.targets(samples, student_ids)    # [TargetRows(rows [L, n * hidden])]
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import UserError
+from ..qwen_bpe import engine_bpe
+from ..template_ids import Piece
+from ..template_ids import student_ids as engine_ids
+from ..template_padding import PAD_ID, Padding
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+log = logging.getLogger(__name__)
+
+ARCHITECTURES = {"qwen3": "Qwen3", "qwen3_vl": "Qwen3-VL"}
+
+
+@dataclass(frozen=True)
+class TapLayout:
+    """What the pack's family does with the teacher: its taps (1-based decoder layers,
+    ascending; () = the final norm), the first template row the DiT reads (`start`, the token
+    count of `start_prefix`, checked with the teacher's tokenizer at load) and its pads."""
+
+    taps: tuple[int, ...]
+    start: int = 0
+    start_prefix: str = ""
+    padding: Padding = field(default_factory=Padding)
+
+
+def read_config(root: Path) -> dict:
+    """The snapshot's config.json, refused unless it is a Qwen3 or Qwen3-VL config."""
+    root = Path(root)
+    path = root / "config.json"
+    if not root.is_dir():
+        raise UserError(f"the teacher snapshot {root} does not exist; download it or set "
+                        "materials.teacher.path.")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"{path} is missing; download the teacher snapshot again.") from None
+    except ValueError:
+        raise UserError(f"{path} is not valid JSON; download the teacher snapshot again.") from None
+    if config.get("model_type") not in ARCHITECTURES:
+        raise UserError(f"{path} is a {config.get('model_type')!r} config, not Qwen3 or Qwen3-VL; "
+                        "point materials.teacher.path at the family's text encoder snapshot.")
+    return config
+
+
+def text_config(config: dict) -> dict:
+    return config["text_config"] if config["model_type"] == "qwen3_vl" else config
+
+
+def check_layout(config: dict, layout: TapLayout, what: str = "the teacher") -> None:
+    """Every tap must be a decoder layer of this teacher (UserError naming the deepest tap)."""
+    layers = int(text_config(config)["num_hidden_layers"])
+    if layout.taps and max(layout.taps) > layers:
+        raise UserError(f"{what} has {layers} decoder layers but the family taps layer "
+                        f"{max(layout.taps)}; use the family's own text encoder snapshot.")
+
+
+class QwenTapTeacher:
+    """See the module docstring. `student_pieces(sample, counts)` is the pack's template in the
+    engine's pieces; the teacher builds its ids with its own tokenizer and the layout's pads and
+    refuses ids that differ from the student's (the engine feeds both the same ids)."""
+
+    is_mock = False
+
+    def __init__(self, text, tokenizer, device, student_pieces: Callable, layout: TapLayout,
+                 identity: dict):
+        import torch
+
+        self.text, self.tokenizer = text, tokenizer
+        self.device = torch.device(device)
+        self.dtype = next(text.parameters()).dtype
+        self.student_pieces, self.layout = student_pieces, layout
+        self.identity = identity
+        self.hidden = int(text.config.hidden_size)
+        self.out_dim = self.hidden * max(1, len(layout.taps))
+        self._encode = engine_bpe(tokenizer).encode
+
+    def lengths(self, samples: Sequence, student_ids: Sequence[Sequence[int]]) -> list[int]:
+        return [len(ids) for ids in student_ids]
+
+    def template_ids(self, sample) -> list[int]:
+        """The family's padded template ids for `sample` with this teacher's tokenizer."""
+        return self.layout.padding.apply(engine_ids(self._encode, self.student_pieces(sample, ())))
+
+    def _ids(self, sample, student_ids: Sequence[int]) -> list[int]:
+        ids = self.template_ids(sample)
+        if list(ids) != list(student_ids):
+            raise UserError("the teacher's and the student's tokenizers give different ids for the same "
+                            "template; use the pig_clip tokenizer folder with a Qwen3 / Qwen3-VL teacher "
+                            "(both are the Qwen vocabulary).")
+        return ids
+
+    def targets(self, samples: Sequence, student_ids: Sequence[Sequence[int]], vision=None) -> list:
+        """Per sample the tap stack of every template row (L, n * hidden), pads included."""
+        import torch
+
+        from .base import TargetRows
+
+        if vision and any(vision):
+            raise UserError("this family's teacher is text-only; the corpus has reference images.")
+        ids = [self._ids(s, sid) for s, sid in zip(samples, student_ids)]
+        width = max(len(x) for x in ids)
+        pad = self.layout.padding
+        input_ids = torch.full((len(ids), width), PAD_ID, dtype=torch.long)
+        keep = torch.zeros(len(ids), width, dtype=torch.long)
+        pos = torch.arange(width).repeat(len(ids), 1)
+        for b, row in enumerate(ids):
+            input_ids[b, : len(row)] = torch.tensor(row)
+            keep[b, : pad.real_length(row)] = 1  # template pads and batch pads: masked keys
+            at = pad.positions(row)
+            if at is not None:
+                pos[b, : len(at)] = torch.tensor(at)
+        stack = self.run(input_ids, keep, pos)
+        return [TargetRows(rows=stack[b, : len(row)].clone(), sup_start=self.layout.start)
+                for b, row in enumerate(ids)]
+
+    def run(self, input_ids, keep, position_ids) -> torch.Tensor:
+        """(B, L) ids, key mask and positions -> (B, L, n * hidden) float32 on the CPU."""
+        import torch
+
+        taps = self.layout.taps
+        caught: dict[int, torch.Tensor] = {}
+        hooks = []
+        layers = self.text.layers
+        for k in taps:
+            def hook(_module, _args, output, k=k):
+                caught[k] = (output[0] if isinstance(output, tuple) else output).float().cpu()
+            hooks.append(layers[k - 1].register_forward_hook(hook))
+        try:
+            with torch.inference_mode():
+                out = self.text(input_ids=input_ids.to(self.device), attention_mask=keep.to(self.device),
+                                position_ids=position_ids.to(self.device), use_cache=False)
+        finally:
+            for h in hooks:
+                h.remove()
+        if not taps:
+            return out.last_hidden_state.float().cpu()
+        return torch.cat([caught[k] for k in taps], dim=-1)  # ascending: the engine's stack order
+
+    def close(self) -> None:
+        import torch
+
+        self.text = None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def check_start(tokenizer, layout: TapLayout, family: str) -> None:
+    """The family's start row must be its prefix's token count (the engine hard-codes 34 for
+    Krea2); UserError naming the family otherwise."""
+    if not layout.start_prefix:
+        return
+    n = len(engine_ids(engine_bpe(tokenizer).encode, [Piece(layout.start_prefix)]))
+    if n != layout.start:
+        raise UserError(f"the {family} template prefix is {n} tokens with this tokenizer, but ggk drops "
+                        f"{layout.start} rows; use the Qwen tokenizer files of the family's teacher.")
+
+
+def load_tap_teacher(root: Path, device, student_pieces: Callable, layout: TapLayout,
+                     family: str = "the family") -> QwenTapTeacher:
+    """Check the snapshot's config and the template start, then load the text stack (fp32 off
+    CUDA: bf16 CPU matmul is far slower; bf16 on a card)."""
+    import torch
+    from transformers import AutoModel
+
+    from ..student import load_tokenizer
+    from .t5 import _quiet_progress
+
+    root = Path(root)
+    config = read_config(root)
+    check_layout(config, layout, f"the {family} teacher")
+    if not (root / "tokenizer.json").is_file():
+        raise UserError(f"{root / 'tokenizer.json'} is missing; download the teacher snapshot again.")
+    tokenizer = load_tokenizer(root)
+    check_start(tokenizer, layout, family)
+    device = torch.device(device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    with _quiet_progress():
+        model = AutoModel.from_pretrained(str(root), dtype=dtype)
+    text = getattr(model, "language_model", model)
+    if text is not model:
+        model.visual = None  # text-only families: the tower never runs
+    text.eval().requires_grad_(False).to(device)
+    identity = {"teacher": config["model_type"], "taps": list(layout.taps),
+                "padding": [layout.padding.min_length, layout.padding.multiple, layout.padding.max_length,
+                            layout.padding.pad_position]}
+    log.info("teacher: %s, %d layers, hidden %d; taps %s on %s as %s", ARCHITECTURES[config["model_type"]],
+             text.config.num_hidden_layers, text.config.hidden_size, list(layout.taps) or "final norm",
+             device, dtype)
+    return QwenTapTeacher(text, tokenizer, device, student_pieces, layout, identity)
