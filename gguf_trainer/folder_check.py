@@ -13,20 +13,37 @@ Either way a `.safetensors` file must be as long as its own header says (a copy 
 is caught), and no partial download (`*.part`, `*.incomplete`) may remain in the folder.
 One file per glob is never enough on its own (a half-copied 4-shard snapshot is partial).
 
-This module knows nothing of projects, packs or the Hub client; it must not write files.
+Same size is not the same file: when our saved listing carries each file's hash (LFS:
+sha256; other files: the git blob id), a file of the right size must also hold those bytes.
+The download records the hash it verified with the file's size and mtime
+(`.cache/gguf-trainer/hashes.json`, `record_hash`), so the check compares records instead of
+re-reading gigabytes; a file whose size or mtime changed since (replaced, edited, copied
+without its times) is hashed again, once (the record is updated, or kept in memory where the
+folder is read-only).
+
+This module knows nothing of projects, packs or the Hub client; the hash records are the
+only file it writes.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import json
+import logging
+import os
 import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import atomic
+
+log = logging.getLogger(__name__)
+
 MANIFEST_DIR = ".cache/gguf-trainer"  # inside a snapshot folder: our listing, partials, job files
 LISTING_JSON = "listing.json"
+HASHES_JSON = "hashes.json"  # beside the listing: hashes verified, by size and mtime
 PARTIAL_SUFFIXES = (".part", ".incomplete")
 _SHARD_RE = re.compile(r"^(?P<stem>.*?)-(?P<i>\d{5})-of-(?P<n>\d{5})(?P<ext>\.[^/]+)$")
 
@@ -101,6 +118,97 @@ def read_listing(folder: Path) -> dict[str, int] | None:
     return None
 
 
+def file_hash(path: Path, kind: str) -> str:
+    """The hash the Hub lists for a file: kind "sha256" (LFS files) or "blob_id" (the git
+    blob id, sha1 of `blob <size>\\0` + the bytes: the only hash it gives other files)."""
+    h = hashlib.sha256() if kind == "sha256" else hashlib.sha1(b"blob %d\0" % path.stat().st_size)
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def listed_hash(entry: object) -> tuple[str, str] | None:
+    """(kind, hash) of one file of a saved listing: sha256 when it is in LFS, else its blob id."""
+    if not isinstance(entry, dict):
+        return None
+    for kind in ("sha256", "blob_id"):
+        if isinstance(entry.get(kind), str) and entry[kind]:
+            return kind, entry[kind]
+    return None
+
+
+def read_listed_hashes(folder: Path) -> dict[str, tuple[str, str]]:
+    """path -> (kind, hash) from the listing our download saved; {} without one."""
+    try:
+        files = json.loads((folder / MANIFEST_DIR / LISTING_JSON).read_text("utf-8"))["files"]
+        return {p: h for p, e in files.items() if (h := listed_hash(e)) is not None}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+_memo: dict[tuple, str] = {}  # (real path, size, mtime_ns, kind) -> hash, where none is stored
+
+
+def _read_records(folder: Path) -> dict:
+    try:
+        data = atomic.read_json(folder / MANIFEST_DIR / HASHES_JSON, {})
+    except (ValueError, OSError):  # only a speed-up: garbage is rebuilt
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _record(st: os.stat_result, kind: str, digest: str) -> dict:
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "kind": kind, "hash": digest}
+
+
+def _write_records(folder: Path, records: dict) -> None:
+    try:
+        atomic.write_json(folder / MANIFEST_DIR / HASHES_JSON, records)
+    except OSError as e:  # read-only: hashed again by the next process
+        log.info("could not record the hashes in %s (%s)", folder, e)
+
+
+def record_hash(folder: Path, rel: str, kind: str, digest: str) -> None:
+    """The download verified `rel` (under `folder`) against `digest`: remember it by the
+    file's size and mtime, so status need not read it again."""
+    records = _read_records(folder)
+    records[rel] = _record((folder / rel).stat(), kind, digest)
+    _write_records(folder, records)
+
+
+def hash_mismatches(folder: Path, hashes: dict[str, tuple[str, str]]) -> list[str]:
+    """The files of `hashes` (present in `folder`) whose bytes are not the listed ones. A
+    record with the file's size and mtime stands for its hash; any other file is hashed."""
+    records, changed, bad = _read_records(folder), False, []
+    for rel, (kind, want) in sorted(hashes.items()):
+        path = folder / rel
+        try:
+            st = path.stat()
+        except OSError:
+            continue  # absent: the size check already counts it
+        rec = records.get(rel)
+        if (isinstance(rec, dict) and rec.get("size") == st.st_size
+                and rec.get("mtime_ns") == st.st_mtime_ns and rec.get("kind") == kind):
+            got = rec.get("hash")
+        else:
+            key = (os.path.realpath(path), st.st_size, st.st_mtime_ns, kind)
+            got = _memo.get(key)
+            if got is None:
+                try:
+                    got = file_hash(path, kind)
+                except OSError:
+                    bad.append(rel)
+                    continue
+                _memo[key] = got
+            records[rel], changed = _record(st, kind, got), True
+        if got != want:
+            bad.append(rel)
+    if changed:
+        _write_records(folder, records)
+    return bad
+
+
 def safetensors_is_whole(path: Path) -> bool:
     """True when the file is as long as its header says (8-byte length + JSON + data)."""
     try:
@@ -137,7 +245,8 @@ def _expected_from_index(folder: Path, have: dict[str, int],
 
 def check_folder(folder: str | Path, patterns: tuple[str, ...] | list[str] = (),
                  listing: dict[str, int] | None = None) -> FolderCheck:
-    """How complete `folder` is for these patterns; `listing` (path -> size) when known."""
+    """How complete `folder` is for these patterns; `listing` (path -> size) when known.
+    Files our saved listing gives a hash must hold those bytes too (`hash_mismatches`)."""
     folder = Path(folder)
     patterns = tuple(patterns)
     have = {p: s for p, s in local_files(folder).items() if matches(p, patterns)}
@@ -160,10 +269,14 @@ def check_folder(folder: str | Path, patterns: tuple[str, ...] | list[str] = (),
         source = "index"
         total = sum(have.values())
         n_total = len(expected) + sum(1 for m in missing if m.endswith("(no file matches)"))
+    listed = read_listed_hashes(folder)
+    wrong = hash_mismatches(folder, {p: h for p, h in listed.items()
+                                     if p in have and p not in missing})
+    missing += [f"{p} (not the listed bytes: its {listed[p][0]} differs)" for p in wrong]
     short = sorted(p for p in have if p.endswith(".safetensors") and p not in missing
-                   and not safetensors_is_whole(folder / p))
+                   and p not in wrong and not safetensors_is_whole(folder / p))
     missing += [f"{p} (cut short)" for p in short]
-    done_files = [p for p in have if p not in missing and p not in short
+    done_files = [p for p in have if p not in missing and p not in short and p not in wrong
                   and (listing is None or p in listing)]
     return FolderCheck(
         is_complete=not missing and part == 0 and n_total > 0,

@@ -8,8 +8,9 @@ each file goes to a stable partial file,
 `<dest>/.cache/gguf-trainer/partial/<path>.<etag>.part`, that any later run continues with
 an HTTP Range request; the finished file is checked (size, and sha256 for LFS files, whose
 ETag is their sha256) and only then renamed into place. The listing the download worked
-from is saved in `<dest>/.cache/gguf-trainer/listing.json`, so completeness can be judged
-offline (folder_check.py).
+from is saved in `<dest>/.cache/gguf-trainer/listing.json`, and each hash verified is
+recorded with the file's size and mtime (`hashes.json` beside it), so completeness and the
+bytes can be judged offline without re-reading them (folder_check.py).
 
 The token comes from `HF_TOKEN` or huggingface_hub's own token store, every time it is
 needed; it is never returned to callers, written to a file or put in a message.
@@ -23,7 +24,6 @@ Knows nothing of projects or packs; never locks (the download job does, per dest
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -35,7 +35,14 @@ from urllib.parse import urlsplit
 
 from . import atomic
 from .errors import UserError, quote
-from .folder_check import LISTING_JSON, MANIFEST_DIR, matches
+from .folder_check import (
+    LISTING_JSON,
+    MANIFEST_DIR,
+    file_hash,
+    hash_mismatches,
+    matches,
+    record_hash,
+)
 
 log = logging.getLogger(__name__)
 
@@ -276,21 +283,18 @@ class _Bar:
 
 
 def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
+    return file_hash(path, "sha256")
 
 
 def git_blob_id(path: Path) -> str:
     """The git blob id of a file (sha1 of `blob <size>\\0` + its bytes): what the Hub lists
     as the `oid` of every file and the only hash it gives for files not in LFS."""
-    h = hashlib.sha1(b"blob %d\0" % path.stat().st_size)
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
+    return file_hash(path, "blob_id")
+
+
+def listed_hash(f: RemoteFile) -> tuple[str, str]:
+    """(kind, hash) the file is checked against: its sha256 when in LFS, else its blob id."""
+    return ("sha256", f.sha256) if f.sha256 else ("blob_id", f.blob_id)
 
 
 def hash_problem(path: Path, f: RemoteFile) -> str:
@@ -341,8 +345,11 @@ def fetch_file(listing: Listing, f: RemoteFile, dest: Path,
     5xx, a dropped connection the client gave up on) is asked for again from where it
     stopped, with a fresh URL, up to len(RETRY_WAITS_S) times; one that makes no progress
     fails at once with its sentence."""
-    final = Path(dest) / check_remote_path(listing.repo, f.path)
-    if final.is_file() and not hash_problem(final, f):  # same size is not the same file
+    rel = check_remote_path(listing.repo, f.path)
+    final = Path(dest) / rel
+    # Same size is not the same file; a hash recorded with this size and mtime stands for it.
+    if (final.is_file() and final.stat().st_size == f.size
+            and not hash_mismatches(Path(dest), {rel: listed_hash(f)})):
         if on_progress:
             on_progress(f.path, f.size, f.size)
         return final
@@ -366,6 +373,7 @@ def fetch_file(listing: Listing, f: RemoteFile, dest: Path,
     _verify(part, f, listing.repo)
     final.parent.mkdir(parents=True, exist_ok=True)
     os.replace(part, final)
+    record_hash(Path(dest), rel, *listed_hash(f))  # status compares this, not the bytes
     return final
 
 

@@ -14,7 +14,9 @@ One status dict per material, shared by the CLI (`gguf-trainer materials`) and t
 Ready = folder_check found every expected file whole: against the Hub's listing when
 `online` (cached LISTING_TTL_S, and a failure to list is shown in `note`, never silently
 replaced by a guess), else the listing saved at download time or the snapshot's own index
-files. Reads only: never starts, links or writes anything.
+files; a file the saved listing gives a hash must hold those bytes (compared with the hash
+the download recorded by size and mtime; a changed file is hashed once). Never starts or
+links anything; writes nothing but folder_check's hash records.
 """
 
 from __future__ import annotations
