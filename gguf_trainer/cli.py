@@ -39,7 +39,6 @@ import json
 import logging
 import os
 import sys
-import time
 from pathlib import Path
 
 from gguf_trainer import __version__
@@ -53,12 +52,12 @@ from gguf_trainer.exit_codes import (
 )
 from gguf_trainer.exit_codes import EXIT_USER as EXIT_ERROR
 from gguf_trainer.runner import control, supervisor
+from gguf_trainer.runner.progress import SHOWN_FIELDS, ProgressBars, console_log_handler, short
 from gguf_trainer.runner.status import format_eta
 from gguf_trainer.stage_list import STAGES
 from gguf_trainer.ui import launch as gui_launch  # light: gradio loads only when served
 
 RESET_TARGETS = control.RESET_TARGETS
-SHOWN_FIELDS = ("step", "loss", "val_cos", "best_val_cos", "prompts_per_s", "detail")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -122,7 +121,7 @@ def _run_launched(paths, args, launch) -> int:
         supervisor.remember_project(paths.root)
     pipeline_args = ["--project", str(paths.root)] + (["--only", *args.only] if args.only else []) \
         + (["--force"] if args.force else [])
-    bars = _ProgressBars() if launch.is_main_machine else None
+    bars = ProgressBars() if launch.is_main_machine else None
     try:
         rc = supervisor.run_launched(paths, launch, pipeline_args, bars)
     finally:
@@ -407,8 +406,8 @@ def _run_in_foreground(paths, only, force) -> int:
     from gguf_trainer.runner.pipeline import EXIT_OK as PIPELINE_OK
     from gguf_trainer.runner.pipeline import run_foreground
 
-    bars = _ProgressBars()
-    console = _console_log_handler()
+    bars = ProgressBars()
+    console = console_log_handler()
     try:
         code = run_foreground(paths, only, force, bars)
     finally:
@@ -422,94 +421,6 @@ def _run_in_foreground(paths, only, force) -> int:
     else:
         print(f"failed: {info.get('error') or 'see ' + str(paths.pipeline_log)}", file=sys.stderr)
     return EXIT_OK if code == PIPELINE_OK else EXIT_ERROR
-
-
-def _console_log_handler() -> logging.Handler:
-    """Warnings from stage code on the terminal (above the bars); the shell's own lines
-    ("pipeline failed" ...) stay in pipeline.log, since the CLI prints the outcome itself."""
-    handler = _TqdmHandler(logging.WARNING)
-    handler.addFilter(lambda record: not record.name.startswith("gguf_trainer.pipeline"))
-    logging.getLogger().addHandler(handler)
-    return handler
-
-
-class _TqdmHandler(logging.Handler):
-    def emit(self, record):
-        from tqdm import tqdm
-
-        try:
-            tqdm.write(f"{record.levelname.lower()}: {record.getMessage()}", file=sys.stderr)
-        except OSError:  # the terminal is gone (SIGHUP); the log file still has the line
-            pass
-
-
-class _ProgressBars:
-    """One tqdm bar per stage, fed by Report's on_change callback (pipeline thread)."""
-
-    def __init__(self):
-        self.bars: dict = {}
-        self.last_draw: dict[str, float] = {}
-        self.enabled = True
-
-    def __call__(self, name: str, stage: dict) -> None:
-        if not self.enabled:
-            return
-        try:
-            self._draw(name, stage)
-        except OSError:  # the terminal went away (SIGHUP): keep training, stop drawing
-            self.enabled = False
-
-    def _draw(self, name: str, stage: dict) -> None:
-        from tqdm import tqdm
-
-        bar = self.bars.get(name)
-        if stage["status"] != "running":
-            if bar is None:
-                how = "done (already done)" if stage.get("skipped") else stage["status"]
-                tqdm.write(f"{name:<17} {how}", file=sys.stderr)
-                return
-            bar.set_postfix_str(stage["status"], refresh=False)
-            if stage.get("done") is not None:
-                bar.n = stage["done"]
-            bar.close()
-            del self.bars[name]
-            return
-        if bar is None and stage.get("total") is None:
-            return  # nothing to draw before the stage knows its size
-        if bar is None:
-            bar = self.bars[name] = tqdm(desc=f"{name:<16}", total=stage.get("total"),
-                                         unit=stage.get("unit") or "it", file=sys.stderr,
-                                         dynamic_ncols=True, leave=True,
-                                         bar_format="{desc} {percentage:3.0f}%|{bar}| "
-                                                    "{n:.4g}/{total_fmt} {unit}{postfix}")
-        now = time.monotonic()
-        last = stage.get("total") is not None and stage.get("done") == stage.get("total")
-        if not last and now - self.last_draw.get(name, 0.0) < 0.2:
-            return
-        self.last_draw[name] = now
-        if stage.get("total") is not None and bar.total != stage["total"]:
-            bar.total = stage["total"]
-        if stage.get("unit"):
-            bar.unit = stage["unit"]
-        if stage.get("done") is not None:
-            bar.n = stage["done"]
-        extra = " ".join(f"{k}={_short(stage[k])}" for k in SHOWN_FIELDS
-                         if stage.get(k) is not None)
-        bar.set_postfix_str(f"ETA {format_eta(stage.get('eta_s'))} {extra}".rstrip(),
-                            refresh=False)
-        bar.refresh()
-
-    def close(self) -> None:
-        for bar in self.bars.values():
-            try:
-                bar.close()
-            except OSError:  # terminal gone
-                pass
-        self.bars.clear()
-
-
-def _short(value) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def format_status(info: dict) -> str:
@@ -528,7 +439,7 @@ def format_status(info: dict) -> str:
             text += f"  {st.get('done')}/{st['total']} {st.get('unit') or ''}".rstrip()
         if st.get("status") == "running":
             text += f"  ETA {format_eta(st.get('eta_s'))}"
-        extra = " ".join(f"{k}={_short(st[k])}" for k in SHOWN_FIELDS
+        extra = " ".join(f"{k}={short(st[k])}" for k in SHOWN_FIELDS
                          if k != "step" and st.get(k) is not None)
         lines.append(f"{text}  {extra}".rstrip())
     if info.get("mock"):
