@@ -10,6 +10,11 @@
 | 130 | interrupted (Ctrl-C) |
 
 Torch-free; every module that returns or interprets an exit code imports these names.
+
+This table, not ../shared/style.md §6 ("0 ok, 2 user error, 1 internal error"), is the
+protocol: it is the one the README documents and scripts rely on (1 for anything the user can
+fix, 2 only for a folder without a project, 4 for a bug, so a caller can tell "fix your input"
+from "report a bug" from "wrong folder"). style.md §6 predates it and should be brought in line.
 """
 
 from __future__ import annotations

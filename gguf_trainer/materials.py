@@ -3,7 +3,9 @@
 Owns: resolving material paths (student GGUF, student tokenizer, the pack's teacher files),
 which materials a project wants (`materials_for`), hashing big files with a persistent cache
 (`hashes.json` by path, size and mtime), and the teacher's identity for the shard
-fingerprint. Later: discovery and downloads. Must not: load models or import torch.
+fingerprint, and the project-level trust of the teacher's own code (teachers/trust.py). Finding
+copies is discovery.py's, fetching them runner/downloads.py's. Must not: load models or import
+torch.
 
     gguf, tok = student_paths(project)
     folders = teacher_paths(project)            # {"teacher": Path(...)} for the pack's teacher materials

@@ -176,7 +176,7 @@ class TrainerPack:
         close() frees what it loaded."""
         from ..errors import UserError
 
-        raise UserError(f"the real {self.title} teacher is not in this version yet; turn on "
+        raise UserError(f"the {self.title} pack has no real teacher; turn on "
                         "precompute.mock_teacher (or set GGUF_TRAINER_MOCK_TEACHER=1) to run the pipeline.")
 
     def check_teacher(self, materials: dict[str, Path]) -> str | None:
