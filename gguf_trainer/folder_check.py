@@ -169,11 +169,13 @@ def _write_records(folder: Path, records: dict) -> None:
         log.info("could not record the hashes in %s (%s)", folder, e)
 
 
-def record_hash(folder: Path, rel: str, kind: str, digest: str) -> None:
+def record_hash(folder: Path, rel: str, kind: str, digest: str,
+                source: Path | None = None) -> None:
     """The download verified `rel` (under `folder`) against `digest`: remember it by the
-    file's size and mtime, so status need not read it again."""
+    file's size and mtime, so status need not read it again. `source`: the verified file
+    before it is renamed to `rel` (a rename keeps both), so the record is there first."""
     records = _read_records(folder)
-    records[rel] = _record((folder / rel).stat(), kind, digest)
+    records[rel] = _record((source or folder / rel).stat(), kind, digest)
     _write_records(folder, records)
 
 

@@ -372,8 +372,9 @@ def fetch_file(listing: Listing, f: RemoteFile, dest: Path,
             time.sleep(wait_s)
     _verify(part, f, listing.repo)
     final.parent.mkdir(parents=True, exist_ok=True)
+    # Recorded before the file appears, so a status asked meanwhile never re-reads it.
+    record_hash(Path(dest), rel, *listed_hash(f), source=part)
     os.replace(part, final)
-    record_hash(Path(dest), rel, *listed_hash(f))  # status compares this, not the bytes
     return final
 
 
