@@ -74,6 +74,15 @@ def lines_drawn(pg, plot: str) -> bool:
     return paths.count() > 0 and len(paths.first.get_attribute("d") or "") > 10
 
 
+def steps_box(pg):
+    return pg.locator("#steps-box textarea, #steps-box input").first
+
+
+def no_error_badge(pg) -> bool:
+    """Gradio's red "Error" pill on an event's outputs (it stays until they next update)."""
+    return pg.get_by_text("Error", exact=True).count() == 0
+
+
 def train_step(pg) -> int | None:
     m = re.search(r"(\d+)/(\d+) steps", stage_text(pg, "train"))
     return int(m.group(1)) if m else None
@@ -102,7 +111,9 @@ def test_gui_run_stop_resume_copy_and_screenshots(page, gui, shots, demo_root):
         tab(pg, name)
         pg.wait_for_timeout(600)
     tab(pg, "Hardware")
-    wait_for(lambda: "Versions" in pg.locator("#hw-text").inner_text(), 30, "the hardware tab")
+    wait_for(lambda: "Versions" in pg.locator("#hw-text").inner_text(), 60, "the hardware tab")
+    # torch's facts come from a subprocess; they appear without pressing Refresh
+    wait_for(lambda: "CUDA available" in pg.locator("#hw-text").inner_text(), 180, "torch's facts")
 
     # start the demo from the page: the stage strip advances and the chart fills. Every wait
     # is for a state; its deadline only bounds a hang, so it is generous for a busy machine.
@@ -133,16 +144,34 @@ def test_gui_run_stop_resume_copy_and_screenshots(page, gui, shots, demo_root):
     pg.locator("#btn-stop").click()
     wait_for(lambda: "STOPPED" in pg.locator("#train-banner").inner_text(), 300, "the second stop")
     target = int(control.status(root)["step"]) + 2
-    pg.locator("#steps-box textarea, #steps-box input").first.fill(str(target))
+    steps_box(pg).fill(str(target))
     pg.locator("#btn-apply-steps").click()
     wait_for(lambda: f"train.steps = {target}" in pg.locator("body").inner_text(), 60, "the steps note")
     pg.locator("#btn-start").click()
     wait_for(lambda: "DONE" in pg.locator("#train-banner").inner_text(), 900, "the run to finish")
     assert "stage-done" in pg.locator("#stage-eval").get_attribute("class")
-    assert f"/{target} steps" in stage_text(pg, "train")
+    # one pair of numbers everywhere (issue 24: "5680 / 8000" beside "8000/8000")
+    wait_for(lambda: f"step {target} / {target}" in pg.locator("#train-banner").inner_text(), 60,
+             "the banner's step counts")
+    assert f"{target}/{target} steps" in stage_text(pg, "train")
+    assert f"{target} / {target}" in pg.locator("#train-metrics").inner_text()
+    assert steps_box(pg).input_value() == str(target)
+    assert "ETA" not in stage_text(pg, "train")  # the ETA is shown once, in the progress line
     pg.wait_for_timeout(1500)  # let the chart finish drawing
     strokes = pg.locator("#cos-plot .mark-line path").evaluate_all("ps => ps.map(p => p.getAttribute('stroke'))")
     assert len(strokes) == 2 and all(strokes), strokes  # train cos and val cos, each coloured
+    # both are labelled: the legend is inside the chart's box, not cut off below it
+    legend = pg.locator("#cos-plot .role-legend")
+    assert "train cos" in legend.text_content() and "val cos" in legend.text_content()
+    assert legend.bounding_box()["y"] + legend.bounding_box()["height"] <= \
+        pg.locator("#cos-plot").bounding_box()["y"] + pg.locator("#cos-plot").bounding_box()["height"]
+
+    # Start on a finished project starts nothing: it says so and offers more steps
+    pg.locator("#btn-start").click()
+    wait_for(lambda: "already done" in pg.locator("body").inner_text(), 60, "the done notice")
+    offered = target + 1000
+    wait_for(lambda: steps_box(pg).input_value() == str(offered), 30, "the offered steps")
+    assert "DONE" in pg.locator("#train-banner").inner_text()
     pg.screenshot(path=str(shots / "gui-train.png"), full_page=True)
 
     # Output: the ggk command, and Copy puts it on the clipboard
@@ -160,6 +189,9 @@ def test_gui_run_stop_resume_copy_and_screenshots(page, gui, shots, demo_root):
           "return t.scrollHeight - t.scrollTop - t.clientHeight; })()"
     wait_for(lambda: pg.evaluate(gap) < 5, 10, "the log to show its end")
     pg.screenshot(path=str(shots / "gui-logs.png"), full_page=True)
+    pg.locator("#log-which").get_by_text("Training progress").click()
+    wait_for(lambda: re.search(r"step \d+: loss", pg.locator("#log-text textarea").input_value()), 60,
+             "the training progress lines")
     tab(pg, "Hardware")
     pg.screenshot(path=str(shots / "gui-hardware.png"), full_page=True)
 
@@ -190,8 +222,11 @@ def test_file_browser_and_field_errors(page, gui, demo_root):
     wait_for(lambda: pg.locator("#fb-entries").first.is_visible(), 60, "the file browser")
     wait_for(lambda: "pig_clip-tiny-f16.gguf" in pg.locator("#fb-entries").inner_text(), 60, "the listing")
     # it opens in view, saying which field asked (issue 24: it opened by the project box)
-    box = pg.locator("#file-browser").bounding_box()
+    box = pg.locator("#file-browser").first.bounding_box()  # (Gradio repeats the id inside)
     assert 0 <= box["y"] < 1000 - 200 and 0 <= box["x"] < 1400, box
+    use = pg.locator("#fb-use").bounding_box()
+    assert 0 <= use["y"] and use["y"] + use["height"] <= 1000, use  # its button is on screen
+    pg.locator("#fb-use").click(trial=True, timeout=5000)  # and nothing covers it
     assert "student" in pg.locator("#fb-for").inner_text().lower()
     folder = pg.locator("#fb-folder textarea, #fb-folder input").first
     folder.fill("/etc")
@@ -200,6 +235,15 @@ def test_file_browser_and_field_errors(page, gui, demo_root):
     assert pg.locator("#fb-entries input").count() == 0  # the old listing is gone, not left to pick
     assert "passwd" not in pg.locator("#fb-entries").inner_text()
     pg.locator("#file-browser").get_by_role("button", name="Close").click()
+
+    # Materials: where each came from, and Replace with a checked copy (issue 24: the demo's
+    # files were linked into real projects without a word)
+    student_row = pg.locator("#materials-md tr", has_text="Student: pig_clip GGUF")
+    assert "in the project folder" in student_row.inner_text()
+    pg.locator("#replace-path textarea, #replace-path input").first.fill(str(root / "README-none.gguf"))
+    pg.locator("#btn-replace").click()
+    wait_for(lambda: "does not exist" in pg.locator("body").inner_text(), 60, "the refused replace")
+    assert no_error_badge(pg)
 
     # Reset… lists exactly what would be deleted (the dry run) before anything is
     tab(pg, "Train")
@@ -214,14 +258,19 @@ def test_file_browser_and_field_errors(page, gui, demo_root):
 
     # the memory pre-flight of the saved settings, asked in a subprocess (the GUI has no torch)
     pg.locator("#btn-preflight").click()
-    wait_for(lambda: "Pre-flight: fits" in pg.locator("#preflight-md").inner_text(), 300, "the pre-flight")
+    try:
+        wait_for(lambda: "Pre-flight: fits" in pg.locator("#preflight-md").inner_text(), 300, "the pre-flight")
+    except AssertionError as e:  # say what the page showed instead
+        raise AssertionError(f"{e}; it shows {pg.locator('#preflight-md').inner_text()!r}") from None
 
     # an invalid value is refused next to its field, nothing else is lost
     width = pg.locator("#f-train-width input")
     width.fill("100")
     pg.locator("#btn-save").click()
-    wait_for(lambda: "⚠" in pg.locator("#f-train-width").inner_text(), 30, "the field error")
+    wait_for(lambda: "⚠" in pg.locator("#f-train-width").inner_text(), 60, "the field error")
     assert "100 is not a multiple of 64" in pg.locator("#f-train-width").inner_text()
+    assert "field-error" in pg.locator("#f-train-width").get_attribute("class")  # the error style
+    assert no_error_badge(pg)
     assert pg.errors == [], pg.errors
 
 
@@ -237,5 +286,6 @@ def test_create_a_project_in_the_page(page, gui):
              "the new project to open")
     assert (parent / "made_in_page" / "project.json").is_file()
     pg.locator("#btn-create").click()  # again: refused with the sentence, nothing overwritten
-    wait_for(lambda: "already holds a project" in pg.locator("body").inner_text(), 30, "the refusal")
+    wait_for(lambda: "already holds a project" in pg.locator("body").inner_text(), 60, "the refusal")
+    assert no_error_badge(pg)  # one warning toast, no red badge left on the Setup parts
     assert pg.errors == [], pg.errors
