@@ -17,7 +17,7 @@ import subprocess
 import pytest
 from pipeline_helpers import cli_at_home, make_project
 
-from gguf_trainer import atomic, cli, corpus
+from gguf_trainer import atomic, cli, corpus, places
 from gguf_trainer.errors import UserError
 from gguf_trainer.exit_codes import EXIT_NO_PROJECT, EXIT_OK, EXIT_USER
 from gguf_trainer.paths import MANIFEST_JSON, STALE_PREFIX, ProjectPaths
@@ -214,7 +214,7 @@ def test_in_project_paths_are_stored_relative_and_read_absolute(inside):
     assert raw["corpus"]["files"] == ["materials/prompts.txt"]
     assert raw["export"]["output_dir"] == ""
     exports = json.loads((root / "exports.json").read_text())["files"]
-    assert list(exports) == ["pig_t5_adapter-f16.gguf"]  # relative to the project's parent
+    assert list(exports) == ["../pig_t5_adapter-f16.gguf"]  # beside the project, from the project
     proj = load_project(root)
     assert proj.material_path("student") == root / "materials" / "pig.gguf"
     assert proj.settings.corpus.files == [str(root / "materials" / "prompts.txt")]
@@ -249,7 +249,8 @@ def test_a_moved_project_continues_with_nothing_recomputed_and_never_touches_its
     assert "resuming from last.pt at step 12" in log and "redoing" not in log
     assert json.loads((new / "checkpoints" / "last.json").read_text())["step"] == 15
     gguf = new.parent / "pig_t5_adapter-f16.gguf"
-    assert gguf.is_file() and json.loads((new / "exports.json").read_text())["files"].keys() == {gguf.name}
+    assert gguf.is_file()
+    assert json.loads((new / "exports.json").read_text())["files"].keys() == {f"../{gguf.name}"}
     assert tree_state(old) == decoy  # the decoy's files, its GGUF beside it included
     assert str(old) not in (new / "project.json").read_text()
 
@@ -279,7 +280,8 @@ def test_an_older_projects_absolute_export_records_in_a_copy_are_left_alone(insi
     shutil.copytree(inside, src, symlinks=True)
     ej = src / "proj" / "exports.json"
     files = json.loads(ej.read_text())["files"]
-    ej.write_text(json.dumps({"files": {str(src / k): v for k, v in files.items()}}))
+    ej.write_text(json.dumps({"files": {str(places.recorded_path(k, src / "proj")): v
+                                        for k, v in files.items()}}))
     copy = tmp_path / "b" / "proj"
     copy.parent.mkdir()
     subprocess.run(["cp", "-a", str(src / "proj"), str(copy)], check=True)
@@ -303,13 +305,11 @@ def _legacy_corpus_fingerprint(settings) -> dict:
 
 def _absolute_project_json(root) -> None:
     """project.json and exports.json as an older version wrote them: every path absolute."""
-    from gguf_trainer import places
-
     pj = root / "project.json"
     pj.write_text(json.dumps(places.from_stored_settings(json.loads(pj.read_text()), root), indent=2))
     ej = root / "exports.json"
     files = json.loads(ej.read_text())["files"]
-    ej.write_text(json.dumps({"files": {str(root.parent / k): v for k, v in files.items()}}))
+    ej.write_text(json.dumps({"files": {str(places.recorded_path(k, root)): v for k, v in files.items()}}))
 
 
 def test_an_older_project_stays_done_is_rewritten_relative_then_travels(
