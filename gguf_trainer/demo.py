@@ -56,7 +56,7 @@ def prepare_demo(pack_id: str | None = None, dest: Path | None = None, steps: in
     tokenizer = write_tiny_tokenizer_dir(materials / "pig-clip-tokenizer", tiny_qwen3_config())
     prompts = pack.demo_corpus(materials, demo_prompts())  # MageFlow: + synthetic images
     teacher_files = pack.demo_materials(materials)  # {} = the pack's mock teacher
-    overrides = {**demo_overrides(pack.id, prompts, steps or 40),
+    overrides = {**demo_overrides(pack.id, prompts, steps or 40), **pack.demo_settings,
                  "materials": {"student": {"path": str(student)}, "student_tokenizer": {"path": str(tokenizer)},
                                **{mid: {"path": str(path)} for mid, path in teacher_files.items()}},
                  "export.output_dir": str(root / "output")}

@@ -190,6 +190,10 @@ class TrainerPack:
         pre-flight's need); default: the pack's reference figure."""
         return self.teacher_memory_gib
 
+    # Settings the demo lays over its laptop-sized ones (demo.py), for a pack whose tiny run
+    # needs them (Wan: a 256384-row seed table); dotted keys like `defaults`.
+    demo_settings: dict[str, Any] = {}
+
     def demo_materials(self, folder: Path) -> dict[str, Path]:
         """Tiny teacher files for `gguf-trainer demo` written under `folder`, by material id
         ({} = the demo uses the mock teacher). Teacher packs supply theirs here, so the demo
