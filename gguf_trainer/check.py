@@ -3,9 +3,11 @@
 Owns: reading a ggk `SD_DUMP_COND` dump folder (headerless little-endian f32 `[rows, dim]`,
 with `tokens.txt` / `t5_ids.txt` beside it; engine-contract §4b), running the student + the
 adapter GGUF on the same prompt, and the figures: cosine, centred cosine (centred by the
-dump's own per-dimension mean) and rel_mse, with the pack's verdict. Only packs whose engine
-output has a fixed shape can be checked (LLaDA-Image, PixArt); for PixArt only the real slots
-(`t5_ids.txt` id != 0, EOS included) count. Must not: write anything.
+dump's own per-dimension mean) and rel_mse, with the pack's verdict. Packs whose engine output
+has a fixed shape (LLaDA-Image, PixArt; for PixArt only the real slots, `t5_ids.txt` id != 0,
+EOS included, count) and the layerwise families (the whole padded template, `adapter_out.bin` or
+the full teacher's `llm_hidden.bin` of n * D per row, compared from the DiT's first row, with
+each tap's cosine beside the whole stack's) can be checked. Must not: write anything.
 
     gguf-trainer check --adapter pig_llada_adapter-f16.gguf --student pig_clip-f16.gguf \
         --dump dumps/run1 --prompt "a sheep in sunglasses"
@@ -78,13 +80,43 @@ def compare(pred: np.ndarray, ref: np.ndarray, keep: np.ndarray | None = None) -
 
 
 def verdict_line(pack_id: str, figures: dict) -> str:
-    """The pack's healthy / weak / broken line for these figures (TrainerPack.verdict)."""
-    return get_pack(pack_id).verdict.line(figures)
+    """The pack's healthy / weak / broken line for these figures (TrainerPack.verdict); n/a for a
+    pack with no reference run to judge by (the layerwise families)."""
+    verdict = get_pack(pack_id).verdict
+    if verdict is None:
+        return (f"n/a: no reference run for {get_pack(pack_id).title}; read the figures (against "
+                "llm_hidden.bin, the full teacher's stack: the quality; against adapter_out.bin, the "
+                "engine's run of this file: a port check)")
+    return verdict.line(figures)
+
+
+def tap_figures(pred: np.ndarray, ref: np.ndarray, taps, keep=None) -> dict:
+    """Layerwise: compare() of each tap's column block (ascending, the engine's stack order)."""
+    n = len(taps)
+    d = pred.shape[1] // n
+    return {"taps": list(taps),
+            "cos": [compare(pred[:, k * d:(k + 1) * d], ref[:, k * d:(k + 1) * d], keep)["cos"]
+                    for k in range(n)]}
+
+
+def _layerwise_pack(module) -> str:
+    """The layerwise pack of this file: the one it names, else the first whose taps it carries."""
+    taps = tuple(module.config.taps)
+    named = (getattr(module, "metadata", {}) or {}).get("adapter.pack")
+    packs = [p for p in map(get_pack, pack_ids()) if p.adapter_kind == "layerwise"]
+    pack = next((p for p in packs if p.id == named and tuple(p.taps) == taps), None)
+    pack = pack or next((p for p in packs if tuple(p.taps) == taps), None)
+    if pack is None:
+        raise UserError(f"this layerwise adapter's taps {list(taps)} are no family's in this version; "
+                        "check it against a dump of the family it was trained for.")
+    return pack.id
 
 
 def _pack_for(module) -> str:
     """The pack whose verdict judges this adapter: the one it names (adapter.pack), else the
     pack declared the default for its kind (exports from before adapter.pack)."""
+    if module.config.kind == "layerwise":
+        return _layerwise_pack(module)
     judged = [p for p in map(get_pack, pack_ids()) if p.verdict is not None]
     pack = (getattr(module, "metadata", {}) or {}).get("adapter.pack")
     if pack not in [p.id for p in judged]:
@@ -104,9 +136,13 @@ def predict(adapter, student, prompt: str, pack_id: str, seed_ids=None):
     from .packs import get_pack
     from .samples import Sample
 
-    ids = get_pack(pack_id).student_ids(engine_bpe(student.tokenizer).encode, Sample(prompt))
+    pack = get_pack(pack_id)
+    ids = pack.student_ids(engine_bpe(student.tokenizer).encode, Sample(prompt))
     x = torch.tensor([ids])
-    hidden = student.hidden(x, torch.ones_like(x))
+    keep = torch.ones_like(x)
+    keep[0, pack.padding.real_length(ids):] = 0  # the family's pads: masked student keys
+    at = pack.padding.positions(ids)
+    hidden = student.hidden(x, keep, position_ids=None if at is None else torch.tensor([at]))
     with torch.no_grad():
         seeds = None if seed_ids is None else torch.tensor([seed_ids])
         out = adapter(hidden, seed_ids=seeds)
@@ -166,7 +202,11 @@ def run_check(adapter_path, student_path, dump, prompt: str, tokenizer_dir=None,
                         f"tokenization of this prompt ({len(ids)} ids); pass the exact --prompt the "
                         "engine ran, without weights syntax.")
     keep = None if pack_id != "t5xxl_pixart" else np.array([i != 0 for i in seed_ids])
+    pack = get_pack(pack_id)
+    if pack.taps:  # the rows the DiT reads (Krea2 drops its 34 prefix rows)
+        keep = np.arange(pred.shape[0]) >= pack.start
     figures = compare(pred, ref, keep)
+    per_tap = tap_figures(pred, ref, pack.taps, keep) if pack.taps else None
     student_cos = None
     if (dump_dir / QWEN_HIDDEN).is_file():
         engine_states = read_dump(dump_dir / QWEN_HIDDEN, hidden.shape[1])
@@ -177,7 +217,8 @@ def run_check(adapter_path, student_path, dump, prompt: str, tokenizer_dir=None,
         student_cos = compare(hidden, engine_states)["cos"]
     return {"student_cos": student_cos,"adapter": str(adapter_path), "dump": str(dump), "pack": pack_id, "prompt": prompt,
             "student_tokens": len(ids), "tokens_checked": engine_ids is not None, **figures,
-            "verdict": _verdict(pack_id, figures, ref_name(dump)), "thresholds": asdict(get_pack(pack_id).verdict)}
+            "per_tap": per_tap, "verdict": _verdict(pack_id, figures, ref_name(dump)),
+            "thresholds": asdict(pack.verdict) if pack.verdict else None}
 
 
 def ref_name(dump) -> str:
@@ -210,6 +251,8 @@ def format_check(res: dict) -> str:
         (f"cosine {res['cos']:.6f}   centred cosine {res['cos_centered']:.6f}   "
          f"rel_mse {res['rel_mse']:.6g}   worst centred row {res['worst_row_cos_centered']:.4f}"),
         *student,
+        *([] if not res.get("per_tap") else [
+            "per tap:  " + ", ".join(f"L{t} {c:.4f}" for t, c in zip(res["per_tap"]["taps"], res["per_tap"]["cos"]))]),
         f"verdict:  {res['verdict']}",
     ])
 

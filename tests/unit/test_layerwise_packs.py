@@ -203,3 +203,50 @@ def test_fibo2_captions_are_the_engines():
     assert got == '{"short_description":"a fox","lighting":{"kind":"soft"}}'
     assert fibo2_caption('{"short_description": "x", "text_render": []}') == \
         '{"short_description":"x","text_render":[]}'
+
+
+def test_check_reads_a_layerwise_dump_and_reports_each_tap(tmp_path, tiny_materials, encode):
+    """`gguf-trainer check` on a FLUX.3 dump (the whole padded template, n * D per row): the
+    engine_reference run of the file matches, and a spoiled tap shows in its own figure only."""
+    from engine_reference import engine_forward
+
+    from gguf_trainer.adapters import build_adapter
+    from gguf_trainer.check import format_check, run_check
+    from gguf_trainer.export import write_adapter_gguf
+    from gguf_trainer.student import load_student
+
+    pack = get_pack("qwen3vl_flux3")
+    student = load_student(tiny_materials["student"], tiny_materials["tokenizer"])
+    cfg = pack.adapter_config(type("T", (), {"width": 64, "depth": 1})(), student.hidden_size, out_dim=8 * 16)
+    torch.manual_seed(0)
+    module = build_adapter(cfg)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    adapter = tmp_path / "pig_qwen3vl_4b_it_adapter-f16.gguf"
+    write_adapter_gguf(adapter, module.state_dict(), cfg, metadata={"adapter.pack": pack.id})
+    prompt = "a sheep in sunglasses"
+    ids = pack.student_ids(engine_bpe(student.tokenizer).encode, Sample(prompt))
+    n = pack.padding.real_length(ids)
+    assert len(ids) == 80 and n < 80
+    x = torch.tensor([ids])
+    keep = (torch.arange(80) < n).long()[None]
+    pos = torch.tensor([list(range(n)) + [1] * (80 - n)])
+    hidden = student.hidden(x, keep, position_ids=pos)[0].numpy()
+    out = engine_forward(adapter, hidden).astype("<f4")
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    out.tofile(dump / "adapter_out.bin")
+    hidden.astype("<f4").tofile(dump / "qwen_hidden.bin")
+    (dump / "tokens.txt").write_text("\n".join(map(str, ids)) + "\n")
+    res = run_check(adapter, tiny_materials["student"], dump, prompt, tiny_materials["tokenizer"])
+    assert res["pack"] == "qwen3vl_flux3" and res["rows"] == 80 and res["tokens_checked"]
+    assert res["cos"] > 0.99999 and res["student_cos"] > 0.99999
+    assert res["per_tap"]["taps"] == [4, 8, 12, 16, 20, 24, 28, 32]
+    assert all(c > 0.99999 for c in res["per_tap"]["cos"])
+    assert res["verdict"].startswith("n/a") and "per tap:  L4 1.0000" in format_check(res)
+    spoiled = out.copy()
+    spoiled[:, 3 * 16:4 * 16] = -spoiled[:, 3 * 16:4 * 16]  # tap 16 negated
+    spoiled.tofile(dump / "adapter_out.bin")
+    cos = run_check(adapter, tiny_materials["student"], dump, prompt, tiny_materials["tokenizer"])["per_tap"]["cos"]
+    assert cos[3] < -0.99 and all(c > 0.99999 for k, c in enumerate(cos) if k != 3)
