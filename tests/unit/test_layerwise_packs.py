@@ -250,3 +250,13 @@ def test_check_reads_a_layerwise_dump_and_reports_each_tap(tmp_path, tiny_materi
     spoiled.tofile(dump / "adapter_out.bin")
     cos = run_check(adapter, tiny_materials["student"], dump, prompt, tiny_materials["tokenizer"])["per_tap"]["cos"]
     assert cos[3] < -0.99 and all(c > 0.99999 for k, c in enumerate(cos) if k != 3)
+
+
+@pytest.mark.parametrize("pid", LAYERWISE)
+def test_readme_has_the_family_row_and_the_exact_ggk_command(pid):
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    pack = get_pack(pid)
+    cmd = pack.engine_command("pig_clip-f16.gguf", f"pig_{pack.default_name}-f16.gguf")
+    assert f"| `{pid}` | `{cmd}`" in readme
