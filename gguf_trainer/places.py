@@ -43,11 +43,12 @@ def to_relative(path: str, base: Path) -> str:
     p = Path(path)
     if not p.is_absolute():
         return path
-    base = _absolute(base)
     p = Path(os.path.abspath(p))
-    if p == base or base not in p.parents:
-        return path
-    return p.relative_to(base).as_posix()
+    # the folder as spelled, or its real path (a resolved download path under a linked root)
+    for folder in (_absolute(base), Path(os.path.realpath(base))):
+        if p != folder and folder in p.parents:
+            return p.relative_to(folder).as_posix()
+    return path
 
 
 def to_absolute(path: str, base: Path) -> str:

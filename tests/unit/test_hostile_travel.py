@@ -479,3 +479,31 @@ def test_a_copied_project_links_missing_materials_found_by_identity_then_names_l
     assert "student tokenizer is missing" in msg and "\n" not in msg
     assert f"gguf-trainer link --project {root} student_tokenizer PATH" in msg
     assert load_project(root).material_path("student") == (shared / "pig_clip-f16.gguf").resolve()
+
+
+# ---------------------------------------------------------------- places (pure path rules)
+
+
+def test_places_store_inside_relative_and_leave_outside_absolute(tmp_path):
+    real = tmp_path / "real"
+    (real / "proj").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(real)
+    root = tmp_path / "link" / "proj"  # a project reached through a linked folder
+    data = {"materials": {"student": {"path": str(real / "proj" / "m" / "s.gguf")},  # resolved
+                          "teacher": {"path": "/models/t5"}, "odd": {"path": 7}},
+            "corpus": {"files": [str(root / "p.txt"), "/data/q.txt", 3], "train_file": "",
+                       "val_file": "~/v.txt", "image_folders": [str(root / "imgs")]},
+            "export": {"output_dir": str(root / "output"), "copy_to": "/srv/ggk"}}
+    stored = places.to_stored_settings(data, root)
+    assert stored["materials"]["student"]["path"] == "m/s.gguf"
+    assert stored["materials"]["teacher"]["path"] == "/models/t5" and stored["materials"]["odd"]["path"] == 7
+    assert stored["corpus"]["files"] == ["p.txt", "/data/q.txt", 3]
+    assert stored["corpus"]["val_file"] == "~/v.txt" and stored["corpus"]["image_folders"] == ["imgs"]
+    assert stored["export"] == {"output_dir": "output", "copy_to": "/srv/ggk"}
+    back = places.from_stored_settings(stored, root)
+    assert back["corpus"]["files"][0] == str(root / "p.txt") and back["export"]["output_dir"] == str(root / "output")
+    assert data["corpus"]["files"][0] == str(root / "p.txt")  # the input is not changed
+    for path, key in ((root.parent / "x.gguf", "../x.gguf"), (root / "out" / "x.gguf", "out/x.gguf"),
+                      (tmp_path / "x.gguf", str(tmp_path / "x.gguf"))):
+        assert places.record_key(path, root) == key
+        assert places.recorded_path(key, root) == path
