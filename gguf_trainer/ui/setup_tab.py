@@ -68,7 +68,11 @@ class SetupParts:
 
 
 def _pack_choices() -> list[tuple[str, str]]:
-    return [(f"{p['title']} ({p['id']})", p["id"]) for p in control.list_packs()]
+    """The packs grouped by the engine family they train for (a pack without one is its own),
+    each label naming the engine models its adapter serves."""
+    packs = sorted(control.list_packs(), key=lambda p: (p.get("family") or p["title"]).lower())
+    return [((f"{p['family']}: " if p.get("family") else "") + f"{p['title']} ({p['id']})"
+             + (f", serves {p['serves']}" if p.get("serves") else ""), p["id"]) for p in packs]
 
 
 def pack_description(pack_id: str | None) -> str:
@@ -76,7 +80,8 @@ def pack_description(pack_id: str | None) -> str:
         if p["id"] == pack_id:
             mats = ", ".join(f"{m['title']}" + (f" ~{m['size_gb']:g} GB" if m.get("size_gb") else "")
                              for m in p.get("materials") or [])
-            return f"**{p['title']}** — {p['description']}\n\nNeeds: {mats}"
+            serves = f"\n\nServes: {p['serves']}" if p.get("serves") else ""
+            return f"**{p['title']}** — {p['description']}{serves}\n\nNeeds: {mats}"
     return ""
 
 
