@@ -80,6 +80,14 @@ def describe_results(root: str | os.PathLike) -> dict:
                 out["eval_line"] += "; MOCK teacher: a smoke test, not a usable adapter"
             elif isinstance(ev.get("health"), str):
                 out["eval_line"] += f"; {ev['health']}"
+        taps = ev.get("per_tap")
+        if isinstance(taps, dict) and isinstance(taps.get("cos"), list) and out["eval_line"]:
+            # layerwise: each tap's cosine (its mean baseline) beside the whole stack's
+            cells = [f"L{t} {c:.3f} ({b:.3f})" for t, c, b in
+                     zip(taps.get("taps", []), taps["cos"], taps.get("baseline_cos") or [])
+                     if isinstance(c, (int, float)) and isinstance(b, (int, float))]
+            if cells:
+                out["eval_line"] += "; per tap: " + ", ".join(cells)
     if out["gguf"]:
         out["ggk"], notes = ggk_command(project)
         out["notes"] += notes

@@ -260,3 +260,21 @@ def test_readme_has_the_family_row_and_the_exact_ggk_command(pid):
     pack = get_pack(pid)
     cmd = pack.engine_command("pig_clip-f16.gguf", f"pig_{pack.default_name}-f16.gguf")
     assert f"| `{pid}` | `{cmd}`" in readme
+
+
+def test_results_line_names_each_taps_cosine(tmp_path):
+    """The results line (status, GUI Output, the demo's summary) carries eval.json's per-tap
+    figures beside the whole stack's."""
+    import json as _json
+
+    from gguf_trainer.project import create_project, load_project
+    from gguf_trainer.results import describe_results
+
+    root = tmp_path / "p"
+    create_project(root, "qwen3vl_sefi")
+    proj = load_project(root)
+    proj.paths.eval_json.write_text(_json.dumps({
+        "headline": "cos", "val_cos": 0.8, "baseline": {"baseline_cos": 0.5}, "health": "n/a: x",
+        "per_tap": {"taps": [9, 18, 27], "cos": [0.9, 0.8, 0.7], "baseline_cos": [0.6, 0.5, 0.4]}}))
+    line = describe_results(root)["eval_line"]
+    assert line.endswith("per tap: L9 0.900 (0.600), L18 0.800 (0.500), L27 0.700 (0.400)")
