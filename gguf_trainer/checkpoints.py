@@ -13,7 +13,6 @@ that status and the done-test read without torch.load. Must not: know stages or 
 
 from __future__ import annotations
 
-import math
 import pickle
 import time
 import zipfile
@@ -24,10 +23,9 @@ import torch
 
 from . import atomic
 from .errors import UserError
+from .jsonvals import finite
 from .paths import checkpoint_file, checkpoint_side_file
 from .shards import StreamPos
-
-LAST, BEST = "last", "best"
 
 
 @dataclass
@@ -48,11 +46,6 @@ def checkpoint_path(folder: Path, which: str) -> Path:
 
 def side_path(folder: Path, which: str) -> Path:
     return Path(folder) / checkpoint_side_file(which)
-
-
-def finite(d: dict) -> dict:
-    """JSON has no NaN/inf: non-finite floats become null."""
-    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
 
 
 def save_checkpoint(folder: Path, which: str, model, opt, prog: TrainProgress, extra: dict) -> None:

@@ -53,11 +53,10 @@ from gguf_trainer.exit_codes import (
 from gguf_trainer.exit_codes import EXIT_USER as EXIT_ERROR
 from gguf_trainer.runner import control, supervisor
 from gguf_trainer.runner.progress import SHOWN_FIELDS, ProgressBars, console_log_handler, short
+from gguf_trainer.runner.reset import TARGETS as RESET_TARGETS
 from gguf_trainer.runner.status import format_eta
 from gguf_trainer.stage_list import STAGES
 from gguf_trainer.ui import launch as gui_launch  # light: gradio loads only when served
-
-RESET_TARGETS = control.RESET_TARGETS
 
 
 class _Parser(argparse.ArgumentParser):

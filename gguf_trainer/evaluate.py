@@ -12,15 +12,15 @@ per-dimension mean baseline an adapter must beat, and says MOCK for mock runs.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from pathlib import Path
 
 import torch
 
 from . import atomic, hardware
-from .checkpoints import BEST, checkpoint_path, load_checkpoint, model_from_checkpoint
-from .paths import TINY_MARKER
+from .checkpoints import checkpoint_path, load_checkpoint, model_from_checkpoint
+from .jsonvals import finite
+from .paths import BEST, TINY_MARKER
 from .scoring import forward, raw_prediction, score_batches, score_taps
 from .shards import Stats, iter_batches, shard_files
 from .stage_list import Stage
@@ -83,7 +83,7 @@ def evaluate_gguf(project, gguf: Path, which: str = "best", device: str | torch.
 
 def run_eval(project, report) -> None:
     record = evaluate_gguf(project, project.final_gguf, BEST, hardware.resolve_device(project.settings.train.device))
-    atomic.write_json(project.paths.eval_json, _finite(record))
+    atomic.write_json(project.paths.eval_json, finite(record))
     log.info("eval: %s %.4f (checkpoint %.4f, roundtrip %.6f, mean baseline %s)%s", record["headline"],
              record["val_cos"], record["checkpoint_metrics"]["val_cos"], record["roundtrip_cos"],
              record["baseline"].get(f"baseline_{record['headline']}"), " [MOCK]" if record["mock"] else "")
@@ -100,16 +100,6 @@ def format_taps(per_tap: dict) -> str:
         return "n/a" if x is None else f"{x:.4f}"
     return "per tap cos (mean baseline): " + ", ".join(
         f"L{t} {f(c)} ({f(b)})" for t, c, b in zip(per_tap["taps"], per_tap["cos"], per_tap["baseline_cos"]))
-
-
-def _finite(obj):
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_finite(v) for v in obj]
-    return obj
 
 
 class EvalStage(Stage):

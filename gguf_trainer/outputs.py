@@ -20,12 +20,12 @@ from pathlib import Path
 
 from . import __version__, atomic, places
 from .errors import UserError
+from .paths import BEST
 from .stage_list import Stage
 
 log = logging.getLogger(__name__)
 
 
-BEST = "best"
 
 
 def _checkpoint(project, which: str) -> Path:

@@ -28,19 +28,17 @@ import torch
 from . import distributed, hardware, safe_delete
 from .adapters import TOKEN_ALIGNED_KINDS
 from .checkpoints import (
-    BEST,
-    LAST,
     TrainProgress,
     checkpoint_path,
     does_not_fit,
-    finite,
     load_checkpoint,
     read_side,
     recorded_fingerprint,
     save_checkpoint,
 )
 from .errors import UserError
-from .paths import CHECKPOINTS_DIR, STALE_PREFIX, tool_files_in
+from .jsonvals import finite
+from .paths import BEST, CHECKPOINTS_DIR, LAST, STALE_PREFIX, tool_files_in
 from .project import read_steps
 from .scoring import forward_rows, validate
 from .shards import Batch, ShardStream, Stats, StreamPos, dims, linear_fit, load_stats, shard_files

@@ -34,6 +34,7 @@ from gguf_trainer.errors import NoProjectError, UserError, quote
 from gguf_trainer.paths import ProjectPaths
 from gguf_trainer.runner import capacity, lock, supervisor
 from gguf_trainer.runner import status as status_mod
+from gguf_trainer.runner.stages import env_wants_mock
 from gguf_trainer.runner.views import (
     ProjectView,
     ResetPlan,
@@ -44,10 +45,8 @@ from gguf_trainer.runner.views import (
 )
 
 PathLike = str | os.PathLike
-RESET_TARGETS = ("corpus", "shards", "train", "output")
 LOGS = ("pipeline", "snapshot", "download")
 TAIL_MAX_BYTES = 256 * 1024
-MOCK_ENV = "GGUF_TRAINER_MOCK_TEACHER"  # the pipeline's switch (runner.stages), read here too
 
 
 # ---- packs and projects ---------------------------------------------------------------
@@ -328,7 +327,7 @@ def resolve_launch(root: PathLike, launch=None):
     launch = (launch or Launch()).resolved(proj.settings)
     launch.check()
     if launch.needed() and launch.config_file is None:  # a config file says it all itself
-        mock = proj.settings.precompute.mock_teacher or _env_mock()
+        mock = proj.settings.precompute.mock_teacher or env_wants_mock()
         flag = "precompute.processes / train.processes" if launch.per_stage else "--processes"
         capacity.check_processes(launch.processes or 1, capacity.read_capacity(proj, mock), flag)
     return launch
@@ -405,12 +404,8 @@ def _need_materials(proj) -> None:
     from gguf_trainer import materials
 
     materials.student_paths(proj)
-    if not (proj.settings.precompute.mock_teacher or _env_mock()):
+    if not (proj.settings.precompute.mock_teacher or env_wants_mock()):
         materials.teacher_paths(proj)
-
-
-def _env_mock() -> bool:
-    return os.environ.get(MOCK_ENV, "").strip().lower() not in ("", "0", "false")
 
 
 def clear_stale_requests(root: PathLike) -> list[str]:

@@ -48,6 +48,7 @@ from typing import Any
 from gguf_trainer import atomic, locks
 from gguf_trainer.errors import UserError, as_user_error
 from gguf_trainer.exit_codes import EXIT_INTERNAL, EXIT_OK, EXIT_USER
+from gguf_trainer.jsonvals import jsonable, number
 from gguf_trainer.runner import processes
 
 log = logging.getLogger(__name__)
@@ -132,7 +133,7 @@ def job_status(folder: str | os.PathLike, name: str) -> dict:
     found = locks.holder(lock_path(folder, name), settle_s=0.1) if folder.is_dir() else None
     recorded = st.get("status") if st.get("status") in JOB_STATUSES else None
     out = {"name": name, "status": "idle", "pid": None, "job_id": _s(st.get("job_id")),
-           "started": _num(st.get("started")), "finished": _num(st.get("finished")),
+           "started": number(st.get("started")), "finished": number(st.get("finished")),
            "error": _s(st.get("error")), "result": st.get("result"),
            "progress": st.get("progress") if isinstance(st.get("progress"), dict) else {},
            "kwargs": st.get("kwargs") if isinstance(st.get("kwargs"), dict) else {},
@@ -287,8 +288,6 @@ def run_job(folder: Path, name: str, target: str, job_id: str, kwargs: dict) -> 
 
 def _jsonable(value: Any) -> Any:
     try:
-        from gguf_trainer.runner.state import jsonable
-
         return jsonable(value)
     except TypeError:
         return json.loads(json.dumps(value, default=str))
@@ -296,10 +295,6 @@ def _jsonable(value: Any) -> Any:
 
 def _s(value: Any) -> str | None:
     return value if isinstance(value, str) else None
-
-
-def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,9 +29,10 @@ from collections.abc import Callable, Iterator
 from gguf_trainer import atomic, locks, project_file
 from gguf_trainer.errors import UserError, as_user_error
 from gguf_trainer.exit_codes import EXIT_INTERNAL, EXIT_NO_PROJECT, EXIT_OK, EXIT_USER
+from gguf_trainer.jsonvals import jsonable
 from gguf_trainer.paths import ProjectPaths
 from gguf_trainer.runner import lock, processes
-from gguf_trainer.runner.state import Report, StateWriter, jsonable
+from gguf_trainer.runner.state import Report, StateWriter
 from gguf_trainer.stage_list import STAGES
 
 log = logging.getLogger("gguf_trainer.pipeline")

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from .. import atomic, places, safe_delete
 from ..errors import UserError, quote
+from ..jsonvals import number
 from ..paths import TOOL_FILES, ProjectPaths
 from . import lock
 
@@ -59,7 +60,7 @@ def recorded_exports(paths: ProjectPaths) -> list[dict]:
         rec = rec if isinstance(rec, dict) else {}
         p = str(places.recorded_path(str(p), root))  # relative: beside this project's folder
         out[p] = {"path": p, "kind": rec.get("kind") if isinstance(rec.get("kind"), str)
-                       else "file", "time": _num(rec.get("time")), "size": rec.get("size"),
+                       else "file", "time": number(rec.get("time")), "size": rec.get("size"),
                        "sha256": rec.get("sha256")}
     snaps = _read_obj(paths.snapshots_json).get("snapshots")
     for e in snaps if isinstance(snaps, list) else []:
@@ -68,7 +69,7 @@ def recorded_exports(paths: ProjectPaths) -> list[dict]:
         p = places.recorded_path(e["path"], root)
         key = str(p)
         if key not in out and str(p.resolve()) not in out:
-            out[key] = {"path": key, "kind": "snapshot", "time": _num(e.get("time")),
+            out[key] = {"path": key, "kind": "snapshot", "time": number(e.get("time")),
                         "size": e.get("size") if isinstance(e.get("sha256"), str) else None,
                         "sha256": e.get("sha256")}
     items = list(out.values())
@@ -77,10 +78,6 @@ def recorded_exports(paths: ProjectPaths) -> list[dict]:
         if it["exists"] and not isinstance(it.get("size"), int):
             it["size"] = Path(it["path"]).stat().st_size
     return sorted(items, key=lambda it: -(it["time"] or 0.0))
-
-
-def _num(v) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
 def _project_name(paths: ProjectPaths) -> str | None:

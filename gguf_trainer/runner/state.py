@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from gguf_trainer import atomic, locks, project_file
+from gguf_trainer.jsonvals import jsonable
 from gguf_trainer.paths import ProjectPaths
 
 log = logging.getLogger(__name__)
@@ -85,23 +86,6 @@ def exit_record_path(paths: ProjectPaths) -> Path:
 
 def killed_marker_path(paths: ProjectPaths) -> Path:
     return paths.killed_json
-
-
-def jsonable(value: Any) -> Any:
-    """Plain JSON types: numpy/torch scalars via .item(), non-finite floats -> None."""
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, Path):
-        return str(value)
-    if hasattr(value, "item"):  # numpy / torch scalar
-        return jsonable(value.item())
-    raise TypeError(f"cannot record {type(value).__name__} in state/metrics: {value!r}")
 
 
 def _pending_stage() -> dict:

@@ -8,13 +8,13 @@ idle | running | stalled | interrupted | stopped | failed | done. Must not write
 from __future__ import annotations
 
 import logging
-import math
 import socket
 import time
 
 import psutil
 
 from gguf_trainer import atomic, locks
+from gguf_trainer.jsonvals import finite_number as _num
 from gguf_trainer.paths import ProjectPaths
 from gguf_trainer.runner import lock
 from gguf_trainer.runner.state import (
@@ -42,11 +42,6 @@ def read_json_quiet(path, default=None, inside=None):
     except (ValueError, OSError, RecursionError):
         log.warning("%s is unreadable or not valid JSON; ignoring it", path)
         return default
-
-
-def _num(v):
-    return v if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) \
-        else None
 
 
 def _int(v):

@@ -20,9 +20,9 @@ import logging
 from pathlib import Path
 
 from .. import shards
-from ..checkpoints import BEST, LAST, checkpoint_path, load_checkpoint
+from ..checkpoints import checkpoint_path, load_checkpoint
 from ..errors import UserError
-from ..paths import ProjectPaths
+from ..paths import BEST, LAST, ProjectPaths
 from . import lock, pipeline
 
 log = logging.getLogger(__name__)

@@ -19,6 +19,7 @@ import os
 from dataclasses import dataclass, field
 
 from gguf_trainer.errors import UserError
+from gguf_trainer.jsonvals import finite_number
 from gguf_trainer.paths import ProjectPaths
 from gguf_trainer.project_file import UnsafeProjectFile
 from gguf_trainer.runner.state import read_metrics
@@ -92,9 +93,8 @@ def state_signature(paths: ProjectPaths) -> tuple | None:
 
 
 def _num(v) -> float | None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return None
-    return float(v) if math.isfinite(v) else None
+    v = finite_number(v)
+    return None if v is None else float(v)
 
 
 def read_new_metrics(cur: Cursor, paths: ProjectPaths) -> bool:
