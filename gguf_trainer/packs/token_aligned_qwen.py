@@ -1,0 +1,98 @@
+"""What the token-aligned Qwen family packs share: pig_clip + a token-aligned adapter (one output
+row per template id, no layer_map) replaces a Qwen3 / Qwen3-VL text encoder whose DiT reads ONE
+hidden state per token: a single raw decoder layer or the final norm (engine-families §2 rows
+4, 5, 9-12).
+
+It is the n = 1 case of the layerwise packs (layerwise.py): the same template declaration
+(`prefix` + the prompt range + `suffix`, or one piece where the engine parses no prompt range),
+the same tap teacher (teachers/qwen_taps.py) and tiny teacher (tiny/qwen_taps.py), but the
+adapter is the plain token-aligned kind: its `taps` stay empty (no `layer_map`, which the engine
+counts as one layer, conditioner.hpp 2798-2840) while `teacher_taps` names what the teacher
+hands the DiT: (k,) = the raw output of decoder layer k, () = the final norm (llm.hpp 1779-1815),
+`tap_last_layer` = the snapshot's last layer before the norm (Qwen Image 2.1, conditioner.hpp
+3083). Targets cover every template row (the adapter runs over all of them, no mask, 2727-2735);
+the loss and eval read rows from `start` on, the rows the DiT gets (2895-2927).
+
+Eval: no published pig_clip + token-aligned run exists for these families, so there is no
+healthy floor (`verdict` None, the health line "n/a"); judge by cos_slice against the mean
+baseline.
+"""
+
+from __future__ import annotations
+
+from .layerwise import LayerwisePack
+
+
+class QwenTokenAlignedPack(LayerwisePack):
+    """Base of the token-aligned Qwen family packs (not registered itself)."""
+
+    adapter_kind = "token_aligned"  # text-only: no vision_proj / vis_in in the export
+    taps = ()  # the adapter's layer_map: none (one layer to the engine)
+    teacher_taps: tuple[int, ...] = ()  # the teacher's out_layers; () = its final norm
+    tap_last_layer = False  # out_layers = {num_layers} of the linked snapshot
+    # The text whose token count is `start` (checked on the teacher's tokenizer at load); "" when
+    # the engine hard-codes a start that is not a prefix's length (Ovis: 28 of a 29-token prefix).
+    start_prefix = ""
+    tiny_layers = 2  # decoder layers of the demo's tiny teacher when no tap fixes the depth
+    typical_rows = 80
+
+    @property
+    def out_dim(self) -> int:  # type: ignore[override]
+        return self.teacher_hidden
+
+    def teacher_tap_text(self) -> str:
+        if self.tap_last_layer:
+            return "the last decoder layer (raw, before the final norm)"
+        if self.teacher_taps:
+            return f"layer {', '.join(map(str, self.teacher_taps))} (raw, before the final norm)"
+        return "the final norm"
+
+    def tap_layout(self, num_layers: int = 0):
+        from ..teachers.qwen_taps import TapLayout
+
+        taps = (num_layers,) if self.tap_last_layer and num_layers else tuple(self.teacher_taps)
+        return TapLayout(taps=taps, start=self.start, start_prefix=self.start_prefix,
+                         padding=self.padding)
+
+    def _layout_for(self, root):
+        from ..teachers.qwen_taps import read_config, text_config
+
+        layers = int(text_config(read_config(root))["num_hidden_layers"]) if self.tap_last_layer else 0
+        return self.tap_layout(layers)
+
+    def load_teacher(self, materials, plan, device):
+        """The tap teacher over the snapshot's text stack (fp32 on a CPU, bf16 on a card)."""
+        from ..teachers.qwen_taps import load_tap_teacher
+
+        return load_tap_teacher(materials["teacher"], device if plan.mode != "cpu" else "cpu",
+                                student_pieces=self.student_pieces,
+                                layout=self._layout_for(materials["teacher"]), family=self.family)
+
+    def check_teacher(self, materials) -> str:
+        """config.json only: a Qwen3 / Qwen3-VL deep enough for the tap, and its width."""
+        from ..teachers.qwen_taps import ARCHITECTURES, check_layout, read_config, text_config
+
+        config = read_config(materials["teacher"])
+        check_layout(config, self._layout_for(materials["teacher"]), f"the {self.family} teacher")
+        tc = text_config(config)
+        return (f"{ARCHITECTURES[config['model_type']]}: {tc['num_hidden_layers']} layers, hidden "
+                f"{tc['hidden_size']}; the DiT reads {self.teacher_tap_text()}, "
+                f"{int(tc['hidden_size'])} features per row")
+
+    def demo_materials(self, folder):
+        """A tiny real teacher of the family's architecture, one layer deeper than its tap."""
+        from ..tiny.qwen_taps import write_tiny_tap_teacher
+
+        layers = max(self.tiny_layers, max(self.teacher_taps, default=0))
+        return {"teacher": write_tiny_tap_teacher(folder / f"{self.id}-teacher-tiny", self.teacher_arch,
+                                                  layers)}
+
+    def health_line(self, metrics):
+        key = "cos_slice" if metrics.get("cos_slice") is not None else "cos"
+        if metrics.get(key) is None:
+            return None
+        return (f"n/a: no published pig_clip + token-aligned {self.family} run to compare with; {key} "
+                f"{metrics[key]:.4f} (mean baseline {metrics.get('baseline_cos', float('nan')):.4f})")
+
+    def describe(self) -> dict:
+        return {**super().describe(), "teacher_tap": self.teacher_tap_text(), "start": self.start}
