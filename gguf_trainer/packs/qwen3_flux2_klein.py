@@ -36,7 +36,7 @@ class Flux2KleinPack(LayerwisePack):
     max_len_student = max_len_teacher = 512  # longer prompts are not padded: keep the DiT's 512
     default_name = "qwen3_flux2_klein_adapter"
     shard_contract = "qwen3_flux2_klein/1"
-    engine_template = {"file": "diffusion/src/conditioning/conditioner.hpp", "lines": (3562, 3573),
+    engine_template = {"file": "diffusion/src/conditioning/conditioner.hpp", "lines": (3563, 3573),
                        "version": "VERSION_FLUX2_KLEIN"}
     teacher_materials = (
         Material("teacher", "Teacher: Qwen3-4B", "hf_snapshot", repo=QWEN3_4B, subdir="Qwen3-4B", size_gb=8.1,

@@ -32,7 +32,7 @@ class Flux3Pack(LayerwisePack):
     max_len_student = max_len_teacher = 4096
     default_name = "qwen3vl_4b_it_adapter"  # pig_qwen3vl_4b_it_adapter-f16.gguf
     shard_contract = "qwen3vl_flux3/1"
-    engine_template = {"file": "diffusion/src/conditioning/conditioner.hpp", "lines": (3549, 3560),
+    engine_template = {"file": "diffusion/src/conditioning/conditioner.hpp", "lines": (3550, 3561),
                        "version": "VERSION_FLUX3"}
     teacher_materials = Krea2Pack.teacher_materials
     teacher_memory_gib = 9.0

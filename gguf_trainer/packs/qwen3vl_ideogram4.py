@@ -31,7 +31,7 @@ class Ideogram4Pack(LayerwisePack):
     one_piece = True
     default_name = "qwen3vl_ideogram4_adapter"
     shard_contract = "qwen3vl_ideogram4/1"
-    engine_template = {"file": "diffusion/src/conditioning/conditioner.hpp", "lines": (3383, 3390),
+    engine_template = {"file": "diffusion/src/conditioning/conditioner.hpp", "lines": (3384, 3390),
                        "version": "VERSION_IDEOGRAM4"}
     teacher_materials = (
         Material("teacher", "Teacher: Qwen3-VL-8B-Instruct", "hf_snapshot", repo=QWEN3VL_8B,

@@ -35,7 +35,7 @@ class Krea2Pack(LayerwisePack):
     start = 34
     default_name = "qwen3vl_layerwise_adapter"  # exported as pig_qwen3vl_layerwise_adapter-f16.gguf
     shard_contract = "qwen3vl_krea2/1"
-    engine_template = {"file": "diffusion/src/conditioning/conditioner.hpp", "lines": (3295, 3305),
+    engine_template = {"file": "diffusion/src/conditioning/conditioner.hpp", "lines": (3296, 3305),
                        "version": "VERSION_KREA2"}
     teacher_materials = (
         Material("teacher", "Teacher: Qwen3-VL-4B-Instruct", "hf_snapshot", repo=QWEN3VL_4B,

@@ -32,7 +32,7 @@ class SeFiPack(LayerwisePack):
     max_len_student = max_len_teacher = 1024
     default_name = "qwen3vl_sefi_adapter"
     shard_contract = "qwen3vl_sefi/1"
-    engine_template = {"file": "diffusion/src/conditioning/conditioner.hpp", "lines": (3574, 3585),
+    engine_template = {"file": "diffusion/src/conditioning/conditioner.hpp", "lines": (3575, 3585),
                        "version": "VERSION_SEFI_IMAGE"}
     teacher_materials = (
         Material("teacher", "Teacher: SeFi-Image's Qwen3-VL-XB-Instruct (link a local copy)", "hf_snapshot",
