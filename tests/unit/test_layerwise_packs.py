@@ -278,3 +278,21 @@ def test_results_line_names_each_taps_cosine(tmp_path):
         "per_tap": {"taps": [9, 18, 27], "cos": [0.9, 0.8, 0.7], "baseline_cos": [0.6, 0.5, 0.4]}}))
     line = describe_results(root)["eval_line"]
     assert line.endswith("per tap: L9 0.900 (0.600), L18 0.800 (0.500), L27 0.700 (0.400)")
+
+
+def test_export_refuses_a_stack_that_is_not_the_packs(tmp_path):
+    """The engine aborts unless the adapter's tap count is the family's: a checkpoint whose taps
+    are not the pack's is refused with a sentence before anything is written."""
+    from gguf_trainer.adapters import AdapterConfig
+    from gguf_trainer.outputs import export_checkpoint
+    from gguf_trainer.project import create_project, load_project
+
+    root = tmp_path / "p"
+    create_project(root, "qwen3vl_sefi")
+    proj = load_project(root)
+    cfg = AdapterConfig("layerwise", 64, 2 * 16, 64, 1, taps=(9, 18))
+    ck = {"config": cfg.to_dict(), "step": 1, "planned_steps": 1, "model": {}}
+    dest = tmp_path / "out.gguf"
+    with pytest.raises(UserError, match=r"emits 2 taps \[9, 18\].*conditions on \[9, 18, 27\]"):
+        export_checkpoint(proj, "last", dest, False, ck=ck)
+    assert not dest.exists()
