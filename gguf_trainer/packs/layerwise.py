@@ -99,6 +99,16 @@ class LayerwisePack(TrainerPack):
                 f"{tc['hidden_size']}; taps {', '.join(map(str, self.taps))} -> "
                 f"{len(self.taps) * int(tc['hidden_size'])} features per row")
 
+    def teacher_gib(self, materials, device):
+        """The text stack as it sits in memory (fp32 on a CPU, bf16 on a card), from the
+        snapshot's weight headers: a broken snapshot fails here, in seconds."""
+        import torch
+
+        from ..teachers.qwen_taps import text_stack_params
+
+        per = 2 if torch.device(device).type == "cuda" else 4
+        return text_stack_params(materials["teacher"]) * per / 1024**3
+
     def demo_materials(self, folder):
         """A tiny real teacher of the family's architecture, as deep as its deepest tap."""
         from ..tiny.qwen_taps import write_tiny_tap_teacher

@@ -177,6 +177,32 @@ class QwenTapTeacher:
             torch.cuda.empty_cache()
 
 
+def text_stack_params(root: Path) -> int:
+    """Parameters of the snapshot's text stack (no vision tower, no LM head), from the weight
+    headers alone; UserError naming a missing or broken shard."""
+    from .t5 import _numel, read_safetensors_header
+
+    root = Path(root)
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            files = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        except (ValueError, KeyError, AttributeError):
+            raise UserError(f"{index} is not a weight index; download the snapshot again.") from None
+    else:
+        files = sorted(p.name for p in root.glob("*.safetensors"))
+    if not files:
+        raise UserError(f"{root} has no *.safetensors weights; run the download again.")
+    n = 0
+    for name in files:
+        if not (root / name).is_file():
+            raise UserError(f"{root / name} is missing (named by the weight index); run the download again.")
+        for tensor, info in read_safetensors_header(root / name).items():
+            if not tensor.startswith(("lm_head.", "model.visual.", "visual.")):
+                n += _numel(info["shape"])
+    return n
+
+
 def check_start(tokenizer, layout: TapLayout, family: str) -> None:
     """The family's start row must be its prefix's token count (the engine hard-codes 34 for
     Krea2); UserError naming the family otherwise."""

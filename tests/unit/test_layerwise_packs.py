@@ -296,3 +296,22 @@ def test_export_refuses_a_stack_that_is_not_the_packs(tmp_path):
     with pytest.raises(UserError, match=r"emits 2 taps \[9, 18\].*conditions on \[9, 18, 27\]"):
         export_checkpoint(proj, "last", dest, False, ck=ck)
     assert not dest.exists()
+
+
+def test_preflight_need_is_the_text_stack_from_the_headers(tiny, tmp_path):
+    """teacher_gib: the text stack's parameters (no tower, no LM head) x 4 bytes on a CPU, x 2
+    on a card, read from the safetensors headers; a missing shard is a sentence."""
+    import shutil
+
+    from gguf_trainer.tiny.qwen_taps import build_tiny_tap_teacher
+
+    pack = get_pack("qwen3vl_krea2")
+    model, _ = build_tiny_tap_teacher("qwen3_vl", 36)
+    n = sum(p.numel() for p in model.model.language_model.parameters())
+    assert pack.teacher_gib({"teacher": tiny["qwen3_vl"]}, "cpu") == pytest.approx(n * 4 / 1024**3)
+    assert pack.teacher_gib({"teacher": tiny["qwen3_vl"]}, "cuda") == pytest.approx(n * 2 / 1024**3)
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny["qwen3_vl"], broken)
+    (broken / "model.safetensors").unlink()
+    with pytest.raises(UserError, match="no \\*.safetensors weights"):
+        pack.teacher_gib({"teacher": broken}, "cpu")
