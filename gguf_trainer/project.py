@@ -77,7 +77,8 @@ class Project:
 
     @property
     def base_name(self) -> str:
-        """The name minus a trailing `_adapter`, for companion files (`pig_llada_sigvq-f16.gguf`)."""
+        """The name minus a trailing `_adapter`, for companion files
+        (`pig_llada_sigvq-f16.gguf`)."""
         return self.settings.name.removesuffix("_adapter")
 
     @property
@@ -170,7 +171,8 @@ def create_project(root: str | os.PathLike, pack_id: str, name: str | None = Non
     paths = ProjectPaths(Path(root))
     _check_folder(paths.root)
     if paths.project_json.exists():
-        raise UserError(f"{paths.root} already holds a project; open it instead or pick another folder.")
+        raise UserError(f"{paths.root} already holds a project; open it instead or pick another "
+                        "folder.")
     pack = get_pack(pack_id)
     data: dict = {"pack": pack_id, "name": default_name(pack.default_name, name)}
     for dotted, value in {**pack.defaults, **(overrides or {})}.items():
@@ -220,7 +222,8 @@ def compare_and_set(paths: ProjectPaths, changes: dict[str, Any], expected: dict
     with _SettingsLock(paths):
         raw, version = read_settings_versioned(paths)
         if not isinstance(raw, dict):
-            raise UserError(f"{paths.project_json} does not hold a JSON object; fix or recreate it.")
+            raise UserError(f"{paths.project_json} does not hold a JSON object; fix or recreate "
+                            "it.")
         try:
             disk = ProjectSettings.model_validate(raw).model_dump(mode="json")
         except (ValidationError, RecursionError):
@@ -302,7 +305,8 @@ def read_steps(paths: ProjectPaths) -> int | None:
     """`train.steps` as it is on disk now, or None when project.json is mid-edit or broken
     (the trainer then keeps the count it has)."""
     try:
-        return parse_steps(json.loads(paths.project_json.read_text(encoding="utf-8"))["train"]["steps"])
+        data = json.loads(paths.project_json.read_text(encoding="utf-8"))
+        return parse_steps(data["train"]["steps"])
     except (OSError, ValueError, KeyError, TypeError, UserError, RecursionError):
         return None
 
@@ -328,8 +332,9 @@ def check_name_clash(project: Project) -> None:
             continue
         if theirs.settings.name == name and theirs.output_dir == out:
             raise UserError(f"{other} is another project named {name!r} writing to {out}: both "
-                            f"would write {project.final_gguf.name}; give this one another \"name\" in "
-                            f"{project.paths.project_json} or another export.output_dir.")
+                            f"would write {project.final_gguf.name}; give this one another "
+                            f"\"name\" in {project.paths.project_json} or another "
+                            "export.output_dir.")
     final = project.final_gguf
     if final.exists() or final.is_symlink():
         recorded = _recorded_exports(project)

@@ -108,7 +108,8 @@ SEED_WHY = "seeds are 32-bit"
 
 
 class CorpusSettings(_Section):
-    files: list[str] = S(label="Prompt files", help="local .txt/.jsonl prompt files (one prompt a line)",
+    files: list[str] = S(label="Prompt files",
+                         help="local .txt/.jsonl prompt files (one prompt a line)",
                          kind="paths", default_factory=list)
     presets: list[str] = S(label="Prompt datasets",
                            help="public prompt datasets, downloaded as materials",
@@ -127,13 +128,16 @@ class CorpusSettings(_Section):
                                  default_factory=list)
     train_file: str = S("", "Ready-made train file", "a train.txt to use as is (with the val file)",
                         kind="path")
-    val_file: str = S("", "Ready-made val file", "the val.txt that goes with the train file", kind="path")
+    val_file: str = S("", "Ready-made val file", "the val.txt that goes with the train file",
+                      kind="path")
     n_train: Int = S(60000, "Train prompts", "prompts in the training split", ge=1, le=10_000_000,
                      why="more than 10 million prompts would fill any disk with shards")
     n_val: Int = S(1024, "Val prompts", "held-out prompts scored during and after training", ge=1,
-                   le=1_000_000, why="a million val prompts would take longer to score than to train")
-    empty_frac: Float = S(0.01, "Empty-prompt share", "share of empty prompts (unconditional generation)",
-                          ge=0.0, le=0.5, advanced=True, why="a share, and above half starves training")
+                   le=1_000_000,
+                   why="a million val prompts would take longer to score than to train")
+    empty_frac: Float = S(0.01, "Empty-prompt share",
+                          "share of empty prompts (unconditional generation)", ge=0.0, le=0.5,
+                          advanced=True, why="a share, and above half starves training")
     min_chars: Int = S(8, "Min prompt length", "shorter prompts are dropped (characters)", ge=0,
                        le=100_000, advanced=True, why="a prompt is never that long")
     max_chars: Int = S(1200, "Max prompt length", "longer prompts are dropped (characters)", ge=1,
@@ -157,8 +161,8 @@ class CorpusSettings(_Section):
     def _lengths(self):
         if self.min_chars > self.max_chars:
             raise ValueError(f"min_chars ({self.min_chars}) is above max_chars "
-                             f"({self.max_chars}), so every prompt would be dropped; lower min_chars "
-                             "or raise max_chars")
+                             f"({self.max_chars}), so every prompt would be dropped; lower "
+                             "min_chars or raise max_chars")
         return self
 
 
@@ -208,7 +212,8 @@ class PrecomputeSettings(_Section):
         packs=("t5xxl_pixart",))
     processes: Int = S(1, "Processes", "ranks computing shards in parallel (one per GPU); shard k "
                        "goes to rank k mod N, the shards are the same for any N", ge=1, le=1024,
-                       advanced=True, why="one process per card; more than 1024 ranks is no machine")
+                       advanced=True,
+                       why="one process per card; more than 1024 ranks is no machine")
 
 
 class TrainSettings(_Section):
@@ -253,7 +258,8 @@ class TrainSettings(_Section):
                      advanced=True, why="no machine has more cores")
     processes: Int = S(1, "Processes", "data-parallel ranks (one per GPU), each a slice of every "
                        "batch; the batch size stays the global batch", ge=1, le=1024,
-                       advanced=True, why="one process per card; more than 1024 ranks is no machine")
+                       advanced=True,
+                       why="one process per card; more than 1024 ranks is no machine")
 
     @field_validator("steps", mode="before")
     @classmethod
@@ -483,7 +489,8 @@ def validate_settings(data: Any, source: str = "project.json") -> ProjectSetting
     except ValidationError as e:
         raise UserError(_describe_errors(e, source)) from None
     except RecursionError:
-        raise UserError(f"{source} is nested too deeply to be settings; fix or recreate it.") from None
+        raise UserError(f"{source} is nested too deeply to be settings; fix or recreate "
+                        "it.") from None
 
 
 def default_name(pack_default: str, name: str | None = None) -> str:

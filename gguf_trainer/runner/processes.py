@@ -48,8 +48,8 @@ def child_env() -> dict:
     return env
 
 
-def spawn_detached(argv: list[str], log_path: Path, cwd: Path,
-                   exit_path: Path | None = None, extra_env: dict | None = None) -> subprocess.Popen:
+def spawn_detached(argv: list[str], log_path: Path, cwd: Path, exit_path: Path | None = None,
+                   extra_env: dict | None = None) -> subprocess.Popen:
     """Start `argv` in a new session, stdin /dev/null, output appended to `log_path`.
 
     A banner "===== launch <time>: <cmd>" goes to the log first. With `exit_path`, the job

@@ -323,8 +323,8 @@ def format_ranks(info: dict) -> list[str]:
         if not isinstance(r, dict):
             continue
         done, total = r.get("done"), r.get("total")
-        where = f"{done:g}/{total:g} {r.get('unit') or ''}".strip() if isinstance(done, (int, float)) \
-            and isinstance(total, (int, float)) else ""
+        counted = isinstance(done, (int, float)) and isinstance(total, (int, float))
+        where = f"{done:g}/{total:g} {r.get('unit') or ''}".strip() if counted else ""
         rate = f", {r['rate']:.2f}/s" if isinstance(r.get("rate"), (int, float)) else ""
         lines.append(f"  rank {r.get('rank')} (pid {r.get('pid')} on {r.get('host')}): "
                      f"{r.get('status')} {r.get('stage') or ''} {where}{rate}".rstrip())

@@ -9,12 +9,12 @@ from __future__ import annotations
 import itertools
 import random
 
-_SUBJECTS = ["a red fox", "an old lighthouse", "a bowl of ramen", "a cyberpunk street", "a snowy cabin",
-             "a golden retriever", "a vintage car", "a koi pond", "a desert caravan", "a glass teapot",
-             "a robot gardener", "a medieval castle", "a sleeping cat", "a hot air balloon",
-             "a mountain lake", "a jazz musician"]
-_STYLES = ["oil painting", "watercolor", "35mm photo", "pixel art", "pencil sketch", "studio lighting",
-           "low-poly render", "anime style", "ukiyo-e print", "neon glow"]
+_SUBJECTS = ["a red fox", "an old lighthouse", "a bowl of ramen", "a cyberpunk street",
+             "a snowy cabin", "a golden retriever", "a vintage car", "a koi pond",
+             "a desert caravan", "a glass teapot", "a robot gardener", "a medieval castle",
+             "a sleeping cat", "a hot air balloon", "a mountain lake", "a jazz musician"]
+_STYLES = ["oil painting", "watercolor", "35mm photo", "pixel art", "pencil sketch",
+           "studio lighting", "low-poly render", "anime style", "ukiyo-e print", "neon glow"]
 _SETTINGS = ["at sunset", "in the rain", "under a full moon", "in autumn", "at dawn", "in fog",
              "on a busy morning", "in winter"]
 

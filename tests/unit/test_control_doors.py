@@ -45,7 +45,8 @@ def test_the_gui_reaches_materials_and_trust_through_control(tmp_path, monkeypat
     monkeypatch.setenv(trust.HOME_ENV, str(tmp_path / "home"))
     teacher = copy_tiny_llada(tmp_path / "LLaDA-Image-Turbo", with_sigvq=False)
     root = tmp_path / "proj"
-    create_project(root, "llada_image", overrides={"materials": {"teacher": {"path": str(teacher)}}})
+    create_project(root, "llada_image",
+                   overrides={"materials": {"teacher": {"path": str(teacher)}}})
     assert not hasattr(common, "feature")  # no lookups by name left
     rows = api.materials(str(root))["materials"]
     assert rows == control.material_statuses(root)

@@ -221,7 +221,8 @@ def _light_modules() -> list[str]:
 
 
 def run_py(code: str, tmp_path: Path) -> dict:
-    env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "GGUF_TRAINER_PROJECTS": str(tmp_path / "p")}
+    env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin",
+           "GGUF_TRAINER_PROJECTS": str(tmp_path / "p")}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                        timeout=120, check=False)
     assert r.returncode == 0, r.stderr

@@ -25,8 +25,9 @@ def test_the_probe_reports_the_plan_precompute_makes(tmp_path):
 
 def test_a_missing_teacher_is_the_planners_sentence(tmp_path):
     root = tmp_path / "p"
+    missing = {"teacher": {"path": str(tmp_path / "nope")}}
     create_project(root, "t5xxl_pixart", overrides={"precompute.device": "cpu",
-                                                    "materials": {"teacher": {"path": str(tmp_path / "nope")}}})
+                                                    "materials": missing})
     got = preflight._probe(str(root))
     assert not got["ok"] and str(tmp_path / "nope") in got["error"]
     assert "Pre-flight: refused." in preflight.to_markdown(got)

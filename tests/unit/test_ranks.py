@@ -141,7 +141,8 @@ def test_the_watch_names_a_dead_or_failed_rank(tmp_path, monkeypatch):
     assert watch.dead_rank() is None  # rank 2 has not reported yet: within the start grace
     _rank_file(tmp_path, rank=2, pid=me, pid_start_time=locks.process_start_time(me),
                status="failed", error="no room on the card")
-    assert watch.dead_rank() == f"rank 2 (pid {me} on {socket.gethostname()}) failed: no room on the card"
+    assert watch.dead_rank() == (f"rank 2 (pid {me} on {socket.gethostname()}) failed: "
+                                 "no room on the card")
     _rank_file(tmp_path, rank=2, pid=2 ** 22 + 7, pid_start_time=1.0)  # no such process
     assert watch.dead_rank().endswith("died")
     _rank_file(tmp_path, rank=2, pid=1, pid_start_time=1.0, host="elsewhere",

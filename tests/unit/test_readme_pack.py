@@ -17,7 +17,8 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def readme_pack_source() -> str:
-    section = README.read_text(encoding="utf-8").split("## Adding a pack", 1)[1].split("\n## ", 1)[0]
+    text = README.read_text(encoding="utf-8")
+    section = text.split("## Adding a pack", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
     assert len(blocks) == 1, "the section shows one pack file"
     return blocks[0]
@@ -46,4 +47,5 @@ def test_the_readme_pack_builds_a_demo_project(readme_pack, tmp_path):
     # the demo's tiny T5 passes the pack's header check, as it does for PixArt
     assert project.pack.check_teacher({"teacher": project.material_path("teacher")})
     cmd, notes = ggk_command(project)
-    assert "--diffusion-model mymodel-q8_0.gguf" in cmd and "run pig_clip at f16 or q8_0" in " ".join(notes)
+    assert "--diffusion-model mymodel-q8_0.gguf" in cmd
+    assert "run pig_clip at f16 or q8_0" in " ".join(notes)
