@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import gradio as gr
 
+from gguf_trainer.project_schema import get_dotted
 from gguf_trainer.runner import control
 
 SECTION_ORDER = ("Project", "Materials", "Corpus", "Precompute", "Training", "Output")
@@ -134,15 +135,6 @@ def _lay_out(form: Form, metas: list[dict]) -> None:
 
 
 # ---- values ---------------------------------------------------------------------------
-def get_dotted(values: dict, key: str):
-    node = values
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
-
-
 def to_widget(meta: dict, value):
     kind = widget_kind(meta)
     if kind == "multi":

@@ -8,6 +8,7 @@ import pytest
 
 from gguf_trainer.packs import pack_ids
 from gguf_trainer.project import create_project
+from gguf_trainer.project_schema import get_dotted
 from gguf_trainer.runner import control
 from gguf_trainer.ui import form
 
@@ -24,7 +25,7 @@ def test_an_untouched_page_changes_nothing(built, tmp_path, pack):
     create_project(root, pack)
     values = control.read_settings(root).values
     shown = form.fill(built, values, pack)
-    widgets = [form.to_widget(f.meta, form.get_dotted(values, k)) for k, f in built.fields.items()]
+    widgets = [form.to_widget(f.meta, get_dotted(values, k)) for k, f in built.fields.items()]
     assert form.changes(built, values, widgets) == {}
     pack_keys = {m["key"] for m in control.field_metadata(pack) if not m.get("hidden")}
     visible = {k for (k, _), u in zip(built.fields.items(), shown) if u.get("visible")}
@@ -35,7 +36,7 @@ def test_widgets_map_back_to_schema_values(built, tmp_path):
     root = tmp_path / "p"
     create_project(root, "t5xxl_pixart")
     values = control.read_settings(root).values
-    widgets = {k: form.to_widget(f.meta, form.get_dotted(values, k)) for k, f in built.fields.items()}
+    widgets = {k: form.to_widget(f.meta, get_dotted(values, k)) for k, f in built.fields.items()}
     widgets.update({"train.width": 512.0, "corpus.files": "/a.txt\n\n /b.jsonl ",
                     "corpus.weights": '{"files": 0.5}', "precompute.mock_teacher": True})
     got = form.changes(built, values, list(widgets.values()))
@@ -61,11 +62,11 @@ def test_dataset_lists_are_multi_selects_of_the_known_ids(built, tmp_path, key, 
     root = tmp_path / "p"
     create_project(root, "t5xxl_pixart")
     values = control.read_settings(root).values
-    widgets = {k: form.to_widget(f.meta, form.get_dotted(values, k)) for k, f in built.fields.items()}
+    widgets = {k: form.to_widget(f.meta, get_dotted(values, k)) for k, f in built.fields.items()}
     assert widgets[key] == []
     widgets[key] = pick
     got = form.changes(built, values, list(widgets.values()))
     assert got == {key: pick}  # the schema's list of ids, nothing else moved
     res = control.update_settings(root, got, values)
     assert res.ok, res.message()
-    assert form.get_dotted(control.read_settings(root).values, key) == pick
+    assert get_dotted(control.read_settings(root).values, key) == pick

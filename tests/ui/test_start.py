@@ -8,6 +8,7 @@ import gradio as gr
 import pytest
 
 from gguf_trainer.project import create_project
+from gguf_trainer.project_schema import get_dotted
 from gguf_trainer.runner import control
 from gguf_trainer.ui import form, train_tab
 
@@ -37,7 +38,7 @@ def page(fm, root):
     """(the page's read state, its widget values) right after opening `root`."""
     got = control.read_settings(root)
     read = {"values": got.values, "version": got.version}
-    widgets = {k: form.to_widget(f.meta, form.get_dotted(got.values, k)) for k, f in fm.fields.items()}
+    widgets = {k: form.to_widget(f.meta, get_dotted(got.values, k)) for k, f in fm.fields.items()}
     return read, widgets
 
 
