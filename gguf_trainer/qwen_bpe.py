@@ -6,8 +6,10 @@ special strings, pre-splits the rest with a hand-written `token_split` and BPE-m
 piece. Where it differs from `tokenizer(text, add_special_tokens=False)`, the engine wins:
   * no NFC normalisation (a decomposed `e\u0301` keeps its two code points);
   * `\\p{N}` is ASCII digits only, `\\p{L}` is the engine's own table (qwen_letters.py);
-  * `[^\\s\\p{L}\\p{N}]` tests C `isspace` (ASCII), so a non-ASCII space such as U+00A0 or U+3000
-    joins a punctuation run there, while a whitespace run is the engine's wider `is_space` list;
+  * `[^\\s\\p{L}\\p{N}]` tests C `isspace` (ASCII below 256), so a non-ASCII space such as U+00A0
+    or U+3000 joins a punctuation run there, while a whitespace run is the engine's wider
+    `is_space` list; above 255 that `isspace` reads past its table (qwen_cspace.py) and the
+    engine drops the characters it answers "space" for (full-width digits, U+FE0F, many emoji);
   * a contraction keeps the apostrophe and lowercases what follows (`'S` becomes `'s`), and `'d`
     is never split off (the 3-character test compares two characters with "d");
   * `<|boi_token|>` … `<|tms_token|>` are specials (ids 151669-151673).
@@ -24,6 +26,7 @@ from __future__ import annotations
 import bisect
 import functools
 
+from .qwen_cspace import LIMIT, cspace_bits
 from .qwen_letters import letter_ranges
 
 # qwen2_tokenizer.cpp qwen2_special_tokens(), in id order from 151643 (the encoder appends
@@ -44,7 +47,16 @@ _STARTS = [a for a, _ in _RANGES]
 # tokenize_util.cpp is_space: the whitespace-run test.
 _IS_SPACE = frozenset(map(chr, (0x09, 0x0A, 0x0B, 0x0C, 0x0D, 0x20, 0xA0, 0x1680, *range(0x2000, 0x200B),
                                 0x202F, 0x205F, 0x3000)))
-_C_ISSPACE = frozenset("\t\n\v\f\r ")  # C isspace in the "C" locale
+_C_ISSPACE = frozenset("\t\n\v\f\r ")  # C isspace in the "C" locale, 0..255
+_CSPACE_BITS = cspace_bits()  # above 255: what the engine's out-of-table lookup answers (qwen_cspace.py)
+
+
+def c_isspace(ch: str) -> bool:
+    """tokenize_util.cpp's `isspace(cps[i])` on a code point, as the engine computes it."""
+    cp = ord(ch)
+    if cp < 256:
+        return ch in _C_ISSPACE
+    return cp < LIMIT and bool(_CSPACE_BITS[cp >> 3] >> (cp & 7) & 1)
 
 
 @functools.lru_cache(maxsize=65536)
@@ -117,13 +129,13 @@ def token_split(text: str) -> list[str]:
             out.append(text[i:j])
             i = j
             continue
-        if (cp == " " and i + 1 < n and text[i + 1] not in _C_ISSPACE and not is_letter(text[i + 1])
+        if (cp == " " and i + 1 < n and not c_isspace(text[i + 1]) and not is_letter(text[i + 1])
                 and not is_number(text[i + 1])):  # ` [^\s\p{L}\p{N}]+[\r\n]*`
             j = _punct_run(text, i + 2)
             out.append(text[i:j])
             i = j
             continue
-        if not is_letter(cp) and not is_number(cp) and cp not in _C_ISSPACE:  # `[^\s\p{L}\p{N}]+[\r\n]*`
+        if not is_letter(cp) and not is_number(cp) and not c_isspace(cp):  # `[^\s\p{L}\p{N}]+[\r\n]*`
             j = _punct_run(text, i + 1)
             out.append(text[i:j])
             i = j
@@ -143,7 +155,7 @@ def token_split(text: str) -> list[str]:
 
 def _punct_run(text: str, j: int) -> int:
     n = len(text)
-    while j < n and not is_letter(text[j]) and not is_number(text[j]) and text[j] not in _C_ISSPACE:
+    while j < n and not is_letter(text[j]) and not is_number(text[j]) and not c_isspace(text[j]):
         j += 1
     while j < n and text[j] in "\r\n":
         j += 1

@@ -152,12 +152,23 @@ class TrainerPack:
         teacher that runs its own released pipeline tokenizes."""
         return text
 
+    # Where the engine builds this pack's template: {"file": path in vendor/engine, "lines":
+    # (first, last), "version": its SDVersion}, the LLMEmbedder branch of conditioner.hpp that
+    # sets `prompt` and its prompt range; {} = the raw prompt (PixArtT5Embedder, T5CLIPEmbedder).
+    # tests/engine compiles those lines and compares the pack's student ids with the engine's.
+    engine_template: dict = {}
+
     def student_pieces(self, sample, image_tokens: Sequence[int] = ()) -> tuple[Piece, ...]:
         """The student's template for a sample whose images have `image_tokens` vision rows
         each, in the pieces the engine tokenizes one by one (template_ids.py); default: the
         raw prompt, parsed for weight syntax (PixArt). A pack with a template declares its
         pieces here, citing the engine lines they come from (tests/engine reads them there)."""
         return (Piece(sample.text, prompt=True),)
+
+    def template_start(self, sample) -> int:
+        """The first template row the engine hands the DiT (prompt_template_encode_start_idx):
+        the rows before it are dropped after the adapter."""
+        return 0
 
     def student_text(self, sample, image_tokens: Sequence[int] = ()) -> str:
         """The student's template joined into one string (logs, teachers that read text)."""

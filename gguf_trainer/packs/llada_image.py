@@ -15,7 +15,6 @@ from .base import Material, TrainerPack, Verdict
 # the empty prompt is one piece ending "image." with no prompt range.
 HUMAN = "<role>HUMAN</role> Generate an image"
 ASSISTANT = "\n<role>ASSISTANT</role>\n<IMAGE1>"
-ENGINE_TEMPLATE = ("diffusion/src/conditioning/conditioner.hpp", 3443, 3463)
 
 
 class LLaDAImagePack(TrainerPack):
@@ -24,6 +23,8 @@ class LLaDAImagePack(TrainerPack):
     description = ("Replaces the LLaDA2-MoE text stack with pig_clip + a 256-query resampler; "
                    "the adapter is text-only and pairs with the SigVQ vision encoder for editing.")
     adapter_kind = "resampler"
+    engine_template = {"file": "diffusion/src/conditioning/conditioner.hpp", "lines": (3444, 3464),
+                       "version": "VERSION_LLADA_IMAGE"}
     out_dim = 2560
     num_queries = 256
     default_name = "llada_adapter"

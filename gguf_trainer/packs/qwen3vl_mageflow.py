@@ -10,9 +10,8 @@ from ..mageflow_images import CLIP_MEAN, CLIP_STD, FACTOR, MAX_SIDE, preprocess_
 from ..template_ids import Piece
 from .base import Material, TrainerPack
 
-# Copied exactly from the engine (conditioner.hpp 3154-3235, LLMEmbedder, MageFlow: edit and
-# text-to-image); tests/engine reads them at those lines, token counts are checked in tests.
-ENGINE_TEMPLATE = ("diffusion/src/conditioning/conditioner.hpp", 3154, 3235)
+# Copied exactly from the engine (conditioner.hpp 3155-3235, LLMEmbedder, MageFlow: edit and
+# text-to-image, the pack's engine_template); tests/engine compiles those lines and compares.
 EDIT_PREFIX = (
     "<|im_start|>system\nDescribe the key features of the input image (color, shape, size, texture, "
     "objects, background), then explain how the user's text instruction should alter or modify the "
@@ -46,6 +45,8 @@ class MageFlowPack(TrainerPack):
     description = ("Replaces the Qwen3-VL-4B-Instruct text stack with pig_clip + a token-aligned "
                    "adapter with a vision extension; pairs with the unchanged mmproj for editing.")
     adapter_kind = "token_aligned_vision"
+    engine_template = {"file": "diffusion/src/conditioning/conditioner.hpp", "lines": (3155, 3235),
+                       "version": "VERSION_MAGE_FLOW"}
     out_dim = 2560
     vis_dim = 2560
     default_name = "qwen3vl_4b_adapter"
@@ -106,6 +107,9 @@ class MageFlowPack(TrainerPack):
         else:
             prefix = EDIT_PREFIX + "".join(image_block(i, n) for i, n in enumerate(image_tokens))
         return (Piece(prefix), Piece(sample.text, prompt=True), Piece(SUFFIX))
+
+    def template_start(self, sample) -> int:
+        return EDIT_START if sample.images else T2I_START
 
     def demo_corpus(self, folder, prompts):
         """The demo's corpus: small synthetic images (64–160 px, 4–20 vision tokens each) in

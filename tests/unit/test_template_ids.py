@@ -94,6 +94,14 @@ def test_the_engines_pre_split_quirks():
     assert token_split("a  b") == ["a", " ", " b"]
 
 
+def test_characters_the_engines_isspace_reads_as_space_are_dropped(enc, tok):
+    """tokenize_util.cpp calls C isspace on code points past 255 (undefined: glibc reads past its
+    table, qwen_cspace.py); the engine built on Linux drops what it answers "space" for."""
+    assert enc("１２３") == [] and enc("ＡＢＣ１２３") == enc("ＡＢＣ")  # full-width digits
+    assert enc("a🚀") == enc("a") and enc("a😀") != enc("a")  # U+1F680 dropped, U+1F600 kept
+    assert hf(tok, "１２３") != []
+
+
 def test_precompute_and_check_use_the_rule(tiny_materials):
     """The student ids the pipeline stores are the pack's engine ids (not the joined string's)."""
     from gguf_trainer import precompute

@@ -1,0 +1,201 @@
+"""Build the engine tier's driver from the pinned ggk 0.9.7 source package (CPU, cmake + g++).
+
+The sdist comes from the package registry (`pip download ggk==0.9.7 --no-deps --no-binary :all:`)
+and must match SDIST_SHA256; it is unpacked, the driver (probe.cpp) is configured and built in
+~/.cache/gguf-trainer-engine/<sha> of the user's real home (GGUF_TRAINER_ENGINE_CACHE overrides
+it), so only a
+cold cache pays the build. The template code is not retyped: every registered pack's
+`engine_template` names the lines of the pinned source that build its template, and those lines
+are cut into snippets.inc and compiled into the driver (with LLMEmbedder::tokenize, TOKENIZE_LINES).
+
+    python tests/engine/engine_build.py       # builds (or finds) the driver, prints its path and times
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pwd
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+SDIST = "ggk-0.9.7.tar.gz"
+SDIST_SHA256 = "f733df77aa1695576b220f0ad1cddd184773e89e6a5a5b78009cd814bcf48fe7"
+ENGINE = "ggk-0.9.7/vendor/engine"
+CONDITIONER = "diffusion/src/conditioning/conditioner.hpp"
+TOKENIZE_LINES = (2551, 2623)  # LLMEmbedder::tokenize: template pieces, prompt chunks, padding
+HERE = Path(__file__).resolve().parent
+DRIVER_SOURCES = ("CMakeLists.txt", "probe.cpp", "vocab_shim.cpp")
+KEEP = ("vendor/engine/gk/", "vendor/engine/diffusion/", "vendor/engine/quantizer/src/kernels/")
+
+
+class EngineBuildError(RuntimeError):
+    pass
+
+
+def cache_root() -> Path:
+    """GGUF_TRAINER_ENGINE_CACHE, else ~/.cache/gguf-trainer-engine of the real home (the test
+    suite points HOME at a scratch folder; the build must outlive it)."""
+    home = Path(pwd.getpwuid(os.getuid()).pw_dir)
+    return Path(os.environ.get("GGUF_TRAINER_ENGINE_CACHE", home / ".cache" / "gguf-trainer-engine"))
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def fetch_sdist(folder: Path) -> Path:
+    """The pinned sdist in `folder`, downloaded from the registry when absent; refused when its
+    sha256 is not the pinned one."""
+    path = folder / SDIST
+    if not path.is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "pip", "download", "ggk==0.9.7", "--no-deps",
+                        "--no-binary", ":all:", "-d", str(folder), "--quiet"], check=True)
+    got = _sha256(path)
+    if got != SDIST_SHA256:
+        raise EngineBuildError(f"{path} has sha256 {got}, not the pinned {SDIST_SHA256}")
+    return path
+
+
+def unpack(sdist: Path, dest: Path) -> Path:
+    """vendor/engine of the sdist (only gk, diffusion and the quantizer kernels it includes)."""
+    engine = dest / ENGINE
+    if (dest / ".unpacked").is_file():
+        return engine
+    with tarfile.open(sdist) as tar:
+        members = [m for m in tar.getmembers()
+                   if any(k in m.name for k in KEEP) and (m.isfile() or m.isdir())]
+        tar.extractall(dest, members=members, filter="data")
+    (dest / ".unpacked").write_text("ok\n")
+    return engine
+
+
+def source_lines(engine: Path, file: str, first: int, last: int) -> list[str]:
+    """Lines first..last (1-based, inclusive) of a file of the pinned source."""
+    lines = (engine / file).read_text(encoding="utf-8").splitlines()
+    return lines[first - 1: last]
+
+
+def packs_with_templates() -> list:
+    from gguf_trainer.packs import get_pack, pack_ids
+
+    return [p for p in map(get_pack, pack_ids()) if p.engine_template]
+
+
+def llm_embedder_lines(engine: Path) -> tuple[int, int]:
+    """The lines of LLMEmbedder::get_learned_condition in the pinned conditioner.hpp: the
+    template branches the driver can compile (it provides that function's locals)."""
+    lines = (engine / CONDITIONER).read_text(encoding="utf-8").splitlines()
+    start = next(i for i, t in enumerate(lines) if t.startswith("struct LLMEmbedder"))
+    first = next(i for i in range(start, len(lines)) if "SDCondition get_learned_condition(" in lines[i])
+    last = next(i for i in range(first, len(lines)) if lines[i].startswith("struct "))
+    return first + 1, last
+
+
+def unsupported(engine: Path, pack) -> str | None:
+    """Why the driver cannot compile this pack's engine_template, or None."""
+    t = pack.engine_template
+    lo, hi = llm_embedder_lines(engine)
+    if t["file"] != CONDITIONER or not (lo <= t["lines"][0] <= t["lines"][1] <= hi):
+        return (f"{pack.id}: its engine_template {t['file']}:{t['lines'][0]}-{t['lines'][1]} is not a "
+                f"branch of LLMEmbedder::get_learned_condition ({CONDITIONER}:{lo}-{hi}), the code the "
+                "driver compiles; give the tier a driver command for that conditioner")
+    return None
+
+
+def _write_if_changed(path: Path, text: str) -> None:
+    """A rewrite with the same text would make the build recompile the driver."""
+    if not path.is_file() or path.read_text() != text:
+        path.write_text(text)
+
+
+def write_snippets(engine: Path, folder: Path, failed: dict[str, str]) -> list:
+    """tokenize_member.inc and snippets.inc, cut from the pinned conditioner.hpp; the packs whose
+    template lies elsewhere, or whose lines did not compile in the driver (`failed`: pack id ->
+    compiler error), are left out and listed in unsupported.txt (their tier tests fail with it).
+    Returns the packs compiled in, with their snippet's line range."""
+    folder.mkdir(parents=True, exist_ok=True)
+    first, last = TOKENIZE_LINES
+    body = source_lines(engine, CONDITIONER, first, last)
+    if "tokenize(std::string text" not in body[0] or body[-1].strip() != "}":
+        raise EngineBuildError(f"{CONDITIONER}:{first}-{last} is not LLMEmbedder::tokenize")
+    _write_if_changed(folder / "tokenize_member.inc", f'#line {first} "{CONDITIONER}"\n' + "\n".join(body) + "\n")
+    out, skipped, kept = [], [], []
+    for pack in packs_with_templates():
+        why = unsupported(engine, pack) or failed.get(pack.id)
+        if why:
+            skipped.append(f"{pack.id}\t{why}")
+            continue
+        t = pack.engine_template
+        a, b = t["lines"]
+        kept.append((pack.id, a, b))
+        out.append(f"if (pack == \"{pack.id}\") {{\n    version = {t['version']};\n"
+                   f"#line {a} \"{t['file']}\"\n" + "\n".join(source_lines(engine, t["file"], a, b)) + "\n}")
+    _write_if_changed(folder / "snippets.inc", "\n".join(out) + "\n")
+    _write_if_changed(folder / "unsupported.txt", "".join(s.replace("\n", " ") + "\n" for s in skipped))
+    return kept
+
+
+def unsupported_packs() -> dict[str, str]:
+    """Pack id -> why the driver has no template code for it (after build())."""
+    path = cache_root() / SDIST_SHA256[:16] / "snippets" / "unsupported.txt"
+    lines = path.read_text().splitlines() if path.is_file() else []
+    return dict(line.split("\t", 1) for line in lines if "\t" in line)
+
+
+_ERROR = re.compile(r"conditioner\.hpp:(\d+):\d+: error: (.*)")
+
+
+def build(jobs: int = 2, log=print) -> Path:
+    """The driver binary, built when the cache lacks it; logs the build time. A pack whose cited
+    lines do not compile in the driver is left out (with the compiler's error) and the rest built."""
+    root = cache_root() / SDIST_SHA256[:16]
+    sdist = fetch_sdist(root)
+    engine = unpack(sdist, root / "src")
+    snippets = root / "snippets"
+    build_dir = root / "build"
+    for name in DRIVER_SOURCES:  # the driver's own sources, copied so the cache is self-contained
+        dest = root / "driver" / name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if not dest.is_file() or dest.read_bytes() != (HERE / name).read_bytes():
+            shutil.copyfile(HERE / name, dest)
+    for tool in ("cmake", "g++"):
+        if shutil.which(tool) is None:
+            raise EngineBuildError(f"{tool} is not installed; the engine tier needs cmake and g++ "
+                                   "(.ci/run installs them: apt-get install -y cmake g++)")
+    t0 = time.perf_counter()
+    if not (build_dir / "CMakeCache.txt").is_file():
+        subprocess.run(["cmake", "-S", str(root / "driver"), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
+                        f"-DENGINE_DIR={engine}", f"-DSNIPPET_DIR={snippets}"],
+                       check=True, stdout=subprocess.DEVNULL)
+    failed: dict[str, str] = {}
+    while True:
+        kept = write_snippets(engine, snippets, failed)
+        res = subprocess.run(["cmake", "--build", str(build_dir), "--target", "probe", "-j", str(jobs)],
+                             check=False, capture_output=True, text=True)
+        if res.returncode == 0:
+            break
+        errors = [(int(m.group(1)), m.group(2)) for m in _ERROR.finditer(res.stdout + res.stderr)]
+        blamed = {pid: msg for line, msg in errors for pid, a, b in kept if a <= line <= b}
+        if not blamed:
+            raise EngineBuildError("the engine driver did not build:\n" + res.stdout[-6000:] + res.stderr[-6000:])
+        for pid, msg in blamed.items():
+            failed[pid] = f"its engine_template lines do not compile in the driver: {msg}"
+    probe = build_dir / "probe"
+    log(f"engine tier: driver {'built' if 'Linking' in res.stdout else 'up to date'} in "
+        f"{time.perf_counter() - t0:.1f} s ({probe})" + (f"; left out: {', '.join(failed)}" if failed else ""))
+    return probe
+
+
+if __name__ == "__main__":
+    print(build())

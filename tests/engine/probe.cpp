@@ -1,0 +1,238 @@
+// The engine tier's driver: feeds ggk 0.9.7's own code and prints what it returns, one line per
+// command read from stdin (text arguments hex-encoded UTF-8, so any prompt fits on a line):
+//   parse HEX                      parse_prompt_attention: "weight:HEX ..." per chunk ("-" = "")
+//   qwen HEX / t5 HEX              Qwen2Tokenizer / T5UniGramTokenizer ids of one text
+//   pixart L HEX                   PixArtT5Embedder's student ids | its T5 window of L slots
+//   cspace                         the code points 256..0x3FFFF that tokenize_util.cpp's isspace(char32_t)
+//                                  reads as space: a lookup past the C library's 256-entry table
+//                                  (undefined behaviour; glibc answers from whatever follows it)
+//   t5json PATH                    writes the engine's T5 tokenizer.json (its pieces and scores)
+//   tmpl PACK HEX N H1 W1 ...      the pack's template code cut from conditioner.hpp (snippets.inc),
+//                                  with N reference images of H×W pixels, then LLMEmbedder::tokenize:
+//                                  "start S | ids | idx:n ... | h_bar:w_bar ..." or "throw MESSAGE"
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/util.h"
+#include "model.h"
+#include "tokenizers/qwen2_tokenizer.h"
+#include "tokenizers/t5_unigram_tokenizer.h"
+#include "tokenizers/vocab/vocab.h"
+
+static std::string unhex(const std::string& h) {
+    std::string out;
+    if (h == "-") {  // the empty text
+        return out;
+    }
+    for (size_t i = 0; i + 1 < h.size(); i += 2) {
+        out.push_back(static_cast<char>(std::stoi(h.substr(i, 2), nullptr, 16)));
+    }
+    return out;
+}
+
+static std::string hex(const std::string& s) {
+    static const char* d = "0123456789abcdef";
+    std::string out;
+    for (unsigned char c : s) {
+        out.push_back(d[c >> 4]);
+        out.push_back(d[c & 15]);
+    }
+    return out;
+}
+
+static std::string ids_text(const std::vector<int>& ids) {
+    std::string out;
+    for (size_t i = 0; i < ids.size(); ++i) {
+        out += (i ? " " : "") + std::to_string(ids[i]);
+    }
+    return out;
+}
+
+// What the template code reads from the student LLM: the vision config and the image encoder.
+// The fake encoder returns one row per merged 32×32 cell of the preprocessed picture (Qwen3-VL:
+// patch 16, merge 2), and records the size clip_preprocess produced.
+struct FakeLLM {
+    struct {
+        struct {
+            int patch_size         = 16;
+            int spatial_merge_size = 2;
+            bool use_deepstack     = true;  // Qwen Image 2.1 (conditioner.hpp 3073)
+        } vision;
+        int num_layers = 36;  // Qwen Image 2.1: out_layers = {num_layers} (3084)
+    } config;
+    bool enable_vision = true;
+    std::vector<std::pair<int64_t, int64_t>> seen;  // (h_bar, w_bar) of each preprocessed image
+
+    sd::Tensor<float> encode_image(int, const sd::Tensor<float>& image, bool, bool, bool) {
+        int64_t w = image.shape()[0], h = image.shape()[1];
+        seen.emplace_back(h, w);
+        return sd::Tensor<float>({4, (w / 32) * (h / 32)});
+    }
+    // Qwen Image 2.1's call (3123) with the deepstack output (none here: the adapter path)
+    sd::Tensor<float> encode_image(int t, const sd::Tensor<float>& image, bool a, bool b, bool c,
+                                   std::vector<sd::Tensor<float>>*) {
+        return encode_image(t, image, a, b, c);
+    }
+};
+
+// What Qwen Image 2.1's branch reads besides the LLM: the deepstack extras of the full-teacher
+// path and the adapter's vision flags (conditioner.hpp 3061, 3122-3139); the driver plays
+// pig_clip + a vision-ext adapter, the path a trained adapter takes.
+namespace LLM {
+struct LLMImageExtra {
+    std::vector<sd::Tensor<float>> deepstack;
+    int grid_h = 0;
+    int grid_w = 0;
+};
+}  // namespace LLM
+
+struct FakeAdapter {
+    struct {
+        bool has_vision_proj = true;
+        bool has_vis_in      = true;
+    } config;
+};
+
+struct Params {
+    std::string text;
+    const std::vector<sd::Tensor<float>>* ref_images = nullptr;
+};
+
+struct Embedder {
+    std::shared_ptr<BPETokenizer> tokenizer = std::make_shared<Qwen2Tokenizer>();
+    SDVersion version                       = VERSION_COUNT;
+
+#include "tokenize_member.inc"  // LLMEmbedder::tokenize, cut from conditioner.hpp
+
+    std::string run(const std::string& pack, const Params& conditioner_params) {
+        std::string prompt;
+        std::pair<int, int> prompt_attn_range;
+        std::vector<std::string> extra_prompts;  // the locals of LLMEmbedder::get_learned_condition
+        std::vector<std::pair<int, int>> extra_prompts_attn_range;
+        std::vector<std::pair<int, sd::Tensor<float>>> image_embeds;
+        sd::Tensor<float> text_mask;
+        int prompt_template_encode_start_idx = 34;
+        int min_length                       = 0;
+        int max_length                       = 100000000;
+        int hidden_states_min_length         = 0;
+        bool spell_quotes                    = false;
+        std::string prompt_suffix;
+        std::set<int> out_layers;
+        std::vector<LLM::LLMImageExtra> image_extras;  // Qwen Image 2.1 (conditioner.hpp 2936)
+        FakeAdapter adapter;
+        FakeAdapter* llm_adapter = &adapter;
+        int n_threads = 1;
+        auto llm      = std::make_shared<FakeLLM>();
+        (void)n_threads;
+        (void)hidden_states_min_length;
+        (void)extra_prompts_attn_range;
+#include "snippets.inc"  // each pack's template branch, cut from conditioner.hpp at its cited lines
+        // as LLMEmbedder::encode_prompt calls it (conditioner.hpp 2642)
+        auto tokens_weights_mask = tokenize(prompt, prompt_attn_range, min_length, max_length, spell_quotes, prompt_suffix);
+        std::string out = "start " + std::to_string(prompt_template_encode_start_idx) + " | " +
+                          ids_text(std::get<0>(tokens_weights_mask)) + " |";
+        for (auto& e : image_embeds) {
+            out += " " + std::to_string(e.first) + ":" + std::to_string(e.second.shape()[1]);
+        }
+        out += " |";
+        for (auto& s : llm->seen) {
+            out += " " + std::to_string(s.first) + ":" + std::to_string(s.second);
+        }
+        return out;
+    }
+};
+
+int main() {
+    Qwen2Tokenizer qwen;
+    T5UniGramTokenizer t5;
+    Embedder embedder;
+    std::string line;
+    while (std::getline(std::cin, line)) {
+        std::istringstream in(line);
+        std::string cmd;
+        in >> cmd;
+        try {
+            if (cmd == "parse") {
+                std::string h;
+                in >> h;
+                std::string out;
+                for (auto& item : parse_prompt_attention(unhex(h))) {
+                    char w[64];
+                    snprintf(w, sizeof(w), "%.9g", item.second);
+                    out += std::string(out.empty() ? "" : " ") + w + ":" + hex(item.first);
+                }
+                std::cout << out << "\n";
+            } else if (cmd == "qwen" || cmd == "t5") {
+                std::string h;
+                in >> h;
+                std::cout << ids_text(cmd == "qwen" ? qwen.tokenize(unhex(h), nullptr) : t5.encode(unhex(h))) << "\n";
+            } else if (cmd == "pixart") {
+                // PixArtT5Embedder::compute_qwen_hidden's ids and get_learned_condition's T5 window,
+                // composed of the engine's functions in the order conditioner.hpp 1781-1822 calls them
+                size_t length;
+                std::string h;
+                in >> length >> h;
+                auto parsed = parse_prompt_attention(unhex(h));
+                std::vector<int> student, tokens;
+                std::vector<float> weights, mask;
+                for (auto& item : parsed) {
+                    auto cur = qwen.tokenize(item.first, nullptr);
+                    student.insert(student.end(), cur.begin(), cur.end());
+                    auto chunk = t5.encode(item.first);
+                    tokens.insert(tokens.end(), chunk.begin(), chunk.end());
+                    weights.insert(weights.end(), chunk.size(), item.second);
+                }
+                if (student.empty()) {
+                    student.push_back(151643);
+                }
+                t5.pad_tokens(tokens, &weights, &mask, length, length, false);
+                std::cout << ids_text(student) << " | " << ids_text(tokens) << "\n";
+            } else if (cmd == "cspace") {
+                std::string out;
+                for (long cp = 256; cp <= 0x3FFFF; ++cp) {
+                    if (isspace(static_cast<char32_t>(cp))) {  // exactly as token_split calls it
+                        out += (out.empty() ? "" : " ") + std::to_string(cp);
+                    }
+                }
+                std::cout << out << "\n";
+            } else if (cmd == "t5json") {
+                std::string path;
+                in >> path;
+                std::string json = load_t5_tokenizer_json();
+                FILE* f          = fopen(path.c_str(), "wb");
+                fwrite(json.data(), 1, json.size(), f);
+                fclose(f);
+                std::cout << json.size() << "\n";
+            } else if (cmd == "tmpl") {
+                std::string pack, h;
+                int n = 0;
+                in >> pack >> h >> n;
+                std::vector<sd::Tensor<float>> images;
+                for (int i = 0; i < n; ++i) {
+                    int64_t ih, iw;
+                    in >> ih >> iw;
+                    images.push_back(sd::Tensor<float>({iw, ih, 3, 1}));
+                }
+                Params p;
+                p.text       = unhex(h);
+                p.ref_images = n ? &images : nullptr;
+                std::cout << embedder.run(pack, p) << "\n";
+            } else {
+                std::cout << "error unknown command " << cmd << "\n";
+            }
+        } catch (const std::exception& e) {
+            std::string msg = e.what();
+            for (auto& c : msg) {
+                if (c == '\n') c = ' ';
+            }
+            std::cout << "throw " << msg << "\n";
+        }
+        std::cout.flush();
+    }
+    return 0;
+}

@@ -1,0 +1,233 @@
+"""The engine tier: every registered pack's conditioning against ggk 0.9.7's own code, built from
+the pinned source package (engine_build.py) and fed by a small driver (probe.cpp), on a fixed
+corpus of 560 prompts and 100 image sizes (tier_corpus.py). Ids must be identical:
+
+  * the prompt parser (chunks and float32 weights);
+  * student ids, for every pack: the engine's template code, cut from the pinned conditioner.hpp
+    at the lines the pack's `engine_template` cites and run by LLMEmbedder::tokenize, or, for a raw
+    prompt pack, PixArtT5Embedder's chunked Qwen2 ids ([151643] for nothing);
+  * the template start row (prompt_template_encode_start_idx) and the image runs' rows;
+  * T5 seed windows (120 and 300 slots) of the packs seeded by T5 v1.1, from the engine's own
+    T5UniGramTokenizer over the vocabulary it embeds;
+  * reference image sizes, vision-token counts and the shapes clip_preprocess throws on.
+A new pack is covered by declaring `engine_template` (or none, for a raw prompt): no test code.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import pytest
+from engine_build import build, unsupported_packs
+from tier_corpus import image_sizes, prompts
+
+from gguf_trainer.mageflow_images import engine_refuses, target_size, vision_tokens
+from gguf_trainer.packs import get_pack, pack_ids
+from gguf_trainer.prompt_syntax import PromptSyntaxError, parse_prompt_attention
+from gguf_trainer.qwen_bpe import engine_bpe
+from gguf_trainer.samples import Sample
+from gguf_trainer.student import load_tokenizer
+from gguf_trainer.t5_unigram import T5Unigram
+from gguf_trainer.teachers.t5 import window_ids
+from gguf_trainer.tiny import qwen_tokenizer_dir
+
+PROMPTS = prompts()
+SIZES = image_sizes()
+PACKS = pack_ids()
+T5_V11_VOCAB = 32128
+
+
+class Driver:
+    def __init__(self, path):
+        self.proc = subprocess.Popen([str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True, encoding="utf-8")
+        self.calls = 0
+        self.seconds = 0.0
+
+    def ask(self, *parts) -> str:
+        t0 = time.perf_counter()
+        self.proc.stdin.write(" ".join(str(p) for p in parts) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline().rstrip("\n")
+        self.calls += 1
+        self.seconds += time.perf_counter() - t0
+        assert line and not line.startswith("error"), line
+        return line
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def hexs(text: str) -> str:
+    return text.encode("utf-8").hex() or "-"  # the driver reads "-" as ""
+
+
+def fields(line: str) -> list[str]:
+    """The " | "-separated fields of a `tmpl` answer (an empty field is "")."""
+    return [f.strip() for f in line.split("|")]
+
+
+def ids(text: str) -> list[int]:
+    return [int(x) for x in text.split()]
+
+
+@pytest.fixture(scope="module")
+def driver():
+    t0 = time.perf_counter()
+    path = build(log=print)
+    d = Driver(path)
+    yield d
+    d.close()
+    print(f"engine tier: build/lookup {time.perf_counter() - t0 - d.seconds:.1f} s, "
+          f"{d.calls} driver calls in {d.seconds:.1f} s")
+
+
+@pytest.fixture(scope="module")
+def encode():
+    return engine_bpe(load_tokenizer(qwen_tokenizer_dir())).encode
+
+
+def test_the_corpus_covers_the_cases():
+    assert len(PROMPTS) >= 500 and len(set(PROMPTS)) >= 480 and len(SIZES) == 100
+    assert "" in PROMPTS and any(len(p) > 2000 for p in PROMPTS)
+    assert any("BREAK" in p for p in PROMPTS) and any("\\(" in p for p in PROMPTS)
+
+
+def test_the_ports_tables_are_the_engines(driver):
+    """qwen_letters.py is tokenize_util.cpp's is_letter table; qwen_cspace.py is what the engine's
+    isspace(char32_t) answers past 255 on this machine's C library."""
+    import re
+
+    from engine_build import ENGINE, cache_root
+
+    from gguf_trainer.qwen_cspace import LIMIT, cspace_bits
+    from gguf_trainer.qwen_letters import letter_ranges
+
+    src = next(cache_root().glob(f"*/src/{ENGINE}/diffusion/src/tokenizers/tokenize_util.cpp")).read_text()
+    body = src[src.index("bool is_letter"):src.index("bool is_space")]
+    assert letter_ranges() == [(int(a, 16), int(b, 16)) for a, b in
+                               re.findall(r"\{0x([0-9A-Fa-f]+),\s*0x([0-9A-Fa-f]+)\}", body)]
+    engine = {int(c) for c in driver.ask("cspace").split() if int(c) < LIMIT}
+    bits = cspace_bits()
+    ours = {c for c in range(256, LIMIT) if bits[c >> 3] >> (c & 7) & 1}
+    assert engine == ours, (f"this C library's isspace past 255 differs from qwen_cspace.py's in "
+                            f"{len(engine ^ ours)} code points: regenerate the table from `probe cspace`")
+
+
+def test_prompt_parser(driver):
+    bad = []
+    for p in PROMPTS:
+        got = driver.ask("parse", hexs(p))
+        if got.startswith("throw"):
+            with pytest.raises(PromptSyntaxError):
+                parse_prompt_attention(p)
+            continue
+        engine = [(bytes.fromhex(c.split(":", 1)[1]).decode("utf-8"), float(c.split(":", 1)[0]))
+                  for c in got.split(" ")]
+        ours = [(t, float(f"{w:.9g}")) for t, w in parse_prompt_attention(p)]
+        if engine != ours:
+            bad.append((p, engine, ours))
+    assert not bad, f"{len(bad)} of {len(PROMPTS)} prompts parse differently, e.g. {bad[0]!r}"
+
+
+@pytest.mark.parametrize("pack_id", PACKS)
+def test_student_ids_and_start_rows(driver, encode, pack_id):
+    pack = get_pack(pack_id)
+    assert pack_id not in unsupported_packs(), unsupported_packs().get(pack_id)
+    bad, n = [], 0
+    for p in PROMPTS:
+        if driver.ask("parse", hexs(p)).startswith("throw"):
+            continue  # the engine cannot run it; the corpus skips it
+        sample = Sample(p)
+        if pack.engine_template:
+            start, engine_ids, _, _ = fields(driver.ask("tmpl", pack_id, hexs(p), 0))
+            want, want_start = ids(engine_ids), int(start.split()[1])
+        else:
+            want, want_start = ids(driver.ask("pixart", 120, hexs(p)).split(" | ")[0]), 0
+        n += 1
+        got = pack.student_ids(encode, sample)
+        if got != want or pack.template_start(sample) != want_start:
+            bad.append((p, len(want), len(got)))
+    print(f"{pack_id}: {n} prompts, student ids identical to the engine's for {n - len(bad)}")
+    assert n >= 500 and not bad, f"{len(bad)} prompts differ (prompt, engine ids, ours): {bad[:5]!r}"
+
+
+@pytest.fixture(scope="module")
+def engine_t5(driver, tmp_path_factory):
+    path = tmp_path_factory.mktemp("t5") / "tokenizer.json"
+    driver.ask("t5json", path)
+    model = json.loads(path.read_text(encoding="utf-8").rstrip("\0"))["model"]
+    return T5Unigram([p or "<empty_token>" for p, _ in model["vocab"]], [s for _, s in model["vocab"]])
+
+
+@pytest.mark.parametrize("pack_id", [p for p in PACKS if get_pack(p).seed_vocab == T5_V11_VOCAB])
+def test_t5_seed_windows(driver, engine_t5, pack_id):
+    """The pack's seed rule (teachers/t5.py SeedTokenizer: the T5 port over each weight chunk, then
+    the window) on the engine's own vocabulary, against the engine's T5UniGramTokenizer."""
+    from gguf_trainer.template_ids import Piece, template_ids
+
+    bad, n = [], 0
+    for window in (120, 300):
+        for p in PROMPTS:
+            got = driver.ask("pixart", window, hexs(p))
+            if got.startswith("throw"):
+                continue
+            n += 1
+            want = ids(got.split(" | ")[1])
+            ours = window_ids(template_ids(engine_t5.encode, [Piece(p, prompt=True)]), window)
+            if ours != want:
+                bad.append((window, p))
+    assert ids(driver.ask("pixart", 120, hexs("")).split(" | ")[1])[:3] == [3, 1, 0]  # "" = "▁" + EOS
+    print(f"{pack_id}: {n} T5 windows identical to the engine's for {n - len(bad)}")
+    assert not bad, f"{len(bad)} windows differ, e.g. {bad[:5]!r}"
+
+
+@pytest.mark.parametrize("pack_id", [p for p in PACKS if get_pack(p).vis_dim])
+def test_image_sizes_runs_and_refusals(driver, encode, pack_id):
+    pack = get_pack(pack_id)
+    bad, refused = [], 0
+    for k, (h, w) in enumerate(SIZES):
+        text = PROMPTS[k * 5 % len(PROMPTS)]
+        if driver.ask("parse", hexs(text)).startswith("throw"):
+            text = "make it night."
+        shapes = [(h, w)] + ([SIZES[(k + 1) % len(SIZES)]] if k % 4 == 0 else [])
+        got = driver.ask("tmpl", pack_id, hexs(text), len(shapes), *[x for s in shapes for x in s])
+        if got.startswith("throw"):
+            refused += 1
+            if not any(engine_refuses(*s) for s in shapes):
+                bad.append(("engine throws, we accept", shapes))
+            continue
+        if any(engine_refuses(*s) for s in shapes):
+            bad.append(("we refuse, the engine takes", shapes))
+            continue
+        start, engine_ids, runs, sizes = fields(got)
+        runs = [tuple(map(int, r.split(":"))) for r in runs.split()]
+        sizes = [tuple(map(int, s.split(":"))) for s in sizes.split()]
+        counts = [vision_tokens(*s) for s in shapes]
+        sample = Sample(text, images=tuple(f"{i}.png" for i in range(len(shapes))))
+        ours = pack.student_ids(encode, sample, counts)
+        # the images' runs come first; a prompt may spell <|image_pad|> itself (precompute drops it)
+        our_runs = _runs(ours, pack.image_pad_id)[: len(shapes)]
+        if (sizes != [target_size(*s) for s in shapes] or [n for _, n in runs] != counts
+                or ours != ids(engine_ids) or our_runs != runs
+                or pack.template_start(sample) != int(start.split()[1])):
+            bad.append((shapes, sizes, runs, our_runs))
+    print(f"{pack_id}: {len(SIZES)} image samples, {refused} refused by the engine's clip_preprocess")
+    assert not bad, f"{len(bad)} image samples differ, e.g. {bad[:3]!r}"
+
+
+def _runs(ids_, pad):
+    out, i = [], 0
+    while i < len(ids_):
+        if ids_[i] == pad:
+            j = i
+            while j < len(ids_) and ids_[j] == pad:
+                j += 1
+            out.append((i, j - i))
+            i = j
+        else:
+            i += 1
+    return out
