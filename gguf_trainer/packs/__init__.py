@@ -45,10 +45,18 @@ def _register_builtin() -> None:
     for module in (qwen3vl_krea2, qwen3vl_flux3, qwen3vl_fibo2, qwen3vl_ideogram4, qwen3vl_sefi,
                    qwen3_flux2_klein):
         register(module.PACK)
-    from . import qwen3_ovis, qwen3_zimage, qwen3vl_minimax_h3
+    from . import (
+        qwen3_ovis,
+        qwen3_zimage,
+        qwen3vl_boogu,
+        qwen3vl_lingbot,
+        qwen3vl_minimax_h3,
+        qwen3vl_qwen_image_2_1,
+    )
 
-    # the token-aligned Qwen families (engine-families §2 rows 4, 5, 12)
-    for module in (qwen3_zimage, qwen3_ovis, qwen3vl_minimax_h3):
+    # the token-aligned Qwen families (engine-families §2 rows 4, 5, 9-12)
+    for module in (qwen3_zimage, qwen3_ovis, qwen3vl_minimax_h3, qwen3vl_qwen_image_2_1,
+                   qwen3vl_boogu, qwen3vl_lingbot):
         register(module.PACK)
 
 

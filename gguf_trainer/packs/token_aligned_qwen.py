@@ -50,7 +50,9 @@ class QwenTokenAlignedPack(LayerwisePack):
     def tap_layout(self, num_layers: int = 0):
         from ..teachers.qwen_taps import TapLayout
 
-        taps = (num_layers,) if self.tap_last_layer and num_layers else tuple(self.teacher_taps)
+        if self.tap_last_layer and not num_layers:  # never silently the final norm
+            raise ValueError(f"{self.id}: tap_layout needs the snapshot's num_layers")
+        taps = (num_layers,) if self.tap_last_layer else tuple(self.teacher_taps)
         return TapLayout(taps=taps, start=self.start, start_prefix=self.start_prefix,
                          padding=self.padding)
 

@@ -20,11 +20,27 @@ from gguf_trainer.template_padding import PAD_ID
 from gguf_trainer.tiny import qwen_tokenizer_dir
 from gguf_trainer.tiny.qwen_taps import HIDDEN, write_tiny_tap_teacher
 
-PROMPTS = ("a sheep in sunglasses", "a (red:1.3) fox, [blurry] background", "", "x " * 300)
+PROMPTS = ("a sheep in sunglasses", "a (red:1.3) fox, [blurry] background", "", " \t\n", "x " * 300)
 ASSISTANT = "<|im_end|>\n<|im_start|>assistant\n"
 # conditioner.hpp 3591 (Ovis-Image's fixed user text)
 OVIS_TEXT = ("<|im_start|>user\nDescribe the image by detailing the color, quantity, text, shape, size, "
              "texture, spatial relationships of the objects and background:")
+QI21_SYSTEM = "<|im_start|>system\nComprehend and analyze the provided prompt.<|im_end|>\n"  # 3079
+BOOGU_T2I = ("You are a helpful assistant that generates high-quality images based on user instructions. "
+             "The instructions are as follows.")  # 3240-3241
+BOOGU_EDIT = ("Describe the key features of the input image (color, shape, size, texture, objects, "
+              "background), then explain how the user's text instruction should alter or modify the image. "
+              "Generate a new image that meets the user's requirements while maintaining consistency with "
+              "the original input where appropriate.")  # 3242-3243
+LINGBOT_PREFIX = (  # 2973-2983
+    "<|im_start|>system\nGiven a user input that may include a text prompt alone, a text prompt with an "
+    "image reference, or a text prompt with a video reference or a video reference alone, generate an "
+    "\"Enhanced prompt\" that provides detailed visual descriptions suitable for video generation. "
+    "Evaluate the level of detail in the user's input: if it is simple, enrich it by adding specifics "
+    "about colors, shapes, sizes, textures, lighting, motion dynamics, camera movement, temporal "
+    "progression, and spatial relationships to create vivid, concrete, and temporally coherent scenes "
+    "to create vivid and concrete scenes. Please generate only the enhanced description for the prompt "
+    "below and avoid including any additional commentary or evaluations:<|im_end|>\n<|im_start|>user\n")
 
 
 @pytest.fixture(scope="module")
@@ -41,12 +57,22 @@ def _pieces(pid, text):
                 Piece(ASSISTANT + "<think>\n\n</think>\n\n")]
     if pid == "qwen3vl_minimax_h3":  # 2950-2951: the raw prompt, range {0, 0}: one unparsed piece
         return [Piece(text)]
+    if pid == "qwen3vl_qwen_image_2_1":  # 3079-3152 without references; "" -> " " (3148-3149)
+        return [Piece(QI21_SYSTEM + "<|im_start|>user\n"), Piece(text or " ", prompt=True), Piece(ASSISTANT)]
+    if pid == "qwen3vl_boogu":  # 3284-3291: blank text takes the edit system prompt; no assistant turn
+        system = BOOGU_EDIT if not text.strip(" \t\r\n") else BOOGU_T2I
+        return [Piece("<|im_start|>system\n" + system + "<|im_end|>\n<|im_start|>user\n"),
+                Piece(text, prompt=True), Piece("<|im_end|>\n")]
+    if pid == "qwen3vl_lingbot":  # 2972-3049 without images: range {0, 0}, one piece
+        return [Piece(LINGBOT_PREFIX + text + ASSISTANT)]
     raise KeyError(pid)
 
 
-# pack -> (start, min_length, teacher taps, out_dim at the real teacher)
+# pack -> (start, min_length, teacher taps, out_dim at the real teacher); Qwen Image 2.1's tap is
+# the snapshot's last layer (None here)
 ENGINE = {"qwen3_zimage": (0, 0, (35,), 2560), "qwen3_ovis": (28, 284, (), 2048),
-          "qwen3vl_minimax_h3": (0, 0, (50,), 5120)}
+          "qwen3vl_minimax_h3": (0, 0, (50,), 5120), "qwen3vl_qwen_image_2_1": (14, 0, None, 4096),
+          "qwen3vl_boogu": (0, 0, (), 4096), "qwen3vl_lingbot": (140, 0, (), 2560)}
 
 
 @pytest.mark.parametrize("pid", list(ENGINE))
@@ -54,7 +80,7 @@ def test_template_start_and_pads_are_the_engines(pid, encode):
     pack = get_pack(pid)
     start, min_length, taps, out_dim = ENGINE[pid]
     assert pid in pack_ids() and pack.adapter_kind == "token_aligned" and pack.taps == ()
-    assert pack.teacher_taps == taps and pack.out_dim == out_dim
+    assert (pack.tap_last_layer if taps is None else pack.teacher_taps == taps) and pack.out_dim == out_dim
     assert pack.padding.min_length == min_length and pack.padding.multiple == 0
     cfg = pack.adapter_config(type("T", (), {"width": 128, "depth": 2})(), 1024)
     assert cfg.kind == "token_aligned" and cfg.taps == () and cfg.vis_dim == 0
@@ -69,6 +95,10 @@ def test_template_start_and_pads_are_the_engines(pid, encode):
         assert pack.template_start(s) == start
     if pid == "qwen3_ovis":  # the engine hard-codes 28: the fixed text's last token reaches the DiT
         assert len(encode(OVIS_TEXT)) == 29
+    if pid == "qwen3vl_qwen_image_2_1":  # the system turn's tokens (3081)
+        assert len(encode(QI21_SYSTEM)) == start
+    if pid == "qwen3vl_lingbot":  # the prefix's non-pad tokens (2985-2991)
+        assert len(encode(LINGBOT_PREFIX)) == start
     if pid == "qwen3vl_minimax_h3":  # weight syntax is text on an unparsed range
         assert pack.student_ids(encode, Sample("(red:1.3)")) == encode("(red:1.3)")
         assert pack.student_ids(encode, Sample("")) == []  # nothing to encode, as in the engine
@@ -93,14 +123,19 @@ def _hf_states(teacher, ids):
 def test_the_teacher_rows_are_what_the_dit_reads(pid, tiny, encode):
     pack = get_pack(pid)
     root = tiny[pack.teacher_arch]
-    teacher = load_tap_teacher(root, "cpu", pack.student_pieces, pack.tap_layout(), family=pack.family)
+    layout = pack.tap_layout(36 if pack.teacher_arch == "qwen3" else 51)  # the tiny snapshot's depth
+    teacher = load_tap_teacher(root, "cpu", pack.student_pieces, layout, family=pack.family)
     s = Sample("a sheep in sunglasses")
     ids = pack.student_ids(encode, s)
     got = teacher.targets([s], [ids])[0]
     assert got.rows.shape == (len(ids), HIDDEN) and got.sup_start == pack.start
     n = pack.padding.real_length(ids)
     hs = _hf_states(teacher, ids[:n])  # hs[k] = layer k's raw output, hs[-1] = the final norm
-    want = hs[pack.teacher_taps[0]] if pack.teacher_taps else hs[-1]
+    want = hs[layout.taps[0]] if layout.taps else hs[-1]
+    if pack.tap_last_layer:  # the last layer before the norm: raw, and the norm of it is hs[-1]
+        assert layout.taps == (51,) and not torch.allclose(got.rows[:n], hs[-1][0], atol=1e-3)
+        assert torch.allclose(teacher.text.norm(got.rows[:n]), hs[-1][0], atol=1e-4)
+        want = got.rows[:n][None]
     assert torch.allclose(got.rows[:n], want[0], atol=1e-5)
     if pid == "qwen3_zimage":  # layer 35 of 36 = transformers' hidden_states[-2]
         assert torch.allclose(got.rows[:n], hs[-2][0], atol=1e-5)
