@@ -70,8 +70,7 @@ class OvisImagePack(QwenTokenAlignedPack):
 
     engine_command_template = (
         "ggk diffuser engine -- --diffusion-model <ovis-image-7b DiT .gguf> --vae <flux ae .gguf> "
-        "--llm {student} --llm-adapter {adapter} -p \"a neon sign that says GGUF\" --cfg-scale 5.0 "
-        "--steps 50 -o out.png")
+        "--llm {student} --llm-adapter {adapter} -p \"a neon sign that says GGUF\" -o out.png")
     engine_teacher_args = "--llm <the Ovis-Image Qwen3 text encoder .gguf>"
     export_kv = {"adapter.teacher_tap": "final norm", "adapter.family": "Ovis-Image"}
 

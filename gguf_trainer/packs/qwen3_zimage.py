@@ -14,7 +14,8 @@ Teacher: Z-Image-Turbo's text_encoder is a transformers Qwen3 of Qwen3-4B's shap
 text_encoder/config.json, a duplicate of Tongyi-MAI/Z-Image-Turbo), and Z-Image-Turbo and
 FLUX.2-klein-4B "ship identical Qwen3-4B weights, tokenizer and chat template" with Z-Image
 reading hidden_states[-2], (n, 2560) (https://huggingface.co/cukrus/qwen3-4b-remote-text-encoder).
-The snapshot is therefore Qwen/Qwen3-4B, as for the Flux.2 klein pack; linking the text_encoder
+Z-Image-Turbo runs 9 steps (https://www.mintlify.com/OminiX-ai/OminiX-MLX/image/zimage: "9-step
+turbo inference"), the command's --steps. The snapshot is therefore Qwen/Qwen3-4B, as for the Flux.2 klein pack; linking the text_encoder
 folder of Tongyi-MAI/Z-Image-Turbo (with its tokenizer files beside it) works the same.
 """
 
@@ -52,9 +53,9 @@ class ZImagePack(QwenTokenAlignedPack):
     hints = {"train": "Targets: Qwen3-4B layer 35 (raw, 2560) of every template row.",
              "eval": "Judge by cos_slice against the mean baseline (no reference run)."}
     engine_command_template = (
-        "ggk diffuser engine -- --diffusion-model <z-image-turbo DiT .gguf> --vae <flux ae .gguf> --llm {student} "
-        "--llm-adapter {adapter} -p \"a lovely pig holding a sign says GGUF\" --cfg-scale 1.0 --steps 8 "
-        "--diffusion-fa -o out.png")
+        "ggk diffuser engine -- --diffusion-model <z-image-turbo DiT .gguf> --vae <flux ae .gguf> "
+        "--llm {student} --llm-adapter {adapter} -p \"a lovely pig holding a sign says GGUF\" "
+        "--cfg-scale 1.0 --steps 9 --diffusion-fa -o out.png")
     engine_teacher_args = "--llm <qwen3-4b .gguf>"
     engine_notes = ("Text-to-image only: the Omni (reference image) branch is not served by an adapter.",)
     export_kv = {"adapter.teacher": QWEN3_4B, "adapter.teacher_tap": "layer 35 (raw)",

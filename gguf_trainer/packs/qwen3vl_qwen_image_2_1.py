@@ -66,7 +66,7 @@ class QwenImage21Pack(QwenTokenAlignedPack):
         "ggk diffuser engine -- --diffusion-model <qwen-image-2.1 DiT .gguf> "
         "--vae <qwen-image vae .gguf> "
         "--llm {student} --llm-adapter {adapter} -p \"a lovely pig holding a sign says GGUF\" "
-        "--cfg-scale 4.0 --steps 30 -o out.png")
+        "-o out.png")
     engine_teacher_args = "--llm <qwen3vl-8b .gguf>"
     engine_notes = (("Text-to-image only: an edit (--ref-image) needs a vision-ext adapter "
                      "(vision_proj + vis_in), which this version does not train."),)
