@@ -50,8 +50,9 @@ CSS = """
 /* Gradio repeats the Group's elem_id on its inner box: only the outer one is the dialog. */
 #file-browser #file-browser { position: static !important; transform: none; width: auto;
   max-height: none; overflow: visible; box-shadow: none; border: 0; padding: 0; }
-/* Material table headers are words: never broken inside one. */
-#materials-md th { white-space: nowrap; word-break: keep-all; }
+/* Material table headers and short cells are words: never broken inside one. */
+#materials-md th, #materials-md td { word-break: keep-all; overflow-wrap: normal; }
+#materials-md th, #materials-md td:nth-child(-n+7) { white-space: nowrap; }
 /* Vega lays the series legend out below the plot's own height and the SVG clips it: let it
    show, with room under the chart, so train cos and val cos are labelled. */
 #loss-plot .vega-embed, #cos-plot .vega-embed { height: calc(100% - 64px) !important; }

@@ -216,7 +216,8 @@ def materials_view(project: str | None) -> tuple:
         rows.append([m.get("title") or m["id"], "required" if m.get("required") else "optional",
                      st.upper() if st == "failed" else st,
                      f"{common.fmt_size(done)} / {common.fmt_size(total)}", prog, rate, eta,
-                     _origin(m), _where(m.get("path")) + (f" — {why}" if why else "")])
+                     _origin(m), (_where(m.get("path")) + (f" — {why}" if why else ""))
+                     if m.get("path") else (why or "—")])
     table = common.md_table(["material", "need", "status", "size", "progress", "rate", "ETA", "from",
                              "where"], rows)
     # Disabled while a download runs (a second click can never start a duplicate) and when

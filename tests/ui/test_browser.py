@@ -165,13 +165,6 @@ def test_gui_run_stop_resume_copy_and_screenshots(page, gui, shots, demo_root):
     assert "train cos" in legend.text_content() and "val cos" in legend.text_content()
     assert legend.bounding_box()["y"] + legend.bounding_box()["height"] <= \
         pg.locator("#cos-plot").bounding_box()["y"] + pg.locator("#cos-plot").bounding_box()["height"]
-
-    # Start on a finished project starts nothing: it says so and offers more steps
-    pg.locator("#btn-start").click()
-    wait_for(lambda: "already done" in pg.locator("body").inner_text(), 60, "the done notice")
-    offered = target + 1000
-    wait_for(lambda: steps_box(pg).input_value() == str(offered), 30, "the offered steps")
-    assert "DONE" in pg.locator("#train-banner").inner_text()
     pg.screenshot(path=str(shots / "gui-train.png"), full_page=True)
 
     # Output: the ggk command, and Copy puts it on the clipboard
@@ -207,6 +200,14 @@ def test_gui_run_stop_resume_copy_and_screenshots(page, gui, shots, demo_root):
     wait_for(lambda: str(root) in pg.locator("#header").inner_text(), 60, "the reload")
     assert TOKEN not in pg.content()
     pg.screenshot(path=str(shots / "gui-setup.png"), full_page=True)
+
+    # Start on a finished project starts nothing: it says so and offers more steps
+    tab(pg, "Train")
+    pg.locator("#btn-start").click()
+    wait_for(lambda: "already done" in pg.locator("body").inner_text(), 60, "the done notice")
+    offered = target + 1000
+    wait_for(lambda: steps_box(pg).input_value() == str(offered), 30, "the offered steps")
+    assert "DONE" in pg.locator("#train-banner").inner_text()
     assert pg.errors == [], pg.errors
 
 
