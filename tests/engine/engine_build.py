@@ -30,7 +30,7 @@ ENGINE = "ggk-0.9.7/vendor/engine"
 CONDITIONER = "diffusion/src/conditioning/conditioner.hpp"
 TOKENIZE_LINES = (2551, 2623)  # LLMEmbedder::tokenize: template pieces, prompt chunks, padding
 HERE = Path(__file__).resolve().parent
-DRIVER_SOURCES = ("CMakeLists.txt", "probe.cpp", "vocab_shim.cpp")
+DRIVER_SOURCES = ("CMakeLists.txt", "probe.cpp", "vocab_shim.cpp", "adapter_probe.cpp")
 KEEP = ("vendor/engine/gk/", "vendor/engine/diffusion/", "vendor/engine/quantizer/src/kernels/")
 
 
@@ -174,7 +174,7 @@ def build(jobs: int = 2, log=print) -> Path:
             raise EngineBuildError(f"{tool} is not installed; the engine tier needs cmake and g++ "
                                    "(.ci/run installs them: apt-get install -y cmake g++)")
     t0 = time.perf_counter()
-    if not (build_dir / "CMakeCache.txt").is_file():
+    if not (build_dir / "CMakeCache.txt").is_file() or "adapter_probe" not in (build_dir / "Makefile").read_text():
         subprocess.run(["cmake", "-S", str(root / "driver"), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
                         f"-DENGINE_DIR={engine}", f"-DSNIPPET_DIR={snippets}"],
                        check=True, stdout=subprocess.DEVNULL)
@@ -191,6 +191,10 @@ def build(jobs: int = 2, log=print) -> Path:
             raise EngineBuildError("the engine driver did not build:\n" + res.stdout[-6000:] + res.stderr[-6000:])
         for pid, msg in blamed.items():
             failed[pid] = f"its engine_template lines do not compile in the driver: {msg}"
+    res2 = subprocess.run(["cmake", "--build", str(build_dir), "--target", "adapter_probe", "-j", str(jobs)],
+                          check=False, capture_output=True, text=True)
+    if res2.returncode != 0:
+        raise EngineBuildError("the adapter driver did not build:\n" + res2.stdout[-6000:] + res2.stderr[-6000:])
     probe = build_dir / "probe"
     log(f"engine tier: driver {'built' if 'Linking' in res.stdout else 'up to date'} in "
         f"{time.perf_counter() - t0:.1f} s ({probe})" + (f"; left out: {', '.join(failed)}" if failed else ""))

@@ -10,6 +10,9 @@ corpus of 560 prompts and 100 image sizes (tier_corpus.py). Ids must be identica
   * T5 seed windows (120 and 300 slots) of the packs seeded by T5 v1.1, from the engine's own
     T5UniGramTokenizer over the vocabulary it embeds;
   * reference image sizes, vision-token counts and the shapes clip_preprocess throws on.
+  * the exported adapter's output (the f16 GGUF as written) on tiny-student rows, run by the
+    engine's own LLMAdapter::AdapterRunner on the gk CPU backend (adapter_probe.cpp), for each
+    adapter kind a pack declares: rel <= 1e-5 against this tool's forward of the same file.
 A new pack is covered by declaring `engine_template` (or none, for a raw prompt): no test code.
 """
 
@@ -18,6 +21,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from types import SimpleNamespace
 
 import pytest
 from engine_build import build, unsupported_packs
@@ -41,6 +45,7 @@ T5_V11_VOCAB = 32128
 
 class Driver:
     def __init__(self, path):
+        self.path = path
         self.proc = subprocess.Popen([str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, text=True, encoding="utf-8")
         self.calls = 0
@@ -231,3 +236,46 @@ def _runs(ids_, pad):
         else:
             i += 1
     return out
+
+
+KINDS = sorted({get_pack(p).adapter_kind for p in PACKS})
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_adapter_output_matches_the_engines_runner(driver, tiny_materials, tmp_path, kind):
+    import numpy as np
+    import torch
+
+    from gguf_trainer.adapters import build_adapter, load_gguf
+    from gguf_trainer.export import write_adapter_gguf
+    from gguf_trainer.student import load_student
+
+    runner = driver.path.parent / "adapter_probe"
+    student = load_student(tiny_materials["student"], tiny_materials["tokenizer"])
+    pack = next(get_pack(p) for p in PACKS if get_pack(p).adapter_kind == kind)
+    cfg = pack.adapter_config(SimpleNamespace(width=128, depth=2), student.hidden_size)
+    torch.manual_seed(0)
+    module = build_adapter(cfg)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    export = tmp_path / "adapter-f16.gguf"
+    write_adapter_gguf(export, module.state_dict(), cfg, metadata={"adapter.pack": pack.id})
+    ids = pack.student_ids(engine_bpe(student.tokenizer).encode, Sample("a sheep in sunglasses."))
+    x = torch.tensor([ids])
+    hidden = student.hidden(x, torch.ones_like(x))[0].float()
+    seeds = ([5, 9, 17, 200, 1] + [0] * (cfg.num_queries - 5)) if cfg.seed_vocab else []
+    (tmp_path / "h.bin").write_bytes(hidden.numpy().astype("<f4").tobytes())
+    (tmp_path / "ids.txt").write_text("".join(f"{i}\n" for i in seeds))
+    res = subprocess.run([str(runner), str(export), str(tmp_path / "h.bin"), str(len(ids)),
+                          str(tmp_path / "ids.txt"), str(tmp_path / "out.bin")],
+                         capture_output=True, text=True, check=False)
+    assert res.returncode == 0, res.stderr[-2000:]
+    ours = load_gguf(export)
+    with torch.no_grad():
+        want = ours(hidden[None], seed_ids=torch.tensor([seeds]) if seeds else None)[0].double().numpy()
+    got = np.fromfile(tmp_path / "out.bin", dtype="<f4").astype(np.float64).reshape(want.shape)
+    worst = float(np.abs(got - want).max() / np.abs(want).max())
+    print(f"{kind} ({pack.id}): the engine's AdapterRunner vs this tool on the exported file: "
+          f"max |d| / max |ref| = {worst:.2e} over {want.shape[0]} x {want.shape[1]}")
+    assert worst <= 1e-5
