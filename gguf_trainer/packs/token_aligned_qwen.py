@@ -81,6 +81,22 @@ class QwenTokenAlignedPack(LayerwisePack):
                 f"{tc['hidden_size']}; the DiT reads {self.teacher_tap_text()}, "
                 f"{int(tc['hidden_size'])} features per row")
 
+    def teacher_gib(self, materials, device) -> float:
+        """The snapshot's weights as they load (the pre-flight's need): their bytes on a card
+        (bf16, as released), twice that on a CPU (fp32); the pack's reference figure while the
+        folder holds no weights. A linked copy of another size (a tiny or a truncated teacher)
+        is judged by its own files, never by the family's reference figure."""
+        from pathlib import Path
+
+        import torch
+
+        root = Path(materials["teacher"])
+        files = sorted(root.glob("*.safetensors")) if root.is_dir() else []
+        if not files:
+            return self.teacher_memory_gib
+        gib = sum(f.stat().st_size for f in files) / 2**30
+        return gib if torch.device(device).type == "cuda" else 2 * gib
+
     def demo_materials(self, folder):
         """A tiny real teacher of the family's architecture, one layer deeper than its tap."""
         from ..tiny.qwen_taps import write_tiny_tap_teacher

@@ -150,3 +150,13 @@ def test_a_teacher_too_shallow_for_the_tap_is_refused(tmp_path):
         pack.check_teacher({"teacher": root})
     assert "final norm" in get_pack("qwen3_ovis").check_teacher({"teacher": root})
 
+
+
+def test_the_preflight_reads_the_linked_snapshot(tiny, tmp_path):
+    """A tiny or truncated copy is judged by its own weights (bf16 bytes, x2 in fp32 on a CPU),
+    not by the family's reference figure (MiniMax H3: 52 GiB); no weights yet: the figure."""
+    pack = get_pack("qwen3vl_minimax_h3")
+    weights = sum(f.stat().st_size for f in tiny["qwen3_vl"].glob("*.safetensors")) / 2**30
+    assert pack.teacher_gib({"teacher": tiny["qwen3_vl"]}, "cpu") == pytest.approx(2 * weights)
+    assert pack.teacher_gib({"teacher": tiny["qwen3_vl"]}, "cuda:0") == pytest.approx(weights)
+    assert pack.teacher_gib({"teacher": tmp_path}, "cpu") == pack.teacher_memory_gib == 52.0
