@@ -1,0 +1,98 @@
+"""`gguf-trainer demo --pack ID` for the six layerwise families: each trains against a tiny REAL
+teacher of its architecture (transformers Qwen3 / Qwen3-VL, random weights, as deep as its
+deepest tap) in a subprocess, like a user runs it. The export is a layerwise file that `inspect`
+reads with the family's tap count and names the family; the engine's forward of it
+(tests/engine_reference.py, its own reader, the conditioner's stack check) equals load_gguf's to
+1e-5 on the student's states of the family's padded template; eval.json has a figure per tap;
+the shards hold one row per template id, pads included. `gguf-trainer new --pack ID` works."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from engine_reference import conditioner_stack
+from pipeline_helpers import cli_at_home, run_demo
+
+from gguf_trainer.adapters import load_gguf
+from gguf_trainer.qwen_bpe import engine_bpe
+from gguf_trainer.samples import Sample
+from gguf_trainer.shards import load_verified, shard_files
+from gguf_trainer.student import load_student
+
+pytestmark = pytest.mark.slow
+
+PACKS = ("qwen3vl_krea2", "qwen3vl_flux3", "qwen3vl_fibo2", "qwen3vl_ideogram4", "qwen3vl_sefi",
+         "qwen3_flux2_klein")
+FAMILY = {"qwen3vl_krea2": "Krea2", "qwen3vl_flux3": "FLUX.3 Klein", "qwen3vl_fibo2": "Fibo 2.0",
+          "qwen3vl_ideogram4": "Ideogram 4", "qwen3vl_sefi": "SeFi-Image", "qwen3_flux2_klein": "Flux.2 klein"}
+
+
+@pytest.fixture(scope="module", params=PACKS)
+def demo(request, tmp_path_factory):
+    out = run_demo(tmp_path_factory.mktemp(request.param), request.param, steps=20, timeout=1500)
+    out["pack"] = request.param
+    return out
+
+
+def test_demo_trains_with_a_figure_per_tap(demo):
+    proj = demo["project"]
+    assert proj.settings.pack == demo["pack"] and proj.settings.precompute.mock_teacher is False
+    ev = json.loads(proj.paths.eval_json.read_text())
+    taps = list(proj.pack.taps)
+    print(f"demo --pack {demo['pack']} --steps 20: val cos {ev['val_cos']:.4f} vs mean baseline "
+          f"{ev['baseline']['baseline_cos']:.4f}; per tap {ev['per_tap']['cos']}")
+    assert ev["mock"] is False and ev["health"].startswith("n/a")
+    assert ev["per_tap"]["taps"] == taps and len(ev["per_tap"]["cos"]) == len(taps)
+    assert all(c is not None and -1 <= c <= 1 for c in ev["per_tap"]["cos"])
+    assert "--llm-adapter" in demo["stdout"]
+
+
+def test_shards_hold_every_template_row_pads_included(demo):
+    proj = demo["project"]
+    pack = proj.pack
+    shard = load_verified(shard_files(proj.paths.shard_dir("val"))[0])
+    assert torch.equal(shard["student_len"], shard["target_len"])
+    assert shard["target_rows"].shape[1] == len(pack.taps) * 16  # the tiny teacher's width
+    assert set(shard["sup_start"].tolist()) == {pack.start}
+    for n in shard["student_len"].tolist():
+        if pack.padding.min_length:
+            assert n >= pack.padding.min_length
+        if pack.padding.multiple:
+            assert n % pack.padding.multiple == 0
+
+
+def test_the_engine_runs_the_export_as_load_gguf_does(demo):
+    proj = demo["project"]
+    pack = proj.pack
+    out = cli_at_home("inspect", "--json", proj.final_gguf, home=demo["home"], timeout=300)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["trainer_kind"] == "layerwise" and report["problems"] == []
+    assert report["taps"] == list(pack.taps) and FAMILY[demo["pack"]] in report["families"]
+    assert report["geometry"]["n_out_layers"] == len(pack.taps)
+    adapter = load_gguf(proj.final_gguf)
+    student = load_student(proj.material_path("student"), proj.material_path("student_tokenizer"))
+    encode = engine_bpe(student.tokenizer).encode
+    for prompt in ["close-up portrait of a young lady", "a red fox in the snow, golden hour"]:
+        ids = pack.student_ids(encode, Sample(prompt))
+        n = pack.padding.real_length(ids)
+        x = torch.tensor([ids])
+        keep = (torch.arange(len(ids)) < n)[None]
+        at = pack.padding.positions(ids)
+        with torch.no_grad():
+            hidden = student.hidden(x, keep, position_ids=None if at is None else torch.tensor([at]))
+            got = adapter(hidden)[0].numpy()
+        ref = conditioner_stack(proj.final_gguf, hidden[0].numpy(), set(pack.taps))
+        rel = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+        print(f"{demo['pack']}: engine vs load_gguf rel {rel:.2e} on {prompt!r} ({len(ids)} rows)")
+        assert ref.shape == (len(ids), adapter.config.out_dim) and rel <= 1e-5
+
+
+def test_new_creates_a_project_of_the_pack(demo, tmp_path):
+    out = cli_at_home("new", tmp_path / "p", "--pack", demo["pack"], home=demo["home"], timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    settings = json.loads((tmp_path / "p" / "project.json").read_text())
+    assert settings["pack"] == demo["pack"]
