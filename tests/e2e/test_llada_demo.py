@@ -22,6 +22,7 @@ from engine_reference import engine_forward
 from gguf_trainer.adapter_file import read_adapter
 from gguf_trainer.check import run_check
 from gguf_trainer.packs.llada_image import PACK
+from gguf_trainer.places import record_key
 from gguf_trainer.student import load_student, tokenize
 
 pytestmark = pytest.mark.slow
@@ -82,7 +83,7 @@ def test_sigvq_companion_is_exported_and_recorded(demo):
     assert {t.name for t in tensors} == names and len(tensors) == len(names)
     assert all(t.tensor_type == gguf.GGMLQuantizationType.F16 for t in tensors)
     kinds = json.loads((root / "exports.json").read_text())["files"]
-    assert kinds[str(dest.resolve())]["kind"] == "companion"
+    assert kinds[record_key(dest, root)]["kind"] == "companion"
 
 
 def test_check_against_an_independent_forward_and_a_wrong_dump(demo, tmp_path):
