@@ -128,7 +128,7 @@ def test_taps_are_raw_layer_outputs_in_ascending_order(arch, tiny, encode):
     assert torch.allclose(final, hs[36][0], atol=1e-5)
 
 
-@pytest.mark.parametrize("pid", ["qwen3vl_flux3", "qwen3_flux2_klein", "qwen3vl_krea2"])
+@pytest.mark.parametrize("pid", LAYERWISE)
 def test_batched_is_per_prompt_and_pads_are_masked_keys(pid, tiny, encode):
     pack = get_pack(pid)
     arch = pack.teacher_arch
