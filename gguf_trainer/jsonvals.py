@@ -50,3 +50,15 @@ def jsonable(value: Any) -> Any:
     if hasattr(value, "item"):  # numpy / torch scalar
         return jsonable(value.item())
     raise TypeError(f"cannot record {type(value).__name__} in state/metrics: {value!r}")
+
+
+def get_dotted(data: Any, dotted: str, missing: Any = None) -> Any:
+    """`data["a"]["b"]` for "a.b", or `missing` where a level is absent or not a dict: the
+    one getter of dotted settings (project_schema re-exports it; materials reads it here,
+    below the schema, which imports the corpus sources that import materials)."""
+    node = data
+    for key in dotted.split("."):
+        if not isinstance(node, dict) or key not in node:
+            return missing
+        node = node[key]
+    return node

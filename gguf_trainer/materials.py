@@ -8,7 +8,8 @@ copies is discovery.py's, fetching them runner/downloads.py's. Must not: load mo
 torch.
 
     gguf, tok = student_paths(project)
-    folders = teacher_paths(project)            # {"teacher": Path(...)} for the pack's teacher materials
+    folders = teacher_paths(project)            # {"teacher": Path(...)} for the pack's teacher
+    materials
     ident = teacher_identity(project)           # {"snapshot": "<sha256>", "files": 7}
 """
 
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from . import atomic
 from .errors import UserError
+from .jsonvals import get_dotted
 from .teachers import trust
 
 log = logging.getLogger(__name__)
@@ -78,13 +80,6 @@ def files_sha256(paths: list[Path], cache_file: Path | None = None) -> list[str]
 # ---------------------------------------------------------------- which materials, where
 
 
-def _setting(settings, dotted: str):
-    node = settings
-    for part in dotted.split("."):
-        node = getattr(node, part, None)
-    return node
-
-
 def materials_for(project) -> tuple:
     """The materials this project wants now: the student's, the teacher's unless the mock
     teacher is on, and each optional one whose `wanted_when` setting is on (the SigVQ folder
@@ -93,10 +88,11 @@ def materials_for(project) -> tuple:
 
     pack, st = project.pack, project.settings
     teacher = () if st.precompute.mock_teacher else pack.teacher_materials
+    plain = st.model_dump()  # the one getter of dotted settings reads plain data
     wanted = []
     for m in STUDENT_MATERIALS + tuple(teacher) + tuple(pack.optional_materials):
         when = getattr(m, "wanted_when", "")
-        if m.required or (when and _setting(st, when)):
+        if m.required or (when and get_dotted(plain, when)):
             wanted.append(m)
     return tuple(wanted)
 

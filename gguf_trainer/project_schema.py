@@ -33,6 +33,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from .errors import UserError, quote
+from .jsonvals import get_dotted  # noqa: F401  (re-exported: settings code reads it from here)
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 MAX_STEPS = 100_000_000
@@ -497,15 +498,6 @@ def default_name(pack_default: str, name: str | None = None) -> str:
     """`pig_` + the pack's default name unless the name already starts with `pig_`."""
     name = name or pack_default
     return name if name.startswith("pig_") else "pig_" + name
-
-
-def get_dotted(data: Any, dotted: str, missing: Any = None) -> Any:
-    node = data
-    for key in dotted.split("."):
-        if not isinstance(node, dict) or key not in node:
-            return missing
-        node = node[key]
-    return node
 
 
 def set_dotted(data: dict, dotted: str, value: Any) -> None:
