@@ -3,7 +3,8 @@
 1. padding      real ÷ processed tokens when precompute batches a heavy-tailed prompt-length
                 distribution (lognormal, clipped to 5..512 tokens) the way it does: per shard,
                 `budget_batches` sorted by length, with the auto budgets `choose_budgets` gives
-                a CPU, a small (12 GB) and a big (80 GB) card; teacher and student. Target >= 0.9. For contrast,
+                a CPU, a small (12 GB) and a big (80 GB) card; teacher and student. Target >= 0.9.
+                For contrast,
                 the naive figure: fixed-size batches in corpus order.
 2. loading      train-step time with batches from `ShardStream` over real shard files
                 (`write_shard`, laid out by `precompute.build_shard` with the pack's mock
@@ -129,7 +130,8 @@ def bench_padding(s: dict) -> dict:
     return {k: round(v, 4) for k, v in out.items()}
 
 
-# ---------------------------------------------------------------- shards like precompute writes them
+# ---------------------------------------------------------------- shards like precompute writes
+# them
 
 
 class _FakeStudent:
@@ -158,7 +160,8 @@ def make_samples(pack, n: int, start: int, seed: int) -> list[_Sample]:
 def write_pack_shards(pack, folder: Path, n_shards: int, shard_size: int) -> tuple[list[Path], int]:
     """Shard files of `pack` via build_shard + write_shard; also the bf16 bytes of the rows."""
     ctx = SimpleNamespace(teacher=pack.build_mock_teacher(None), student=_FakeStudent(SEED),
-                          device=torch.device("cpu"), pack=pack, vision_proj=None,  # text-only samples
+                          # text-only samples
+                          device=torch.device("cpu"), pack=pack, vision_proj=None,
                           budgets=choose_budgets(PrecomputeSettings(), torch.device("cpu")))
     report = SimpleNamespace(stop_requested=lambda: False)
     files, row_bytes = [], 0
@@ -285,7 +288,8 @@ def bench_training(s: dict, tmp: Path, device: torch.device) -> dict:
     stats = type(stats)(stats.mu.to(device), stats.sigma.to(device), stats.sigma_f.to(device), stats.n)
     cfg = pack.adapter_config(TrainSettings(width=s["width"], depth=s["depth"]), STUDENT_DIM)
     trainer = _Trainer(pack, cfg, stats, device)
-    steps = -(-s["load_shard_size"] // s["batch"]) * len(files)  # one epoch: every shard loaded once
+    # one epoch: every shard loaded once
+    steps = -(-s["load_shard_size"] // s["batch"]) * len(files)
     pre = ShardStream(files, SEED, s["batch"], fixed)
     # the same batches, pre-collated and already on the device: the no-loading ideal
     in_memory = [pre.next_batch().to(device) for _ in range(steps)]

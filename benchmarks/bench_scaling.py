@@ -7,7 +7,8 @@ real T5 teacher of the PixArt demo (gguf_trainer/packs/demo_materials/t5xxl_pixa
 
 Times come from the run itself (precompute: each rank's shard log lines, its prompts over the
 span of its shards, summed over the ranks; training: the median steps_per_s of metrics.jsonl),
-so process start-up, the launcher and loading the teacher are not counted. Rounds alternate 1 and N processes (load from other processes falls on both);
+so process start-up, the launcher and loading the teacher are not counted. Rounds alternate 1 and N
+processes (load from other processes falls on both);
 the figure is the median ratio over rounds, with the spread printed.
 
     python benchmarks/bench_scaling.py [--processes 2] [--rounds 3] [--quick]

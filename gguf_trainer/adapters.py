@@ -43,7 +43,8 @@ class AdapterConfig:
     seed_vocab: int = 0  # seeded_resampler (T5 v1.1: 32128)
     vis_dim: int = 0  # token_aligned_vision
     mlp_hidden: int = 0  # 0 -> 4 * width
-    seed_rank: int = 0  # seeded_resampler: 0 = full t5_embed table, r = t5_embed_a (V, r) + t5_embed_b
+    # seeded_resampler: 0 = full t5_embed table, r = t5_embed_a (V, r) + t5_embed_b
+    seed_rank: int = 0
     # layerwise: the teacher's 1-based tap layers, ascending; out_dim = len(taps) x teacher width,
     # each output row the taps' states concatenated in this order (the engine's stack).
     taps: tuple[int, ...] = ()

@@ -29,7 +29,8 @@ from .qwen_bpe import engine_bpe
 # the engine's adapter output, a plain LLM run.
 DUMP_FILES = ("context.bin", "adapter_out.bin", "llm_hidden.bin")
 TOKENS_TXT = "tokens.txt"
-QWEN_HIDDEN = "qwen_hidden.bin"  # the engine's student states: tells a student problem from an adapter one
+# the engine's student states: tells a student problem from an adapter one
+QWEN_HIDDEN = "qwen_hidden.bin"
 T5_IDS_TXT = "t5_ids.txt"
 
 

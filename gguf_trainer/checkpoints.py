@@ -58,7 +58,8 @@ def save_checkpoint(folder: Path, which: str, model, opt, prog: TrainProgress, e
         torch.save(state, tmp)
     side = {"step": prog.step, "steps": extra["planned_steps"], "val_cos": extra.get("val_cos"),
             "best_val_cos": prog.best_val_cos, "time": time.time(), "mock": extra.get("mock", False),
-            "train_fp": extra.get("train_fp")}  # the inputs it was made from, readable without torch
+            # the inputs it was made from, readable without torch
+            "train_fp": extra.get("train_fp")}
     atomic.write_json(side_path(folder, which), finite(side))
 
 
@@ -72,7 +73,8 @@ def load_checkpoint(path: Path) -> dict:
     try:
         ck = torch.load(path, map_location="cpu", weights_only=True)
     except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile,
-            ValueError, AttributeError, ImportError) as e:  # what torch.load raises on foreign bytes
+            # what torch.load raises on foreign bytes
+            ValueError, AttributeError, ImportError) as e:
         raise UserError(f"{path} is damaged or not a gguf-trainer checkpoint ({type(e).__name__}); {fix}.") from None
     missing = [k for k in REQUIRED_KEYS if not isinstance(ck, dict) or k not in ck]
     if missing:

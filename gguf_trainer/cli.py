@@ -25,7 +25,8 @@ Usage:
     gguf-trainer verify --project DIR [--repair]
     gguf-trainer render --project DIR --prompt P [--seed S] [--ggk PATH] [--models DIR] [--wait]
     gguf-trainer inspect FILE [--json]
-    gguf-trainer check  --adapter A --student S --dump DIR --prompt P [--tokenizer DIR] [--t5-model F] [--json]
+    gguf-trainer check  --adapter A --student S --dump DIR --prompt P [--tokenizer DIR]
+                        [--t5-model F] [--json]
     gguf-trainer demo   [--pack ID] [--dir DIR] [--steps N] [--no-run]
     gguf-trainer --auto-resume | --version | --help
 

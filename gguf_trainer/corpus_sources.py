@@ -4,7 +4,8 @@ Connects the settings (`corpus.presets`, `corpus.weights`, `corpus.image_presets
 `corpus.image_folders`) to the readers (prompt_presets.py, image_sources.py) and to the
 materials they need. The corpus stage calls:
 
-    pools = preset_pools(project, tally)      # {"gustavosta": [...], ...}; UserError if not downloaded
+    pools = preset_pools(project, tally)      # {"gustavosta": [...], ...}; UserError if not
+                                              # downloaded
     entries = image_entries(project, tally)   # [ImageEntry] from image datasets and folders
     fingerprint(project)                      # what must change for the corpus to rebuild
 

@@ -77,7 +77,8 @@ def evaluate_gguf(project, gguf: Path, which: str = "best", device: str | torch.
         if record["health"] and teacher is not None and (teacher / TINY_MARKER).exists():
             record["health"] = "n/a: a tiny demo teacher; the reference figures are for the real teacher"
         if pack.reference:
-            record["reference"] = dict(pack.reference)  # the recipe's published run, to compare with
+            # the recipe's published run, to compare with
+            record["reference"] = dict(pack.reference)
     return record
 
 

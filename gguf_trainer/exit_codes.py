@@ -3,7 +3,8 @@
 | code | meaning |
 | --- | --- |
 | 0 | ok: done, stopped on request, or nothing to do |
-| 1 | user error: a bad value or usage, a broken project.json, a refused input, already running, or the run failed on one |
+| 1 | user error: a bad value or usage, a broken project.json, a refused input, already running, |
+|   | or the run failed on one |
 | 2 | no such project (the folder has no project.json) |
 | 3 | `stop`: still finishing its step when the timeout ran out |
 | 4 | internal error: a bug; the traceback is in pipeline.log |

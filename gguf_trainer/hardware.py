@@ -53,7 +53,8 @@ def student_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def autocast(device: torch.device):
-    """bf16 autocast for the adapter's forward on CUDA; full fp32 elsewhere (bf16 CPU matmul is slow)."""
+    """bf16 autocast for the adapter's forward on CUDA; full fp32 elsewhere (bf16 CPU matmul is
+    slow)."""
     import contextlib
 
     return torch.autocast("cuda", torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
@@ -306,7 +307,8 @@ def preflight(teacher_gib: float, plan: Plan, hw: Hardware) -> list[str]:
         need, have, where = gpu_need_gib(teacher_gib), plan.gpu_gib, "GPU memory"
         fix = "set precompute.teacher_mode to offload (or auto), raise precompute.gpu_mem_gib, or free the card"
     elif plan.mode == "offload" and plan.offload == "split":
-        # the device map fills the card up to its budget less headroom (teachers/llada.plan_budgets),
+        # the device map fills the card up to its budget less headroom
+        # (teachers/llada.plan_budgets),
         # then RAM: the two together must hold the weights
         need, where = teacher_gib, "GPU memory + RAM"
         have = max(0.0, plan.gpu_gib - MIN_HEADROOM_GIB) + plan.cpu_gib

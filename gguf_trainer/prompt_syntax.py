@@ -35,7 +35,8 @@ import numpy as np
 RE_ATTENTION = re.compile(r"\\\(|\\\)|\\\[|\\\]|\\\\|\\|\(|\[|:([+-]?[.\d]+)\)|\)|\]|\bBREAK\b"
                           r"|[^\\()\[\]:B]+|:|\bB", re.ASCII)
 RE_BREAK = re.compile(r"\s*\bBREAK\b\s*", re.ASCII)
-_STOF = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)", re.ASCII)  # strtof's decimal prefix, no exponent here
+# strtof's decimal prefix, no exponent here
+_STOF = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)", re.ASCII)
 _FLT_MAX = float(np.finfo(np.float32).max)
 _FLT_MIN = float(np.finfo(np.float32).tiny)
 ROUND = np.float32(1.1)

@@ -48,7 +48,8 @@ _STARTS = [a for a, _ in _RANGES]
 _IS_SPACE = frozenset(map(chr, (0x09, 0x0A, 0x0B, 0x0C, 0x0D, 0x20, 0xA0, 0x1680, *range(0x2000, 0x200B),
                                 0x202F, 0x205F, 0x3000)))
 _C_ISSPACE = frozenset("\t\n\v\f\r ")  # C isspace in the "C" locale, 0..255
-_CSPACE_BITS = cspace_bits()  # above 255: what the engine's out-of-table lookup answers (qwen_cspace.py)
+# above 255: what the engine's out-of-table lookup answers (qwen_cspace.py)
+_CSPACE_BITS = cspace_bits()
 
 
 def c_isspace(ch: str) -> bool:
@@ -135,7 +136,8 @@ def token_split(text: str) -> list[str]:
             out.append(text[i:j])
             i = j
             continue
-        if not is_letter(cp) and not is_number(cp) and not c_isspace(cp):  # `[^\s\p{L}\p{N}]+[\r\n]*`
+        # `[^\s\p{L}\p{N}]+[\r\n]*`
+        if not is_letter(cp) and not is_number(cp) and not c_isspace(cp):
             j = _punct_run(text, i + 1)
             out.append(text[i:j])
             i = j

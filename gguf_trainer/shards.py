@@ -387,7 +387,8 @@ class ShardStream:
 
 
 def iter_batches(files: list[Path], batch_size: int, fixed_rows: int = 0) -> Iterator[Batch]:
-    """Every sample of `files` once, in file order (validation / eval), one shard in RAM at a time."""
+    """Every sample of `files` once, in file order (validation / eval), one shard in RAM at a
+    time."""
     for fi, path in enumerate(files):
         shard = Shard(path)
         for start in range(0, shard.n, batch_size):

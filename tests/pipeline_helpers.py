@@ -82,7 +82,8 @@ def assert_same_tensors(a: dict, b: dict) -> None:
 
 
 def cli_at_home(*args, home: Path, timeout=600) -> subprocess.CompletedProcess:
-    """`python -m gguf_trainer.cli ARGS` with HOME and the tool's home in `home` (never the real ~)."""
+    """`python -m gguf_trainer.cli ARGS` with HOME and the tool's home in `home` (never the real
+    ~)."""
     env = {**os.environ, "GGUF_TRAINER_HOME": str(home), "HOME": str(home)}
     return subprocess.run([sys.executable, "-m", "gguf_trainer.cli", *map(str, args)], capture_output=True,
                           text=True, timeout=timeout, env=env, check=False)

@@ -61,7 +61,8 @@ class LLaDAImagePack(TrainerPack):
     }
     teacher_memory_gib = 34.0
     teacher_offload = "split"  # offload = an accelerate device map: the card's budget, then RAM
-    remote_code = True  # the backbone is the snapshot's own Python: trust records, teachers/trust.py
+    # the backbone is the snapshot's own Python: trust records, teachers/trust.py
+    remote_code = True
     verdict = Verdict("cos_centered", 0.96, 0.92, "~0.87 is the broken-RoPE teacher signature")
     check_default_for_kind = True  # `check` reads a resampler naming no pack as LLaDA's
     health_after_steps = 2000  # early in a run every adapter is under the floor

@@ -4,7 +4,8 @@ Images are flat-coloured scenes with a shape and a gradient, 64–160 px per sid
 has 4–20 vision tokens after the engine's preprocessing (real images have up to 144); the
 mock vision tower sees their colours and layout. Never a training set for a real adapter.
 
-    jsonl = write_demo_corpus(folder, prompts)   # folder/demo_images/*.png + folder/demo_corpus.jsonl
+    jsonl = write_demo_corpus(folder, prompts)   # folder/demo_images/*.png +
+                                                 # folder/demo_corpus.jsonl
 """
 
 from __future__ import annotations

@@ -42,7 +42,8 @@ class OvisImagePack(QwenTokenAlignedPack):
     suffix = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
     start = 28
     padding = Padding(min_length=284)
-    max_len_student = max_len_teacher = 284  # longer prompts are not padded: keep the DiT's 256 + 28
+    # longer prompts are not padded: keep the DiT's 256 + 28
+    max_len_student = max_len_teacher = 284
     default_name = "qwen3_ovis_adapter"
     shard_contract = "qwen3_ovis/1"
     engine_template = {"file": "diffusion/src/conditioning/conditioner.hpp", "lines": (3587, 3596),

@@ -57,7 +57,8 @@ class PixArtT5Pack(TrainerPack):
     # 4.76B parameters in bf16 (8.87 GiB, the snapshot's own header says the same); the planner
     # adds its activation headroom for a resident teacher (~11 GiB, the "~12 GiB budget").
     teacher_memory_gib = 8.9
-    health_after_steps = 2000  # the health floor (cos ~0.6) reads a broken seed/tokenizer from here on
+    # the health floor (cos ~0.6) reads a broken seed/tokenizer from here on
+    health_after_steps = 2000
     health_early_hint = "cos at or under ~0.6 means a broken seed or tokenizer path"
     health_reference = "val cos 0.827 at 12.5k steps, runs plateau at 0.80-0.83"
     verdict = Verdict("cos", 0.80, 0.60, "under ~0.6 the seed or tokenizer path is broken")

@@ -124,7 +124,8 @@ class WanUMT5Pack(PixArtT5Pack):
         return check_snapshot(encoder, vocab_limit=self.seed_vocab, spiece=spiece).summary()
 
     def load_teacher(self, materials, plan, device):
-        """UMT5EncoderModel from text_encoder/, masked (Wan's use_mask), the real slots as targets."""
+        """UMT5EncoderModel from text_encoder/, masked (Wan's use_mask), the real slots as
+        targets."""
         from ..teachers.t5 import T5CLIP_WINDOWS, load_t5_teacher
 
         encoder, spiece = umt5_layout(materials["teacher"])

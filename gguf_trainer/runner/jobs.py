@@ -23,7 +23,8 @@ It raises UserError for anything the user can fix (recorded as `error`, status f
 other exceptions are recorded as "internal error ... see NAME.log" with the traceback in
 the log.
 
-    jobs.start_job(root, "snapshot", "gguf_trainer.runner.snapshot:job_main", {"checkpoint": "last"})
+    jobs.start_job(root, "snapshot", "gguf_trainer.runner.snapshot:job_main",
+                   {"checkpoint": "last"})
     jobs.job_status(root, "snapshot")["status"]
     jobs.wait(root, "snapshot", timeout_s=60)
     jobs.stop_job(root, "snapshot")

@@ -13,7 +13,8 @@ Process tree of a detached run (one session, no controlling terminal):
 
 Usage:
     pid = supervisor.start(project_dir)          # UserError "already running (pid N)"
-    supervisor.status(project_dir)["status"]     # idle|running|stalled|interrupted|stopped|failed|done
+    supervisor.status(project_dir)["status"]     # idle|running|stalled|interrupted|stopped|
+                                                 # failed|done
     supervisor.stop(project_dir)                 # "stopped" | "not running"; StopTimeout
     supervisor.kill(project_dir)                 # "killed" | "not running"
 """

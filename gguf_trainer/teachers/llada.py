@@ -39,7 +39,8 @@ MAX_LEN_TEACHER = 2048  # anchor-trainer §4.1
 
 
 def compute_dtype(device: torch.device) -> torch.dtype:
-    """bf16 on CUDA (what the snapshot stores); fp32 elsewhere (bf16 matmul on CPUs is very slow)."""
+    """bf16 on CUDA (what the snapshot stores); fp32 elsewhere (bf16 matmul on CPUs is very
+    slow)."""
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 

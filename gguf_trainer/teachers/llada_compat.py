@@ -5,7 +5,8 @@ longer ships the module and the remote code imports three functions from it), an
 and repair of every rotary `inv_freq` table after a load or a dtype/device move
 (llada-remote-code.md, traps 1 and 2). Must not: load models or know about projects.
 
-    install_attn_mask_utils()          # before AutoModel.from_pretrained(..., trust_remote_code=True)
+    install_attn_mask_utils()          # before AutoModel.from_pretrained(...,
+                                       # trust_remote_code=True)
     repair_rotary_tables(model)        # after every load or .to(): raises UserError if unrepairable
 """
 

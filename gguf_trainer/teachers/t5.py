@@ -18,7 +18,8 @@ not (only runs of spaces are collapsed), so `…`, full-width text, CJK and the 
 
     check_snapshot(root)                                  # SnapshotReport, or a UserError
     teacher = load_t5_teacher(root, device, mode="gpu")   # mode: gpu | offload | cpu
-    rows = teacher.targets(["a red fox"])                 # [TargetRows(rows [n, d_model], seed_ids)]
+    rows = teacher.targets(["a red fox"])                 # [TargetRows(rows [n, d_model],
+                                                          # seed_ids)]
     teacher.close()
 """
 

@@ -86,7 +86,8 @@ def tiny_encoder_state(seed: int = 0) -> dict:
     torch.manual_seed(seed)
     model = T5EncoderModel(T5Config(**TINY_T5_CONFIG))
     state = model.state_dict()
-    state.pop("encoder.embed_tokens.weight", None)  # tied to shared.weight (the real file has one copy)
+    # tied to shared.weight (the real file has one copy)
+    state.pop("encoder.embed_tokens.weight", None)
     return {k: v.detach().to(torch.bfloat16).contiguous() for k, v in state.items()}
 
 

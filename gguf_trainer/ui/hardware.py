@@ -7,8 +7,10 @@ torch). CPU% of the pipeline needs two samples of the same process, so `psutil.P
 handles are kept between calls, keyed by (pid, start time): a measurement cache, not job
 state (what runs is always read from the project).
 
-    machine()                    # {"cpu_percent", "ram_used_gib", "ram_total_gib", "gpus": [...], ...}
-    pipeline_process(pid)        # {"cpu_percent", "rss_gib" (incl. children), "gpu_mib", ...} | None
+    machine()                    # {"cpu_percent", "ram_used_gib", "ram_total_gib", "gpus": [...],
+                                 # ...}
+    pipeline_process(pid)        # {"cpu_percent", "rss_gib" (incl. children), "gpu_mib", ...} |
+                                 # None
     environment()                # versions; torch facts once the subprocess has answered
 """
 

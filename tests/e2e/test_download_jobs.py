@@ -165,7 +165,8 @@ def test_token_reaches_the_hub_but_no_file_or_payload(project, hub_server, monke
     assert jobs.wait(downloads.job_folder(dest), "download", timeout_s=60)["status"] == "done"
     payloads += downloads.material_statuses(root)
     assert _status(root, "teacher")["state"] == "ready"
-    assert "teacher: checked: " in (root / downloads.DOWNLOAD_LOG).read_text()  # the job's content check
+    # the job's content check
+    assert "teacher: checked: " in (root / downloads.DOWNLOAD_LOG).read_text()
     auth = {h.get("authorization") for h in hub_server.get_requests("/model.safetensors")}
     assert auth == {f"Bearer {TOKEN}"}
     assert TOKEN not in json.dumps(payloads)

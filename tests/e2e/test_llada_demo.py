@@ -192,7 +192,8 @@ def test_an_old_layout_snapshot_is_failed_and_refused_before_anything_loads(link
     cfg = {k: v for k, v in cfg.items() if k not in ("num_hidden_layers", "norm_eps")}
     (bad / "text_projection" / "config.json").write_text(json.dumps({**cfg, "num_layers": 2, "rms_norm_eps": 1e-6}))
     root = _project(tmp / "proj_old", tmp / "materials")
-    env = {**env, "HF_MODULES_CACHE": str(tmp / "modules_old")}  # transformers copies imported code here
+    # transformers copies imported code here
+    env = {**env, "HF_MODULES_CACHE": str(tmp / "modules_old")}
     res = cli("link", "--project", root, "teacher", bad, env=env, timeout=120)
     assert res.stdout.strip() == f"teacher: failed at {bad}", res.stdout + res.stderr
     sentence = (f"{bad / 'text_projection' / 'config.json'} uses keys ['num_layers', 'rms_norm_eps'] "

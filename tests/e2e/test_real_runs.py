@@ -143,7 +143,8 @@ def test_stop_inside_precompute_ends_within_one_teacher_batch(tmp_path, tiny_mat
     st = read_state(root)
     assert st["status"] == "stopped" and st["stages"]["precompute_train"]["status"] == "stopped"
     assert (st["stages"]["precompute_train"]["done"] or 0) < 1  # mid-shard
-    assert not list(paths.shard_dir("train").glob("*.safetensors"))  # the partial shard was discarded
+    # the partial shard was discarded
+    assert not list(paths.shard_dir("train").glob("*.safetensors"))
     assert not list(paths.shard_dir("train").glob(".*.tmp"))
     res = cli("stop", "--project", root)
     assert res.returncode == 0 and "not running" in (res.stdout + res.stderr).lower()

@@ -94,7 +94,8 @@ def test_a_changed_spiece_model_invalidates_the_shards(demo, tmp_path):
     shutil.copytree(demo["project"].material_path("teacher"), teacher)
     project_mod.update_settings(root, {"materials.teacher.path": str(teacher)})
     proj = project_mod.load_project(root)
-    assert stale_stages(proj, stage_objects(), stage_inputs(proj)) == {}  # same files, same fingerprint
+    # same files, same fingerprint
+    assert stale_stages(proj, stage_objects(), stage_inputs(proj)) == {}
     (teacher / "spiece.model").write_bytes(train_tiny_spm(vocab_size=200))
     stale = stale_stages(proj, stage_objects(), stage_inputs(proj))
     shard_stages = [name for name in stale if name.startswith("precompute")]
@@ -102,7 +103,8 @@ def test_a_changed_spiece_model_invalidates_the_shards(demo, tmp_path):
 
 
 def test_a_300_slot_window_exports_300_queries(demo, tmp_path):
-    """PixArt-Σ: `precompute.t5_window` 300 re-plans the shards (new contract, teacher limit) and the
+    """PixArt-Σ: `precompute.t5_window` 300 re-plans the shards (new contract, teacher limit) and
+    the
     adapter (num_queries); the export holds a 300-row `query` that `inspect` reads, and the
     shards hold 300-slot seed windows. A small corpus keeps the run short."""
     from gguf_trainer.runner.stages import stage_inputs, stage_objects, stale_stages

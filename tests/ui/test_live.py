@@ -29,7 +29,8 @@ def test_metrics_are_read_incrementally_and_restart_after_truncation(tmp_path):
     cur = live.Cursor(project=str(tmp_path))
     assert live.read_new_metrics(cur, paths) is True
     offset = cur.metrics_offset
-    assert live.read_new_metrics(cur, paths) is False and cur.metrics_offset == offset  # nothing new
+    # nothing new
+    assert live.read_new_metrics(cur, paths) is False and cur.metrics_offset == offset
     with open(paths.metrics_jsonl, "a") as f:
         f.write('{"step": 4, "loss": 0.2')  # a line being written is left for later
     assert live.read_new_metrics(cur, paths) is False and cur.metrics_offset == offset

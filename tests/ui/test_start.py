@@ -56,7 +56,8 @@ def test_start_saves_unsaved_changes_then_starts_and_names_missing_materials(fm,
     titles = " ".join(out.missing)
     assert "Student: pig_clip GGUF (missing)" in titles and "teacher" in titles.lower()
     assert "Student" in train_tab.missing_warning(out.missing)
-    # nothing unsaved and nothing missing that is wanted: no save, and the mock teacher is not asked for
+    # nothing unsaved and nothing missing that is wanted: no save, and the mock teacher is not asked
+    # for
     control.update_settings(root, {"precompute.mock_teacher": True}, None)
     read, widgets = page(fm, root)
     out = train_tab.start_from_page(fm, str(root), read, list(widgets.values()))

@@ -49,7 +49,8 @@ def test_nothing_changed_sends_nothing_and_new_rows_are_sent(tick, tmp_path):
     frames = [v["value"] for v in third if isinstance(v, dict) and hasattr(v.get("value"), "columns")]
     assert frames and frames[0]["step"].max() == 11  # the new point reached the chart
     charts = [v for v in third if isinstance(v, dict) and "x_lim" in v]
-    assert charts and all(c["x_lim"] == [0, 100] for c in charts)  # the axis runs to the planned steps
+    # the axis runs to the planned steps
+    assert charts and all(c["x_lim"] == [0, 100] for c in charts)
 
 
 def test_every_view_shows_the_same_step_counts(tick, tmp_path):

@@ -72,7 +72,8 @@ def test_state_dict_is_the_engine_inventory(kind):
      ("token_aligned", 4, 72)],
 )
 def test_reference_tensor_counts(kind, depth, count):
-    """The shipped files' counts (contract §1.4, anchor §3.5); the count does not depend on width."""
+    """The shipped files' counts (contract §1.4, anchor §3.5); the count does not depend on
+    width."""
     small = AdapterConfig(**{**CFGS[kind].to_dict(), "width": HEAD_DIM, "depth": depth})
     assert len(build_adapter(small).state_dict()) == count
     per_block = 16 if kind in TOKEN else 28
@@ -179,7 +180,8 @@ def test_config_round_trip_and_validate():
     problems = bad.validate()
     assert len(problems) == 3 and any("multiple of 64" in p for p in problems)
     assert AdapterConfig("token_aligned_vision", IN, OUT, WIDTH, DEPTH).validate()  # needs vis_dim
-    assert AdapterConfig("token_aligned", IN, OUT, WIDTH, DEPTH, vis_dim=VIS).validate()  # text-only
+    # text-only
+    assert AdapterConfig("token_aligned", IN, OUT, WIDTH, DEPTH, vis_dim=VIS).validate()
     assert FACTORIZED.validate() == []
     assert AdapterConfig("resampler", IN, OUT, WIDTH, DEPTH, num_queries=4, seed_rank=2).validate()
     too_big = {**FACTORIZED.to_dict(), "seed_rank": VOCAB + 1}

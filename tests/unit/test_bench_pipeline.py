@@ -44,7 +44,8 @@ def test_bench_pipeline_quick(bench, capsys):
     assert _positive(result["loading_ratio"]) and _positive(result["mfu"])
     assert set(result["shard_bytes"]) == {"llada_image", "t5xxl_pixart", "qwen3vl_mageflow"}
     for figures in result["shard_bytes"].values():
-        assert _positive(figures["ratio"]) and figures["ratio"] >= 1.0  # a file holds at least its rows
+        # a file holds at least its rows
+        assert _positive(figures["ratio"]) and figures["ratio"] >= 1.0
         assert _positive(figures["bytes_per_sample"])
     training = result["training"]
     assert _positive(training["train_gflop_per_s"]) and _positive(training["matmul_gflop_per_s"])

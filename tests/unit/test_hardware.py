@@ -41,7 +41,8 @@ def test_a_user_gpu_budget_caps_what_the_planner_may_use():
     plan = plan_teacher(TEACHER_GIB, settings(gpu_mem_gib=10), BIG_CARD)
     assert plan.mode == "offload" and plan.gpu_gib == 10  # 12 GiB + headroom does not fit in 10
     assert plan_teacher(TEACHER_GIB, settings(gpu_mem_gib=40), BIG_CARD).mode == "gpu"
-    assert plan_teacher(TEACHER_GIB, settings(cpu_mem_gib=20), LAPTOP).cpu_gib == 10  # the smaller wins
+    # the smaller wins
+    assert plan_teacher(TEACHER_GIB, settings(cpu_mem_gib=20), LAPTOP).cpu_gib == 10
 
 
 def test_explicit_mode_and_placement_are_kept():

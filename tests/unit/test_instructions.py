@@ -168,7 +168,8 @@ def test_the_corpus_stage_synthesizes_from_an_image_folder(tmp_path, monkeypatch
     train, val = make_split(load_project(root))
     assert len(val) == 3 and sum(1 for s in val if s.images) == 2
     assert sum(1 for s in train if not s.images) == round(43 * 27 / 86)
-    stored = [s for s in train + val if s.text != "make the sky purple"]  # run_corpus copies the rest
+    # run_corpus copies the rest
+    stored = [s for s in train + val if s.text != "make the sky purple"]
     assert {p.parent for s in stored for p in s.images} == {load_project(root).paths.data_images}
     assert not {p for s in val for p in s.images} & {p for s in train for p in s.images}
     assert len(train) == 43 + 1

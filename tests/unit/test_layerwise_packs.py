@@ -24,7 +24,8 @@ from gguf_trainer.tiny.qwen_taps import HIDDEN, write_tiny_tap_teacher
 LAYERWISE = ("qwen3vl_krea2", "qwen3vl_flux3", "qwen3vl_fibo2", "qwen3vl_ideogram4", "qwen3vl_sefi",
              "qwen3_flux2_klein")
 # ggk 0.9.7: (taps, start, min_length, multiple, max_length, pad position) per pack, read from
-# conditioner.hpp 3295-3305, 3549-3560, 3562-3573, 3574-3585, 3383-3390 and fibo2.hpp 39-42, 316-326.
+# conditioner.hpp 3295-3305, 3549-3560, 3562-3573, 3574-3585, 3383-3390 and fibo2.hpp 39-42,
+# 316-326.
 ENGINE = {
     "qwen3vl_krea2": ((2, 5, 8, 11, 14, 17, 20, 23, 26, 29, 32, 35), 34, 0, 0, 0, None),
     "qwen3vl_flux3": ((4, 8, 12, 16, 20, 24, 28, 32), 0, 0, 80, 4096, 1),
@@ -122,7 +123,8 @@ def test_taps_are_raw_layer_outputs_in_ascending_order(arch, tiny, encode):
             assert np.allclose(tap, hs[k][0].numpy(), atol=1e-5), k
     raw_last = torch.from_numpy(taps[-1])
     assert not torch.allclose(raw_last, hs[36][0], atol=1e-3)  # before the norm ...
-    assert torch.allclose(teacher.text.norm(raw_last), hs[36][0], atol=1e-4)  # ... which gives hs[36]
+    # ... which gives hs[36]
+    assert torch.allclose(teacher.text.norm(raw_last), hs[36][0], atol=1e-4)
     final = load_tap_teacher(tiny[arch], "cpu", pack.student_pieces,
                              type(pack.tap_layout())(taps=())).targets([sample], [ids])[0].rows
     assert torch.allclose(final, hs[36][0], atol=1e-5)

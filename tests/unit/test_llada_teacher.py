@@ -439,7 +439,8 @@ def test_sequential_fills_the_chosen_gpu_first(snapshot):
     order = list(dict.fromkeys(dmap.values()))
     assert order[0] == 1 and order[-1] == "cpu"  # GPU 1 chosen: it fills before GPU 0
     assert dmap["model.language_model.word_embeddings"] == 1
-    assert dmap.pop("model.language_model.rotary_emb") == 1  # the repaired table stays on the main card
+    # the repaired table stays on the main card
+    assert dmap.pop("model.language_model.rotary_emb") == 1
     seq = [{1: 0, 0: 1, "cpu": 2}[d] for d in dmap.values()]
     assert seq == sorted(seq)  # layers flow chosen GPU -> other GPUs -> CPU RAM
 
@@ -595,7 +596,8 @@ def test_cuda_resident_and_offloaded_match_the_cpu_rows(snapshot, teacher):
     offloaded.close()
 
 
-# ---------------------------------------------------------------- the header check (no weights, no code)
+# ---------------------------------------------------------------- the header check (no weights, no
+# code)
 
 
 def _old_layout_copy(src, dest):
@@ -627,7 +629,8 @@ def test_header_check_passes_the_released_layout(snapshot):
     summary = PACK.check_teacher({"teacher": snapshot})
     assert summary.startswith("LLaDA-Image teacher: text encoder hidden 64 (3 layers, 2 weight file(s)), "
                               "QueryFormer 1 block(s) x 256 queries, TextProjection 2 layer(s) -> 2560")
-    assert (snapshot / "text_encoder" / "model.safetensors.index.json").is_file()  # sharded, as released
+    # sharded, as released
+    assert (snapshot / "text_encoder" / "model.safetensors.index.json").is_file()
 
 
 def test_old_key_names_are_refused_in_milliseconds_without_the_remote_code(llada_env, snapshot, monkeypatch):

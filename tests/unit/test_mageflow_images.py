@@ -1,5 +1,6 @@
 """Reference images as ggk's MageFlow conditioner sees them (engine-contract §3.2): sizes
-computed by hand, the engine's double floor rule, the shapes its clip_preprocess throws on, nearest resize + centre crop + CLIP normalisation,
+computed by hand, the engine's double floor rule, the shapes its clip_preprocess throws on, nearest
+resize + centre crop + CLIP normalisation,
 and the vision tower's patch layout against transformers' own Qwen2-VL image processor."""
 
 from __future__ import annotations

@@ -101,7 +101,8 @@ def test_every_key_matches_numpy(centered):
     got = run_batches(UNEVEN, *data, centered=centered)
     want = numpy_metrics(*data, centered=centered)
     assert got.keys() == want.keys()
-    assert "cos_empty" not in got and "baseline_cos_empty" not in got  # a tag with zero rows is omitted
+    # a tag with zero rows is omitted
+    assert "cos_empty" not in got and "baseline_cos_empty" not in got
     assert {"baseline_cos_vis", "baseline_cos_eos"} <= got.keys()  # per-tag baselines, deliberately
     for key in want:
         assert got[key] == pytest.approx(want[key], rel=1e-10, abs=1e-12), key

@@ -118,7 +118,8 @@ def test_targets_are_the_final_norm_states_with_images_spliced(teacher, snapshot
         emb[x == qwen3vl.IMAGE_PAD_ID] = torch.cat(rows)
         pos = torch.arange(x.shape[1]).view(1, 1, -1).expand(3, 1, -1)
         want = ref.language_model(inputs_embeds=emb, position_ids=pos).last_hidden_state[0]
-        plain = ref(input_ids=torch.tensor([ids[1]])).last_hidden_state[0]  # text-only: HF's own path
+        # text-only: HF's own path
+        plain = ref(input_ids=torch.tensor([ids[1]])).last_hidden_state[0]
     assert torch.allclose(out[0].rows, want, atol=1e-4)
     assert torch.allclose(out[1].rows, plain, atol=1e-4)
     # one at a time gives the same rows: right padding does not leak into real rows

@@ -1,5 +1,6 @@
 """The PixArt pack's real T5 teacher on the shipped tiny snapshot: seed ids by the engine's
-unigram rule (against sentencepiece where they agree, and where they must not), batched == per-prompt, the header-only snapshot check and its bad inputs."""
+unigram rule (against sentencepiece where they agree, and where they must not), batched ==
+per-prompt, the header-only snapshot check and its bad inputs."""
 
 from __future__ import annotations
 
@@ -45,7 +46,8 @@ def snapshot(tmp_path):
 
 def test_seed_ids_are_the_engines_pieces_then_eos_then_pads(sp):
     tok = t5.SeedTokenizer(DEMO_DIR / "spiece.model", window=120)
-    for text in [p for p in PROMPTS if p == p.strip() and p]:  # plain ASCII: the engine agrees with sentencepiece
+    # plain ASCII: the engine agrees with sentencepiece
+    for text in [p for p in PROMPTS if p == p.strip() and p]:
         pieces = sp.encode(text)
         ids = tok.seed_ids(text)
         assert len(ids) == 120
@@ -69,7 +71,8 @@ def test_seeds_follow_the_engines_unigram_not_sentencepiece(sp):
     assert tok.pieces("ｆｕｌｌ") == [meta, 2, 2, 2, 2] != sp.encode("ｆｕｌｌ")
     assert tok.pieces("a (red:1.2) fox") == tok.pieces("a ") + tok.pieces("red") + tok.pieces(" fox")
     assert tok.pieces(" lead") == [meta] + tok.pieces("lead")  # a leading space is its own "▁"
-    assert tok.pieces("lead  ") == tok.pieces("lead") == sp.encode("lead")  # a trailing one is dropped
+    # a trailing one is dropped
+    assert tok.pieces("lead  ") == tok.pieces("lead") == sp.encode("lead")
 
 
 def test_window_is_one_the_engine_builds():
@@ -84,7 +87,8 @@ def test_batched_targets_equal_the_per_prompt_full_window(teacher):
     worst = 0.0
     for text, got in zip(PROMPTS, rows):
         window = teacher.seed_ids(text)
-        ref = t5.encode_windows(teacher.model, [window], "cpu", trim=False)[0]  # one prompt, all 120 slots
+        # one prompt, all 120 slots
+        ref = t5.encode_windows(teacher.model, [window], "cpu", trim=False)[0]
         assert got.rows.shape == (t5.real_length(window), TINY_T5_CONFIG["d_model"]) == ref.shape
         assert got.seed_ids == window
         worst = max(worst, (got.rows - ref).abs().max().item() / ref.abs().max().item())
@@ -241,7 +245,8 @@ def test_check_of_a_full_size_snapshot_reads_only_headers(xxl_snapshot):
     pack = get_pack("t5xxl_pixart")
     summary = pack.check_teacher({"teacher": xxl_snapshot})
     assert summary.startswith("T5 encoder: 24 blocks, d_model 4096, 4.76B parameters (BF16, 8.87 GiB)"), summary
-    # the planner's figure: the pack's declared need matches the header's, bf16 with a card, fp32 without
+    # the planner's figure: the pack's declared need matches the header's, bf16 with a card, fp32
+    # without
     assert pack.teacher_gib({"teacher": xxl_snapshot}, "cuda") == pytest.approx(pack.teacher_memory_gib, abs=0.05)
     assert pack.teacher_gib({"teacher": xxl_snapshot}, "cpu") == pytest.approx(2 * 8.87, abs=0.01)
 
@@ -332,7 +337,8 @@ def test_material_status_checks_the_teacher_from_its_headers(tmp_path, snapshot,
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["gpu", "offload"])
 def test_card_modes_match_the_cpu_teacher(mode, teacher):
-    """On a CUDA machine: resident and streamed bf16 teachers give the fp32 CPU rows to bf16 accuracy."""
+    """On a CUDA machine: resident and streamed bf16 teachers give the fp32 CPU rows to bf16
+    accuracy."""
     on_card = t5.load_t5_teacher(DEMO_DIR, "cuda", mode)
     try:
         for got, ref in zip(on_card.targets(PROMPTS), teacher.targets(PROMPTS)):

@@ -44,8 +44,10 @@ def test_budget_batches_small_cases():
     assert budget_batches([], 4, 100) == []
     assert budget_batches([7], 4, 1) == [[0]]  # a single item over budget still gets a batch
     assert budget_batches([5, 5, 4, 5], 8, 100) == [[2, 0, 1, 3]]  # ties keep index order
-    assert budget_batches([5, 3, 5, 1], 8, 100) == [[3, 1, 0, 2]]  # 10 padded tokens: within the slack
-    assert budget_batches([200, 100, 200, 100], 8, 10_000) == [[1, 3], [0, 2]]  # >= 90% real per batch
+    # 10 padded tokens: within the slack
+    assert budget_batches([5, 3, 5, 1], 8, 100) == [[3, 1, 0, 2]]
+    # >= 90% real per batch
+    assert budget_batches([200, 100, 200, 100], 8, 10_000) == [[1, 3], [0, 2]]
     assert budget_batches([10, 10, 10, 10, 10], 2, 1000) == [[0, 1], [2, 3], [4]]
     assert budget_batches([10, 10, 10], 8, 20) == [[0, 1], [2]]
     assert budget_batches([600, 2, 3], 8, 100) == [[1, 2], [0]]  # the long one alone

@@ -221,4 +221,5 @@ class LLaDA2MoeModelLM(LLaDA2MoePreTrainedModel):
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, **kwargs):
         out = self.model.language_model(input_ids, attention_mask, position_ids, inputs_embeds)
         logits = self.lm_head(out.last_hidden_state)
-        return MoeCausalLMOutputWithPast(logits=logits, past_key_values=None)  # 5.x renamed it: TypeError
+        # 5.x renamed it: TypeError
+        return MoeCausalLMOutputWithPast(logits=logits, past_key_values=None)
