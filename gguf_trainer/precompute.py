@@ -339,22 +339,38 @@ def _disk_preflight(project, split: str) -> None:
         log.warning("precompute: %s", tight)
 
 
+def _verified_record(folder: Path) -> dict:
+    try:
+        record = atomic.read_json(folder / VERIFIED_JSON, {})
+    except (ValueError, OSError):  # a garbage cache is rebuilt, never fatal
+        record = {}
+    return record if isinstance(record, dict) else {}
+
+
+def _unverified(folder: Path, record: dict):
+    """(path, [size, mtime]) of each shard the record does not vouch for."""
+    for path in shards.shard_files(folder):
+        st = path.stat()
+        key = [st.st_size, st.st_mtime_ns]
+        if record.get(path.name) != key:
+            yield path, key
+
+
+def split_whole(project, split: str, fingerprint: str) -> bool:
+    """Every shard of `split` is whole and current (looks only: verify_split repairs)."""
+    folder = project.paths.shard_dir(split)
+    return not any(shards.verify_shard(path, fingerprint)
+                   for path, _ in _unverified(folder, _verified_record(folder)))
+
+
 def verify_split(project, split: str, fingerprint: str) -> None:
     """Recompute-instead-of-train-on: delete any shard that is truncated, corrupted or stale.
     Verified shards are remembered by (size, mtime) so a restart does not re-hash them."""
     folder = project.paths.shard_dir(split)
     record_path = folder / VERIFIED_JSON
-    try:
-        record = atomic.read_json(record_path, {})
-    except (ValueError, OSError):  # a garbage cache is rebuilt, never fatal
-        record = {}
-    record = record if isinstance(record, dict) else {}
+    record = _verified_record(folder)
     changed = False
-    for path in shards.shard_files(folder):
-        st = path.stat()
-        key = [st.st_size, st.st_mtime_ns]
-        if record.get(path.name) == key:
-            continue
+    for path, key in list(_unverified(folder, record)):
         reason = shards.verify_shard(path, fingerprint)
         if reason:
             log.warning("shard %s/%s is %s; recomputing it", split, path.name, reason)
@@ -415,11 +431,15 @@ class PrecomputeStage(Stage):
             _disk_preflight(project, self.split)
         context(project, run.cache)
 
+    def tidy(self, project, run) -> None:
+        if self.folder(project.paths).is_dir():
+            verify_split(project, self.split, run.fingerprint)  # drops truncated/corrupt/stale shards
+
     def is_done(self, project, run) -> bool:
         if not samples_file(project, self.split).is_file():
             return False
-        verify_split(project, self.split, run.fingerprint)  # drops truncated/corrupt/stale shards first
-        return len(shards.shard_files(self.folder(project.paths))) >= expected_shards(project, self.split)
+        n = len(shards.shard_files(self.folder(project.paths)))
+        return n >= expected_shards(project, self.split) and split_whole(project, self.split, run.fingerprint)
 
     def run(self, project, report, run) -> str:
         try:

@@ -49,18 +49,24 @@ class Stage:
                                from them instead of redoing the stage
       check(project, run)      load and validate the new inputs; raise UserError. Runs before
                                anything is invalidated (validate before destroy).
+      tidy(project, run)       repair the outputs before the done-test: drop damaged partial
+                               outputs (a truncated shard), never make any; on rank 0 only
       is_done(project, run)    outputs exist and are whole (the manifest test is the loop's)
       run(project, report, run) -> "done" | "stopped"
       clear(paths)             remove the outputs (invalidation)
     `run` is the loop's RunContext: .fingerprint (this stage's), .fingerprints, .cache (a dict
     shared by the stages of one pipeline run, e.g. the loaded student), .force.
     Stage modules never import each other; what they share lives in the library modules.
+    `inputs` and `is_done` are predicates: they read, and never write, delete or log (repairs
+    belong in `tidy` or `run`), so the loop, status and tests may ask them any time.
     """
 
     name: str = ""
     restart: bool = False  # partial outputs are discarded before a run (else the stage resumes)
-    manifest_first: bool = False  # the manifest is complete from the start (train: checkpoints resume)
-    shares: tuple[str, ...] = ()  # keys of RunContext.cache this stage uses (kept open while needed)
+    # the manifest is complete from the start (train: checkpoints resume)
+    manifest_first: bool = False
+    # keys of RunContext.cache this stage uses (kept open while needed)
+    shares: tuple[str, ...] = ()
 
     @property
     def title(self) -> str:
@@ -79,6 +85,9 @@ class Stage:
         return None
 
     def check(self, project, run) -> None:
+        return None
+
+    def tidy(self, project, run) -> None:
         return None
 
     def is_done(self, project, run) -> bool:

@@ -235,11 +235,14 @@ def invalidate_changed(project, inputs: dict[str, dict] | None = None) -> None:
 
 
 def is_done(project, stage: Stage, inputs: dict[str, dict], run: RunContext) -> bool:
+    """The manifest names the current inputs and is complete, then the stage's outputs are
+    repaired (Stage.tidy: the one place they are, the predicates only look) and judged."""
     if stage.name in inputs:
         man = read_manifest(project.paths, stage)
         if man is None or man.get("fingerprint") != digest(inputs[stage.name]) or not man.get("complete"):
             return False
-    return stage.is_done(project, run.for_stage(stage))
+    stage.tidy(project, run.for_stage(stage))
+    return stage.is_done(project, run)
 
 
 # ---------------------------------------------------------------- the loop

@@ -80,7 +80,8 @@ def test_each_pack_end_to_end(pack_id, tmp_path, tiny_materials):
     assert ev["val_cos"] > ev["baseline"][f"baseline_{ev['headline']}"]
     assert ev["roundtrip_cos"] > 0.999
     best = json.loads((proj.paths.checkpoints / "best.json").read_text())
-    assert abs(best["val_cos"] - ev["checkpoint_metrics"]["val_cos"]) < 1e-6  # best is the final step here
+    # best is the final step here
+    assert abs(best["val_cos"] - ev["checkpoint_metrics"]["val_cos"]) < 1e-6
     # A rerun does nothing: every stage is reported done-and-skipped, no file is rewritten.
     mtime = proj.final_gguf.stat().st_mtime_ns
     assert run_pipeline(root) == "done"
@@ -161,7 +162,8 @@ def test_mock_flag_and_contract_are_in_the_shard_fingerprint(reference, tmp_path
     monkeypatch.setattr(TinyResamplerPack, "shard_contract", "tiny_test/2")
     assert stages.changed_keys(before, stages.stage_inputs(proj)["precompute_train"]) == ["contract"]
     proj = project_mod.update_settings(root, {"precompute.mock_teacher": False})
-    with pytest.raises(UserError, match="no real teacher"):  # a real teacher is needed, and mock shards are not reused
+    # a real teacher is needed, and mock shards are not reused
+    with pytest.raises(UserError, match="no real teacher"):
         stages.stage_inputs(proj)
 
 
@@ -247,6 +249,26 @@ def test_corrupted_shard_is_recomputed(reference, tmp_path, caplog):
     shard.write_bytes(original[: len(original) // 2])
     run_pipeline(root, only=["precompute_train"])
     assert "truncated" in caplog.text and _shard_content(shard) == content
+
+
+def test_stage_predicates_only_look(reference, tmp_path, caplog):
+    """inputs and is_done write, delete and log nothing, even over a damaged shard: the loop's
+    Stage.tidy is what drops it (then the stage is redone)."""
+    from gguf_trainer.runner.stages import RunContext, digest, stage_inputs, stage_objects
+
+    root = _fresh_copy(reference, tmp_path)
+    shard = sorted((root / "shards" / "train").glob("*.safetensors"))[1]
+    shard.write_bytes(shard.read_bytes()[:100])
+    (root / "shards" / "train" / "verified.json").unlink(missing_ok=True)
+    before = _tree_bytes(root)
+    proj = project_mod.load_project(root)
+    inputs = stage_inputs(proj)
+    run = RunContext(fingerprints={k: digest(v) for k, v in inputs.items()})
+    done = {s.name: s.is_done(proj, run.for_stage(s)) for s in stage_objects()}
+    assert _tree_bytes(root) == before and not caplog.text
+    assert not done["precompute_train"] and done["precompute_val"] and done["train"]
+    assert stages.is_done(proj, stage_objects()[2], inputs, run) is False
+    assert not shard.exists() and "truncated" in caplog.text  # the loop's tidy dropped it
 
 
 def test_truncated_checkpoint_is_a_clear_error(reference, tmp_path):
@@ -362,7 +384,8 @@ def test_nan_loss_stops_with_a_sentence_and_keeps_the_last_good_checkpoint(tmp_p
     monkeypatch.setattr(train, "compute_loss", poisoned)
     with pytest.raises(UserError, match="loss became nan at step 5"):
         run_pipeline(root)
-    assert json.loads((proj.paths.checkpoints / "last.json").read_text())["step"] == 3  # save_every 3
+    # save_every 3
+    assert json.loads((proj.paths.checkpoints / "last.json").read_text())["step"] == 3
 
 
 def test_mock_env_is_recorded_when_a_run_starts(tmp_path, tiny_materials, monkeypatch):
@@ -397,7 +420,8 @@ def _bad_student(kind, reference, tmp_path):
 
 
 SETTING_CHANGES = {"mock off, no teacher": {"precompute.mock_teacher": False},
-                   "absurd width": {"train.width": 16384, "train.depth": 64},  # within the schema, not the RAM
+                   # within the schema, not the RAM
+                   "absurd width": {"train.width": 16384, "train.depth": 64},
                    "no such device": {"train.device": "cuda:7", "train.lr": 1e-3}}
 BAD_INPUTS = ["zero-byte", "truncated", "foreign bytes", "gguf header only", "adapter gguf", *SETTING_CHANGES]
 
