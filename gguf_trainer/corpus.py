@@ -36,7 +36,7 @@ from pathlib import Path
 
 from . import atomic
 from .errors import UserError
-from .mageflow_images import engine_refuses
+from .mageflow_images import engine_refuses, target_size
 from .prompt_syntax import RULE_CHANGES, RULE_VERSION, training_text
 from .samples import Sample, write_samples
 from .stage_list import Stage
@@ -273,13 +273,14 @@ def _with_empties(samples: list[Sample], frac: float, rng: random.Random) -> lis
     return out
 
 
-def _engine_refuses(path: Path) -> bool:
-    """A picture whose shape the engine's clip_preprocess throws on (mageflow_images)."""
+def _engine_refuses(path: Path, image_size=target_size) -> bool:
+    """A picture whose shape the engine's clip_preprocess throws on at the family's size
+    (`image_size`: the pack's rule, mageflow_images)."""
     from PIL import Image
 
     with Image.open(path) as im:
         w, h = im.size
-    return engine_refuses(h, w)
+    return engine_refuses(h, w, image_size)
 
 
 def _image_ok(path: Path) -> bool:
@@ -293,18 +294,19 @@ def _image_ok(path: Path) -> bool:
         return False
 
 
-def _usable(path: Path, takes_images: bool, tally: Counter) -> list[Sample]:
+def _usable(path: Path, takes_images: bool, tally: Counter, image_size=target_size) -> list[Sample]:
     """The samples of one source with their images checked; what was changed or skipped in
     it is logged with the file's name."""
     before = Counter(tally)
-    out = _check_images(read_source(path, tally), takes_images, tally)
+    out = _check_images(read_source(path, tally), takes_images, tally, image_size)
     new = tally - before
     if new:
         log.warning("corpus: %s: %s", path, _describe(new))
     return out
 
 
-def _check_images(samples: list[Sample], takes_images: bool, tally: Counter) -> list[Sample]:
+def _check_images(samples: list[Sample], takes_images: bool, tally: Counter,
+                  image_size=target_size) -> list[Sample]:
     out = []
     for s in samples:
         if s.images and not takes_images:
@@ -316,7 +318,7 @@ def _check_images(samples: list[Sample], takes_images: bool, tally: Counter) -> 
         elif s.images and not all(p.is_file() and _image_ok(p) for p in s.images):
             tally["bad_images"] += 1
             continue
-        elif s.images and any(_engine_refuses(p) for p in s.images):
+        elif s.images and any(_engine_refuses(p, image_size) for p in s.images):
             tally["engine_size"] += 1
             continue
         out.append(s)
@@ -331,8 +333,10 @@ def _refuse_few(n: int, need: int, n_lines: int, tally: Counter) -> UserError:
 
 
 def build_split(settings, takes_images: bool = False,
-                preset_pools: dict[str, list[str]] | None = None) -> tuple[list[Sample], list[Sample]]:
+                preset_pools: dict[str, list[str]] | None = None,
+                image_size=target_size) -> tuple[list[Sample], list[Sample]]:
     """(train, val) samples. UserError when the sources give too few usable prompts.
+    `image_size`: the pack's reference-image size rule (the shapes the engine refuses).
     `preset_pools`: the prompts of the selected public datasets (corpus_sources.preset_pools),
     mixed with the files by `corpus.weights` (prompt_presets.mix_pools)."""
     c = settings.corpus
@@ -340,7 +344,7 @@ def build_split(settings, takes_images: bool = False,
     if c.train_file or c.val_file:
         if not (c.train_file and c.val_file):
             raise UserError("set both corpus.train_file and corpus.val_file, or neither.")
-        train, val = (_usable(Path(f).expanduser(), takes_images, tally)
+        train, val = (_usable(Path(f).expanduser(), takes_images, tally, image_size)
                       for f in (c.train_file, c.val_file))
         for name, split in (("train_file", train), ("val_file", val)):
             if not split:
@@ -366,7 +370,7 @@ def build_split(settings, takes_images: bool = False,
             pool.append(s)
 
     for path in c.files:
-        found = _usable(Path(path).expanduser(), takes_images, tally)
+        found = _usable(Path(path).expanduser(), takes_images, tally, image_size)
         n_lines += len(found)
         for s in found:
             admit(s, pools["files"])
@@ -435,7 +439,8 @@ def make_split(project) -> tuple[list[Sample], list[Sample]]:
     c = project.settings.corpus
     if project.pack.vis_dim and (c.image_presets or c.image_folders):
         return _image_split(project, pools)
-    return build_split(project.settings, takes_images=project.pack.vis_dim > 0, preset_pools=pools)
+    return build_split(project.settings, takes_images=project.pack.vis_dim > 0, preset_pools=pools,
+                       image_size=project.pack.image_size if project.pack.vis_dim else target_size)
 
 
 def _image_split(project, pools) -> tuple[list[Sample], list[Sample]]:
@@ -452,7 +457,7 @@ def _image_split(project, pools) -> tuple[list[Sample], list[Sample]]:
     own: list[Sample] = []
     texts: list[str] = []
     for path in c.files:
-        for s in _usable(Path(path).expanduser(), True, tally):
+        for s in _usable(Path(path).expanduser(), True, tally, project.pack.image_size):
             if s.images:
                 own.append(s)
             else:

@@ -51,18 +51,19 @@ def resized_size(h: int, w: int, th: int, tw: int) -> tuple[int, int]:
     return int(np.float32(scale) * np.float32(h)), int(np.float32(scale) * np.float32(w))
 
 
-def engine_refuses(h: int, w: int) -> bool:
+def engine_refuses(h: int, w: int, size=target_size) -> bool:
     """Whether the engine cannot take an h×w reference image: float32 rounding leaves its
     resize a pixel short of the target and its centre crop reads past the picture (the
-    engine's clip_preprocess throws; ~4 % of shapes, e.g. 78×592 → 32×384)."""
-    th, tw = target_size(h, w)
+    engine's clip_preprocess throws; ~4 % of shapes, e.g. 78×592 → 32×384). `size` is the
+    family's size rule (MageFlow's by default; another pack passes its own)."""
+    th, tw = size(h, w)
     rh, rw = resized_size(h, w, th, tw)
     return rh < th or rw < tw
 
 
-def vision_tokens(h: int, w: int) -> int:
-    """Vision tokens of an h×w picture after the engine's preprocessing (at most 144)."""
-    th, tw = target_size(h, w)
+def vision_tokens(h: int, w: int, size=target_size) -> int:
+    """Vision tokens of an h×w picture after the engine's preprocessing (MageFlow: at most 144)."""
+    th, tw = size(h, w)
     return (th // FACTOR) * (tw // FACTOR)
 
 
@@ -97,10 +98,11 @@ def load_rgb(path: Path | str) -> np.ndarray:
         return np.asarray(im.convert("RGB"), dtype=np.float32) / np.float32(255.0)
 
 
-def preprocess_image(path: Path | str) -> np.ndarray:
-    """(3, h̄, w̄) float32: the picture at `path` as the engine hands it to the vision tower."""
+def preprocess_image(path: Path | str, size=target_size) -> np.ndarray:
+    """(3, h̄, w̄) float32: the picture at `path` as the engine hands it to the vision tower,
+    sized by the family's rule `size` (MageFlow's by default)."""
     x = load_rgb(path)
-    th, tw = target_size(*x.shape[:2])
+    th, tw = size(*x.shape[:2])
     return np.ascontiguousarray(clip_preprocess(x, th, tw).transpose(2, 0, 1))
 
 

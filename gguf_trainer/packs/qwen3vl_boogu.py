@@ -1,5 +1,5 @@
-"""Boogu Image pack (text-to-image): pig_clip + a token-aligned adapter replaces the Qwen3-VL text
-encoder of Boogu Image (engine-families §2 row 10).
+"""Boogu Image pack (text-to-image and edits): pig_clip + a token-aligned adapter with the vision
+extension replaces the Qwen3-VL text encoder of Boogu Image (engine-families §2 row 10).
 
 Engine (ggk 0.9.7 conditioner.hpp 3236-3294, `sd_version_is_boogu_image`): start 0 (the system
 turn reaches the DiT); `<|im_start|>system\\n` + the text-to-image system prompt ("You are a
@@ -10,8 +10,10 @@ line breaks takes the EDIT system prompt instead (3244, 3285); with reference im
 prompt is followed by `<|vision_start|>` + pads + `<|vision_end|>` per image (3247-3283). No pads;
 no out_layers: the DiT reads the final norm.
 
-Edits (reference images, ~384^2) are not in this version: they need a vision-ext adapter; this
-pack exports the text-only kind, which serves text-to-image.
+Edits (3246-3283): each reference image is resized to about 384^2 pixels (`boogu_target_size`,
+3258-3263), run by the tower's main merger (encode_image as MageFlow's, no deepstack, plain
+positions) and spliced at the row the engine's tokenizer counts for everything before its
+`<|image_pad|>` run (3270-3272); the export is token_aligned_vision (vision_proj + vis_in).
 
 Teacher: no citable public source names the repo of Boogu Image's text encoder, so the pack
 declares "link a local copy": the Qwen3-VL text encoder of the Boogu Image release (transformers
@@ -20,8 +22,12 @@ Qwen3-VL, hidden 4096: Qwen3-VL-8B's shape, 36 layers, ~17.5 GB bf16) with its t
 
 from __future__ import annotations
 
+import math
+
+from ..mageflow_images import FACTOR
 from ..template_ids import Piece
 from .base import Material
+from .qwen3vl_mageflow import IMAGE_PAD, IMAGE_PAD_ID
 from .token_aligned_qwen import QwenTokenAlignedPack
 
 T2I_SYSTEM = ("You are a helpful assistant that generates high-quality images based on user "
@@ -32,53 +38,148 @@ EDIT_SYSTEM = ("Describe the key features of the input image (color, shape, size
                "maintaining consistency with the original input where appropriate.")
 
 
-def boogu_prefix(text: str) -> str:
-    """3284-3286: the edit system prompt for a blank prompt (spaces, tabs, line breaks only),
-    else the text-to-image one."""
-    system = EDIT_SYSTEM if not text.strip(" \t\r\n") else T2I_SYSTEM
+AREA = 384 * 384  # 3258: the target area of a reference image
+
+
+def _round(x: float) -> int:
+    """std::round for x >= 0 (halves away from zero), exact in double."""
+    f = math.floor(x)
+    return f + 1 if x - f >= 0.5 else f
+
+
+def boogu_target_size(h: int, w: int) -> tuple[int, int]:
+    """(h̄, w̄) of an h×w reference image (3258-3263): β = sqrt(384²/(h·w)) and each side
+    max(32, round(side·β/32)·32), in double as the engine computes it (about 384² pixels, no
+    cap on a long side)."""
+    if h < 1 or w < 1:
+        raise ValueError(f"an image of {w}×{h} pixels has no content")
+    beta = math.sqrt(AREA / (float(h) * float(w)))
+    return tuple(max(FACTOR, _round(s * beta / FACTOR) * FACTOR) for s in (h, w))
+
+
+def boogu_prefix(text: str, images: bool = False) -> str:
+    """3284-3286: the edit system prompt with reference images or for a blank prompt (spaces,
+    tabs, line breaks only), else the text-to-image one."""
+    system = EDIT_SYSTEM if images or not text.strip(" \t\r\n") else T2I_SYSTEM
     return "<|im_start|>system\n" + system + "<|im_end|>\n<|im_start|>user\n"
+
+
+def image_block(n: int) -> str:
+    """One reference image of n vision tokens as the engine writes it (3274-3281)."""
+    return "<|vision_start|>" + IMAGE_PAD * n + "<|vision_end|>"
 
 
 class BooguPack(QwenTokenAlignedPack):
     id = "qwen3vl_boogu"
-    title = "Boogu Image (its Qwen3-VL, final norm; text-to-image)"
+    title = "Boogu Image (its Qwen3-VL, final norm; text-to-image and edits)"
     description = ("Replaces the Qwen3-VL text encoder of Boogu Image with pig_clip + a "
-                   "token-aligned adapter emitting its final-norm state of every template row.")
+                   "token-aligned adapter with the vision extension emitting its final-norm state "
+                   "of every template row, reference images included.")
+    adapter_kind = "token_aligned_vision"
+    vis_dim = 4096  # the main merger's width (Qwen3-VL-8B's out_hidden_size = its text hidden)
+    image_pad_id = IMAGE_PAD_ID
+    image_size = staticmethod(boogu_target_size)
     family = "Boogu Image"
-    serves = "Boogu Image (text-to-image)"
+    serves = "Boogu Image (text-to-image, edits)"
     teacher_arch = "qwen3_vl"
     teacher_hidden = 4096
     teacher_taps = ()
     suffix = "<|im_end|>\n"
     start = 0
     default_name = "qwen3vl_boogu_adapter"
-    shard_contract = "qwen3vl_boogu/1"
+    shard_contract = "qwen3vl_boogu/2"  # 2: edits, images spliced, raw vision rows stored
     engine_template = {"file": "diffusion/src/conditioning/conditioner.hpp", "lines": (3237, 3294),
                        "version": "VERSION_BOOGU_IMAGE"}
     teacher_materials = (
         Material("teacher", "Teacher: Boogu Image's Qwen3-VL (link a local copy)", "hf_snapshot",
-                 size_gb=17.5, hint="the Qwen3-VL text encoder folder of the Boogu Image release "
-                 "(transformers Qwen3-VL, hidden 4096, ~17.5 GB bf16) with its tokenizer files"),
+                 size_gb=17.5, hint="the Qwen3-VL folder of the Boogu Image release (transformers "
+                 "Qwen3-VL with its vision tower, hidden 4096, ~17.5 GB bf16) with its tokenizer "
+                 "files"),
     )
     teacher_memory_gib = 17.5
+    # a text prompt (the default corpus); an edit sample adds ~144 rows per ~384² reference
+    # image and their raw vision rows (~2.7 MB per image at 4096)
     typical_rows = 40 + 60
     hints = {"train": "Targets: the Qwen3-VL final norm (4096) of every row, system turn included.",
              "eval": "Judge by cos against the mean baseline (no reference run)."}
     engine_command_template = (
         "ggk diffuser engine -- --diffusion-model <boogu-image DiT .gguf> --vae <boogu vae .gguf> "
-        "--llm {student} --llm-adapter {adapter} -p \"a lovely pig holding a sign says GGUF\" "
-        "-o out.png")
+        "--llm {student} --llm-adapter {adapter} --llm_vision <the Qwen3-VL mmproj .gguf> "
+        "--ref-image pig.png -p \"make the pig hold a sign that says GGUF\" -o out.png")
     engine_teacher_args = "--llm <the Boogu Image Qwen3-VL text encoder .gguf>"
-    engine_notes = (("Text-to-image only: an edit (--ref-image) needs a vision-ext adapter, which "
-                     "this version does not train."),)
+    engine_notes = (("Text-to-image: the same adapter without --ref-image and --llm_vision."),)
     export_kv = {"adapter.teacher_tap": "final norm", "adapter.family": "Boogu Image"}
 
     def student_pieces(self, sample, image_tokens=()):
-        return (Piece(boogu_prefix(sample.text)), Piece(sample.text, prompt=True),
-                Piece(self.suffix))
+        """The engine's pieces: the system turn (edit with images), one block per reference
+        image (one piece, images included), the prompt range, `<|im_end|>\\n`."""
+        prefix = boogu_prefix(sample.text, bool(sample.images)) + "".join(
+            image_block(n) for n in image_tokens)
+        return (Piece(prefix), Piece(sample.text, prompt=True), Piece(self.suffix))
 
     def format_prompt(self, text: str) -> str:
         return boogu_prefix(text) + text + self.suffix
+
+    def teacher_template(self):
+        """The edit / text-to-image prefixes as the Qwen3-VL teacher takes them: the engine
+        counts Boogu's rows with its tokenizer (no hard-coded counts), start 0."""
+        from ..teachers.qwen3vl import Template
+
+        return Template(boogu_prefix("", True), 0, boogu_prefix("a"), 0, 1,
+                        image_header="<|vision_start|>", counts_hard_coded=False,
+                        image_size=boogu_target_size, family=self.family)
+
+    def load_teacher(self, materials, plan, device):
+        """Qwen3-VL with its tower (the final norm is its last_hidden_state), placed as
+        planned; templates checked against its tokenizer first."""
+        from ..teachers.qwen3vl import load_qwen3vl_teacher
+
+        return load_qwen3vl_teacher(materials["teacher"], device, plan.mode,
+                                    student_pieces=self.student_pieces,
+                                    template=self.teacher_template(), ram_limit_gib=plan.cpu_gib)
+
+    def check_teacher(self, materials) -> str:
+        from ..teachers.qwen3vl import check_snapshot
+
+        return (check_snapshot(materials["teacher"]).summary()
+                + f"; the DiT reads {self.teacher_tap_text()}")
+
+    def teacher_gib(self, materials, device) -> float:
+        """The tower and the text stack as they load (bf16 on a card, fp32 on a CPU), from the
+        snapshot's headers; the family's figure while the folder holds no weights."""
+        from pathlib import Path
+
+        import torch
+
+        from ..teachers.qwen3vl import check_snapshot
+
+        if not any(Path(materials["teacher"]).glob("*.safetensors")):
+            return self.teacher_memory_gib
+        mode = "gpu" if torch.device(device).type == "cuda" else "cpu"
+        return check_snapshot(materials["teacher"]).gib(mode)
+
+    def demo_corpus(self, folder, prompts):
+        """The MageFlow demo's synthetic images (64-160 px; ~384² after Boogu's resize: about
+        144 vision tokens each) in one- and two-image edits, plus the text-only prompts."""
+        from .mageflow_demo import write_demo_corpus
+
+        return write_demo_corpus(folder, prompts)
+
+    def demo_materials(self, folder):
+        """A tiny real Qwen3-VL with its vision tower (tiny/qwen3vl.py)."""
+        from ..tiny.qwen3vl import copy_tiny_qwen3vl
+
+        return {"teacher": copy_tiny_qwen3vl(folder / f"{self.id}-teacher-tiny")}
+
+    def build_mock_teacher(self, project):
+        from functools import partial
+
+        from ..mageflow_images import preprocess_image
+        from .mock import MockVisionTokenTeacher
+
+        return MockVisionTokenTeacher(self.id, self.out_dim, self.vis_dim,
+                                      partial(preprocess_image, size=boogu_target_size),
+                                      sup_start_text=0, sup_start_image=0)
 
 
 PACK = BooguPack()

@@ -94,6 +94,7 @@ class MageFlowPack(TrainerPack):
     # the reference mix's average (59k image : 27k text samples): ~1.8 MB, ~170 GB with the margin
     bytes_per_sample = (59 * IMAGE_SAMPLE_BYTES + 27 * TEXT_SAMPLE_BYTES) // 86
     image_pad_id = IMAGE_PAD_ID
+    image_size = staticmethod(target_size)  # reference-image size rule (long side <= 384)
 
     def format_prompt(self, text: str) -> str:
         """Text-only samples use the engine's text-to-image template (rows >= 34 reach the DiT)."""

@@ -53,14 +53,27 @@ VISUAL_PREFIXES = ("model.visual.", "visual.")
 
 @dataclass(frozen=True)
 class Template:
-    """The pack's edit and text-to-image prefixes and the counts the engine hard-codes for
-    them; the pack passes it in (a teacher imports no pack)."""
+    """The pack's edit and text-to-image prefixes, its image header and size rule, and the
+    counts the engine relies on; the pack passes it in (a teacher imports no pack).
+
+    MageFlow (the defaults): the engine hard-codes the prefixes' counts (64 / 34, which are
+    also the first rows the DiT reads) and splices image i at 64 + 6 + ... Boogu: the engine
+    counts the tokens before each image with its tokenizer (`counts_hard_coded` False), the
+    header is `<|vision_start|>` alone and the DiT reads from row 0."""
 
     edit_prefix: str
-    edit_start: int  # tokens of the edit prefix: the first row the DiT reads (64)
+    edit_start: int  # the first row the DiT reads with images (MageFlow: the prefix's 64 tokens)
     t2i_prefix: str
-    t2i_start: int  # tokens of the text-to-image prefix (34)
-    image_header_tokens: int  # "Image i: <|vision_start|>" (6)
+    t2i_start: int  # the first row the DiT reads without images (MageFlow: 34)
+    image_header_tokens: int  # the header's tokens, <|vision_start|> included (MageFlow: 6)
+    image_header: str = "Image {n}: <|vision_start|>"  # n = the 1-based image number
+    counts_hard_coded: bool = True  # the prefix counts are the engine's constants (MageFlow)
+    image_size: Callable | None = None  # (h, w) -> (h̄, w̄); None = MageFlow's rule
+    family: str = "MageFlow"
+
+    def header(self, i: int) -> str:
+        """The header of image i (0-based)."""
+        return self.image_header.format(n=i + 1)
 
 
 def count_tokens(tokenizer, text: str) -> int:
@@ -68,21 +81,23 @@ def count_tokens(tokenizer, text: str) -> int:
 
 
 def check_templates(tokenizer, p: Template, max_images: int = 9) -> dict[str, int]:
-    """The token counts the engine hard-codes, measured with `tokenizer`: the edit prefix (64),
-    the text-to-image prefix (34) and every image header `Image i: <|vision_start|>` (6, for
-    i = 1..max_images; ten or more images break the engine's assumption). UserError naming
-    the template whose count differs (the engine would splice images at the wrong rows)."""
-    want = {"edit prefix": (p.edit_prefix, p.edit_start),
-            "text-to-image prefix": (p.t2i_prefix, p.t2i_start)}
+    """The token counts the engine relies on, measured with `tokenizer`: where it hard-codes
+    them (MageFlow) the edit prefix (64) and the text-to-image prefix (34); every image
+    header (MageFlow `Image i: <|vision_start|>` 6, for i = 1..max_images: ten or more images
+    break the engine's assumption; Boogu `<|vision_start|>` 1). UserError naming the template
+    whose count differs (the engine would splice images at the wrong rows). Returns the
+    counts, the edit prefix's always (the splice rows start after it)."""
+    want = {"edit prefix": (p.edit_prefix, p.edit_start if p.counts_hard_coded else None),
+            "text-to-image prefix": (p.t2i_prefix, p.t2i_start if p.counts_hard_coded else None)}
     for i in range(max_images):
-        want[f"image {i + 1} header"] = (f"Image {i + 1}: <|vision_start|>", p.image_header_tokens)
+        want[f"image {i + 1} header"] = (p.header(i), p.image_header_tokens)
     got = {}
     for name, (text, n) in want.items():
         got[name] = count_tokens(tokenizer, text)
-        if got[name] != n:
-            raise UserError(f"the MageFlow {name} is {got[name]} tokens with this tokenizer, but ggk "
-                            f"hard-codes {n}: the teacher's tokenizer is not Qwen3-VL's (or the template "
-                            "was edited); use the Qwen/Qwen3-VL-4B-Instruct tokenizer files.")
+        if n is not None and got[name] != n:
+            raise UserError(f"the {p.family} {name} is {got[name]} tokens with this tokenizer, but "
+                            f"ggk hard-codes {n}: the teacher's tokenizer is not Qwen3-VL's (or the "
+                            "template was edited); use the Qwen3-VL tokenizer files.")
     ids = tokenizer("<|vision_start|><|image_pad|><|vision_end|>", add_special_tokens=False)["input_ids"]
     if list(ids) != [VISION_START_ID, IMAGE_PAD_ID, VISION_END_ID]:
         raise UserError(f"the tokenizer maps <|vision_start|><|image_pad|><|vision_end|> to {list(ids)}, not "
@@ -90,20 +105,24 @@ def check_templates(tokenizer, p: Template, max_images: int = 9) -> dict[str, in
     return got
 
 
-def splice_starts(counts: Sequence[int], p: Template) -> list[int]:
-    """Where the engine splices each image's rows: 64 + 6 = 70 for the first, then each next
-    image 1 (`<|vision_end|>`) + n_prev + 6 (the next header) later."""
-    out, at = [], p.edit_start + p.image_header_tokens
+def splice_starts(counts: Sequence[int], p: Template, prefix_tokens: int | None = None) -> list[int]:
+    """Where the engine splices each image's rows: the edit prefix's tokens (`prefix_tokens`,
+    as the tokenizer counts them; MageFlow: its hard-coded 64) + the header (6) = 70 for the
+    first, then each next image 1 (`<|vision_end|>`) + n_prev + the header later (Boogu: the
+    engine's tokenizer count of everything before the image, the same rows)."""
+    at = (p.edit_start if prefix_tokens is None else prefix_tokens) + p.image_header_tokens
+    out = []
     for n in counts:
         out.append(at)
         at += n + 1 + p.image_header_tokens
     return out
 
 
-def check_splices(ids: Sequence[int], counts: Sequence[int], p: Template) -> None:
+def check_splices(ids: Sequence[int], counts: Sequence[int], p: Template,
+                  prefix_tokens: int | None = None) -> None:
     """The image runs of `ids` sit where the engine splices them, framed by vision start/end;
     UserError otherwise (the sample's text would shift the engine's rows)."""
-    for start, n in zip(splice_starts(counts, p), counts):
+    for start, n in zip(splice_starts(counts, p, prefix_tokens), counts):
         ok = (start + n < len(ids) and ids[start - 1] == VISION_START_ID and ids[start + n] == VISION_END_ID
               and all(t == IMAGE_PAD_ID for t in ids[start: start + n]))
         if not ok:
@@ -112,7 +131,7 @@ def check_splices(ids: Sequence[int], counts: Sequence[int], p: Template) -> Non
 
 
 def sup_start(has_images: bool, p: Template) -> int:
-    """First row the DiT consumes: 64 for the edit template, 34 for text-to-image."""
+    """First row the DiT consumes: MageFlow 64 for the edit template, 34 for text-to-image."""
     return p.edit_start if has_images else p.t2i_start
 
 
@@ -219,7 +238,8 @@ class Qwen3VLTeacher:
     is_mock = False
 
     def __init__(self, model, tokenizer, device, mode: str, student_pieces: Callable,
-                 template: Template, report: SnapshotReport | None = None):
+                 template: Template, report: SnapshotReport | None = None,
+                 prefix_tokens: int | None = None):
         import torch
 
         self.model, self.tokenizer, self.mode = model, tokenizer, mode
@@ -228,6 +248,7 @@ class Qwen3VLTeacher:
         self.device = torch.device(device) if mode != "cpu" else torch.device("cpu")
         self.dtype = next(self.visual.parameters()).dtype
         self.student_pieces, self.template = student_pieces, template
+        self.prefix_tokens = prefix_tokens  # the edit prefix as the tokenizer counts it
         self.report = report
         self.identity = {"teacher": "qwen3_vl", "tap": "final_norm"}
         self._table = self.text.embed_tokens.weight  # offload: the plain RAM module place() kept
@@ -243,14 +264,16 @@ class Qwen3VLTeacher:
         engine's preprocessing, the tower in batches of ≤ VIS_TOKENS_PER_BATCH merged tokens
         (images are prepared batch by batch: a shard's 500 pictures at 144 tokens would be
         ~2 GB of patch rows at once), `pooler_output` only (deepstack is not used by ggk)."""
-        from ..mageflow_images import patchify, preprocess_image
+        from ..mageflow_images import patchify, preprocess_image, target_size
+
+        size = self.template.image_size or target_size  # the family's size rule
 
         cap = VIS_TOKENS_PER_BATCH["cuda" if self.device.type == "cuda" else "cpu"]
         out: list[torch.Tensor] = []
         batch, tokens = [], 0
         for path in images:
             try:
-                prepared = patchify(preprocess_image(path))
+                prepared = patchify(preprocess_image(path, size))
             except (OSError, ValueError) as e:
                 raise UserError(f"{path} is not a readable image ({e}); rebuild the corpus.") from None
             n = self._n(prepared)
@@ -296,7 +319,7 @@ class Qwen3VLTeacher:
                             "template; use the pig_clip tokenizer folder with the Qwen3-VL snapshot (both "
                             "are the Qwen vocabulary).")
         if counts:
-            check_splices(ids, counts, self.template)
+            check_splices(ids, counts, self.template, self.prefix_tokens)
         return list(ids)
 
     def targets(self, samples: Sequence, student_ids: Sequence[Sequence[int]], vision=None) -> list:
@@ -372,7 +395,8 @@ def load_qwen3vl_teacher(root: Path, device, mode: str, student_pieces: Callable
     model.eval().requires_grad_(False)
     _check_rotary(model.language_model)
     place(model, device, mode)
-    return Qwen3VLTeacher(model, tokenizer, device, mode, student_pieces, template, report)
+    return Qwen3VLTeacher(model, tokenizer, device, mode, student_pieces, template, report,
+                          prefix_tokens=counts["edit prefix"])
 
 
 def place(model, device, mode: str) -> None:

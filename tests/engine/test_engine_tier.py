@@ -27,7 +27,7 @@ import pytest
 from engine_build import build, unsupported_packs
 from tier_corpus import image_sizes, prompts
 
-from gguf_trainer.mageflow_images import engine_refuses, target_size, vision_tokens
+from gguf_trainer.mageflow_images import engine_refuses, vision_tokens
 from gguf_trainer.packs import get_pack, pack_ids
 from gguf_trainer.prompt_syntax import PromptSyntaxError, parse_prompt_attention
 from gguf_trainer.qwen_bpe import engine_bpe
@@ -192,7 +192,10 @@ def test_t5_seed_windows(driver, engine_t5, pack_id):
 
 @pytest.mark.parametrize("pack_id", [p for p in PACKS if get_pack(p).vis_dim])
 def test_image_sizes_runs_and_refusals(driver, encode, pack_id):
+    """The pack's size rule (`image_size`), its vision-token counts, its refusals (the shapes
+    the engine's clip_preprocess throws on at that size), ids, runs and start row."""
     pack = get_pack(pack_id)
+    size = pack.image_size
     bad, refused = [], 0
     for k, (h, w) in enumerate(SIZES):
         text = PROMPTS[k * 5 % len(PROMPTS)]
@@ -202,21 +205,21 @@ def test_image_sizes_runs_and_refusals(driver, encode, pack_id):
         got = driver.ask("tmpl", pack_id, hexs(text), len(shapes), *[x for s in shapes for x in s])
         if got.startswith("throw"):
             refused += 1
-            if not any(engine_refuses(*s) for s in shapes):
+            if not any(engine_refuses(*s, size) for s in shapes):
                 bad.append(("engine throws, we accept", shapes))
             continue
-        if any(engine_refuses(*s) for s in shapes):
+        if any(engine_refuses(*s, size) for s in shapes):
             bad.append(("we refuse, the engine takes", shapes))
             continue
         start, engine_ids, runs, sizes = fields(got)
         runs = [tuple(map(int, r.split(":"))) for r in runs.split()]
         sizes = [tuple(map(int, s.split(":"))) for s in sizes.split()]
-        counts = [vision_tokens(*s) for s in shapes]
+        counts = [vision_tokens(*s, size) for s in shapes]
         sample = Sample(text, images=tuple(f"{i}.png" for i in range(len(shapes))))
         ours = pack.student_ids(encode, sample, counts)
         # the images' runs come first; a prompt may spell <|image_pad|> itself (precompute drops it)
         our_runs = _runs(ours, pack.image_pad_id)[: len(shapes)]
-        if (sizes != [target_size(*s) for s in shapes] or [n for _, n in runs] != counts
+        if (sizes != [size(*s) for s in shapes] or [n for _, n in runs] != counts
                 or ours != ids(engine_ids) or our_runs != runs
                 or pack.template_start(sample) != int(start.split()[1])):
             bad.append((shapes, sizes, runs, our_runs))

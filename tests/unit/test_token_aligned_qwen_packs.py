@@ -73,17 +73,19 @@ def _pieces(pid, text):
 ENGINE = {"qwen3_zimage": (0, 0, (35,), 2560), "qwen3_ovis": (28, 284, (), 2048),
           "qwen3vl_minimax_h3": (0, 0, (50,), 5120), "qwen3vl_qwen_image_2_1": (14, 0, None, 4096),
           "qwen3vl_boogu": (0, 0, (), 4096), "qwen3vl_lingbot": (140, 0, (), 2560)}
+VISION = {"qwen3vl_boogu": 4096}  # the packs that train edits: vis_dim (the main merger's width)
 
 
 @pytest.mark.parametrize("pid", list(ENGINE))
 def test_template_start_and_pads_are_the_engines(pid, encode):
     pack = get_pack(pid)
     start, min_length, taps, out_dim = ENGINE[pid]
-    assert pid in pack_ids() and pack.adapter_kind == "token_aligned" and pack.taps == ()
+    kind = "token_aligned_vision" if pid in VISION else "token_aligned"  # edits: vision_proj + vis_in
+    assert pid in pack_ids() and pack.adapter_kind == kind and pack.taps == ()
     assert (pack.tap_last_layer if taps is None else pack.teacher_taps == taps) and pack.out_dim == out_dim
     assert pack.padding.min_length == min_length and pack.padding.multiple == 0
     cfg = pack.adapter_config(type("T", (), {"width": 128, "depth": 2})(), 1024)
-    assert cfg.kind == "token_aligned" and cfg.taps == () and cfg.vis_dim == 0
+    assert cfg.kind == kind and cfg.taps == () and cfg.vis_dim == VISION.get(pid, 0)
     assert "--llm {student} --llm-adapter {adapter}" in pack.engine_command_template
     for text in PROMPTS:
         s = Sample(text)
