@@ -41,8 +41,14 @@ def make_project(base: Path, history: int) -> Path:
 
 
 def _row(step: int) -> dict:
-    row = {"step": step, "time": 1.7e9 + step, "loss": 1.0 / (1 + step * 1e-3), "cos": 0.5 + step * 1e-6,
-           "lr": 2e-4, "steps_per_s": 9.5}
+    row = {
+        "step": step,
+        "time": 1.7e9 + step,
+        "loss": 1.0 / (1 + step * 1e-3),
+        "cos": 0.5 + step * 1e-6,
+        "lr": 2e-4,
+        "steps_per_s": 9.5,
+    }
     if step % 10 == 0:
         row["val_cos"] = 0.45 + step * 1e-6
     return row
@@ -108,9 +114,13 @@ def main() -> None:
         measure(app, small, 20)  # warm-up: imports, caches
         load_s, mean_s, med_s = measure(app, small, args.ticks)
         load_b, mean_b, med_b = measure(app, big, args.ticks)
-    print(f"page load (first tick): 100 steps {load_s * 1e3:.1f} ms, 20k steps {load_b * 1e3:.1f} ms")
-    print(f"steady tick over {args.ticks} ticks: 100 steps mean {mean_s * 1e3:.2f} ms (median "
-          f"{med_s * 1e3:.2f}), 20k steps mean {mean_b * 1e3:.2f} ms (median {med_b * 1e3:.2f})")
+    print(
+        f"page load (first tick): 100 steps {load_s * 1e3:.1f} ms, 20k steps {load_b * 1e3:.1f} ms"
+    )
+    print(
+        f"steady tick over {args.ticks} ticks: 100 steps mean {mean_s * 1e3:.2f} ms (median "
+        f"{med_s * 1e3:.2f}), 20k steps mean {mean_b * 1e3:.2f} ms (median {med_b * 1e3:.2f})"
+    )
     print(f"ratio 20k ÷ 100 (means) = {mean_b / mean_s:.2f}  (target <= 1.5)")
 
 

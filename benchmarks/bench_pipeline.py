@@ -90,11 +90,13 @@ def prompt_lengths(n: int, seed: int = SEED) -> list[int]:
     return np.clip(np.rint(raw), MIN_LEN, MAX_LEN).astype(int).tolist()
 
 
-def budget_efficiency(lengths: list[int], shard_size: int, max_batch: int, max_tokens: int) -> float:
+def budget_efficiency(
+    lengths: list[int], shard_size: int, max_batch: int, max_tokens: int
+) -> float:
     """real ÷ processed tokens of precompute's batching (per shard, count × longest)."""
     real = processed = 0
     for start in range(0, len(lengths), shard_size):
-        part = lengths[start: start + shard_size]
+        part = lengths[start : start + shard_size]
         for batch in budget_batches(part, max_batch, max_tokens):
             real += sum(part[i] for i in batch)
             processed += len(batch) * max(part[i] for i in batch)
@@ -104,7 +106,7 @@ def budget_efficiency(lengths: list[int], shard_size: int, max_batch: int, max_t
 def naive_efficiency(lengths: list[int], batch: int) -> float:
     real = processed = 0
     for start in range(0, len(lengths), batch):
-        part = lengths[start: start + batch]
+        part = lengths[start : start + batch]
         real += sum(part)
         processed += len(part) * max(part)
     return real / processed
@@ -121,11 +123,17 @@ def bench_padding(s: dict) -> dict:
     teacher = prompt_lengths(s["n_prompts"])
     student = [n + STUDENT_TEMPLATE_TOKENS for n in teacher]
     out = {}
-    for name, b in (("cpu", choose_budgets(PrecomputeSettings(), torch.device("cpu"))),
-                    ("small_card", card_budgets(SMALL_CARD_BYTES)), ("big_card", card_budgets(BIG_CARD_BYTES))):
-        out[f"teacher_{name}"] = budget_efficiency(teacher, s["shard_size"], b.teacher_batch, b.tok_budget)
-        out[f"student_{name}"] = budget_efficiency(student, s["shard_size"], b.student_batch,
-                                                   b.student_tok_budget)
+    for name, b in (
+        ("cpu", choose_budgets(PrecomputeSettings(), torch.device("cpu"))),
+        ("small_card", card_budgets(SMALL_CARD_BYTES)),
+        ("big_card", card_budgets(BIG_CARD_BYTES)),
+    ):
+        out[f"teacher_{name}"] = budget_efficiency(
+            teacher, s["shard_size"], b.teacher_batch, b.tok_budget
+        )
+        out[f"student_{name}"] = budget_efficiency(
+            student, s["shard_size"], b.student_batch, b.student_tok_budget
+        )
         out[f"naive_teacher_{name}"] = naive_efficiency(teacher, b.teacher_batch)
     return {k: round(v, 4) for k, v in out.items()}
 
@@ -159,10 +167,15 @@ def make_samples(pack, n: int, start: int, seed: int) -> list[_Sample]:
 
 def write_pack_shards(pack, folder: Path, n_shards: int, shard_size: int) -> tuple[list[Path], int]:
     """Shard files of `pack` via build_shard + write_shard; also the bf16 bytes of the rows."""
-    ctx = SimpleNamespace(teacher=pack.build_mock_teacher(None), student=_FakeStudent(SEED),
-                          # text-only samples
-                          device=torch.device("cpu"), pack=pack, vision_proj=None,
-                          budgets=choose_budgets(PrecomputeSettings(), torch.device("cpu")))
+    ctx = SimpleNamespace(
+        teacher=pack.build_mock_teacher(None),
+        student=_FakeStudent(SEED),
+        # text-only samples
+        device=torch.device("cpu"),
+        pack=pack,
+        vision_proj=None,
+        budgets=choose_budgets(PrecomputeSettings(), torch.device("cpu")),
+    )
     report = SimpleNamespace(stop_requested=lambda: False)
     files, row_bytes = [], 0
     for k in range(n_shards):
@@ -184,8 +197,11 @@ def bench_shard_bytes(s: dict, tmp: Path) -> dict:
         folder = tmp / f"bytes_{pack_id}"
         files, row_bytes = write_pack_shards(get_pack(pack_id), folder, 1, n)
         size = files[0].stat().st_size
-        out[pack_id] = {"ratio": round(size / row_bytes, 4), "bytes_per_sample": round(size / n),
-                        "pack_estimate": get_pack(pack_id).bytes_per_sample}
+        out[pack_id] = {
+            "ratio": round(size / row_bytes, 4),
+            "bytes_per_sample": round(size / n),
+            "pack_estimate": get_pack(pack_id).bytes_per_sample,
+        }
     return out
 
 
@@ -199,7 +215,9 @@ def train_flops(cfg, batch) -> float:
     reads = 2 * b * length * i * w  # in_proj: the Linears that read the student states
     if cfg.kind == "token_aligned_vision":
         rows = length
-        per_block = 4 * 2 * b * rows * w * w + 2 * 2 * b * rows * rows * w + 2 * 2 * b * rows * w * h
+        per_block = (
+            4 * 2 * b * rows * w * w + 2 * 2 * b * rows * rows * w + 2 * 2 * b * rows * w * h
+        )
         reads += 2 * b * length * i * o  # skip
     else:
         q = cfg.num_queries
@@ -224,7 +242,7 @@ def matmul_flops_per_s(n: int, iters: int, device: torch.device, dtype: torch.dt
         a @ b
         _sync(device)
         spent.append(time.perf_counter() - t0)
-    return 2.0 * n ** 3 / statistics.median(spent)
+    return 2.0 * n**3 / statistics.median(spent)
 
 
 class _Trainer:
@@ -233,11 +251,15 @@ class _Trainer:
     def __init__(self, pack, cfg, stats, device):
         torch.manual_seed(SEED)
         self.model = build_adapter(cfg).to(device)
-        self.opt = torch.optim.AdamW(trainable_parameters(self.model), lr=1e-4, betas=(0.9, 0.95),
-                                     weight_decay=0.01)
+        self.opt = torch.optim.AdamW(
+            trainable_parameters(self.model), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.01
+        )
         self.pack, self.stats, self.device = pack, stats, device
-        self.autocast = (torch.autocast("cuda", torch.bfloat16) if device.type == "cuda"
-                         else torch.autocast("cpu", enabled=False))
+        self.autocast = (
+            torch.autocast("cuda", torch.bfloat16)
+            if device.type == "cuda"
+            else torch.autocast("cpu", enabled=False)
+        )
 
     def step(self, batch) -> None:
         batch = batch.to(self.device)
@@ -250,8 +272,9 @@ class _Trainer:
         self.opt.step()
 
 
-def time_rounds(trainer, files, in_memory, batch_size: int, fixed: int, rounds: int,
-                device: torch.device) -> tuple[list[float], list[float]]:
+def time_rounds(
+    trainer, files, in_memory, batch_size: int, fixed: int, rounds: int, device: torch.device
+) -> tuple[list[float], list[float]]:
     """Seconds per round of len(in_memory) steps: from a fresh ShardStream (every shard loaded
     and every batch collated again) and from the in-memory batches. The order alternates per
     round so drift on a shared machine hits both."""
@@ -285,7 +308,9 @@ def bench_training(s: dict, tmp: Path, device: torch.device) -> dict:
     files, _ = write_pack_shards(pack, tmp / "load", s["load_shards"], s["load_shard_size"])
     fixed = pack.num_queries if pack.seed_vocab else 0
     stats = load_stats(files, 0.03)
-    stats = type(stats)(stats.mu.to(device), stats.sigma.to(device), stats.sigma_f.to(device), stats.n)
+    stats = type(stats)(
+        stats.mu.to(device), stats.sigma.to(device), stats.sigma_f.to(device), stats.n
+    )
     cfg = pack.adapter_config(TrainSettings(width=s["width"], depth=s["depth"]), STUDENT_DIM)
     trainer = _Trainer(pack, cfg, stats, device)
     # one epoch: every shard loaded once
@@ -295,7 +320,9 @@ def bench_training(s: dict, tmp: Path, device: torch.device) -> dict:
     in_memory = [pre.next_batch().to(device) for _ in range(steps)]
     for batch in in_memory[: s["burn_in"]]:
         trainer.step(batch)
-    stream_s, memory_s = time_rounds(trainer, files, in_memory, s["batch"], fixed, s["rounds"], device)
+    stream_s, memory_s = time_rounds(
+        trainer, files, in_memory, s["batch"], fixed, s["rounds"], device
+    )
     step_s = statistics.median(memory_s) / steps
     flops = sum(train_flops(cfg, batch) for batch in in_memory) / steps
     peak_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -303,10 +330,13 @@ def bench_training(s: dict, tmp: Path, device: torch.device) -> dict:
     return {
         "loading_ratio": round(statistics.median(a / b for a, b in zip(stream_s, memory_s)), 4),
         "mfu": round(flops / step_s / peak, 4),
-        "pack": pack.id, "adapter": {"width": cfg.width, "depth": cfg.depth, "batch": s["batch"]},
-        "steps_per_round": steps, "step_ms": round(1e3 * step_s, 2),
+        "pack": pack.id,
+        "adapter": {"width": cfg.width, "depth": cfg.depth, "batch": s["batch"]},
+        "steps_per_round": steps,
+        "step_ms": round(1e3 * step_s, 2),
         "train_gflop_per_s": round(flops / step_s / 1e9, 2),
-        "matmul_gflop_per_s": round(peak / 1e9, 2), "matmul_dtype": str(peak_dtype),
+        "matmul_gflop_per_s": round(peak / 1e9, 2),
+        "matmul_dtype": str(peak_dtype),
         "shard_mb": round(files[0].stat().st_size / 2**20, 1),
     }
 
@@ -322,19 +352,35 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         training = bench_training(s, Path(tmp), device)
         shard_bytes = bench_shard_bytes(s, Path(tmp))
-    result = {"bench": "pipeline", "device": str(device), "quick": args.quick,
-              "padding": padding, "loading_ratio": training.pop("loading_ratio"),
-              "mfu": training.pop("mfu"), "training": training, "shard_bytes": shard_bytes}
+    result = {
+        "bench": "pipeline",
+        "device": str(device),
+        "quick": args.quick,
+        "padding": padding,
+        "loading_ratio": training.pop("loading_ratio"),
+        "mfu": training.pop("mfu"),
+        "training": training,
+        "shard_bytes": shard_bytes,
+    }
     p = padding
     print("padding (real/processed, target >= 0.9), cpu / small card / big card budgets:")
     for side in ("teacher", "student", "naive_teacher"):
-        print(f"  {side:14s}" + " / ".join(f"{p[f'{side}_{c}']:.3f}" for c in ("cpu", "small_card", "big_card")))
-    print(f"loading (shards / in-memory step time, target <= 1.05): {result['loading_ratio']:.3f} "
-          f"({training['pack']}, {training['step_ms']} ms/step, {training['shard_mb']} MB shards)")
-    print(f"mfu (train FLOP/s / matmul FLOP/s): {result['mfu']:.3f} ({training['train_gflop_per_s']} / "
-          f"{training['matmul_gflop_per_s']} GFLOP/s)")
-    print("shard bytes / bf16 row bytes (target <= 1.05): " + ", ".join(
-        f"{k} {v['ratio']:.4f}" for k, v in shard_bytes.items()))
+        print(
+            f"  {side:14s}"
+            + " / ".join(f"{p[f'{side}_{c}']:.3f}" for c in ("cpu", "small_card", "big_card"))
+        )
+    print(
+        f"loading (shards / in-memory step time, target <= 1.05): {result['loading_ratio']:.3f} "
+        f"({training['pack']}, {training['step_ms']} ms/step, {training['shard_mb']} MB shards)"
+    )
+    print(
+        f"mfu (train FLOP/s / matmul FLOP/s): {result['mfu']:.3f} ({training['train_gflop_per_s']} / "
+        f"{training['matmul_gflop_per_s']} GFLOP/s)"
+    )
+    print(
+        "shard bytes / bf16 row bytes (target <= 1.05): "
+        + ", ".join(f"{k} {v['ratio']:.4f}" for k, v in shard_bytes.items())
+    )
     print(json.dumps(result))
     return result
 

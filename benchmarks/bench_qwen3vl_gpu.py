@@ -36,18 +36,46 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-TEXT_4B = {"vocab_size": 151936, "hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36,
-           "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-6,
-           "max_position_embeddings": 262144, "tie_word_embeddings": True, "rope_theta": 5000000,
-           "rope_scaling": {"rope_type": "default", "mrope_section": [24, 20, 20], "mrope_interleaved": True}}
-VISION_4B = {"depth": 24, "hidden_size": 1024, "intermediate_size": 4096, "num_heads": 16,
-             "out_hidden_size": 2560, "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2,
-             "num_position_embeddings": 2304, "deepstack_visual_indexes": [5, 11, 17],
-             "hidden_act": "gelu_pytorch_tanh"}
+TEXT_4B = {
+    "vocab_size": 151936,
+    "hidden_size": 2560,
+    "intermediate_size": 9728,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 262144,
+    "tie_word_embeddings": True,
+    "rope_theta": 5000000,
+    "rope_scaling": {
+        "rope_type": "default",
+        "mrope_section": [24, 20, 20],
+        "mrope_interleaved": True,
+    },
+}
+VISION_4B = {
+    "depth": 24,
+    "hidden_size": 1024,
+    "intermediate_size": 4096,
+    "num_heads": 16,
+    "out_hidden_size": 2560,
+    "patch_size": 16,
+    "spatial_merge_size": 2,
+    "temporal_patch_size": 2,
+    "num_position_embeddings": 2304,
+    "deepstack_visual_indexes": [5, 11, 17],
+    "hidden_act": "gelu_pytorch_tanh",
+}
 BUDGET = (256, 65536)  # big-card teacher batch / token budget (hardware.BIG_CARD_BUDGETS)
-PROMPTS = ("make it night", "add a straw hat to the man", "change the background to a beach at dusk",
-           "a red fox in the snow, oil painting, golden hour light, highly detailed",
-           "replace the dog with a small bird", "restyle the image as a watercolor painting")
+PROMPTS = (
+    "make it night",
+    "add a straw hat to the man",
+    "change the background to a beach at dusk",
+    "a red fox in the snow, oil painting, golden hour light, highly detailed",
+    "replace the dog with a small bird",
+    "restyle the image as a watercolor painting",
+)
 
 
 def build_model(config, device, dtype):
@@ -104,21 +132,28 @@ def run_mode(teacher, samples, tokenizer, pack, sync) -> dict:
     t_vis = time.perf_counter() - t0
     encode = engine_bpe(tokenizer).encode
     ids = [pack.student_ids(encode, s, [r.shape[0] for r in rows]) for s, rows in zip(samples, raw)]
-    segs = [[VisionSegment(st, r) for (st, _), r in zip(image_runs(x, pack.image_pad_id), rows)]
-            for x, rows in zip(ids, raw)]
+    segs = [
+        [VisionSegment(st, r) for (st, _), r in zip(image_runs(x, pack.image_pad_id), rows)]
+        for x, rows in zip(ids, raw)
+    ]
     out = [None] * len(samples)
     t0 = time.perf_counter()
     for batch in budget_batches([len(x) for x in ids], *BUDGET):
-        rows = teacher.targets([samples[i] for i in batch], [ids[i] for i in batch], [segs[i] for i in batch])
+        rows = teacher.targets(
+            [samples[i] for i in batch], [ids[i] for i in batch], [segs[i] for i in batch]
+        )
         for i, r in zip(batch, rows):
             out[i] = r.rows
     sync()
     t_text = time.perf_counter() - t0
     n_img = sum(len(s.images) for s in samples)
-    return {"rows": out, "vision_images_per_s": round(n_img / t_vis, 2),
-            "text_samples_per_s": round(len(samples) / t_text, 2),
-            "samples_per_s": round(len(samples) / (t_vis + t_text), 2),
-            "tokens": sum(len(x) for x in ids)}
+    return {
+        "rows": out,
+        "vision_images_per_s": round(n_img / t_vis, 2),
+        "text_samples_per_s": round(len(samples) / t_text, 2),
+        "samples_per_s": round(len(samples) / (t_vis + t_text), 2),
+        "tokens": sum(len(x) for x in ids),
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -140,8 +175,14 @@ def main(argv: list[str] | None = None) -> dict:
     device = torch.device("cuda" if cuda else "cpu")
     dtype = torch.bfloat16 if cuda else torch.float32
     tc, vc = (TINY["text_config"], TINY["vision_config"]) if args.quick else (TEXT_4B, VISION_4B)
-    config = Qwen3VLConfig(text_config=dict(tc), vision_config=dict(vc), image_token_id=151655,
-                           video_token_id=151656, vision_start_token_id=151652, vision_end_token_id=151653)
+    config = Qwen3VLConfig(
+        text_config=dict(tc),
+        vision_config=dict(vc),
+        image_token_id=151655,
+        video_token_id=151656,
+        vision_start_token_id=151652,
+        vision_end_token_id=151653,
+    )
     tokenizer = load_tokenizer(qwen_tokenizer_dir())
     check_templates(tokenizer, pack.teacher_template())
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -150,8 +191,13 @@ def main(argv: list[str] | None = None) -> dict:
     sync()
     n_text = sum(p.numel() for p in model.language_model.parameters())
     n_vis = sum(p.numel() for p in model.visual.parameters())
-    report = {"device": torch.cuda.get_device_name() if cuda else "cpu", "dtype": str(dtype),
-              "params_text": n_text, "params_vision": n_vis, "build_s": round(time.perf_counter() - t0, 1)}
+    report = {
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "dtype": str(dtype),
+        "params_text": n_text,
+        "params_vision": n_vis,
+        "build_s": round(time.perf_counter() - t0, 1),
+    }
     n = 12 if args.quick else args.samples
     with tempfile.TemporaryDirectory() as tmp:
         samples = make_samples(n, Path(tmp), random.Random(0))
@@ -166,8 +212,14 @@ def main(argv: list[str] | None = None) -> dict:
             if cuda:
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats()
-            teacher = Qwen3VLTeacher(model, tokenizer, device, mode if cuda else "cpu", pack.student_pieces,
-                                     pack.teacher_template())
+            teacher = Qwen3VLTeacher(
+                model,
+                tokenizer,
+                device,
+                mode if cuda else "cpu",
+                pack.student_pieces,
+                pack.teacher_template(),
+            )
             use = samples if mode == "gpu" else samples[: max(24, n // 4)]  # streaming is slow
             res = run_mode(teacher, use, tokenizer, pack, sync)
             rows = res.pop("rows")
@@ -177,8 +229,10 @@ def main(argv: list[str] | None = None) -> dict:
             if mode == "gpu":
                 resident = rows
             elif resident is not None:
-                cos = [torch.nn.functional.cosine_similarity(a.float(), b.float(), dim=-1).min().item()
-                       for a, b in zip(rows, resident)]
+                cos = [
+                    torch.nn.functional.cosine_similarity(a.float(), b.float(), dim=-1).min().item()
+                    for a, b in zip(rows, resident)
+                ]
                 res["min_cos_vs_resident"] = round(min(cos), 5)
             report[mode] = res
     print(json.dumps(report))

@@ -80,7 +80,15 @@ def precompute_rate(paths: ProjectPaths, processes: int) -> float:
         p.unlink()
     for log in [paths.pipeline_log, *(paths.root / "ranks").glob("rank-*.log")]:
         log.unlink(missing_ok=True)
-    cli("run", "--project", str(paths.root), "--processes", str(processes), "--only", "precompute_train")
+    cli(
+        "run",
+        "--project",
+        str(paths.root),
+        "--processes",
+        str(processes),
+        "--only",
+        "precompute_train",
+    )
     return sum(_rank_rates(paths))
 
 
@@ -109,14 +117,25 @@ def main() -> None:
         # one (width 384, depth 3, batch 32), so a step is compute, not the gradient sum.
         prompts = Path(tmp) / "prompts.txt"
         prompts.write_text("\n".join(demo_prompts(1280)) + "\n", encoding="utf-8")
-        update_settings(root, {"corpus.files": [str(prompts)],
-                               "corpus.n_train": 96 if args.quick else 1100, "corpus.n_val": 32,
-                               "precompute.shard_size": 16 if args.quick else 32,
-                               "precompute.teacher_batch": 1, "precompute.student_batch": 1,
-                               "train.threads": 1, "train.width": 256 if args.quick else 384,
-                               "train.depth": 2 if args.quick else 3, "train.batch_size": 32,
-                               "train.steps": 20 if args.quick else 30, "train.log_every": 5,
-                               "train.val_every": 1000, "train.save_every": 1000})
+        update_settings(
+            root,
+            {
+                "corpus.files": [str(prompts)],
+                "corpus.n_train": 96 if args.quick else 1100,
+                "corpus.n_val": 32,
+                "precompute.shard_size": 16 if args.quick else 32,
+                "precompute.teacher_batch": 1,
+                "precompute.student_batch": 1,
+                "train.threads": 1,
+                "train.width": 256 if args.quick else 384,
+                "train.depth": 2 if args.quick else 3,
+                "train.batch_size": 32,
+                "train.steps": 20 if args.quick else 30,
+                "train.log_every": 5,
+                "train.val_every": 1000,
+                "train.save_every": 1000,
+            },
+        )
         paths = ProjectPaths(root)
         cli("run", "--project", str(root), *PRE)  # corpus, val shards, a first (warm-up) pass
         pre, tr = [], []
@@ -125,12 +144,17 @@ def main() -> None:
             pre.append((one, many))
             t_one, t_many = train_rate(paths, 1), train_rate(paths, args.processes)
             tr.append((t_one, t_many))
-        for name, pairs, unit, target in (("precompute", pre, "samples/s", 1.7),
-                                          ("train", tr, "steps/s", None)):
+        for name, pairs, unit, target in (
+            ("precompute", pre, "samples/s", 1.7),
+            ("train", tr, "steps/s", None),
+        ):
             ratios = [m / o for o, m in pairs]
-            line = (f"{name}: {args.processes} processes x 1 thread ÷ 1 x 1 = {statistics.median(ratios):.2f} "
-                    f"(spread {min(ratios):.2f}..{max(ratios):.2f}; "
-                    + ", ".join(f"{o:.1f} -> {m:.1f} {unit}" for o, m in pairs) + ")")
+            line = (
+                f"{name}: {args.processes} processes x 1 thread ÷ 1 x 1 = {statistics.median(ratios):.2f} "
+                f"(spread {min(ratios):.2f}..{max(ratios):.2f}; "
+                + ", ".join(f"{o:.1f} -> {m:.1f} {unit}" for o, m in pairs)
+                + ")"
+            )
             if target:
                 line += f"  target >= {target}"
             print(line, flush=True)

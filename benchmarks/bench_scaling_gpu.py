@@ -44,19 +44,34 @@ def main() -> None:
             root = Path(args.project)
         else:
             root = prepare_demo("t5xxl_pixart", dest=Path(tmp) / "proj", steps=200)
-            update_settings(root, {"corpus.n_train": args.n_train, "precompute.shard_size": 128,
-                                   "precompute.device": "cuda", "train.device": "cuda",
-                                   "train.batch_size": 64, "train.steps": 200, "train.log_every": 10,
-                                   "train.val_every": 100000, "train.save_every": 100000})
+            update_settings(
+                root,
+                {
+                    "corpus.n_train": args.n_train,
+                    "precompute.shard_size": 128,
+                    "precompute.device": "cuda",
+                    "train.device": "cuda",
+                    "train.batch_size": 64,
+                    "train.steps": 200,
+                    "train.log_every": 10,
+                    "train.val_every": 100000,
+                    "train.save_every": 100000,
+                },
+            )
         paths = ProjectPaths(root)
         cli("run", "--project", str(root), *PRE)  # corpus, val shards, a warm-up pass
         base_pre, base_tr = precompute_rate(paths, 1), train_rate(paths, 1)
-        print(f"1 GPU: precompute {base_pre:.1f} samples/s, train {base_tr:.2f} steps/s", flush=True)
+        print(
+            f"1 GPU: precompute {base_pre:.1f} samples/s, train {base_tr:.2f} steps/s", flush=True
+        )
         n = 2
         while n <= args.max_gpus:
             pre, tr = precompute_rate(paths, n), train_rate(paths, n)
-            print(f"{n} GPUs: precompute {pre:.1f} samples/s (x{pre / base_pre:.2f}), "
-                  f"train {tr:.2f} steps/s (x{tr / base_tr:.2f})", flush=True)
+            print(
+                f"{n} GPUs: precompute {pre:.1f} samples/s (x{pre / base_pre:.2f}), "
+                f"train {tr:.2f} steps/s (x{tr / base_tr:.2f})",
+                flush=True,
+            )
             n *= 2
 
 

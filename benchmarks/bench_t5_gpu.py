@@ -30,11 +30,30 @@ import time
 
 import torch
 
-XXL = {"d_model": 4096, "d_kv": 64, "num_heads": 64, "d_ff": 10240, "num_layers": 24, "vocab_size": 32128,
-       "feed_forward_proj": "gated-gelu", "relative_attention_num_buckets": 32,
-       "relative_attention_max_distance": 128, "dropout_rate": 0.0, "is_encoder_decoder": False,
-       "use_cache": False, "tie_word_embeddings": False}
-TINY = {**XXL, "d_model": 64, "d_kv": 16, "num_heads": 4, "d_ff": 128, "num_layers": 2, "vocab_size": 256}
+XXL = {
+    "d_model": 4096,
+    "d_kv": 64,
+    "num_heads": 64,
+    "d_ff": 10240,
+    "num_layers": 24,
+    "vocab_size": 32128,
+    "feed_forward_proj": "gated-gelu",
+    "relative_attention_num_buckets": 32,
+    "relative_attention_max_distance": 128,
+    "dropout_rate": 0.0,
+    "is_encoder_decoder": False,
+    "use_cache": False,
+    "tie_word_embeddings": False,
+}
+TINY = {
+    **XXL,
+    "d_model": 64,
+    "d_kv": 16,
+    "num_heads": 4,
+    "d_ff": 128,
+    "num_layers": 2,
+    "vocab_size": 256,
+}
 WINDOW = 120
 BATCH, TOKENS = 64, 12288  # precompute's small-card budgets (teacher batch, teacher tokens)
 SEED = 0
@@ -69,7 +88,9 @@ def encode(model, windows: list[list[int]], device, trim: bool = True) -> list[t
     lens = [real_len(w) for w in windows]
     width = max(lens) if trim else WINDOW
     ids = torch.tensor([w[:width] for w in windows], device=device)
-    mask = (torch.arange(width, device=device)[None] < torch.tensor(lens, device=device)[:, None]).long()
+    mask = (
+        torch.arange(width, device=device)[None] < torch.tensor(lens, device=device)[:, None]
+    ).long()
     with torch.inference_mode():
         h = model(input_ids=ids, attention_mask=mask).last_hidden_state
     return [h[i, :n].float().cpu() for i, n in enumerate(lens)]
@@ -138,8 +159,13 @@ def run_mode(model, windows, device, label: str) -> dict:
     sync()
     elapsed = time.perf_counter() - t0
     peak = torch.cuda.max_memory_allocated(device) / 1024**3 if device.type == "cuda" else 0.0
-    result = {"prompts_per_s": round(len(windows) / elapsed, 2), "seconds": round(elapsed, 2),
-              "peak_gpu_gib": round(peak, 3), "real_rows": rows, "how": label}
+    result = {
+        "prompts_per_s": round(len(windows) / elapsed, 2),
+        "seconds": round(elapsed, 2),
+        "peak_gpu_gib": round(peak, 3),
+        "real_rows": rows,
+        "how": label,
+    }
     print(f"{label}: {result}", flush=True)
     return result
 
@@ -154,7 +180,12 @@ def batched_vs_single(model, windows, device) -> dict:
         worst_abs = max(worst_abs, diff)
         worst_rel = max(worst_rel, diff / ref.abs().max().item())
         min_cos = min(min_cos, torch.nn.functional.cosine_similarity(got, ref, dim=-1).min().item())
-    return {"max_abs": worst_abs, "max_rel": worst_rel, "min_row_cos": min_cos, "prompts": len(sample)}
+    return {
+        "max_abs": worst_abs,
+        "max_rel": worst_rel,
+        "min_row_cos": min_cos,
+        "prompts": len(sample),
+    }
 
 
 def main(argv=None) -> dict:
@@ -170,22 +201,34 @@ def main(argv=None) -> dict:
     t0 = time.perf_counter()
     model = build_model(dims, device, dtype)
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"built a T5 encoder of {n_params / 1e9:.3f}B params ({dtype}) on {device} in "
-          f"{time.perf_counter() - t0:.1f}s; {args.prompts} prompts, mean {sum(map(real_len, windows)) / len(windows):.1f} "
-          "real slots", flush=True)
-    out = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-           "dtype": str(dtype).removeprefix("torch."), "params": n_params, "prompts": args.prompts, "modes": {}}
+    print(
+        f"built a T5 encoder of {n_params / 1e9:.3f}B params ({dtype}) on {device} in "
+        f"{time.perf_counter() - t0:.1f}s; {args.prompts} prompts, mean {sum(map(real_len, windows)) / len(windows):.1f} "
+        "real slots",
+        flush=True,
+    )
+    out = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "dtype": str(dtype).removeprefix("torch."),
+        "params": n_params,
+        "prompts": args.prompts,
+        "modes": {},
+    }
     modes = args.modes.split(",")
     if "gpu" in modes:
         out["modes"]["gpu"] = run_mode(model, windows, device, "gpu (resident)")
         out["batched_vs_single"] = batched_vs_single(model, windows, device)
-        print(f"batched vs per-prompt full window ({out['dtype']}): {out['batched_vs_single']}", flush=True)
+        print(
+            f"batched vs per-prompt full window ({out['dtype']}): {out['batched_vs_single']}",
+            flush=True,
+        )
     if "offload" in modes and device.type == "cuda":
         how = place_offload(model, device)
         out["modes"]["offload"] = run_mode(model, windows, device, f"offload ({how})")
     if {"gpu", "offload"} <= set(out["modes"]):
-        out["offload_slowdown"] = round(out["modes"]["gpu"]["prompts_per_s"]
-                                        / out["modes"]["offload"]["prompts_per_s"], 1)
+        out["offload_slowdown"] = round(
+            out["modes"]["gpu"]["prompts_per_s"] / out["modes"]["offload"]["prompts_per_s"], 1
+        )
     print(json.dumps(out), flush=True)
     return out
 

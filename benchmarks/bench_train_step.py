@@ -39,15 +39,52 @@ from gguf_trainer.train import compute_loss, make_optimizer, train_step
 
 # ---- settings
 SHAPES = {  # adapter config + batch geometry (student tokens L, supervised rows R)
-    "small": {"width": 128, "depth": 2, "batch": 8, "in_dim": 1024, "out_dim": 4096, "queries": 120,
-              "seed_vocab": 32128, "L": 40, "R": 30},
-    "recipe": {"width": 1024, "depth": 6, "batch": 32, "in_dim": 1024, "out_dim": 4096, "queries": 120,
-               "seed_vocab": 32128, "L": 40, "R": 30},
-    "tiny": {"width": 64, "depth": 1, "batch": 4, "in_dim": 64, "out_dim": 48, "queries": 8,
-             "seed_vocab": 100, "L": 12, "R": 8},
+    "small": {
+        "width": 128,
+        "depth": 2,
+        "batch": 8,
+        "in_dim": 1024,
+        "out_dim": 4096,
+        "queries": 120,
+        "seed_vocab": 32128,
+        "L": 40,
+        "R": 30,
+    },
+    "recipe": {
+        "width": 1024,
+        "depth": 6,
+        "batch": 32,
+        "in_dim": 1024,
+        "out_dim": 4096,
+        "queries": 120,
+        "seed_vocab": 32128,
+        "L": 40,
+        "R": 30,
+    },
+    "tiny": {
+        "width": 64,
+        "depth": 1,
+        "batch": 4,
+        "in_dim": 64,
+        "out_dim": 48,
+        "queries": 8,
+        "seed_vocab": 100,
+        "L": 12,
+        "R": 8,
+    },
 }
-FULL = {"shapes": ["small", "recipe"], "burn_in": 3, "rounds": 7, "steps": {"small": 10, "recipe": 4, "tiny": 20}}
-QUICK = {"shapes": ["tiny"], "burn_in": 1, "rounds": 2, "steps": {"tiny": 2, "small": 2, "recipe": 1}}
+FULL = {
+    "shapes": ["small", "recipe"],
+    "burn_in": 3,
+    "rounds": 7,
+    "steps": {"small": 10, "recipe": 4, "tiny": 20},
+}
+QUICK = {
+    "shapes": ["tiny"],
+    "burn_in": 1,
+    "rounds": 2,
+    "steps": {"tiny": 2, "small": 2, "recipe": 1},
+}
 LR, WEIGHT_DECAY, GRAD_CLIP, COS_WEIGHT = 2e-4, 0.01, 1.0, 0.5
 SEED = 0
 
@@ -60,9 +97,15 @@ def make_batch(g: dict, device: torch.device) -> Batch:
     rows = torch.randint(R // 3, R + 1, (b,), generator=gen)
     row_mask = torch.arange(q)[None, :] < rows[:, None]
     seed_ids = torch.randint(2, g["seed_vocab"], (b, q), generator=gen) * row_mask
-    batch = Batch(hidden=torch.randn(b, L, g["in_dim"], generator=gen) * mask[..., None],
-                  mask=mask, target=torch.randn(b, q, g["out_dim"], generator=gen) * row_mask[..., None],
-                  row_mask=row_mask, seed_ids=seed_ids, sup_start=None, samples=[(0, i) for i in range(b)])
+    batch = Batch(
+        hidden=torch.randn(b, L, g["in_dim"], generator=gen) * mask[..., None],
+        mask=mask,
+        target=torch.randn(b, q, g["out_dim"], generator=gen) * row_mask[..., None],
+        row_mask=row_mask,
+        seed_ids=seed_ids,
+        sup_start=None,
+        samples=[(0, i) for i in range(b)],
+    )
     return batch.to(device)
 
 
@@ -74,12 +117,23 @@ class Variant:
 
 
 def build_variants(g: dict, device: torch.device) -> tuple[Variant, Variant]:
-    cfg = AdapterConfig(kind="seeded_resampler", in_dim=g["in_dim"], out_dim=g["out_dim"], width=g["width"],
-                        depth=g["depth"], num_queries=g["queries"], seed_vocab=g["seed_vocab"])
+    cfg = AdapterConfig(
+        kind="seeded_resampler",
+        in_dim=g["in_dim"],
+        out_dim=g["out_dim"],
+        width=g["width"],
+        depth=g["depth"],
+        num_queries=g["queries"],
+        seed_vocab=g["seed_vocab"],
+    )
     torch.manual_seed(SEED)
     base = build_adapter(cfg).to(device)
-    stats = Stats(torch.zeros(g["out_dim"], device=device), torch.ones(g["out_dim"], device=device),
-                  torch.ones(g["out_dim"], device=device), 1)
+    stats = Stats(
+        torch.zeros(g["out_dim"], device=device),
+        torch.ones(g["out_dim"], device=device),
+        torch.ones(g["out_dim"], device=device),
+        1,
+    )
     autocast = hardware.autocast(device)
 
     ours = copy.deepcopy(base)
@@ -102,7 +156,9 @@ def build_variants(g: dict, device: torch.device) -> tuple[Variant, Variant]:
         torch.nn.utils.clip_grad_norm_(plain_params, GRAD_CLIP)
         plain_opt.step()
 
-    return Variant("project", ours, ours_opt, ours_step), Variant("plain", plain, plain_opt, plain_step)
+    return Variant("project", ours, ours_opt, ours_step), Variant(
+        "plain", plain, plain_opt, plain_step
+    )
 
 
 def _sync(device: torch.device) -> None:
@@ -110,7 +166,9 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_pair(first: Variant, second: Variant, batch: Batch, device: torch.device) -> dict[str, float]:
+def time_pair(
+    first: Variant, second: Variant, batch: Batch, device: torch.device
+) -> dict[str, float]:
     """One step of each, back to back: load from other processes falls on both alike."""
     out = {}
     for v in (first, second):
@@ -134,16 +192,26 @@ def measure(shape: str, cfg: dict, device: torch.device) -> dict:
     for _ in range(cfg["rounds"]):
         spent: dict[str, list[float]] = {"project": [], "plain": []}
         for k in range(steps):  # the order alternates step by step
-            for name, t in time_pair(*((ours, plain) if k % 2 == 0 else (plain, ours)), batch, device).items():
+            for name, t in time_pair(
+                *((ours, plain) if k % 2 == 0 else (plain, ours)), batch, device
+            ).items():
                 spent[name].append(t)
         # The fastest step of a round: other processes on a shared machine only ever add time.
         t_ours.append(min(spent["project"]))
         t_plain.append(min(spent["plain"]))
         ratios.append(t_ours[-1] / t_plain[-1])
     n_params = sum(p.numel() for p in trainable_parameters(ours.model))
-    return {"shape": shape, "params_m": round(n_params / 1e6, 2), "step_s_project": statistics.median(t_ours),
-            "step_s_plain": statistics.median(t_plain), "ratio": statistics.median(ratios),
-            "ratio_min": min(ratios), "ratio_max": max(ratios), "rounds": cfg["rounds"], "steps_per_round": steps}
+    return {
+        "shape": shape,
+        "params_m": round(n_params / 1e6, 2),
+        "step_s_project": statistics.median(t_ours),
+        "step_s_plain": statistics.median(t_plain),
+        "ratio": statistics.median(ratios),
+        "ratio_min": min(ratios),
+        "ratio_max": max(ratios),
+        "rounds": cfg["rounds"],
+        "steps_per_round": steps,
+    }
 
 
 def _load() -> str:
@@ -153,7 +221,9 @@ def _load() -> str:
 
 def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="tiny shapes, one short round (the unit test)")
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny shapes, one short round (the unit test)"
+    )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--shapes", nargs="+", choices=sorted(SHAPES))
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
@@ -170,15 +240,19 @@ def main(argv=None) -> list[dict]:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    print(f"device {device}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"AdamW options {hardware.adamw_options(device)}, load {_load()}")
+    print(
+        f"device {device}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"AdamW options {hardware.adamw_options(device)}, load {_load()}"
+    )
     results = []
     for shape in cfg["shapes"]:
         res = measure(shape, cfg, device)
         results.append(res)
-        print(f"{shape:>7}: {res['params_m']:7.2f}M params  project {res['step_s_project'] * 1e3:8.1f} ms  "
-              f"plain {res['step_s_plain'] * 1e3:8.1f} ms  ratio {res['ratio']:.3f} "
-              f"(rounds {res['ratio_min']:.3f}..{res['ratio_max']:.3f})")
+        print(
+            f"{shape:>7}: {res['params_m']:7.2f}M params  project {res['step_s_project'] * 1e3:8.1f} ms  "
+            f"plain {res['step_s_plain'] * 1e3:8.1f} ms  ratio {res['ratio']:.3f} "
+            f"(rounds {res['ratio_min']:.3f}..{res['ratio_max']:.3f})"
+        )
     print(f"load after: {_load()} (other processes on the machine: the figures assume it is low)")
     print(json.dumps({"bench": "train_step", "device": str(device), "results": results}))
     return results

@@ -555,12 +555,20 @@ def seed_table(view: AdapterView) -> dict | None:
     or None for other files."""
     if view.kind != "seeded_resampler_factorized" or not view.t5_vocab or not view.width:
         return None
-    found = [view.tensors.get(n) for n in (PREFIX + "t5_embed_a.weight", PREFIX + "t5_embed_b.weight")]
+    found = [
+        view.tensors.get(n) for n in (PREFIX + "t5_embed_a.weight", PREFIX + "t5_embed_b.weight")
+    ]
     if not all(found):
         return None
     stored = sum(_tensor_bytes(ne, ty) for ne, ty in found)
     full = view.t5_vocab * view.width * 2
-    return {"rank": view.embed_rank, "bytes": stored, "full_bytes": full, "saved_bytes": full - stored}
+    return {
+        "rank": view.embed_rank,
+        "bytes": stored,
+        "full_bytes": full,
+        "saved_bytes": full - stored,
+    }
+
 
 MAX_LIST_ITEMS = 32  # long KV arrays (an embedded vocabulary) are summarised, not dumped
 
@@ -614,9 +622,11 @@ def _seed_lines(view: AdapterView) -> list[str]:
     if t is None:
         return []
     mib = 1024**2
-    line = (f"  seed table     : factorized, rank {t['rank']}: {t['bytes'] / mib:.2f} MiB instead of "
-            f"{t['full_bytes'] / mib:.2f} MiB for the full f16 table ({t['saved_bytes'] / mib:.2f} MiB "
-            "saved)")
+    line = (
+        f"  seed table     : factorized, rank {t['rank']}: {t['bytes'] / mib:.2f} MiB instead of "
+        f"{t['full_bytes'] / mib:.2f} MiB for the full f16 table ({t['saved_bytes'] / mib:.2f} MiB "
+        "saved)"
+    )
     return [line]
 
 

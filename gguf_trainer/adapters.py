@@ -111,8 +111,10 @@ class AdapterConfig:
         if self.seed_rank and self.kind != "seeded_resampler":
             p.append(f"seed_rank factorizes a seed table; a {self.kind} has none, set it to 0.")
         elif self.seed_rank > min(self.seed_vocab, self.width) > 0:
-            p.append(f"seed_rank {self.seed_rank} exceeds min(seed_vocab, width) = "
-                     f"{min(self.seed_vocab, self.width)}; a factorized table cannot have more rank.")
+            p.append(
+                f"seed_rank {self.seed_rank} exceeds min(seed_vocab, width) = "
+                f"{min(self.seed_vocab, self.width)}; a factorized table cannot have more rank."
+            )
         return p
 
 
@@ -123,8 +125,10 @@ def _tap_problems(taps: tuple[int, ...], out_dim: int) -> list[str]:
         return [f"a layerwise adapter needs at least 2 taps, got {list(taps)}."]
     p = []
     if any(t <= 0 for t in taps) or list(taps) != sorted(set(taps)):
-        p.append(f"layerwise taps must be distinct positive layer numbers in ascending order "
-                 f"(the engine's stack order), got {list(taps)}.")
+        p.append(
+            f"layerwise taps must be distinct positive layer numbers in ascending order "
+            f"(the engine's stack order), got {list(taps)}."
+        )
     if out_dim % len(taps):
         p.append(f"layerwise out_dim {out_dim} must be {len(taps)} taps x the teacher width.")
     return p

@@ -151,8 +151,12 @@ def _depth(obj: Any) -> int:
     return deepest
 
 
-def read_json(path: str | os.PathLike, default: Any = None, fix: str = "fix or delete it",
-              inside: str | os.PathLike | None = None) -> Any:
+def read_json(
+    path: str | os.PathLike,
+    default: Any = None,
+    fix: str = "fix or delete it",
+    inside: str | os.PathLike | None = None,
+) -> Any:
     """Read a JSON file; `default` when it does not exist. With `inside` (a project folder)
     the file must be a regular file under it, links resolved (project_file.open_file), else
     UnsafeProjectFile: for files whose content is shown or returned.
@@ -164,11 +168,12 @@ def read_json(path: str | os.PathLike, default: Any = None, fix: str = "fix or d
     """
     path = Path(path)
     try:
-        with (open(path, "rb") if inside is None else project_file.open_file(inside, path)) as f:
+        with open(path, "rb") if inside is None else project_file.open_file(inside, path) as f:
             size = os.fstat(f.fileno()).st_size
             if size > MAX_JSON_BYTES:
-                raise BadJSONFile(f"{path} is {size} bytes, far larger than any settings or "
-                                  f"record file; {fix}.")
+                raise BadJSONFile(
+                    f"{path} is {size} bytes, far larger than any settings or record file; {fix}."
+                )
             raw = f.read()
     except FileNotFoundError:
         return default
@@ -187,18 +192,22 @@ def parse_json(raw: bytes, path: str | os.PathLike, fix: str = "fix or delete it
     try:
         text = raw.decode("utf-8-sig")  # a BOM from a Windows editor is harmless
     except UnicodeDecodeError as e:
-        raise BadJSONFile(f"{path} is not UTF-8 text (byte {e.start} is 0x{raw[e.start]:02x}); "
-                          f"save it as UTF-8 or {fix}.") from None
+        raise BadJSONFile(
+            f"{path} is not UTF-8 text (byte {e.start} is 0x{raw[e.start]:02x}); "
+            f"save it as UTF-8 or {fix}."
+        ) from None
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as e:
-        raise BadJSONFile(f"{path} is not valid JSON ({e.msg} at line {e.lineno} column "
-                          f"{e.colno}); {fix}.") from None
+        raise BadJSONFile(
+            f"{path} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); {fix}."
+        ) from None
     except RecursionError:  # only a hand-made file nests this deep
         raise BadJSONFile(f"{path} nests deeper than {MAX_JSON_DEPTH} levels; {fix}.") from None
     except ValueError as e:  # Python refuses integers of more than 4300 digits
-        raise BadJSONFile(f"{path} holds a number too long to read ({str(e)[:60]}…); "
-                          f"{fix}.") from None
+        raise BadJSONFile(
+            f"{path} holds a number too long to read ({str(e)[:60]}…); {fix}."
+        ) from None
     if _depth(obj) > MAX_JSON_DEPTH:
         raise BadJSONFile(f"{path} nests deeper than {MAX_JSON_DEPTH} levels; {fix}.")
     return obj
@@ -212,8 +221,10 @@ def check_writable_folder(folder: str | os.PathLike, setting: str) -> Path:
     """
     folder = Path(folder).expanduser()
     if folder.exists() and not folder.is_dir():
-        raise UserError(f"{folder} ({setting}) is a file, not a folder; set {setting} to a "
-                        "folder or move the file away.")
+        raise UserError(
+            f"{folder} ({setting}) is a file, not a folder; set {setting} to a "
+            "folder or move the file away."
+        )
     try:
         folder.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix=".write-test.", suffix=".tmp", dir=folder)

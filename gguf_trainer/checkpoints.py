@@ -56,14 +56,29 @@ def save_checkpoint(folder: Path, which: str, model, opt, prog: TrainProgress, e
     }
     with atomic.atomic_path(checkpoint_path(folder, which), suffix=".pt") as tmp:
         torch.save(state, tmp)
-    side = {"step": prog.step, "steps": extra["planned_steps"], "val_cos": extra.get("val_cos"),
-            "best_val_cos": prog.best_val_cos, "time": time.time(), "mock": extra.get("mock", False),
-            # the inputs it was made from, readable without torch
-            "train_fp": extra.get("train_fp")}
+    side = {
+        "step": prog.step,
+        "steps": extra["planned_steps"],
+        "val_cos": extra.get("val_cos"),
+        "best_val_cos": prog.best_val_cos,
+        "time": time.time(),
+        "mock": extra.get("mock", False),
+        # the inputs it was made from, readable without torch
+        "train_fp": extra.get("train_fp"),
+    }
     atomic.write_json(side_path(folder, which), finite(side))
 
 
-REQUIRED_KEYS = ("model", "optimizer", "step", "stream", "best_val_cos", "rng", "config", "planned_steps")
+REQUIRED_KEYS = (
+    "model",
+    "optimizer",
+    "step",
+    "stream",
+    "best_val_cos",
+    "rng",
+    "config",
+    "planned_steps",
+)
 
 
 def load_checkpoint(path: Path) -> dict:
@@ -72,17 +87,29 @@ def load_checkpoint(path: Path) -> dict:
     fix = "delete it to restart training from the other checkpoint or from scratch"
     try:
         ck = torch.load(path, map_location="cpu", weights_only=True)
-    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile,
-            # what torch.load raises on foreign bytes
-            ValueError, AttributeError, ImportError) as e:
-        raise UserError(f"{path} is damaged or not a gguf-trainer checkpoint ({type(e).__name__}); {fix}.") from None
+    except (
+        RuntimeError,
+        EOFError,
+        OSError,
+        pickle.UnpicklingError,
+        zipfile.BadZipFile,
+        # what torch.load raises on foreign bytes
+        ValueError,
+        AttributeError,
+        ImportError,
+    ) as e:
+        raise UserError(
+            f"{path} is damaged or not a gguf-trainer checkpoint ({type(e).__name__}); {fix}."
+        ) from None
     missing = [k for k in REQUIRED_KEYS if not isinstance(ck, dict) or k not in ck]
     if missing:
         raise UserError(f"{path} is not a gguf-trainer checkpoint (no {missing[0]!r}); {fix}.")
     wrong = next((k for k, ok in _VALUE_CHECKS.items() if not ok(ck[k])), None)
     if wrong:
-        raise UserError(f"{path} is not a gguf-trainer checkpoint ({wrong!r} has the wrong "
-                        f"type or value); {fix}.")
+        raise UserError(
+            f"{path} is not a gguf-trainer checkpoint ({wrong!r} has the wrong "
+            f"type or value); {fix}."
+        )
     _check_fits(ck, path, fix)
     return Checkpoint(ck, path=Path(path))
 
@@ -98,13 +125,17 @@ def _check_fits(ck: dict, path: Path, fix: str) -> None:
             want = {k: tuple(v.shape) for k, v in build_adapter(cfg).state_dict().items()}
     # a config this version cannot build (absurd sizes overflow even on the meta device)
     except (TypeError, ValueError, KeyError, RuntimeError, OverflowError) as e:
-        raise UserError(f"{path} holds an adapter config gguf-trainer cannot build "
-                        f"({type(e).__name__}: {e}); {fix}.") from None
+        raise UserError(
+            f"{path} holds an adapter config gguf-trainer cannot build "
+            f"({type(e).__name__}: {e}); {fix}."
+        ) from None
     have = {k: tuple(v.shape) for k, v in ck["model"].items()}
     bad = next((k for k in sorted(want.keys() | have.keys()) if want.get(k) != have.get(k)), None)
     if bad is not None:
-        raise UserError(f"{path} does not hold the adapter its config describes (tensor {bad!r}: "
-                        f"{have.get(bad, 'missing')} instead of {want.get(bad, 'absent')}); {fix}.")
+        raise UserError(
+            f"{path} does not hold the adapter its config describes (tensor {bad!r}: "
+            f"{have.get(bad, 'missing')} instead of {want.get(bad, 'absent')}); {fix}."
+        )
     for key in ("mu", "sigma_f"):  # export folds them; eval standardizes with them
         v = ck.get(key)
         if v is not None and not (isinstance(v, torch.Tensor) and v.shape == (cfg.out_dim,)):
@@ -127,13 +158,18 @@ def _count(v) -> bool:
 # What each required value must be before anything indexes into it (a hand-edited or
 # foreign checkpoint with the right keys would otherwise fail deep inside torch).
 _VALUE_CHECKS = {
-    "model": lambda v: isinstance(v, dict) and all(
-        isinstance(k, str) and isinstance(t, torch.Tensor) for k, t in v.items()),
+    "model": lambda v: (
+        isinstance(v, dict)
+        and all(isinstance(k, str) and isinstance(t, torch.Tensor) for k, t in v.items())
+    ),
     "optimizer": lambda v: isinstance(v, dict),
     "step": _count,
     "planned_steps": _count,
-    "stream": lambda v: isinstance(v, dict) and set(v) == {"epoch", "shard_i", "batch_i"}
-    and all(_count(x) for x in v.values()),
+    "stream": lambda v: (
+        isinstance(v, dict)
+        and set(v) == {"epoch", "shard_i", "batch_i"}
+        and all(_count(x) for x in v.values())
+    ),
     "best_val_cos": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
     "rng": lambda v: isinstance(v, torch.Tensor) and v.dtype == torch.uint8,
     "config": lambda v: isinstance(v, dict),
@@ -143,9 +179,13 @@ _VALUE_CHECKS = {
 def does_not_fit(ck: dict, error: Exception) -> UserError:
     """The sentence for a checkpoint whose tensors do not fit the model built for it."""
     where = getattr(ck, "path", "the checkpoint")
-    detail = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
-    return UserError(f"{where} does not fit this project's adapter ({detail}); delete it to "
-                     "restart training from scratch.")
+    detail = (
+        str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
+    )
+    return UserError(
+        f"{where} does not fit this project's adapter ({detail}); delete it to "
+        "restart training from scratch."
+    )
 
 
 def read_side(folder: Path, which: str) -> dict:

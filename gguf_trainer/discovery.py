@@ -121,15 +121,23 @@ def snapshot_problem(material, folder: Path, expect: dict | None = None) -> str 
             config = None
         if not isinstance(config, dict):
             return f"{folder} has no readable config.json to compare with the student"
-        wrong = [f"{k} {config.get(k)!r} (the student has {v})" for k, v in expect.items()
-                 if config.get(k) != v]
+        wrong = [
+            f"{k} {config.get(k)!r} (the student has {v})"
+            for k, v in expect.items()
+            if config.get(k) != v
+        ]
         if wrong:
             return f"{folder} does not match the student: {', '.join(wrong)}"
     return None
 
 
-def find_snapshot(material, roots: list[Path], exclude: Path | None = None,
-                  expect: dict | None = None, passed: list[str] | None = None) -> Path | None:
+def find_snapshot(
+    material,
+    roots: list[Path],
+    exclude: Path | None = None,
+    expect: dict | None = None,
+    passed: list[str] | None = None,
+) -> Path | None:
     """The first complete copy of an hf_snapshot material whose identity matches
     (`snapshot_problem`), or None. `passed` receives a sentence per complete copy refused."""
     names = [n for n in (material.subdir, material.repo.split("/")[-1], material.id) if n]
@@ -167,8 +175,12 @@ def student_layout(path: Path) -> dict:
     embed = next((layout.shapes[n] for n in _EMBED_NAMES if n in layout.shapes), None)
     layers = {m.group(1) for n in layout.shapes if (m := _LAYER_RE.match(n))}
     hidden, vocab = (embed[0], embed[1]) if embed and len(embed) == 2 else (None, None)
-    return {"hidden": hidden, "layers": len(layers), "vocab": vocab,
-            "tiny": TINY_GGUF_KEY in layout.strings}
+    return {
+        "hidden": hidden,
+        "layers": len(layers),
+        "vocab": vocab,
+        "tiny": TINY_GGUF_KEY in layout.strings,
+    }
 
 
 def student_problem(path: Path) -> str | None:
@@ -186,8 +198,12 @@ def student_problem(path: Path) -> str | None:
 def find_student(roots: list[Path], passed: list[str] | None = None) -> tuple[Path | None, str]:
     """The best pig_clip GGUF in the roots whose header has pig_clip's layout, and a sentence
     saying which and why. `passed` receives a sentence per pig_clip*.gguf refused."""
-    found = {p.resolve(): p for root in roots for p in root.glob("pig_clip*.gguf")
-             if p.is_file() and is_gguf(p)}
+    found = {
+        p.resolve(): p
+        for root in roots
+        for p in root.glob("pig_clip*.gguf")
+        if p.is_file() and is_gguf(p)
+    }
     good = []
     for p in found.values():
         problem = student_problem(p)

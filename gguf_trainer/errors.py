@@ -59,15 +59,15 @@ OS_ERROR_SENTENCES = {
     errno.EDQUOT: f"the disk quota for {{path}} is used up; free some space {_AGAIN}",
     errno.EFBIG: f"{{path}} would exceed the file size limit (ulimit -f); raise it {_AGAIN}",
     errno.EROFS: "{path} is on a read-only file system; make it writable or move the project "
-                 "to a writable disk",
+    "to a writable disk",
     errno.EACCES: "permission denied for {path}; make it readable and writable by this user or "
-                  "choose another folder",
+    "choose another folder",
     errno.EPERM: "the system does not allow this operation on {path}; check its owner and "
-                 "permissions or choose another folder",
+    "permissions or choose another folder",
     errno.ENAMETOOLONG: "the path {path} is too long for the file system; choose a shorter "
-                        "folder or name",
+    "folder or name",
     errno.ENOTDIR: "part of the path {path} is a file where a folder is needed; move that file "
-                   "away or choose another folder",
+    "away or choose another folder",
     errno.EISDIR: "{path} is a folder where a file is needed; move it away or choose another path",
     errno.EEXIST: "{path} already exists and is not a folder; move it away or choose another folder",
     errno.ELOOP: "{path} goes through a symbolic link loop; fix the link or choose another path",
@@ -85,8 +85,9 @@ def _is_tmp_name(name: str) -> bool:
     return base.startswith(".") and base.endswith(".tmp")
 
 
-def os_error_sentence(exc: OSError, path: str | os.PathLike | None = None,
-                      fallback: str | os.PathLike | None = None) -> str | None:
+def os_error_sentence(
+    exc: OSError, path: str | os.PathLike | None = None, fallback: str | os.PathLike | None = None
+) -> str | None:
     """One sentence for an OSError the environment caused, or None when it looks like a bug.
 
     `path` names the file the user knows (the target of an atomic write, not its temp file);
@@ -104,8 +105,11 @@ def os_error_sentence(exc: OSError, path: str | os.PathLike | None = None,
     return template.format(path=os.fsdecode(shown)) + "."
 
 
-def as_user_error(exc: BaseException, path: str | os.PathLike | None = None,
-                  fallback: str | os.PathLike | None = None) -> UserError | None:
+def as_user_error(
+    exc: BaseException,
+    path: str | os.PathLike | None = None,
+    fallback: str | os.PathLike | None = None,
+) -> UserError | None:
     """The UserError an edge should show for `exc`, or None when `exc` is a programmer error.
     `path` and `fallback`: see os_error_sentence (an edge passes its project folder as fallback)."""
     if isinstance(exc, UserError):
@@ -117,7 +121,9 @@ def as_user_error(exc: BaseException, path: str | os.PathLike | None = None,
     # The machine's size, not the code: Python's MemoryError, torch's (CUDA) OutOfMemoryError.
     if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
         where = "the GPU" if type(exc).__name__ == "OutOfMemoryError" else "this machine"
-        return UserError(f"{where} ran out of memory; lower train.batch_size or the precompute "
-                         "batches (precompute.teacher_batch, precompute.student_batch), or close "
-                         "other programs, and start again (the run resumes).")
+        return UserError(
+            f"{where} ran out of memory; lower train.batch_size or the precompute "
+            "batches (precompute.teacher_batch, precompute.student_batch), or close "
+            "other programs, and start again (the run resumes)."
+        )
     return None

@@ -75,8 +75,10 @@ def factorize_seed(state_dict: dict[str, torch.Tensor], cfg: AdapterConfig, rank
         raise ValueError("only a full-table seeded_resampler can be factorized")
     most = min(cfg.seed_vocab, cfg.width)
     if not 0 < rank <= most:
-        raise UserError(f"train.seed_rank {rank} cannot factorize a {cfg.seed_vocab} x {cfg.width} seed "
-                        f"table; set it between 1 and {most}, or 0 to export the full table.")
+        raise UserError(
+            f"train.seed_rank {rank} cannot factorize a {cfg.seed_vocab} x {cfg.width} seed "
+            f"table; set it between 1 and {most}, or 0 to export the full table."
+        )
     new_cfg = AdapterConfig.from_dict({**cfg.to_dict(), "seed_rank": rank})
     table = state_dict["t5_embed.weight"].detach().to("cpu", torch.float64)
     _, vecs = torch.linalg.eigh(table.T @ table)  # ascending eigenvalues

@@ -34,22 +34,35 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"device {name!r} was chosen but no CUDA device is available; choose cpu or auto.")
+        raise UserError(
+            f"device {name!r} was chosen but no CUDA device is available; choose cpu or auto."
+        )
     try:
         device = torch.device(name)
     except RuntimeError:
         raise UserError(f"device {name!r} is not a device; choose auto, cpu or cuda[:N].") from None
-    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise UserError(f"device {name!r} was chosen but this machine has {torch.cuda.device_count()} CUDA "
-                        f"device(s) (cuda:0..); choose one of them or auto.")
+    if (
+        device.type == "cuda"
+        and device.index is not None
+        and device.index >= torch.cuda.device_count()
+    ):
+        raise UserError(
+            f"device {name!r} was chosen but this machine has {torch.cuda.device_count()} CUDA "
+            f"device(s) (cuda:0..); choose one of them or auto."
+        )
     return device
 
 
 def student_dtype(name: str, device: torch.device) -> torch.dtype:
-    """"auto" = fp32 everywhere: the engine multiplies pig_clip's f16 weights with f32
+    """ "auto" = fp32 everywhere: the engine multiplies pig_clip's f16 weights with f32
     activations, the 0.6B student is cheap next to any teacher, and bf16 matmul on CPUs is
     hundreds of times slower. bf16/f16 are there for small cards."""
-    return {"auto": torch.float32, "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[name]
+    return {
+        "auto": torch.float32,
+        "f32": torch.float32,
+        "f16": torch.float16,
+        "bf16": torch.bfloat16,
+    }[name]
 
 
 def autocast(device: torch.device):
@@ -57,7 +70,11 @@ def autocast(device: torch.device):
     slow)."""
     import contextlib
 
-    return torch.autocast("cuda", torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
+    return (
+        torch.autocast("cuda", torch.bfloat16)
+        if device.type == "cuda"
+        else contextlib.nullcontext()
+    )
 
 
 # ---------------------------------------------------------------- training-step choices
@@ -107,15 +124,19 @@ def check_training_fits(n_params: int, device: torch.device, hw: Hardware, what:
     have = hw.gpu_total_gib if device.type == "cuda" else hw.cpu_total_gib
     if need > have:
         where = "GPU memory" if device.type == "cuda" else "RAM"
-        raise UserError(f"an adapter with {what} has {n_params / 1e6:.0f}M parameters whose training "
-                        f"state needs {need:.1f} GiB of {where}, but the machine has {have:.1f} GiB; "
-                        "lower train.width or train.depth.")
+        raise UserError(
+            f"an adapter with {what} has {n_params / 1e6:.0f}M parameters whose training "
+            f"state needs {need:.1f} GiB of {where}, but the machine has {have:.1f} GiB; "
+            "lower train.width or train.depth."
+        )
 
 
 def use_grad_checkpointing(setting: str, device: torch.device) -> bool:
     """auto: on for cards under 12 GB (activations dominate there), off elsewhere."""
     if setting == "auto":
-        return device.type == "cuda" and torch.cuda.get_device_properties(device).total_memory < 12e9
+        return (
+            device.type == "cuda" and torch.cuda.get_device_properties(device).total_memory < 12e9
+        )
     return setting == "on"
 
 
@@ -142,16 +163,20 @@ CPU_BUDGETS = (16, 4096, 32, 8192)
 BIG_CARD_SPARE_GIB = 16.0  # memory left beside the teacher's weights that counts as a big card
 
 
-def choose_budgets(pc, device: torch.device, spare_gib: float | None = None,
-                   mode: str = "") -> Budgets:
+def choose_budgets(
+    pc, device: torch.device, spare_gib: float | None = None, mode: str = ""
+) -> Budgets:
     """Settings at 0 are chosen for the device: a card with lots of memory beside the teacher
     gets bigger batches. `spare_gib` = GPU memory left once the teacher is placed (default:
     the card's total)."""
     if device.type == "cuda" and mode != "cpu":
         if spare_gib is None:
             spare_gib = torch.cuda.get_device_properties(device).total_memory / GIB
-        auto = OFFLOAD_BUDGETS if mode == "offload" else (
-            BIG_CARD_BUDGETS if spare_gib > BIG_CARD_SPARE_GIB else SMALL_CARD_BUDGETS)
+        auto = (
+            OFFLOAD_BUDGETS
+            if mode == "offload"
+            else (BIG_CARD_BUDGETS if spare_gib > BIG_CARD_SPARE_GIB else SMALL_CARD_BUDGETS)
+        )
     else:
         auto = CPU_BUDGETS
     given = (pc.teacher_batch, pc.tok_budget, pc.student_batch, pc.student_tok_budget)
@@ -172,8 +197,11 @@ def budget_batches(lengths: Sequence[int], max_batch: int, max_tokens: int) -> l
     for i in order:
         n, length = len(cur) + 1, lengths[i]
         padding = n * length - real - length
-        if cur and (n > max_batch or n * length > max_tokens
-                    or (padding > PAD_SLACK_TOKENS and real + length < MIN_BATCH_EFFICIENCY * n * length)):
+        if cur and (
+            n > max_batch
+            or n * length > max_tokens
+            or (padding > PAD_SLACK_TOKENS and real + length < MIN_BATCH_EFFICIENCY * n * length)
+        ):
             batches.append(cur)
             cur, real = [], 0
         cur.append(i)
@@ -255,8 +283,9 @@ def gpu_need_gib(teacher_gib: float) -> float:
     return teacher_gib + max(MIN_HEADROOM_GIB, ACTIVATION_HEADROOM * teacher_gib)
 
 
-def plan_teacher(teacher_gib: float, settings, hw: Hardware, is_mock: bool = False,
-                 offload: str = "stream") -> Plan:
+def plan_teacher(
+    teacher_gib: float, settings, hw: Hardware, is_mock: bool = False, offload: str = "stream"
+) -> Plan:
     """Pick the teacher mode and batch budgets.
 
     `teacher_gib`: the pack's memory need (weights); `settings`: the precompute settings
@@ -285,14 +314,25 @@ def plan_teacher(teacher_gib: float, settings, hw: Hardware, is_mock: bool = Fal
         info = ("no GPU: the teacher runs on the CPU in fp32",)
     elif settings.teacher_mode == "auto" and mode in ("offload", "cpu") and not is_mock:
         need = gpu_need_gib(teacher_gib)
-        how = {"stream": "its weights stay in RAM and stream through the card",
-               "split": "it is split between the card and RAM"}[offload]
-        note = (f"teacher mode {mode}: the teacher needs {need:.1f} GiB on a card and "
-                f"{gpu_limit:.1f} GiB is available there" + (f"; {how}" if mode == "offload" else ""))
+        how = {
+            "stream": "its weights stay in RAM and stream through the card",
+            "split": "it is split between the card and RAM",
+        }[offload]
+        note = (
+            f"teacher mode {mode}: the teacher needs {need:.1f} GiB on a card and "
+            f"{gpu_limit:.1f} GiB is available there" + (f"; {how}" if mode == "offload" else "")
+        )
         notes = (note,)
-    return Plan(mode=mode, budgets=budgets, gpu_gib=gpu_limit if mode in ("gpu", "offload") else 0.0,
-                cpu_gib=_cpu_limit(settings, hw), placement=settings.placement, offload=offload,
-                notes=notes, info=info)
+    return Plan(
+        mode=mode,
+        budgets=budgets,
+        gpu_gib=gpu_limit if mode in ("gpu", "offload") else 0.0,
+        cpu_gib=_cpu_limit(settings, hw),
+        placement=settings.placement,
+        offload=offload,
+        notes=notes,
+        info=info,
+    )
 
 
 def preflight(teacher_gib: float, plan: Plan, hw: Hardware) -> list[str]:
@@ -301,8 +341,10 @@ def preflight(teacher_gib: float, plan: Plan, hw: Hardware) -> list[str]:
     if plan.mode == "mock":
         return []
     if plan.mode in ("gpu", "offload") and not hw.has_cuda:
-        raise UserError(f"precompute.teacher_mode is {plan.mode} but there is no CUDA device; "
-                        "set it to cpu or auto.")
+        raise UserError(
+            f"precompute.teacher_mode is {plan.mode} but there is no CUDA device; "
+            "set it to cpu or auto."
+        )
     if plan.mode == "gpu":
         need, have, where = gpu_need_gib(teacher_gib), plan.gpu_gib, "GPU memory"
         fix = "set precompute.teacher_mode to offload (or auto), raise precompute.gpu_mem_gib, or free the card"
@@ -312,16 +354,24 @@ def preflight(teacher_gib: float, plan: Plan, hw: Hardware) -> list[str]:
         # then RAM: the two together must hold the weights
         need, where = teacher_gib, "GPU memory + RAM"
         have = max(0.0, plan.gpu_gib - MIN_HEADROOM_GIB) + plan.cpu_gib
-        fix = ("raise precompute.gpu_mem_gib or precompute.cpu_mem_gib, close other programs, "
-               "or use a machine with more memory")
+        fix = (
+            "raise precompute.gpu_mem_gib or precompute.cpu_mem_gib, close other programs, "
+            "or use a machine with more memory"
+        )
     else:  # streamed offload and cpu hold all the weights in RAM
         need, have, where = teacher_gib, plan.cpu_gib, "RAM"
-        fix = "raise precompute.cpu_mem_gib, close other programs, or use a machine with more memory"
+        fix = (
+            "raise precompute.cpu_mem_gib, close other programs, or use a machine with more memory"
+        )
     if need > have:
-        raise UserError(f"the teacher needs {need:.1f} GiB of {where} but only {have:.1f} GiB is available "
-                        f"(teacher mode {plan.mode}); {fix}.")
+        raise UserError(
+            f"the teacher needs {need:.1f} GiB of {where} but only {have:.1f} GiB is available "
+            f"(teacher mode {plan.mode}); {fix}."
+        )
     warnings = list(plan.notes)
     if need > (1 - CLOSE_MARGIN) * have:
-        warnings.append(f"the teacher needs {need:.1f} GiB of {where} and {have:.1f} GiB is available "
-                        f"(teacher mode {plan.mode}): little room to spare, other programs may push it out")
+        warnings.append(
+            f"the teacher needs {need:.1f} GiB of {where} and {have:.1f} GiB is available "
+            f"(teacher mode {plan.mode}): little room to spare, other programs may push it out"
+        )
     return warnings

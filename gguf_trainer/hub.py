@@ -115,8 +115,11 @@ def token_status() -> str:
     env = bool(os.environ.get("HF_TOKEN"))
     if stored:
         return "A Hugging Face token is stored." + (" (HF_TOKEN is also set and wins.)" if env else "")
-    return ("HF_TOKEN is set in the environment." if env else
-            "No Hugging Face token stored (public repos need none).")
+    return (
+        "HF_TOKEN is set in the environment."
+        if env
+        else "No Hugging Face token stored (public repos need none)."
+    )
 
 
 def store_token(token: str) -> str:
@@ -133,8 +136,9 @@ def store_token(token: str) -> str:
     return token_status()
 
 
-LOGIN_HINT = ("run `hf auth login` (or set HF_TOKEN) in the shell that starts gguf-trainer, "
-              "then retry")
+LOGIN_HINT = (
+    "run `hf auth login` (or set HF_TOKEN) in the shell that starts gguf-trainer, then retry"
+)
 
 
 def explain_hub_error(exc: Exception, repo: str, repo_type: str = "model") -> str:
@@ -144,10 +148,12 @@ def explain_hub_error(exc: Exception, repo: str, repo_type: str = "model") -> st
     kind = "dataset" if repo_type == "dataset" else "model"
     page = f"https://huggingface.co/{'datasets/' if repo_type == 'dataset' else ''}{repo}"
     if isinstance(exc, e.GatedRepoError):
-        return (f"{repo} is a gated {kind}: accept its terms at {page} and {LOGIN_HINT}"
-                if not has_token() else
-                f"{repo} is a gated {kind} and your token has no access yet: accept its terms at "
-                f"{page} (logged in as the token's user), then retry")
+        return (
+            f"{repo} is a gated {kind}: accept its terms at {page} and {LOGIN_HINT}"
+            if not has_token()
+            else f"{repo} is a gated {kind} and your token has no access yet: accept its terms at "
+            f"{page} (logged in as the token's user), then retry"
+        )
     if isinstance(exc, e.RevisionNotFoundError):
         return f"{repo} has no such revision; check the material's revision"
     if isinstance(exc, e.RemoteEntryNotFoundError):
@@ -162,10 +168,14 @@ def explain_hub_error(exc: Exception, repo: str, repo_type: str = "model") -> st
             return f"the Hub refused your token for {repo} (401); {LOGIN_HINT}"
         return f"the Hub answered {status} for {repo}; retry later (the partial download is kept)"
     if isinstance(exc, OSError) and exc.errno is not None:  # disk full, permissions
-        return (f"downloading {repo} failed: {exc.strerror} ({exc.filename or 'the destination'}); "
-                "free space or fix permissions, then retry - partial files are kept")
-    return (f"cannot reach the Hub for {repo} ({type(exc).__name__}); check the network or "
-            "proxy and retry - finished files and partial downloads are kept")
+        return (
+            f"downloading {repo} failed: {exc.strerror} ({exc.filename or 'the destination'}); "
+            "free space or fix permissions, then retry - partial files are kept"
+        )
+    return (
+        f"cannot reach the Hub for {repo} ({type(exc).__name__}); check the network or "
+        "proxy and retry - finished files and partial downloads are kept"
+    )
 
 
 def _hub_call(fn, repo: str, repo_type: str, url: str | None = None):
@@ -178,9 +188,11 @@ def _hub_call(fn, repo: str, repo_type: str, url: str | None = None):
     except (e.HfHubHTTPError, OSError, *_transport_errors()) as exc:
         raise UserError(explain_hub_error(exc, repo, repo_type) + ".") from None
     except json.JSONDecodeError:  # a captive portal, a proxy's login page, a wrong HF_ENDPOINT
-        raise UserError(f"{url or endpoint() or 'the Hub'} answered with something that is not "
-                        f"JSON (an HTML page?) when asked about {repo}; check HF_ENDPOINT and "
-                        "any proxy, then retry.") from None
+        raise UserError(
+            f"{url or endpoint() or 'the Hub'} answered with something that is not "
+            f"JSON (an HTML page?) when asked about {repo}; check HF_ENDPOINT and "
+            "any proxy, then retry."
+        ) from None
 
 
 def _api_url(repo: str, repo_type: str, what: str) -> str:
@@ -194,11 +206,18 @@ def check_remote_path(repo: str, path: object) -> str:
     leave `dest`. UserError naming the repo and the entry otherwise."""
     text = path if isinstance(path, str) else ""
     parts = text.split("/")
-    if (not text or text.startswith("/") or "\\" in text or "\0" in text
-            or any(p in ("", ".", "..") for p in parts)):
-        raise UserError(f"{repo} lists a file named {quote(path)}, which would be written outside "
-                        "its download folder; refusing to download from this listing (check the "
-                        "repo name and HF_ENDPOINT).")
+    if (
+        not text
+        or text.startswith("/")
+        or "\\" in text
+        or "\0" in text
+        or any(p in ("", ".", "..") for p in parts)
+    ):
+        raise UserError(
+            f"{repo} lists a file named {quote(path)}, which would be written outside "
+            "its download folder; refusing to download from this listing (check the "
+            "repo name and HF_ENDPOINT)."
+        )
     return text
 
 
@@ -215,8 +234,9 @@ def _transport_errors() -> tuple[type[Exception], ...]:
     return tuple(found)
 
 
-def list_remote(repo: str, repo_type: str = "model", patterns: tuple[str, ...] = (),
-                revision: str = "main") -> Listing:
+def list_remote(
+    repo: str, repo_type: str = "model", patterns: tuple[str, ...] = (), revision: str = "main"
+) -> Listing:
     """The files of `repo` matching `patterns`, at the commit `revision` points to now.
 
     Raises UserError when the Hub refuses or cannot be reached, or when a pattern matches no
@@ -225,24 +245,36 @@ def list_remote(repo: str, repo_type: str = "model", patterns: tuple[str, ...] =
     from huggingface_hub.hf_api import RepoFile
 
     api = HfApi(endpoint=endpoint(), token=get_token() or False)
-    info = _hub_call(lambda: api.repo_info(repo, repo_type=repo_type, revision=revision),
-                     repo, repo_type, _api_url(repo, repo_type, f"revision/{revision}"))
+    info = _hub_call(
+        lambda: api.repo_info(repo, repo_type=repo_type, revision=revision),
+        repo,
+        repo_type,
+        _api_url(repo, repo_type, f"revision/{revision}"),
+    )
     if not isinstance(info.sha, str) or not info.sha:
-        raise UserError(f"{_api_url(repo, repo_type, 'revision/' + revision)} gave no commit for "
-                        f"{repo}; check HF_ENDPOINT and any proxy, then retry.")
-    tree = _hub_call(lambda: list(api.list_repo_tree(repo, recursive=True, revision=info.sha,
-                                                     repo_type=repo_type)),
-                     repo, repo_type, _api_url(repo, repo_type, f"tree/{info.sha}"))
+        raise UserError(
+            f"{_api_url(repo, repo_type, 'revision/' + revision)} gave no commit for "
+            f"{repo}; check HF_ENDPOINT and any proxy, then retry."
+        )
+    tree = _hub_call(
+        lambda: list(
+            api.list_repo_tree(repo, recursive=True, revision=info.sha, repo_type=repo_type)
+        ),
+        repo,
+        repo_type,
+        _api_url(repo, repo_type, f"tree/{info.sha}"),
+    )
     files = {}
     for f in tree:
         if isinstance(f, RepoFile) and matches(f.path, patterns):
             path = check_remote_path(repo, f.path)
-            files[path] = RemoteFile(path, int(f.size), f.lfs.sha256 if f.lfs else None,
-                                     f.blob_id)
+            files[path] = RemoteFile(path, int(f.size), f.lfs.sha256 if f.lfs else None, f.blob_id)
     unmatched = [p for p in patterns if not any(matches(f, (p,)) for f in files)]
     if unmatched:
-        raise UserError(f"{repo} has no file matching {', '.join(unmatched)} at {info.sha[:10]}; "
-                        "the pack's material list needs updating.")
+        raise UserError(
+            f"{repo} has no file matching {', '.join(unmatched)} at {info.sha[:10]}; "
+            "the pack's material list needs updating."
+        )
     return Listing(repo, repo_type, revision, info.sha, files)
 
 
@@ -298,7 +330,7 @@ def listed_hash(f: RemoteFile) -> tuple[str, str]:
 
 
 def hash_problem(path: Path, f: RemoteFile) -> str:
-    """"" when `path` holds exactly the listed file; else what differs. LFS files are checked
+    """ "" when `path` holds exactly the listed file; else what differs. LFS files are checked
     by their sha256, other files by their git blob id."""
     size = path.stat().st_size
     if size != f.size:
@@ -323,11 +355,13 @@ class _Capped:
     def write(self, chunk: bytes) -> int:
         room = self._limit - self._fh.tell()
         if len(chunk) > room:
-            self._fh.write(chunk[:max(room, 0)])
-            raise ServerSentTooMuch(f"{self._what}: the server sent more than the "
-                                    f"{self._limit} bytes the listing declares; the download "
-                                    "was stopped and discarded - retry later, or check "
-                                    "HF_ENDPOINT and any proxy.")
+            self._fh.write(chunk[: max(room, 0)])
+            raise ServerSentTooMuch(
+                f"{self._what}: the server sent more than the "
+                f"{self._limit} bytes the listing declares; the download "
+                "was stopped and discarded - retry later, or check "
+                "HF_ENDPOINT and any proxy."
+            )
         return self._fh.write(chunk)
 
     def __getattr__(self, name):
@@ -337,8 +371,9 @@ class _Capped:
 RETRY_WAITS_S = (2.0, 10.0, 30.0)  # after a refused or broken transfer that made progress
 
 
-def fetch_file(listing: Listing, f: RemoteFile, dest: Path,
-               on_progress: Progress | None = None) -> Path:
+def fetch_file(
+    listing: Listing, f: RemoteFile, dest: Path, on_progress: Progress | None = None
+) -> Path:
     """Download one file into `dest`, continuing its partial file; verified, then renamed.
 
     A transfer that fails after receiving bytes (a signed CDN URL that expired mid-file, a
@@ -348,8 +383,11 @@ def fetch_file(listing: Listing, f: RemoteFile, dest: Path,
     rel = check_remote_path(listing.repo, f.path)
     final = Path(dest) / rel
     # Same size is not the same file; a hash recorded with this size and mtime stands for it.
-    if (final.is_file() and final.stat().st_size == f.size
-            and not hash_mismatches(Path(dest), {rel: listed_hash(f)})):
+    if (
+        final.is_file()
+        and final.stat().st_size == f.size
+        and not hash_mismatches(Path(dest), {rel: listed_hash(f)})
+    ):
         if on_progress:
             on_progress(f.path, f.size, f.size)
         return final
@@ -367,8 +405,13 @@ def fetch_file(listing: Listing, f: RemoteFile, dest: Path,
             grew = part.exists() and part.stat().st_size > before
             if wait_s is None or not grew:
                 raise
-            log.warning("%s: %s stopped at %d bytes; asking again in %.0f s", listing.repo,
-                        f.path, part.stat().st_size, wait_s)
+            log.warning(
+                "%s: %s stopped at %d bytes; asking again in %.0f s",
+                listing.repo,
+                f.path,
+                part.stat().st_size,
+                wait_s,
+            )
             time.sleep(wait_s)
     _verify(part, f, listing.repo)
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -384,12 +427,19 @@ def _transfer(listing: Listing, f: RemoteFile, part: Path, on_progress: Progress
     from huggingface_hub.file_download import http_get
     from huggingface_hub.utils import build_hf_headers
 
-    url = hf_hub_url(listing.repo, f.path, repo_type=listing.repo_type,
-                     revision=listing.commit, endpoint=endpoint())
+    url = hf_hub_url(
+        listing.repo,
+        f.path,
+        repo_type=listing.repo_type,
+        revision=listing.commit,
+        endpoint=endpoint(),
+    )
     headers = build_hf_headers(token=get_token() or False)
-    meta = _hub_call(lambda: get_hf_file_metadata(url, token=get_token() or False,
-                                                  endpoint=endpoint()),
-                     listing.repo, listing.repo_type)
+    meta = _hub_call(
+        lambda: get_hf_file_metadata(url, token=get_token() or False, endpoint=endpoint()),
+        listing.repo,
+        listing.repo_type,
+    )
     if urlsplit(meta.location).netloc != urlsplit(url).netloc:
         headers.pop("authorization", None)  # a signed CDN URL: the token stays with the Hub
     with open(part, "ab") as fh:
@@ -401,10 +451,19 @@ def _transfer(listing: Listing, f: RemoteFile, part: Path, on_progress: Progress
             log.info("%s: resuming %s at %d of %d bytes", listing.repo, f.path, resume, f.size)
         try:
             capped = _Capped(fh, f.size, f"{listing.repo}/{f.path}")
-            _hub_call(lambda: http_get(meta.location, capped, resume_size=resume, headers=headers,
-                                       expected_size=f.size, displayed_filename=f.path,
-                                       _tqdm_bar=_Bar(f.path, resume, f.size, on_progress)),
-                      listing.repo, listing.repo_type)
+            _hub_call(
+                lambda: http_get(
+                    meta.location,
+                    capped,
+                    resume_size=resume,
+                    headers=headers,
+                    expected_size=f.size,
+                    displayed_filename=f.path,
+                    _tqdm_bar=_Bar(f.path, resume, f.size, on_progress),
+                ),
+                listing.repo,
+                listing.repo_type,
+            )
         finally:  # what arrived is kept for the next try, even when this one failed
             fh.flush()
             os.fsync(fh.fileno())
@@ -414,12 +473,17 @@ def _verify(part: Path, f: RemoteFile, repo: str) -> None:
     problem = hash_problem(part, f)
     if problem:
         part.unlink()  # wrong bytes can never be resumed into right ones
-        raise UserError(f"{repo}/{f.path} {problem} after download; it was discarded - retry "
-                        "to fetch it again.")
+        raise UserError(
+            f"{repo}/{f.path} {problem} after download; it was discarded - retry to fetch it again."
+        )
 
 
-def fetch_listing(listing: Listing, dest: str | Path, on_progress: Progress | None = None,
-                  on_file_done: Callable[[str], None] | None = None) -> Path:
+def fetch_listing(
+    listing: Listing,
+    dest: str | Path,
+    on_progress: Progress | None = None,
+    on_file_done: Callable[[str], None] | None = None,
+) -> Path:
     """Every file of the listing into `dest` (small files first), resuming partial ones."""
     dest = Path(dest)
     save_listing(listing, dest)

@@ -230,9 +230,14 @@ def split_and_store(entries: list[ImageEntry], n_val: int, images_dir: Path, see
 
 
 def describe_tally(tally: Counter) -> str:
-    words = {"no_caption": "without a caption", "bad_caption": "with unreadable captions",
-             "missing_image": "listed but missing from the zip", "unreadable": "unreadable",
-             "corrupt": "corrupt or not images", "same_as_val": "train copies of val images dropped",
-             "duplicate": "duplicates dropped",
-             "syntax_error": "captions with a weight the engine cannot read skipped"}
+    words = {
+        "no_caption": "without a caption",
+        "bad_caption": "with unreadable captions",
+        "missing_image": "listed but missing from the zip",
+        "unreadable": "unreadable",
+        "corrupt": "corrupt or not images",
+        "same_as_val": "train copies of val images dropped",
+        "duplicate": "duplicates dropped",
+        "syntax_error": "captions with a weight the engine cannot read skipped",
+    }
     return ", ".join(f"{n} {words.get(k, k)}" for k, n in sorted(tally.items()) if n) or "none"

@@ -26,40 +26,193 @@ from .samples import Sample
 EMPTY_FRAC = 0.015
 # The reference mix (trainer5): 56k single-image + 3k two-image + 27k text-only train samples,
 # 1024 image + 512 text val samples.
-REFERENCE = {"image": 56_000, "two_image": 3_000, "text": 27_000, "val_image": 1024, "val_text": 512}
+REFERENCE = {
+    "image": 56_000,
+    "two_image": 3_000,
+    "text": 27_000,
+    "val_image": 1024,
+    "val_text": 512,
+}
 
 # Word lists (our own; the same kinds of edits the reference mix used).
-ADD_THINGS = ("a straw hat", "round glasses", "a rainbow in the sky", "falling snow", "a flock of birds",
-              "paper lanterns", "a glowing sign", "fireworks", "a crescent moon", "morning mist",
-              "fallen leaves", "a picket fence", "fairy lights", "a steaming mug", "a knitted scarf",
-              "sunflowers", "a dragonfly", "a mural on the wall", "puddles", "a pair of earbuds",
-              "a silver tiara", "a small flag", "lit candles", "floating bubbles", "long shadows",
-              "confetti")
-STYLES = ("night", "winter", "a watercolor painting", "an oil painting", "cyberpunk style",
-          "black and white", "sepia tones", "anime style", "pixel art", "a charcoal sketch",
-          "golden hour light", "a misty morning", "neon lighting", "a comic book panel",
-          "a low-poly render", "a clay model", "a mosaic")
-BACKGROUNDS = ("a beach at dusk", "snowy mountains", "a pine forest", "a futuristic skyline",
-               "sand dunes", "outer space", "a cozy kitchen", "an old temple", "a rainy street",
-               "a meadow of flowers", "a bookshop", "a coral reef")
+ADD_THINGS = (
+    "a straw hat",
+    "round glasses",
+    "a rainbow in the sky",
+    "falling snow",
+    "a flock of birds",
+    "paper lanterns",
+    "a glowing sign",
+    "fireworks",
+    "a crescent moon",
+    "morning mist",
+    "fallen leaves",
+    "a picket fence",
+    "fairy lights",
+    "a steaming mug",
+    "a knitted scarf",
+    "sunflowers",
+    "a dragonfly",
+    "a mural on the wall",
+    "puddles",
+    "a pair of earbuds",
+    "a silver tiara",
+    "a small flag",
+    "lit candles",
+    "floating bubbles",
+    "long shadows",
+    "confetti",
+)
+STYLES = (
+    "night",
+    "winter",
+    "a watercolor painting",
+    "an oil painting",
+    "cyberpunk style",
+    "black and white",
+    "sepia tones",
+    "anime style",
+    "pixel art",
+    "a charcoal sketch",
+    "golden hour light",
+    "a misty morning",
+    "neon lighting",
+    "a comic book panel",
+    "a low-poly render",
+    "a clay model",
+    "a mosaic",
+)
+BACKGROUNDS = (
+    "a beach at dusk",
+    "snowy mountains",
+    "a pine forest",
+    "a futuristic skyline",
+    "sand dunes",
+    "outer space",
+    "a cozy kitchen",
+    "an old temple",
+    "a rainy street",
+    "a meadow of flowers",
+    "a bookshop",
+    "a coral reef",
+)
 COLORS = ("red", "blue", "green", "gold", "purple", "pink", "white", "black", "orange", "teal")
-TWO_IMAGE = ("combine the two images into one scene", "put the {cat} from Image 1 into Image 2",
-             "blend Image 1 and Image 2 together", "apply the style of Image 2 to Image 1",
-             "place the subject of Image 1 next to the subject of Image 2", "{cap}")
-DETERMINERS = {"a", "an", "the", "two", "three", "four", "five", "several", "some", "many", "one",
-               "this", "that", "these", "those", "his", "her", "their", "its", "our", "my", "group",
-               "couple", "pair", "lot", "bunch", "there", "are", "is", "with", "and", "of"}
-ADJECTIVES = {"young", "old", "little", "small", "large", "big", "tall", "short", "happy", "smiling",
-              "white", "black", "red", "blue", "green", "yellow", "brown", "gray", "grey", "orange",
-              "pink", "purple", "dark", "light", "blond", "blonde", "long", "wooden", "busy", "empty",
-              "asian", "elderly", "middle", "aged", "other", "another", "first", "second", "male",
-              "female", "baby", "adult", "teenage", "bald", "bearded", "colorful"}
+TWO_IMAGE = (
+    "combine the two images into one scene",
+    "put the {cat} from Image 1 into Image 2",
+    "blend Image 1 and Image 2 together",
+    "apply the style of Image 2 to Image 1",
+    "place the subject of Image 1 next to the subject of Image 2",
+    "{cap}",
+)
+DETERMINERS = {
+    "a",
+    "an",
+    "the",
+    "two",
+    "three",
+    "four",
+    "five",
+    "several",
+    "some",
+    "many",
+    "one",
+    "this",
+    "that",
+    "these",
+    "those",
+    "his",
+    "her",
+    "their",
+    "its",
+    "our",
+    "my",
+    "group",
+    "couple",
+    "pair",
+    "lot",
+    "bunch",
+    "there",
+    "are",
+    "is",
+    "with",
+    "and",
+    "of",
+}
+ADJECTIVES = {
+    "young",
+    "old",
+    "little",
+    "small",
+    "large",
+    "big",
+    "tall",
+    "short",
+    "happy",
+    "smiling",
+    "white",
+    "black",
+    "red",
+    "blue",
+    "green",
+    "yellow",
+    "brown",
+    "gray",
+    "grey",
+    "orange",
+    "pink",
+    "purple",
+    "dark",
+    "light",
+    "blond",
+    "blonde",
+    "long",
+    "wooden",
+    "busy",
+    "empty",
+    "asian",
+    "elderly",
+    "middle",
+    "aged",
+    "other",
+    "another",
+    "first",
+    "second",
+    "male",
+    "female",
+    "baby",
+    "adult",
+    "teenage",
+    "bald",
+    "bearded",
+    "colorful",
+}
 # Bands of r = rng.random() for single-image instructions, with the pattern each selects.
-PATTERNS = ("empty", "caption", "add", "remove", "replace", "restyle", "background", "recolor",
-            "caption_style", "truncated")
-_BANDS = ((0.015, "empty"), (0.30, "caption"), (0.42, "add"), (0.50, "remove"), (0.56, "replace"),
-          (0.68, "restyle"), (0.76, "background"), (0.82, "recolor"), (0.90, "caption_style"),
-          (0.94, "truncated"), (1.01, "caption"))
+PATTERNS = (
+    "empty",
+    "caption",
+    "add",
+    "remove",
+    "replace",
+    "restyle",
+    "background",
+    "recolor",
+    "caption_style",
+    "truncated",
+)
+_BANDS = (
+    (0.015, "empty"),
+    (0.30, "caption"),
+    (0.42, "add"),
+    (0.50, "remove"),
+    (0.56, "replace"),
+    (0.68, "restyle"),
+    (0.76, "background"),
+    (0.82, "recolor"),
+    (0.90, "caption_style"),
+    (0.94, "truncated"),
+    (1.01, "caption"),
+)
 _NEEDS_CAPTION = {"caption", "caption_style", "truncated"}
 _WORD = re.compile(r"[A-Za-z]+")
 _BRACKETS = re.compile(r"[()\[\]{}]")
@@ -112,8 +265,9 @@ def single_instruction(captions: Sequence[str], rng: random.Random) -> tuple[str
     next band when the picture has no caption."""
     cap, cat = _caption_and_subject(captions, rng)
     r = rng.random()
-    pattern = next((name for top, name in _BANDS if r < top and (cap or name not in _NEEDS_CAPTION)),
-                   "restyle")  # the last band without a caption: "make it <style>"
+    pattern = next(
+        (name for top, name in _BANDS if r < top and (cap or name not in _NEEDS_CAPTION)), "restyle"
+    )  # the last band without a caption: "make it <style>"
     if pattern == "empty":
         return "", pattern
     if pattern == "caption":
@@ -127,7 +281,9 @@ def single_instruction(captions: Sequence[str], rng: random.Random) -> tuple[str
         return f"replace the {cat} with {rng.choice(ADD_THINGS)}", pattern
     if pattern == "restyle":
         s = rng.choice(STYLES)
-        return rng.choice((f"make it {s}", f"turn this into {s}", f"restyle the image as {s}")), pattern
+        return rng.choice(
+            (f"make it {s}", f"turn this into {s}", f"restyle the image as {s}")
+        ), pattern
     if pattern == "background":
         return f"change the background to {rng.choice(BACKGROUNDS)}", pattern
     if pattern == "recolor":
@@ -138,15 +294,22 @@ def single_instruction(captions: Sequence[str], rng: random.Random) -> tuple[str
     return " ".join(words[: rng.randint(2, max(2, min(5, len(words))))]), pattern
 
 
-def two_image_instruction(captions_a: Sequence[str], captions_b: Sequence[str],
-                          rng: random.Random) -> str:
+def two_image_instruction(
+    captions_a: Sequence[str], captions_b: Sequence[str], rng: random.Random
+) -> str:
     _, cat = _caption_and_subject(captions_a, rng)
     cap_b, _ = _caption_and_subject(captions_b, rng)
     return rng.choice(TWO_IMAGE).format(cat=cat, cap=cap_b or "combine the two images")
 
 
-def synthesize(val_images: Sequence, train_images: Sequence, texts: Sequence[str], mix: Mix,
-               seed: int, empty_frac: float = EMPTY_FRAC) -> tuple[list[Sample], list[Sample], Counter]:
+def synthesize(
+    val_images: Sequence,
+    train_images: Sequence,
+    texts: Sequence[str],
+    mix: Mix,
+    seed: int,
+    empty_frac: float = EMPTY_FRAC,
+) -> tuple[list[Sample], list[Sample], Counter]:
     """(train, val, tally). `*_images`: stored pictures (objects with `.path` and `.captions`),
     disjoint; `texts`: text-only prompts (cleaned, empties dropped, the first val_text go to
     val). Single-image samples go round-robin over each picture list, two-image samples pick
@@ -170,13 +333,17 @@ def synthesize(val_images: Sequence, train_images: Sequence, texts: Sequence[str
     if len(train_images) >= 2:
         for _ in range(mix.two_image):
             a, b = rng.sample(list(train_images), 2)
-            train.append(Sample(two_image_instruction(a.captions, b.captions, rng), (Path(a.path), Path(b.path))))
+            train.append(
+                Sample(
+                    two_image_instruction(a.captions, b.captions, rng), (Path(a.path), Path(b.path))
+                )
+            )
             tally["two_image"] += 1
     elif mix.two_image:
         tally["two_image_short"] += mix.two_image
     pool = [t for t in (" ".join(_BRACKETS.sub(" ", x).split()) for x in texts) if t]
     rng.shuffle(pool)
-    val_t, train_t = pool[: mix.val_text], pool[mix.val_text: mix.val_text + mix.text]
+    val_t, train_t = pool[: mix.val_text], pool[mix.val_text : mix.val_text + mix.text]
     tally["text_short"] += (mix.val_text + mix.text) - len(val_t) - len(train_t)
     for part in (val_t, train_t):
         for i in rng.sample(range(len(part)), int(len(part) * empty_frac)) if part else ():
@@ -191,8 +358,14 @@ def synthesize(val_images: Sequence, train_images: Sequence, texts: Sequence[str
     return train, val, tally
 
 
-def build_image_corpus(entries: Sequence, texts: Sequence[str], mix: Mix, images_dir: Path, seed: int,
-                       empty_frac: float = EMPTY_FRAC) -> tuple[list[Sample], list[Sample], Counter]:
+def build_image_corpus(
+    entries: Sequence,
+    texts: Sequence[str],
+    mix: Mix,
+    images_dir: Path,
+    seed: int,
+    empty_frac: float = EMPTY_FRAC,
+) -> tuple[list[Sample], list[Sample], Counter]:
     """(train, val, tally) from image entries (image_sources.ImageEntry: Flickr30k, COCO, local
     folders) and text prompts: pictures stored and split with val first (corrupt or unreadable
     ones skipped and counted, val pictures never in train), then `synthesize`; a folder picture
@@ -203,11 +376,15 @@ def build_image_corpus(entries: Sequence, texts: Sequence[str], mix: Mix, images
 
     tally: Counter = Counter()
     n_pictures = len(entries)
-    val_images, train_images = split_and_store(list(entries), mix.val_image, images_dir, seed, tally)
+    val_images, train_images = split_and_store(
+        list(entries), mix.val_image, images_dir, seed, tally
+    )
     if len(val_images) < mix.val_image or len(train_images) < 2:
-        raise UserError(f"only {len(val_images) + len(train_images)} of {n_pictures} pictures are usable "
-                        f"({describe_tally(tally)}); the corpus needs {mix.val_image} val pictures and at "
-                        "least 2 train pictures: add image folders or datasets, or lower corpus.n_val.")
+        raise UserError(
+            f"only {len(val_images) + len(train_images)} of {n_pictures} pictures are usable "
+            f"({describe_tally(tally)}); the corpus needs {mix.val_image} val pictures and at "
+            "least 2 train pictures: add image folders or datasets, or lower corpus.n_val."
+        )
     train, val, made = synthesize(val_images, train_images, texts, mix, seed, empty_frac)
     tally.update(made)
     return train, val, tally

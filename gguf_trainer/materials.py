@@ -29,7 +29,17 @@ log = logging.getLogger(__name__)
 # Files whose bytes define a model but are too big to hash at every start: identified by
 # name and size (a re-download of the same revision keeps both; a different checkpoint
 # changes at least the size or the index json that names it).
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack", ".onnx")
+WEIGHT_SUFFIXES = (
+    ".safetensors",
+    ".bin",
+    ".pt",
+    ".pth",
+    ".ckpt",
+    ".gguf",
+    ".h5",
+    ".msgpack",
+    ".onnx",
+)
 SKIPPED_DIRS = (".cache", ".git", ".huggingface")  # download bookkeeping, not the model
 
 
@@ -100,13 +110,17 @@ def materials_for(project) -> tuple:
 def _fix_for(material, project_dir=None) -> str:
     proj = project_dir or "DIR"
     if material.repo:  # runner/downloads.py: resumable, verified, records the path itself
-        return (f"download {material.repo} (gguf-trainer download --project {proj} --id "
-                f"{material.id}, or Download under Setup → Materials) or link a copy you have "
-                f"(gguf-trainer link --project {proj} {material.id} PATH)")
+        return (
+            f"download {material.repo} (gguf-trainer download --project {proj} --id "
+            f"{material.id}, or Download under Setup → Materials) or link a copy you have "
+            f"(gguf-trainer link --project {proj} {material.id} PATH)"
+        )
     # A local file: name the commands that record it, with this project's folder.
-    return (f"link your file with `gguf-trainer link --project {proj} {material.id} PATH` or "
-            f"`gguf-trainer set --project {proj} materials.{material.id}.path=PATH`"
-            + (f" ({material.hint})" if material.hint else ""))
+    return (
+        f"link your file with `gguf-trainer link --project {proj} {material.id} PATH` or "
+        f"`gguf-trainer set --project {proj} materials.{material.id}.path=PATH`"
+        + (f" ({material.hint})" if material.hint else "")
+    )
 
 
 def student_paths(project) -> tuple[Path, Path]:
@@ -118,10 +132,16 @@ def student_paths(project) -> tuple[Path, Path]:
     tok = project.material_path("student_tokenizer")
     if gguf is None or not gguf.is_file():
         tried = f"{gguf} does not exist" if gguf else "materials.student.path is not set"
-        raise UserError(f"the student GGUF is missing ({tried}); {_fix_for(gguf_mat, project.paths.root)}.")
+        raise UserError(
+            f"the student GGUF is missing ({tried}); {_fix_for(gguf_mat, project.paths.root)}."
+        )
     if tok is None or not (tok / "tokenizer.json").is_file():
-        tried = f"{tok} has no tokenizer.json" if tok else "materials.student_tokenizer.path is not set"
-        raise UserError(f"the student tokenizer is missing ({tried}); {_fix_for(tok_mat, project.paths.root)}.")
+        tried = (
+            f"{tok} has no tokenizer.json" if tok else "materials.student_tokenizer.path is not set"
+        )
+        raise UserError(
+            f"the student tokenizer is missing ({tried}); {_fix_for(tok_mat, project.paths.root)}."
+        )
     return gguf, tok
 
 
@@ -131,13 +151,17 @@ def teacher_paths(project) -> dict[str, Path]:
     out = {}
     for m in project.pack.teacher_materials:
         path = project.material_path(m.id)
-        present = path is not None and (path.is_dir() if m.kind == "hf_snapshot" else path.is_file())
+        present = path is not None and (
+            path.is_dir() if m.kind == "hf_snapshot" else path.is_file()
+        )
         if present:
             out[m.id] = path
         elif m.required:
             tried = f"{path} does not exist" if path else f"materials.{m.id}.path is not set"
-            raise UserError(f"the {m.title} for {project.pack.title} is missing ({tried}); {_fix_for(m, project.paths.root)}, "
-                            "or turn on precompute.mock_teacher.")
+            raise UserError(
+                f"the {m.title} for {project.pack.title} is missing ({tried}); {_fix_for(m, project.paths.root)}, "
+                "or turn on precompute.mock_teacher."
+            )
     return out
 
 
@@ -148,8 +172,11 @@ def folder_identity(root: Path, cache_file: Path | None = None) -> dict:
     """What defines a model folder: every file's relative name, plus its content hash (configs,
     tokenizer models such as spiece.model, remote-code *.py, index json) or, for weight files,
     its size. Content hashes go through the hashes.json cache."""
-    files = sorted(p for p in root.rglob("*")
-                   if p.is_file() and not any(part in SKIPPED_DIRS for part in p.relative_to(root).parts))
+    files = sorted(
+        p
+        for p in root.rglob("*")
+        if p.is_file() and not any(part in SKIPPED_DIRS for part in p.relative_to(root).parts)
+    )
     small = [p for p in files if p.suffix.lower() not in WEIGHT_SUFFIXES]
     hashes = dict(zip(small, files_sha256(small, cache_file)))
     h = hashlib.sha256()
@@ -175,9 +202,15 @@ def teacher_identity(project, recorded: dict | None = None) -> dict:
             return recorded
         raise
     if not folders:
-        raise UserError(f"{pack.title} has no real teacher to load; turn on precompute.mock_teacher.")
-    ident = {mid: folder_identity(p, project.paths.hashes_json) if p.is_dir()
-             else {"sha256": file_sha256(p, project.paths.hashes_json)} for mid, p in sorted(folders.items())}
+        raise UserError(
+            f"{pack.title} has no real teacher to load; turn on precompute.mock_teacher."
+        )
+    ident = {
+        mid: folder_identity(p, project.paths.hashes_json)
+        if p.is_dir()
+        else {"sha256": file_sha256(p, project.paths.hashes_json)}
+        for mid, p in sorted(folders.items())
+    }
     return ident["teacher"] if list(ident) == ["teacher"] else ident
 
 

@@ -150,9 +150,11 @@ class RowMetrics:
         ids = torch.cat([part[0] for part in self.sample_parts])
         uniq, inv = torch.unique(ids, return_inverse=True)
         sums = torch.zeros(len(uniq), dtype=torch.float64).index_add_(
-            0, inv, torch.cat([part[1] for part in self.sample_parts]))
+            0, inv, torch.cat([part[1] for part in self.sample_parts])
+        )
         cnts = torch.zeros(len(uniq), dtype=torch.float64).index_add_(
-            0, inv, torch.cat([part[2] for part in self.sample_parts]))
+            0, inv, torch.cat([part[2] for part in self.sample_parts])
+        )
         return sums / cnts
 
     def result(self) -> dict[str, float]:
@@ -173,8 +175,9 @@ class RowMetrics:
         if self.mu is not None:
             out["baseline_cos"] = mean["baseline_cos"]
             out["baseline_cos_centered"] = 0.0
-            out["baseline_rel_mse"] = (self.sums["baseline_sq_err"] / sq_tgt
-                                       if sq_tgt > 0 else math.nan)
+            out["baseline_rel_mse"] = (
+                self.sums["baseline_sq_err"] / sq_tgt if sq_tgt > 0 else math.nan
+            )
             out.update({k: v for k, v in mean.items() if k.startswith("baseline_cos_")})
         out["rows"], out["samples"] = rows, len(sample_means)
         return out

@@ -38,9 +38,13 @@ def _checkpoint(project, which: str) -> Path:
 def export_metadata(project, ck: dict, which: str, is_snapshot: bool) -> dict:
     pack = project.pack
     meta = {
-        "adapter.trained_steps": int(ck["step"]), "adapter.planned_steps": int(ck["planned_steps"]),
-        "adapter.checkpoint": which, "adapter.snapshot": is_snapshot, "adapter.pack": pack.id,
-        "adapter.trainer": f"gguf-trainer {__version__}", "adapter.mock_teacher": bool(ck.get("mock")),
+        "adapter.trained_steps": int(ck["step"]),
+        "adapter.planned_steps": int(ck["planned_steps"]),
+        "adapter.checkpoint": which,
+        "adapter.snapshot": is_snapshot,
+        "adapter.pack": pack.id,
+        "adapter.trainer": f"gguf-trainer {__version__}",
+        "adapter.mock_teacher": bool(ck.get("mock")),
         **pack.export_kv,
     }
     if ck.get("val_cos") is not None:
@@ -64,9 +68,11 @@ def export_checkpoint(project, which: str, dest, is_snapshot: bool, ck: dict | N
     pack = project.pack
     if pack.taps and cfg.taps != tuple(pack.taps):
         # the engine aborts unless the stack is the family's (conditioner.hpp 2798-2840)
-        raise UserError(f"this checkpoint's adapter emits {len(cfg.taps)} taps {list(cfg.taps)}, but the "
-                        f"{pack.title} pack's family conditions on {list(pack.taps)}; ggk would refuse "
-                        "it. Retrain this project (gguf-trainer reset --project DIR train).")
+        raise UserError(
+            f"this checkpoint's adapter emits {len(cfg.taps)} taps {list(cfg.taps)}, but the "
+            f"{pack.title} pack's family conditions on {list(pack.taps)}; ggk would refuse "
+            "it. Retrain this project (gguf-trainer reset --project DIR train)."
+        )
     fold = {"mu": ck["mu"], "sigma_f": ck["sigma_f"]} if ck.get("standardized") else {}
     kind = "snapshot" if is_snapshot else "final"
     state, meta = ck["model"], export_metadata(project, ck, which, is_snapshot)
@@ -75,18 +81,39 @@ def export_checkpoint(project, which: str, dest, is_snapshot: bool, ck: dict | N
         # Trained with the full table; the file carries its best rank-r factorization.
         state, cfg, err = factorize_seed(state, cfg, rank)
         meta["adapter.seed_svd_rel_error"] = err
-        log.info("export: seed table factorized to rank %d (t5_embed_a %d x %d + t5_embed_b) by "
-                 "truncated SVD: relative reconstruction error %.4g", rank, cfg.seed_vocab, rank, err)
+        log.info(
+            "export: seed table factorized to rank %d (t5_embed_a %d x %d + t5_embed_b) by "
+            "truncated SVD: relative reconstruction error %.4g",
+            rank,
+            cfg.seed_vocab,
+            rank,
+            err,
+        )
     # Recorded before the file lands, so a kill between the two never leaves a GGUF of this
     # project that it does not know it wrote (a restart would take it for another project's).
     record_export(project, dest, kind=kind, pending=True)
     info = write_adapter_gguf(dest, state, cfg, metadata=meta, name=project.settings.name, **fold)
     record_export(project, dest, kind=kind)
-    log.info("export: wrote %s: %d f16 + %d f32 tensors (%s.pt, step %d/%d, val cos %s)%s", dest,
-             info["n_f16"], info["n_f32"], which, ck["step"], ck["planned_steps"], ck.get("val_cos"),
-             " [MOCK teacher]" if ck.get("mock") else "")
-    return {**info, "path": str(dest), "step": int(ck["step"]), "planned_steps": int(ck["planned_steps"]),
-            "val_cos": ck.get("val_cos"), "best_val_cos": ck.get("best_val_cos"), "mock": bool(ck.get("mock"))}
+    log.info(
+        "export: wrote %s: %d f16 + %d f32 tensors (%s.pt, step %d/%d, val cos %s)%s",
+        dest,
+        info["n_f16"],
+        info["n_f32"],
+        which,
+        ck["step"],
+        ck["planned_steps"],
+        ck.get("val_cos"),
+        " [MOCK teacher]" if ck.get("mock") else "",
+    )
+    return {
+        **info,
+        "path": str(dest),
+        "step": int(ck["step"]),
+        "planned_steps": int(ck["planned_steps"]),
+        "val_cos": ck.get("val_cos"),
+        "best_val_cos": ck.get("best_val_cos"),
+        "mock": bool(ck.get("mock")),
+    }
 
 
 def record_export(project, path: Path, kind: str, pending: bool = False) -> None:
@@ -108,7 +135,9 @@ def record_export(project, path: Path, kind: str, pending: bool = False) -> None
     key = places.record_key(path, project.dir.resolve())
     files.pop(str(path), None)  # an older version's absolute key for the same file
     files[key] = entry
-    atomic.write_json(project.paths.exports_json, {**(man if isinstance(man, dict) else {}), "files": files})
+    atomic.write_json(
+        project.paths.exports_json, {**(man if isinstance(man, dict) else {}), "files": files}
+    )
 
 
 def exported_files(project) -> list[Path]:
@@ -158,7 +187,9 @@ class ExportStage(Stage):
 
     def is_done(self, project, run) -> bool:
         best, gguf = project.paths.checkpoint(BEST), project.final_gguf
-        return best.exists() and gguf.exists() and gguf.stat().st_mtime_ns >= best.stat().st_mtime_ns
+        return (
+            best.exists() and gguf.exists() and gguf.stat().st_mtime_ns >= best.stat().st_mtime_ns
+        )
 
     def run(self, project, report, run) -> str:
         run_export(project, report)

@@ -13,7 +13,9 @@ from pathlib import Path
 
 # Where new projects go by default (the demo, the GUI's New project); materials are searched
 # in its projects too (discovery).
-PROJECTS_ROOT = Path(os.environ.get("GGUF_TRAINER_PROJECTS", "~/gguf-trainer/projects")).expanduser()
+PROJECTS_ROOT = Path(
+    os.environ.get("GGUF_TRAINER_PROJECTS", "~/gguf-trainer/projects")
+).expanduser()
 
 PROJECT_JSON = "project.json"
 STATE_JSON = "state.json"
@@ -72,8 +74,11 @@ def tool_files_in(rel: str) -> tuple[str, ...] | None:
     if globs is None or not below:
         return globs
     n = len(below)
-    return tuple("/".join(parts[n:]) for parts in (g.split("/") for g in globs)
-                 if len(parts) > n and all(fnmatch.fnmatchcase(b, q) for b, q in zip(below, parts)))
+    return tuple(
+        "/".join(parts[n:])
+        for parts in (g.split("/") for g in globs)
+        if len(parts) > n and all(fnmatch.fnmatchcase(b, q) for b, q in zip(below, parts))
+    )
 
 
 def checkpoint_file(which: str) -> str:

@@ -114,22 +114,29 @@ def open_append(folder: str | os.PathLike, path: str | os.PathLike) -> BinaryIO:
                      | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
     except OSError as e:
         if e.errno == errno.ELOOP:  # O_NOFOLLOW met a symbolic link
-            raise LeadsOutside(f"{path} is a symbolic link, so nothing is written to it "
-                                    "(the tool writes only its own files); remove the link.") from None
+            raise LeadsOutside(
+                f"{path} is a symbolic link, so nothing is written to it "
+                "(the tool writes only its own files); remove the link."
+            ) from None
         if e.errno == errno.ENXIO:  # a FIFO nobody reads
-            raise NotAFile(f"{path} is not a regular file (the tool writes a file "
-                                    "there), so nothing is written to it; move it away.") from None
+            raise NotAFile(
+                f"{path} is not a regular file (the tool writes a file "
+                "there), so nothing is written to it; move it away."
+            ) from None
         raise
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        raise NotAFile(f"{path} is not a regular file (the tool writes a file there), "
-                                "so nothing is written to it; move it away.")
+        raise NotAFile(
+            f"{path} is not a regular file (the tool writes a file there), "
+            "so nothing is written to it; move it away."
+        )
     os.set_blocking(fd, True)
     return os.fdopen(fd, "ab")
 
 
-def read_bytes(root: str | os.PathLike, path: str | os.PathLike,
-               max_bytes: int | None = None) -> bytes:
+def read_bytes(
+    root: str | os.PathLike, path: str | os.PathLike, max_bytes: int | None = None
+) -> bytes:
     """The file's bytes (at most `max_bytes` + 1, so a caller can tell "too large")."""
     with open_file(root, path) as f:
         return f.read() if max_bytes is None else f.read(max_bytes + 1)

@@ -80,7 +80,9 @@ def get_preset(pid: str) -> HubDataset:
     try:
         return PRESETS[pid]
     except KeyError:
-        raise UserError(f"unknown prompt dataset {pid!r}; choose from {', '.join(PRESETS)}.") from None
+        raise UserError(
+            f"unknown prompt dataset {pid!r}; choose from {', '.join(PRESETS)}."
+        ) from None
 
 
 def data_files(folder: Path, preset: HubDataset) -> list[Path]:
@@ -88,8 +90,9 @@ def data_files(folder: Path, preset: HubDataset) -> list[Path]:
     return [folder / p for p in files]
 
 
-def iter_column(source: str | Path | BinaryIO, column: str, fmt: str,
-                tally: Counter) -> Iterator[str]:
+def iter_column(
+    source: str | Path | BinaryIO, column: str, fmt: str, tally: Counter
+) -> Iterator[str]:
     """The strings of one column, streamed in batches; other columns are never decoded
     (parquet: never read). Missing or non-text values are counted in `tally["empty"]`,
     unparsable CSV rows in `tally["bad_row"]`."""
@@ -100,8 +103,10 @@ def iter_column(source: str | Path | BinaryIO, column: str, fmt: str,
 
         pf = pq.ParquetFile(source)
         if column not in pf.schema_arrow.names:
-            raise UserError(f"{_name(source)} has no column {column!r} (it has "
-                            f"{', '.join(pf.schema_arrow.names[:8])}); the dataset changed.")
+            raise UserError(
+                f"{_name(source)} has no column {column!r} (it has "
+                f"{', '.join(pf.schema_arrow.names[:8])}); the dataset changed."
+            )
         batches = pf.iter_batches(batch_size=BATCH_ROWS, columns=[column])
     elif fmt == "csv":
         from pyarrow import csv
@@ -112,13 +117,18 @@ def iter_column(source: str | Path | BinaryIO, column: str, fmt: str,
 
         try:
             batches = csv.open_csv(
-                source, read_options=csv.ReadOptions(block_size=1 << 22),
+                source,
+                read_options=csv.ReadOptions(block_size=1 << 22),
                 parse_options=csv.ParseOptions(newlines_in_values=True, invalid_row_handler=skip),
-                convert_options=csv.ConvertOptions(include_columns=[column],
-                                                   column_types={column: pa.string()}))
+                convert_options=csv.ConvertOptions(
+                    include_columns=[column], column_types={column: pa.string()}
+                ),
+            )
         except pa.ArrowInvalid as e:
-            raise UserError(f"{_name(source)} cannot be read as CSV with a {column!r} column "
-                            f"({e}); the dataset changed.") from None
+            raise UserError(
+                f"{_name(source)} cannot be read as CSV with a {column!r} column "
+                f"({e}); the dataset changed."
+            ) from None
     else:
         raise ValueError(f"unknown format {fmt!r}")
     for batch in batches:
@@ -133,14 +143,17 @@ def _name(source) -> str:
     return str(source) if isinstance(source, (str, Path)) else getattr(source, "name", "the file")
 
 
-def read_preset(folder: str | Path, preset: HubDataset, tally: Counter | None = None,
-                limit: int | None = None) -> Iterator[str]:
+def read_preset(
+    folder: str | Path, preset: HubDataset, tally: Counter | None = None, limit: int | None = None
+) -> Iterator[str]:
     """Prompts of a downloaded preset folder, file by file, up to `limit`."""
     tally = tally if tally is not None else Counter()
     files = data_files(Path(folder), preset)
     if not files:
-        raise UserError(f"{folder} holds no {', '.join(preset.patterns)} of {preset.repo}; "
-                        f"download it (gguf-trainer download --id {preset.id}).")
+        raise UserError(
+            f"{folder} holds no {', '.join(preset.patterns)} of {preset.repo}; "
+            f"download it (gguf-trainer download --id {preset.id})."
+        )
     n = 0
     for path in files:
         for text in iter_column(path, preset.column, preset.fmt, tally):
@@ -162,23 +175,32 @@ def fingerprint(folder: str | Path, preset: HubDataset, hashes_json: Path | None
         from .materials import files_sha256
 
         paths = data_files(folder, preset)
-        files = dict(zip((p.relative_to(folder).as_posix() for p in paths),
-                         files_sha256(paths, hashes_json)))
+        files = dict(
+            zip((p.relative_to(folder).as_posix() for p in paths), files_sha256(paths, hashes_json))
+        )
         commit = None
-    return {"repo": preset.repo, "revision": preset.revision, "commit": commit,
-            "column": preset.column, "files": dict(sorted(files.items()))}
+    return {
+        "repo": preset.repo,
+        "revision": preset.revision,
+        "commit": commit,
+        "column": preset.column,
+        "files": dict(sorted(files.items())),
+    }
 
 
-def mix_pools(pools: dict[str, list[str]], weights: dict[str, float], n: int,
-              rng: random.Random) -> list[str]:
+def mix_pools(
+    pools: dict[str, list[str]], weights: dict[str, float], n: int, rng: random.Random
+) -> list[str]:
     """`n` prompts drawn from the pools in proportion to `weights` (missing weight = the
     pool's size, i.e. plain concatenation). A pool smaller than its share gives all it
     has and the rest is shared among the others. Each pool is drawn without replacement
     in a seeded order; the result is shuffled."""
     unknown = [k for k in weights if k not in pools]
     if unknown:
-        raise UserError(f"corpus.weights names {', '.join(unknown)}, which is not a selected "
-                        f"source ({', '.join(pools)}); remove it or select it.")
+        raise UserError(
+            f"corpus.weights names {', '.join(unknown)}, which is not a selected "
+            f"source ({', '.join(pools)}); remove it or select it."
+        )
     bad = [k for k, w in weights.items() if not w >= 0]
     if bad:
         raise UserError(f"corpus.weights must be 0 or more ({', '.join(bad)} is not).")

@@ -45,8 +45,25 @@ SPECIAL_IDS = {s: FIRST_SPECIAL_ID + i for i, s in enumerate(SPECIALS)}
 _RANGES = letter_ranges()
 _STARTS = [a for a, _ in _RANGES]
 # tokenize_util.cpp is_space: the whitespace-run test.
-_IS_SPACE = frozenset(map(chr, (0x09, 0x0A, 0x0B, 0x0C, 0x0D, 0x20, 0xA0, 0x1680, *range(0x2000, 0x200B),
-                                0x202F, 0x205F, 0x3000)))
+_IS_SPACE = frozenset(
+    map(
+        chr,
+        (
+            0x09,
+            0x0A,
+            0x0B,
+            0x0C,
+            0x0D,
+            0x20,
+            0xA0,
+            0x1680,
+            *range(0x2000, 0x200B),
+            0x202F,
+            0x205F,
+            0x3000,
+        ),
+    )
+)
 _C_ISSPACE = frozenset("\t\n\v\f\r ")  # C isspace in the "C" locale, 0..255
 # above 255: what the engine's out-of-table lookup answers (qwen_cspace.py)
 _CSPACE_BITS = cspace_bits()
@@ -130,8 +147,13 @@ def token_split(text: str) -> list[str]:
             out.append(text[i:j])
             i = j
             continue
-        if (cp == " " and i + 1 < n and not c_isspace(text[i + 1]) and not is_letter(text[i + 1])
-                and not is_number(text[i + 1])):  # ` [^\s\p{L}\p{N}]+[\r\n]*`
+        if (
+            cp == " "
+            and i + 1 < n
+            and not c_isspace(text[i + 1])
+            and not is_letter(text[i + 1])
+            and not is_number(text[i + 1])
+        ):  # ` [^\s\p{L}\p{N}]+[\r\n]*`
             j = _punct_run(text, i + 2)
             out.append(text[i:j])
             i = j

@@ -120,22 +120,27 @@ def render_plan(project, prompt: str, seed: int, ggk: str | None, models: Path |
     student = project.material_path("student")
     adapter = project.final_gguf
     if ggk is None:
-        plan.missing.append("the ggk engine: install it (pip install ggk) so `ggk` is on PATH, "
-                            "or set the path of the ggk command")
+        plan.missing.append(
+            "the ggk engine: install it (pip install ggk) so `ggk` is on PATH, "
+            "or set the path of the ggk command"
+        )
     if student is None or not student.is_file():
         plan.missing.append("the student pig_clip-f16.gguf: link it in Setup → Materials")
     if not adapter.is_file():
         plan.missing.append(f"the adapter {adapter.name}: train and export it first")
-    base = shlex.split(pack.engine_command(student=str(student or "pig_clip-f16.gguf"),
-                                           adapter=str(adapter)))
+    base = shlex.split(
+        pack.engine_command(student=str(student or "pig_clip-f16.gguf"), adapter=str(adapter))
+    )
     adapter_argv = base
     runs = [("adapter", adapter_argv)]
     teacher_args = getattr(pack, "engine_teacher_args", "")
     if teacher_args:
         runs.insert(0, ("teacher", _drop(base, ADAPTER_FLAGS) + shlex.split(teacher_args)))
     else:
-        plan.no_teacher = (f"ggk has no teacher path for {pack.title}: it runs only through "
-                           "the adapter, so the adapter's image is shown alone")
+        plan.no_teacher = (
+            f"ggk has no teacher path for {pack.title}: it runs only through "
+            "the adapter, so the adapter's image is shown alone"
+        )
     names = []
     for _half, argv in runs:
         names += [n for n in model_files(argv, (str(student), str(adapter))) if n not in names]
@@ -144,8 +149,10 @@ def render_plan(project, prompt: str, seed: int, ggk: str | None, models: Path |
     else:
         absent = [n for n in names if not (Path(models) / n).exists()]
         if absent:
-            plan.missing.append(f"{', '.join(absent)} in {models}: put ggk's model files there "
-                                "or choose the folder that holds them")
+            plan.missing.append(
+                f"{', '.join(absent)} in {models}: put ggk's model files there "
+                "or choose the folder that holds them"
+            )
     plan.runs = [_runs(half, argv, ggk or GGK, prompt, seed) for half, argv in runs]
     return plan
 
@@ -157,7 +164,10 @@ def dump_cosine(teacher_dump: Path, adapter_dump: Path) -> dict | None:
     t_file, a_file = Path(teacher_dump) / TEACHER_DUMP, Path(adapter_dump) / ADAPTER_DUMP
     if not (t_file.is_file() and a_file.is_file()):
         return None
-    t_ids, a_ids = read_ids(Path(teacher_dump) / TOKENS_TXT), read_ids(Path(adapter_dump) / TOKENS_TXT)
+    t_ids, a_ids = (
+        read_ids(Path(teacher_dump) / TOKENS_TXT),
+        read_ids(Path(adapter_dump) / TOKENS_TXT),
+    )
     if t_ids is not None and a_ids is not None and t_ids != a_ids:
         return None  # other templates or prompts: rows do not pair up
     rows = len(t_ids) if t_ids else None

@@ -39,7 +39,9 @@ def row_tags(batch: Batch) -> dict[str, torch.Tensor]:
         last = m.sum(1) - 1
         tags["eos"] = torch.arange(m.shape[1], device=m.device)[None, :] == last[:, None]
     if batch.sup_start is not None:  # rows the DiT consumes
-        tags["slice"] = torch.arange(m.shape[1], device=m.device)[None, :] >= batch.sup_start[:, None]
+        tags["slice"] = (
+            torch.arange(m.shape[1], device=m.device)[None, :] >= batch.sup_start[:, None]
+        )
     if batch.vis_mask is not None:  # image tokens (cos_vis) and the rest (cos_txt)
         tags["vis"], tags["txt"] = batch.vis_mask, ~batch.vis_mask
     return {k: masked_rows(v.unsqueeze(-1).float(), m).squeeze(-1).bool() for k, v in tags.items()}
@@ -56,8 +58,13 @@ def score_batches(batches, predict, stats: Stats, centered: bool, device, ref_pr
             ref = None if ref_predict is None else masked_rows(ref_predict(batch), batch.row_mask)
         m = batch.row_mask
         sample_ids = (torch.arange(m.shape[0], device=device)[:, None] + offset).expand_as(m)[m]
-        metrics.update(masked_rows(pred, m), masked_rows(batch.target, m), sample_ids,
-                       tags=row_tags(batch), ref=ref)
+        metrics.update(
+            masked_rows(pred, m),
+            masked_rows(batch.target, m),
+            sample_ids,
+            tags=row_tags(batch),
+            ref=ref,
+        )
         offset += m.shape[0]
     return metrics.result()
 
@@ -67,8 +74,13 @@ def validate(model, val_files, pack, stats: Stats, batch_size: int, device) -> d
     model.eval()
     try:
         predict = lambda b: raw_prediction(forward(model, b).float(), stats, pack.standardized)
-        res = score_batches(iter_batches(val_files, batch_size, pack.fixed_rows),
-                            predict, stats, pack.centered, device)
+        res = score_batches(
+            iter_batches(val_files, batch_size, pack.fixed_rows),
+            predict,
+            stats,
+            pack.centered,
+            device,
+        )
     finally:
         model.train()
     res["val_cos"] = res[pack.headline]
@@ -98,5 +110,9 @@ def score_taps(batches, predict, stats: Stats, taps, device) -> dict:
             per_tap[k].update(p, t, sample_ids)
         offset += m.shape[0]
     res = [r.result() for r in per_tap]
-    return {"taps": list(taps), "cos": [r.get("cos") for r in res], "rel_mse": [r.get("rel_mse") for r in res],
-            "baseline_cos": [r.get("baseline_cos") for r in res]}
+    return {
+        "taps": list(taps),
+        "cos": [r.get("cos") for r in res],
+        "rel_mse": [r.get("rel_mse") for r in res],
+        "baseline_cos": [r.get("baseline_cos") for r in res],
+    }

@@ -355,13 +355,23 @@ class ShardStream:
     def _shard(self, file_index: int) -> Shard:
         if self._cache is None or self._cache[0] != file_index:
             ahead = self._prefetch
-            shard = ahead[1].result() if ahead and ahead[0] == file_index else Shard(self.files[file_index])
+            shard = (
+                ahead[1].result()
+                if ahead and ahead[0] == file_index
+                else Shard(self.files[file_index])
+            )
             self._cache = (file_index, shard)
             p = self.pos
-            nxt = (self._order(p.epoch)[p.shard_i + 1] if p.shard_i + 1 < len(self.files)
-                   else self._order(p.epoch + 1)[0])
-            self._prefetch = None if int(nxt) == file_index else (
-                int(nxt), self._pool.submit(Shard, self.files[int(nxt)]))
+            nxt = (
+                self._order(p.epoch)[p.shard_i + 1]
+                if p.shard_i + 1 < len(self.files)
+                else self._order(p.epoch + 1)[0]
+            )
+            self._prefetch = (
+                None
+                if int(nxt) == file_index
+                else (int(nxt), self._pool.submit(Shard, self.files[int(nxt)]))
+            )
         return self._cache[1]
 
     def next_batch(self) -> Batch:
@@ -370,12 +380,14 @@ class ShardStream:
             f = int(self._order(p.epoch)[p.shard_i])
             shard = self._shard(f)
             perm = np.random.default_rng([self.seed, p.epoch, f]).permutation(shard.n)
-            rows = perm[p.batch_i * self.batch_size: (p.batch_i + 1) * self.batch_size].tolist()
+            rows = perm[p.batch_i * self.batch_size : (p.batch_i + 1) * self.batch_size].tolist()
             if rows:
                 self.pos = StreamPos(p.epoch, p.shard_i, p.batch_i + 1)
                 return self._collate(shard, rows, f)
             last = p.shard_i + 1 >= len(self.files)
-            self.pos = StreamPos(p.epoch + 1, 0, 0) if last else StreamPos(p.epoch, p.shard_i + 1, 0)
+            self.pos = (
+                StreamPos(p.epoch + 1, 0, 0) if last else StreamPos(p.epoch, p.shard_i + 1, 0)
+            )
 
     def _collate(self, shard: Shard, rows: list[int], file_index: int) -> Batch:
         """The batch of `rows` (distributed.TrainRanks keeps this rank's slice of them)."""
@@ -392,7 +404,9 @@ def iter_batches(files: list[Path], batch_size: int, fixed_rows: int = 0) -> Ite
     for fi, path in enumerate(files):
         shard = Shard(path)
         for start in range(0, shard.n, batch_size):
-            yield collate(shard, list(range(start, min(start + batch_size, shard.n))), fi, fixed_rows)
+            yield collate(
+                shard, list(range(start, min(start + batch_size, shard.n))), fi, fixed_rows
+            )
 
 
 def shard_files(folder: Path) -> list[Path]:

@@ -75,8 +75,10 @@ def write_sigvq_gguf(source, dest, force: bool = False) -> dict:
         st = safe_open(str(source), framework="pt")
         names = list(st.keys())
     except (SafetensorError, OSError) as e:
-        raise UserError(f"{source} cannot be read as safetensors ({e}); download the SigVQ material "
-                        "again or turn export.export_sigvq off.") from None
+        raise UserError(
+            f"{source} cannot be read as safetensors ({e}); download the SigVQ material "
+            "again or turn export.export_sigvq off."
+        ) from None
     if not names:
         raise UserError(f"{source} holds no tensors; download the SigVQ material again.")
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -85,7 +87,9 @@ def write_sigvq_gguf(source, dest, force: bool = False) -> dict:
         writer.add_name(dest.name.removesuffix(".gguf"))
         for name in names:  # shapes from the header only: nothing is loaded yet
             shape = st.get_slice(name).get_shape()
-            writer.add_tensor_info(name, shape, np.dtype(np.float16), int(np.prod(shape, dtype=np.int64)) * 2)
+            writer.add_tensor_info(
+                name, shape, np.dtype(np.float16), int(np.prod(shape, dtype=np.int64)) * 2
+            )
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()

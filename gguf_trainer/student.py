@@ -342,8 +342,9 @@ class Student:
         return self.model.embed_tokens.weight.detach().to("cpu", torch.float32)
 
 
-def load_student(gguf_path, tokenizer_dir, device="cpu",
-                 dtype: torch.dtype | None = None) -> Student:
+def load_student(
+    gguf_path, tokenizer_dir, device="cpu", dtype: torch.dtype | None = None
+) -> Student:
     """Load pig_clip for training: fp32 off CUDA (bf16 CPU matmul is far slower), bf16 on CUDA."""
     device = torch.device(device)
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
@@ -353,15 +354,28 @@ def load_student(gguf_path, tokenizer_dir, device="cpu",
     del tensors
     tokenizer = load_tokenizer(tokenizer_dir)
     if info["file_dtype"] != "F16":
-        log.warning("training against %s; the recipes train against %s",
-                    info["file_dtype"], SHIPPED_FILE)
+        log.warning(
+            "training against %s; the recipes train against %s", info["file_dtype"], SHIPPED_FILE
+        )
     if len(tokenizer) > config.vocab_size:
-        log.warning("the tokenizer has %d ids but the student embeds only %d; higher ids will fail",
-                    len(tokenizer), config.vocab_size)
+        log.warning(
+            "the tokenizer has %d ids but the student embeds only %d; higher ids will fail",
+            len(tokenizer),
+            config.vocab_size,
+        )
     n_params = sum(p.numel() for p in model.parameters())
-    log.info("student %s: %d layers, hidden %d, %d heads / %d kv, %.1fM params, %s on %s as %s",
-             gguf_path, config.num_hidden_layers, config.hidden_size, config.num_attention_heads,
-             config.num_key_value_heads, n_params / 1e6, info["file_dtype"], device, dtype)
+    log.info(
+        "student %s: %d layers, hidden %d, %d heads / %d kv, %.1fM params, %s on %s as %s",
+        gguf_path,
+        config.num_hidden_layers,
+        config.hidden_size,
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        n_params / 1e6,
+        info["file_dtype"],
+        device,
+        dtype,
+    )
     return Student(model, tokenizer, info["file_dtype"])
 
 
@@ -373,8 +387,9 @@ def _cached_tokenizer(folder: str, stamp: tuple):
     try:
         return transformers.AutoTokenizer.from_pretrained(folder, padding_side="right")
     except (OSError, ValueError) as exc:  # no or broken tokenizer files
-        raise UserError(f"{folder} has no usable Qwen tokenizer ({exc}); "
-                        f"choose the pig_clip tokenizer folder.") from None
+        raise UserError(
+            f"{folder} has no usable Qwen tokenizer ({exc}); choose the pig_clip tokenizer folder."
+        ) from None
 
 
 def load_tokenizer(tokenizer_dir):
@@ -396,8 +411,9 @@ def tokenize(tokenizer, texts: Sequence[str]) -> list[list[int]]:
     return [list(row) if row else [PAD_ID] for row in ids]
 
 
-def pad_batch(id_lists: Sequence[Sequence[int]],
-              pad_id: int = PAD_ID) -> tuple[torch.Tensor, torch.Tensor]:
+def pad_batch(
+    id_lists: Sequence[Sequence[int]], pad_id: int = PAD_ID
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded (B, L) LongTensor and a (B, L) BoolTensor, True at real tokens."""
     length = max((len(row) for row in id_lists), default=0)
     ids = torch.full((len(id_lists), length), pad_id, dtype=torch.long)

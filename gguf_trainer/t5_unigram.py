@@ -38,7 +38,9 @@ def metaspace(text: str) -> str:
 
 
 class T5Unigram:
-    def __init__(self, pieces: list[str], scores: list[float], special: dict[str, int] | None = None):
+    def __init__(
+        self, pieces: list[str], scores: list[float], special: dict[str, int] | None = None
+    ):
         self.ids = {p: i for i, p in reversed(list(enumerate(pieces)))}  # first id of a piece wins
         self.special = dict(SPECIAL if special is None else special)
         self.unk_id = self.special["<unk>"]
@@ -56,7 +58,11 @@ class T5Unigram:
         proc.Load(str(path))
         n = proc.get_piece_size()
         pieces = [proc.id_to_piece(i) or "<empty_token>" for i in range(n)]
-        special = {pieces[i]: i for i in (proc.pad_id(), proc.eos_id(), proc.unk_id(), proc.bos_id()) if i >= 0}
+        special = {
+            pieces[i]: i
+            for i in (proc.pad_id(), proc.eos_id(), proc.unk_id(), proc.bos_id())
+            if i >= 0
+        }
         return cls(pieces, [proc.get_score(i) for i in range(n)], special)
 
     def _viterbi(self, text: str) -> list[int]:

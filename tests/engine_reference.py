@@ -92,7 +92,9 @@ def conditioner_stack(path_or_tensors, hidden, out_layers) -> np.ndarray:
     t = _tensors(path_or_tensors)
     model_stack = max(len(out_layers), 1)
     if detect(t)["n_out_layers"] != model_stack:
-        raise RuntimeError("llm adapter layer stack does not match this model's conditioning layers")
+        raise RuntimeError(
+            "llm adapter layer stack does not match this model's conditioning layers"
+        )
     return engine_forward(t, hidden)
 
 
@@ -123,10 +125,14 @@ def fibo2_bundles(states: np.ndarray, width: int) -> np.ndarray:
     normed = []
     for x in taps:
         ms = (x.astype(np.float64) ** 2).sum(-1, keepdims=True) / width
-        scale = (np.float32(1.0) / np.sqrt(ms.astype(np.float32) + np.float32(1e-6))).astype(np.float32)
+        scale = (np.float32(1.0) / np.sqrt(ms.astype(np.float32) + np.float32(1e-6))).astype(
+            np.float32
+        )
         normed.append(_round_bf16((x * scale).astype(np.float32)))
     index = {layer: k for k, layer in enumerate(FIBO2_TAPS)}
-    return np.concatenate([normed[index[layer]] for bundle in FIBO2_BUNDLES for layer in bundle], axis=-1)
+    return np.concatenate(
+        [normed[index[layer]] for bundle in FIBO2_BUNDLES for layer in bundle], axis=-1
+    )
 
 
 def _lin(t, name, x, bias=True):
@@ -198,8 +204,9 @@ def engine_forward(path_or_tensors, hidden, seed_ids=None, vis=None, key_mask=No
         return _lin(t, "out_proj", _ln(t, "ln_out", q))
     if vis is not None and "vision_proj.weight" not in t:
         # §3.2: the conditioner asserts "ref-image conditioning needs a vision-ext adapter"
-        raise ValueError("reference images need a vision-ext adapter (vision_proj); this file "
-                         "is text-only")
+        raise ValueError(
+            "reference images need a vision-ext adapter (vision_proj); this file is text-only"
+        )
     x = _lin(t, "in_proj", h)
     if vis is not None and c["has_vis_in"]:
         x = x + _lin(t, "vis_in", np.asarray(vis, dtype=np.float64), bias=False)

@@ -251,19 +251,28 @@ class _Handler(BaseHTTPRequestHandler):
         if rev not in (*repo.branches, repo.commit):
             return self._error(404, "RevisionNotFound", f"Invalid rev id: {rev}")
         if kind == "revision":
-            return self._json({
-                "id": repo_id, "sha": repo.commit, "private": repo.private,
-                "gated": "manual" if repo.gated else False,
-                "siblings": [{"rfilename": p, "size": len(d)} for p, d in sorted(repo.files.items())],
-            })
+            return self._json(
+                {
+                    "id": repo_id,
+                    "sha": repo.commit,
+                    "private": repo.private,
+                    "gated": "manual" if repo.gated else False,
+                    "siblings": [
+                        {"rfilename": p, "size": len(d)} for p, d in sorted(repo.files.items())
+                    ],
+                }
+            )
         prefix = sub.strip("/")
         paths = sorted(p for p in repo.files if not prefix or p.startswith(prefix + "/"))
         folders = sorted({p.rsplit("/", 1)[0] for p in paths if "/" in p})
-        self._json([{"type": "directory", "path": f, "oid": "0" * 40} for f in folders]
-                   + [repo.tree_entry(p) for p in paths])
+        self._json(
+            [{"type": "directory", "path": f, "oid": "0" * 40} for f in folders]
+            + [repo.tree_entry(p) for p in paths]
+        )
 
-    def _resolve(self, repo_type: str, repo_id: str, rev: str, filename: str,
-                 send_body: bool) -> None:
+    def _resolve(
+        self, repo_type: str, repo_id: str, rev: str, filename: str, send_body: bool
+    ) -> None:
         repo = self._repo_or_error(repo_type, repo_id)
         if repo is None:
             return
@@ -294,8 +303,9 @@ class _Handler(BaseHTTPRequestHandler):
         if send_body:
             self._send_body(filename, data, start, drop_after)
 
-    def _send_body(self, filename: str, data: bytes, start: int,
-                   drop_after: int | None = None) -> None:
+    def _send_body(
+        self, filename: str, data: bytes, start: int, drop_after: int | None = None
+    ) -> None:
         pause = self.hub._pause_for(filename)
         pos = start
         try:

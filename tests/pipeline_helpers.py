@@ -18,20 +18,40 @@ from gguf_trainer.runner.stages import run_stages
 from gguf_trainer.runner.state import Report, StateWriter
 
 TINY = {
-    "corpus.n_train": 40, "corpus.n_val": 12, "corpus.min_chars": 1, "corpus.empty_frac": 0.05,
-    "precompute.shard_size": 16, "precompute.val_shard_size": 8, "precompute.mock_teacher": True,
-    "precompute.device": "cpu", "precompute.teacher_batch": 6, "precompute.student_batch": 5,
-    "train.device": "cpu", "train.width": 64, "train.depth": 1, "train.steps": 12, "train.batch_size": 4,
-    "train.lr": 2e-3, "train.warmup": 2, "train.log_every": 2, "train.val_every": 6, "train.save_every": 3,
+    "corpus.n_train": 40,
+    "corpus.n_val": 12,
+    "corpus.min_chars": 1,
+    "corpus.empty_frac": 0.05,
+    "precompute.shard_size": 16,
+    "precompute.val_shard_size": 8,
+    "precompute.mock_teacher": True,
+    "precompute.device": "cpu",
+    "precompute.teacher_batch": 6,
+    "precompute.student_batch": 5,
+    "train.device": "cpu",
+    "train.width": 64,
+    "train.depth": 1,
+    "train.steps": 12,
+    "train.batch_size": 4,
+    "train.lr": 2e-3,
+    "train.warmup": 2,
+    "train.log_every": 2,
+    "train.val_every": 6,
+    "train.save_every": 3,
     "train.threads": 1,
 }
 
 
 def make_project(root: Path, pack_id: str, materials: dict, name: str | None = None, **overrides):
-    settings = {**TINY, **overrides,
-                "corpus.files": [str(materials["prompts"])],
-                "materials": {"student": {"path": str(materials["student"])},
-                              "student_tokenizer": {"path": str(materials["tokenizer"])}}}
+    settings = {
+        **TINY,
+        **overrides,
+        "corpus.files": [str(materials["prompts"])],
+        "materials": {
+            "student": {"path": str(materials["student"])},
+            "student_tokenizer": {"path": str(materials["tokenizer"])},
+        },
+    }
     settings.setdefault("export.output_dir", str(root.parent / "out"))
     return project_mod.create_project(root, pack_id, name=name, overrides=settings)
 
@@ -85,13 +105,26 @@ def cli_at_home(*args, home: Path, timeout=600) -> subprocess.CompletedProcess:
     """`python -m gguf_trainer.cli ARGS` with HOME and the tool's home in `home` (never the real
     ~)."""
     env = {**os.environ, "GGUF_TRAINER_HOME": str(home), "HOME": str(home)}
-    return subprocess.run([sys.executable, "-m", "gguf_trainer.cli", *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout, env=env, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "gguf_trainer.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        check=False,
+    )
 
 
 def run_demo(base: Path, pack_id: str, steps: int = 40, timeout=600) -> dict:
     """`gguf-trainer demo --pack PACK` in `base/demo`; what the demo tests read."""
     root, home = base / "demo", base / "home"
-    out = cli_at_home("demo", "--pack", pack_id, "--steps", steps, "--dir", root, home=home, timeout=timeout)
+    out = cli_at_home(
+        "demo", "--pack", pack_id, "--steps", steps, "--dir", root, home=home, timeout=timeout
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    return {"root": root, "stdout": out.stdout, "home": home, "project": project_mod.load_project(root)}
+    return {
+        "root": root,
+        "stdout": out.stdout,
+        "home": home,
+        "project": project_mod.load_project(root),
+    }

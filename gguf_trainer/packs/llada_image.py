@@ -37,22 +37,49 @@ class LLaDAImagePack(TrainerPack):
     eval_keys = ("cos_centered", "rel_mse", "cos", "cos_rms", "worst_row_cos", "worst_sample_cos",
                  "roundtrip_cos", "baseline_cos_centered")
     teacher_materials = (
-        Material("teacher", "Teacher: LLaDA-Image-Turbo (text encoder, QueryFormer, text_projection)",
-                 "hf_snapshot", repo="inclusionAI/LLaDA-Image-Turbo", subdir="LLaDA-Image-Turbo",
-                 size_gb=33.0, patterns=("model_index.json", "text_encoder/*", "queryformer/*",
-                                         "text_projection/*", "tokenizer/*")),
+        Material(
+            "teacher",
+            "Teacher: LLaDA-Image-Turbo (text encoder, QueryFormer, text_projection)",
+            "hf_snapshot",
+            repo="inclusionAI/LLaDA-Image-Turbo",
+            subdir="LLaDA-Image-Turbo",
+            size_gb=33.0,
+            patterns=(
+                "model_index.json",
+                "text_encoder/*",
+                "queryformer/*",
+                "text_projection/*",
+                "tokenizer/*",
+            ),
+        ),
     )
     # Its own folder: a file added to the teacher's folder would change the teacher's identity.
     optional_materials = (
-        Material("sigvq", "SigVQ vision encoder (for editing)", "hf_snapshot",
-                 repo="inclusionAI/LLaDA-Image-Turbo", subdir="LLaDA-Image-Turbo-sigvq",
-                 size_gb=2.4, patterns=("sigvq/*",), required=False, wanted_when="export.export_sigvq"),
+        Material(
+            "sigvq",
+            "SigVQ vision encoder (for editing)",
+            "hf_snapshot",
+            repo="inclusionAI/LLaDA-Image-Turbo",
+            subdir="LLaDA-Image-Turbo-sigvq",
+            size_gb=2.4,
+            patterns=("sigvq/*",),
+            required=False,
+            wanted_when="export.export_sigvq",
+        ),
     )
     defaults = {
-        "corpus.n_train": 60000, "corpus.n_val": 1024, "corpus.empty_frac": 0.01,
-        "precompute.shard_size": 1024, "precompute.val_shard_size": 512,
-        "train.width": 1024, "train.depth": 6, "train.steps": 20000, "train.batch_size": 32,
-        "train.lr": 2e-4, "train.warmup": 1000, "train.sigma_floor": 0.03,
+        "corpus.n_train": 60000,
+        "corpus.n_val": 1024,
+        "corpus.empty_frac": 0.01,
+        "precompute.shard_size": 1024,
+        "precompute.val_shard_size": 512,
+        "train.width": 1024,
+        "train.depth": 6,
+        "train.steps": 20000,
+        "train.batch_size": 32,
+        "train.lr": 2e-4,
+        "train.warmup": 1000,
+        "train.sigma_floor": 0.03,
         "export.export_sigvq": True,
     }
     hints = {
@@ -68,14 +95,19 @@ class LLaDAImagePack(TrainerPack):
     health_after_steps = 2000  # early in a run every adapter is under the floor
     health_early_hint = "a centred cosine near 0.87 is the broken-RoPE teacher signature"
     health_reference = "val centred cosine 0.965 / rel_mse 0.0024 (RTX 5090 run)"
-    reference = {"val cos_centered": 0.965, "rel_mse": 0.0024, "run": "RTX 5090, ~55 min of training",
-                 "broken-RoPE signature": "~0.87 centred cosine"}
+    reference = {
+        "val cos_centered": 0.965,
+        "rel_mse": 0.0024,
+        "run": "RTX 5090, ~55 min of training",
+        "broken-RoPE signature": "~0.87 centred cosine",
+    }
     min_ggk = "0.5.7"
     engine_command_template = (
         "ggk diffuser engine -- --diffusion-model LLaDA-image-turbo-nvfp4.gguf "
         "--vae pig_flux2_vae_fp32-f16.gguf --llm {student} --llm-adapter {adapter}{vision} "
-        "-p \"a sheep in sunglasses\" --cfg-scale 1.0 "
-        "--steps 4 --sampling-method euler --diffusion-fa -o out.png")
+        '-p "a sheep in sunglasses" --cfg-scale 1.0 '
+        "--steps 4 --sampling-method euler --diffusion-fa -o out.png"
+    )
     vision_args = " --llm_vision {sigvq} --ref-image sheep.png"  # editing; text-to-image without
     export_kv = {
         "adapter.qwen_hidden_source": "final_norm",
@@ -124,8 +156,13 @@ class LLaDAImagePack(TrainerPack):
         root = materials["teacher"]
         budgets = plan_budgets(plan, device)
         device_map = plan_backbone(root, budgets, plan.placement) if budgets else None
-        return load_llada_teacher(root, format_prompt=self.format_prompt, device=device,
-                                  device_map=device_map, max_len=self.max_len_teacher - self.num_queries)
+        return load_llada_teacher(
+            root,
+            format_prompt=self.format_prompt,
+            device=device,
+            device_map=device_map,
+            max_len=self.max_len_teacher - self.num_queries,
+        )
 
     def teacher_gib(self, materials, device):
         """Its weights (stored bf16) at the compute dtype: bf16 on CUDA, fp32 elsewhere; read
@@ -154,7 +191,9 @@ class LLaDAImagePack(TrainerPack):
         sigvq = copy_tiny_sigvq(folder / "LLaDA-Image-Turbo-sigvq")
         trust.confirm_trust(teacher)
         logging.getLogger(__name__).warning(  # a trust decision made for the user: always shown
-            "demo: trusted the remote code of the tiny LLaDA teacher shipped with gguf-trainer (%s)", teacher)
+            "demo: trusted the remote code of the tiny LLaDA teacher shipped with gguf-trainer (%s)",
+            teacher,
+        )
         return {"teacher": teacher, "sigvq": sigvq}
 
     def write_companions(self, project, adapter_path):
@@ -170,7 +209,9 @@ class LLaDAImagePack(TrainerPack):
         if source is None:
             logging.getLogger(__name__).info(
                 "export: no SigVQ companion (%s is not downloaded); the ggk command leaves --llm_vision "
-                "out: text-to-image works, editing needs the sigvq material", SOURCE)
+                "out: text-to-image works, editing needs the sigvq material",
+                SOURCE,
+            )
             return []
         return [Path(write_sigvq_gguf(source, sigvq_file_for(adapter_path))["path"])]
 

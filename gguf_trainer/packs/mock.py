@@ -56,7 +56,9 @@ class MockQueryTeacher:
 
 def t5_like_ids(text: str, window: int, vocab: int) -> list[int]:
     """A stand-in for T5 sentencepiece: word hashes + EOS(1), padded with 0 to `window`."""
-    ids = [2 + zlib.crc32(w.encode("utf-8")) % (vocab - 2) for w in text.split()][: window - 1] + [1]
+    ids = [2 + zlib.crc32(w.encode("utf-8")) % (vocab - 2) for w in text.split()][: window - 1] + [
+        1
+    ]
     return ids + [0] * (window - len(ids))
 
 
@@ -68,7 +70,9 @@ class MockSlotTeacher:
 
     def __init__(self, pack_id: str, window: int, vocab: int, out_dim: int, seed: int = 4321):
         g = _generator(seed)
-        self.identity = MockIdentity(pack_id, extra={"window": window, "out_dim": out_dim}).as_dict()
+        self.identity = MockIdentity(
+            pack_id, extra={"window": window, "out_dim": out_dim}
+        ).as_dict()
         self.window, self.vocab = window, vocab
         self.feat = torch.randn(_BUCKETS, _FEAT, generator=g)
         self.proj = torch.randn(_FEAT, out_dim, generator=g) / _FEAT**0.5
@@ -134,8 +138,9 @@ def cell_features(pixels: np.ndarray, cell: int = 32) -> torch.Tensor:
     r = (torch.arange(gh, dtype=torch.float32)[:, None].expand(gh, gw).reshape(-1, 1) + 0.5) / gh
     q = (torch.arange(gw, dtype=torch.float32)[None, :].expand(gh, gw).reshape(-1, 1) + 0.5) / gw
     k = torch.arange(1, 10, dtype=torch.float32)[None, :] * math.pi
-    pos = torch.cat([torch.sin(k * r), torch.cos(k * r), torch.sin(k * q), torch.cos(k * q),
-                     r, q], 1)[:, : _VIS_FEAT - 10]
+    pos = torch.cat(
+        [torch.sin(k * r), torch.cos(k * r), torch.sin(k * q), torch.cos(k * q), r, q], 1
+    )[:, : _VIS_FEAT - 10]
     return torch.cat([mean, sq, grey, pos], 1)  # (N, 48)
 
 
@@ -146,12 +151,21 @@ class MockVisionTokenTeacher(MockTokenTeacher):
     input space); image-token targets come from those raw rows, so only a model that sees
     them (vis_in, or the spliced student states) can predict them."""
 
-    def __init__(self, pack_id: str, out_dim: int, vis_dim: int, preprocess, sup_start_text: int,
-                 sup_start_image: int, seed: int = 2718):
+    def __init__(
+        self,
+        pack_id: str,
+        out_dim: int,
+        vis_dim: int,
+        preprocess,
+        sup_start_text: int,
+        sup_start_image: int,
+        seed: int = 2718,
+    ):
         super().__init__(pack_id, out_dim, sup_start_text, seed)
         g = _generator(seed + 1)
-        self.identity = MockIdentity(pack_id, version=2,
-                                     extra={"out_dim": out_dim, "vis_dim": vis_dim}).as_dict()
+        self.identity = MockIdentity(
+            pack_id, version=2, extra={"out_dim": out_dim, "vis_dim": vis_dim}
+        ).as_dict()
         self.table = torch.randn(MOCK_VOCAB, vis_dim, generator=g)
         pick = torch.randperm(MOCK_VOCAB, generator=g)[:_VIS_FEAT]
         self.vis_basis = self.table[pick] / _VIS_FEAT**0.5  # (48, vis)
@@ -169,7 +183,9 @@ class MockVisionTokenTeacher(MockTokenTeacher):
         out = []
         for k, (sample, ids) in enumerate(zip(samples, student_ids)):
             base = self._base(ids)
-            for seg in (vision[k] if vision else ()):
-                base[seg.start: seg.start + seg.rows.shape[0]] = 2.0 * seg.rows.float() @ self.vis_mix
+            for seg in vision[k] if vision else ():
+                base[seg.start : seg.start + seg.rows.shape[0]] = (
+                    2.0 * seg.rows.float() @ self.vis_mix
+                )
             out.append(self._rows(base, self.sup_image if sample.images else self.sup_start))
         return out

@@ -25,8 +25,10 @@ QWEN3_4B = "Qwen/Qwen3-4B"
 class Flux2KleinPack(LayerwisePack):
     id = "qwen3_flux2_klein"
     title = "Flux.2 klein (Qwen3-4B, 3 taps)"
-    description = ("Replaces the Qwen3 text encoder of FLUX.2 [klein] with pig_clip + a layerwise adapter "
-                   "emitting the 3-layer stack {9, 18, 27}, padded to 512 rows.")
+    description = (
+        "Replaces the Qwen3 text encoder of FLUX.2 [klein] with pig_clip + a layerwise adapter "
+        "emitting the 3-layer stack {9, 18, 27}, padded to 512 rows."
+    )
     family = "Flux.2 klein"
     serves = "FLUX.2 [klein]"
     teacher_arch = "qwen3"
@@ -36,22 +38,45 @@ class Flux2KleinPack(LayerwisePack):
     max_len_student = max_len_teacher = 512  # longer prompts are not padded: keep the DiT's 512
     default_name = "qwen3_flux2_klein_adapter"
     shard_contract = "qwen3_flux2_klein/1"
-    engine_template = {"file": "diffusion/src/conditioning/conditioner.hpp", "lines": (3563, 3573),
-                       "version": "VERSION_FLUX2_KLEIN"}
+    engine_template = {
+        "file": "diffusion/src/conditioning/conditioner.hpp",
+        "lines": (3563, 3573),
+        "version": "VERSION_FLUX2_KLEIN",
+    }
     teacher_materials = (
-        Material("teacher", "Teacher: Qwen3-4B", "hf_snapshot", repo=QWEN3_4B, subdir="Qwen3-4B", size_gb=8.1,
-                 patterns=("config.json", "model.safetensors.index.json", "model-*.safetensors",
-                           "tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt")),
+        Material(
+            "teacher",
+            "Teacher: Qwen3-4B",
+            "hf_snapshot",
+            repo=QWEN3_4B,
+            subdir="Qwen3-4B",
+            size_gb=8.1,
+            patterns=(
+                "config.json",
+                "model.safetensors.index.json",
+                "model-*.safetensors",
+                "tokenizer.json",
+                "tokenizer_config.json",
+                "vocab.json",
+                "merges.txt",
+            ),
+        ),
     )
     teacher_memory_gib = 8.0
     typical_rows = 512
-    hints = {"train": "Targets: Qwen3 layers 9, 18, 27 (raw) of all 512 rows, pads included.",
-             "eval": "Judge by cos and the per-tap cosines against their mean baselines."}
+    hints = {
+        "train": "Targets: Qwen3 layers 9, 18, 27 (raw) of all 512 rows, pads included.",
+        "eval": "Judge by cos and the per-tap cosines against their mean baselines.",
+    }
     engine_command_template = (
         "ggk --diffusion-model <flux2-klein-4b DiT .gguf> --vae pig_flux2_vae_fp32-f16.gguf --llm {student} "
-        "--llm-adapter {adapter} -p \"a sheep in sunglasses\" --cfg-scale 1 --steps 4 -o out.png")
-    export_kv = {"adapter.teacher": QWEN3_4B, "adapter.teacher_tap": "layers 9,18,27 (raw)",
-                 "adapter.family": "Flux.2 klein"}
+        '--llm-adapter {adapter} -p "a sheep in sunglasses" --cfg-scale 1 --steps 4 -o out.png'
+    )
+    export_kv = {
+        "adapter.teacher": QWEN3_4B,
+        "adapter.teacher_tap": "layers 9,18,27 (raw)",
+        "adapter.family": "Flux.2 klein",
+    }
 
 
 PACK = Flux2KleinPack()

@@ -24,15 +24,19 @@ from ..template_padding import Padding
 from .base import Material
 from .token_aligned_qwen import QwenTokenAlignedPack
 
-OVIS_PREFIX = ("<|im_start|>user\nDescribe the image by detailing the color, quantity, text, shape, size, "
-               "texture, spatial relationships of the objects and background:")
+OVIS_PREFIX = (
+    "<|im_start|>user\nDescribe the image by detailing the color, quantity, text, shape, size, "
+    "texture, spatial relationships of the objects and background:"
+)
 
 
 class OvisImagePack(QwenTokenAlignedPack):
     id = "qwen3_ovis"
     title = "Ovis-Image (its Qwen3, final norm)"
-    description = ("Replaces the Qwen3 text encoder of Ovis-Image with pig_clip + a token-aligned adapter "
-                   "emitting its final-norm state of every row, padded to 284 rows.")
+    description = (
+        "Replaces the Qwen3 text encoder of Ovis-Image with pig_clip + a token-aligned adapter "
+        "emitting its final-norm state of every row, padded to 284 rows."
+    )
     family = "Ovis-Image"
     serves = "Ovis-Image-7B"
     teacher_arch = "qwen3"
@@ -46,19 +50,29 @@ class OvisImagePack(QwenTokenAlignedPack):
     max_len_student = max_len_teacher = 284
     default_name = "qwen3_ovis_adapter"
     shard_contract = "qwen3_ovis/1"
-    engine_template = {"file": "diffusion/src/conditioning/conditioner.hpp", "lines": (3587, 3596),
-                       "version": "VERSION_OVIS_IMAGE"}
+    engine_template = {
+        "file": "diffusion/src/conditioning/conditioner.hpp",
+        "lines": (3587, 3596),
+        "version": "VERSION_OVIS_IMAGE",
+    }
     teacher_materials = (
-        Material("teacher", "Teacher: Ovis-Image's Qwen3 text encoder (link a local copy)", "hf_snapshot",
-                 size_gb=4.1, hint="the Qwen3 text encoder folder of AIDC-AI/Ovis-Image-7B (transformers "
-                 "Qwen3, ~2 B parameters, ~4 GB bf16) with tokenizer.json, tokenizer_config.json, vocab.json "
-                 "and merges.txt beside its config.json"),
+        Material(
+            "teacher",
+            "Teacher: Ovis-Image's Qwen3 text encoder (link a local copy)",
+            "hf_snapshot",
+            size_gb=4.1,
+            hint="the Qwen3 text encoder folder of AIDC-AI/Ovis-Image-7B (transformers "
+            "Qwen3, ~2 B parameters, ~4 GB bf16) with tokenizer.json, tokenizer_config.json, vocab.json "
+            "and merges.txt beside its config.json",
+        ),
     )
     teacher_memory_gib = 4.0
     typical_rows = 284
-    hints = {"train": "Targets: the Qwen3 final norm of all 284 rows, pads included (rows from 28 reach "
-                      "the DiT).",
-             "eval": "Judge by cos_slice against the mean baseline (no reference run)."}
+    hints = {
+        "train": "Targets: the Qwen3 final norm of all 284 rows, pads included (rows from 28 reach "
+        "the DiT).",
+        "eval": "Judge by cos_slice against the mean baseline (no reference run).",
+    }
 
     def student_pieces(self, sample, image_tokens=()):
         """3589-3596: the fixed text, the range ` ` + prompt (parsed), the assistant tail."""
@@ -71,7 +85,8 @@ class OvisImagePack(QwenTokenAlignedPack):
 
     engine_command_template = (
         "ggk diffuser engine -- --diffusion-model <ovis-image-7b DiT .gguf> --vae <flux ae .gguf> "
-        "--llm {student} --llm-adapter {adapter} -p \"a neon sign that says GGUF\" -o out.png")
+        '--llm {student} --llm-adapter {adapter} -p "a neon sign that says GGUF" -o out.png'
+    )
     engine_teacher_args = "--llm <the Ovis-Image Qwen3 text encoder .gguf>"
     export_kv = {"adapter.teacher_tap": "final norm", "adapter.family": "Ovis-Image"}
 

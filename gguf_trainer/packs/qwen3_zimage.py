@@ -30,8 +30,10 @@ from .token_aligned_qwen import QwenTokenAlignedPack
 class ZImagePack(QwenTokenAlignedPack):
     id = "qwen3_zimage"
     title = "Z-Image (Qwen3-4B, layer 35)"
-    description = ("Replaces the Qwen3-4B text encoder of Z-Image with pig_clip + a token-aligned adapter "
-                   "emitting the raw layer-35 state of every template token (2560 wide).")
+    description = (
+        "Replaces the Qwen3-4B text encoder of Z-Image with pig_clip + a token-aligned adapter "
+        "emitting the raw layer-35 state of every template token (2560 wide)."
+    )
     family = "Z-Image"
     serves = "Z-Image, Z-Image-Turbo (text-to-image)"
     teacher_arch = "qwen3"
@@ -42,25 +44,50 @@ class ZImagePack(QwenTokenAlignedPack):
     start = 0
     default_name = "qwen3_zimage_adapter"
     shard_contract = "qwen3_zimage/1"
-    engine_template = {"file": "diffusion/src/conditioning/conditioner.hpp", "lines": (3423, 3442),
-                       "version": "VERSION_Z_IMAGE"}
+    engine_template = {
+        "file": "diffusion/src/conditioning/conditioner.hpp",
+        "lines": (3423, 3442),
+        "version": "VERSION_Z_IMAGE",
+    }
     teacher_materials = (
-        Material("teacher", "Teacher: Qwen3-4B", "hf_snapshot", repo=QWEN3_4B, subdir="Qwen3-4B", size_gb=8.1,
-                 patterns=("config.json", "model.safetensors.index.json", "model-*.safetensors",
-                           "tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt")),
+        Material(
+            "teacher",
+            "Teacher: Qwen3-4B",
+            "hf_snapshot",
+            repo=QWEN3_4B,
+            subdir="Qwen3-4B",
+            size_gb=8.1,
+            patterns=(
+                "config.json",
+                "model.safetensors.index.json",
+                "model-*.safetensors",
+                "tokenizer.json",
+                "tokenizer_config.json",
+                "vocab.json",
+                "merges.txt",
+            ),
+        ),
     )
     teacher_memory_gib = 8.0
     typical_rows = 10 + 60
-    hints = {"train": "Targets: Qwen3-4B layer 35 (raw, 2560) of every template row.",
-             "eval": "Judge by cos_slice against the mean baseline (no reference run)."}
+    hints = {
+        "train": "Targets: Qwen3-4B layer 35 (raw, 2560) of every template row.",
+        "eval": "Judge by cos_slice against the mean baseline (no reference run).",
+    }
     engine_command_template = (
         "ggk diffuser engine -- --diffusion-model <z-image-turbo DiT .gguf> --vae <flux ae .gguf> "
-        "--llm {student} --llm-adapter {adapter} -p \"a lovely pig holding a sign says GGUF\" "
-        "--cfg-scale 1.0 --steps 9 --diffusion-fa -o out.png")
+        '--llm {student} --llm-adapter {adapter} -p "a lovely pig holding a sign says GGUF" '
+        "--cfg-scale 1.0 --steps 9 --diffusion-fa -o out.png"
+    )
     engine_teacher_args = "--llm <qwen3-4b .gguf>"
-    engine_notes = ("Text-to-image only: the Omni (reference image) branch is not served by an adapter.",)
-    export_kv = {"adapter.teacher": QWEN3_4B, "adapter.teacher_tap": "layer 35 (raw)",
-                 "adapter.family": "Z-Image"}
+    engine_notes = (
+        "Text-to-image only: the Omni (reference image) branch is not served by an adapter.",
+    )
+    export_kv = {
+        "adapter.teacher": QWEN3_4B,
+        "adapter.teacher_tap": "layer 35 (raw)",
+        "adapter.family": "Z-Image",
+    }
 
 
 PACK = ZImagePack()

@@ -43,9 +43,11 @@ ENGINE_DEFAULTS = ("ggk 0.9.7 gk-diffuser.cpp:4389-4391: chroma_use_dit_mask = t
 class ChromaT5Pack(PixArtT5Pack):
     id = "t5xxl_chroma"
     title = "Chroma (T5-XXL)"
-    description = ("Replaces Chroma's T5-XXL v1.1 encoder with pig_clip + a 512-query resampler seeded "
-                   "with the T5 token ids, trained for the engine's default mask mode (T5 unmasked, "
-                   "the DiT reads the real slots and one pad).")
+    description = (
+        "Replaces Chroma's T5-XXL v1.1 encoder with pig_clip + a 512-query resampler seeded "
+        "with the T5 token ids, trained for the engine's default mask mode (T5 unmasked, "
+        "the DiT reads the real slots and one pad)."
+    )
     num_queries = T5CLIP_WINDOW
     seed_vocab = T5_VOCAB
     default_name = "chroma_t5_adapter"
@@ -53,36 +55,43 @@ class ChromaT5Pack(PixArtT5Pack):
     max_len_teacher = T5CLIP_WINDOW  # prompts are cut to the window, none is dropped
     hints = {
         "train": "Trains for ggk's default Chroma mask mode (" + ENGINE_DEFAULTS + "): the T5 runs "
-                 "unmasked over all 512 slots and the DiT reads the real slots plus one pad. Run "
-                 "the engine without --chroma-enable-t5-mask / --chroma-disable-dit-mask.",
+        "unmasked over all 512 slots and the DiT reads the real slots plus one pad. Run "
+        "the engine without --chroma-enable-t5-mask / --chroma-disable-dit-mask.",
         "eval": "cos over the rows the DiT reads (the real slots, EOS and the first pad); no "
-                "reference run exists for Chroma, so judge against the mean baseline.",
+        "reference run exists for Chroma, so judge against the mean baseline.",
     }
     field_meta = {
-        "train.steps": {"help": "planned training steps; the PixArt recipe for the same T5-XXL "
-                                "teacher is 20k (no Chroma reference run exists)"},
+        "train.steps": {
+            "help": "planned training steps; the PixArt recipe for the same T5-XXL "
+            "teacher is 20k (no Chroma reference run exists)"
+        },
     }
     health_reference = ""
     # No reference run: no verdict of its own (PixArt's floors are not this model's); `check`
     # reads its adapters as their kind's default pack does.
     verdict = None
     check_default_for_kind = False
-    reference = {"status": "none published for Chroma; the recipe is the PixArt pack's (same teacher)"}
+    reference = {
+        "status": "none published for Chroma; the recipe is the PixArt pack's (same teacher)"
+    }
     engine_notes = (
-        ("the adapter is trained for the default mask mode: do not pass --chroma-enable-t5-mask "
-         "or --chroma-disable-dit-mask"),
+        (
+            "the adapter is trained for the default mask mode: do not pass --chroma-enable-t5-mask "
+            "or --chroma-disable-dit-mask"
+        ),
         "run pig_clip at f16 or q8_0 in the engine: a 4-bit student loses ~0.09 cosine before the adapter runs",
     )
     # the T5-XXL encoder itself (engine-contract §3.3: without --llm-adapter ggk runs --t5xxl)
     engine_teacher_args = "--t5xxl t5xxl_fp16.safetensors"
     engine_command_template = (
         "ggk diffuser engine -- --diffusion-model chroma1-hd-q8_0.gguf --vae ae.safetensors "
-        "--llm {student} --llm-adapter {adapter} -p \"close-up portrait of a young lady\" "
-        "--cfg-scale 4.0 --steps 26 -s 42 -o out.png")
+        '--llm {student} --llm-adapter {adapter} -p "close-up portrait of a young lady" '
+        "--cfg-scale 4.0 --steps 26 -s 42 -o out.png"
+    )
     export_kv = {
         "adapter.qwen_hidden_source": "final_norm",
         "adapter.target": "t5_v1_1_xxl encoder last_hidden_state over the unmasked 512-slot window; "
-                          "the real slots and the first pad (Chroma's default mask mode)",
+        "the real slots and the first pad (Chroma's default mask mode)",
         "adapter.teacher": "callgg/t5-v1_1-xxl-encoder-bf16",
         "adapter.engine_mask_mode": ENGINE_DEFAULTS,
     }
@@ -99,16 +108,29 @@ class ChromaT5Pack(PixArtT5Pack):
         DiT reads (real + chroma_t5_mask_pad) are the targets."""
         from ..teachers.t5 import T5CLIP_WINDOWS, load_t5_teacher
 
-        return load_t5_teacher(materials["teacher"], device, plan.mode, window=self.num_queries,
-                               vocab_limit=self.seed_vocab, ram_limit_gib=plan.cpu_gib,
-                               windows=T5CLIP_WINDOWS, masked=CHROMA_T5_MASK,
-                               pad_rows=CHROMA_T5_MASK_PAD,
-                               identity={"teacher": "t5_encoder", "window": self.num_queries,
-                                         "masked": CHROMA_T5_MASK, "pad_rows": CHROMA_T5_MASK_PAD})
+        return load_t5_teacher(
+            materials["teacher"],
+            device,
+            plan.mode,
+            window=self.num_queries,
+            vocab_limit=self.seed_vocab,
+            ram_limit_gib=plan.cpu_gib,
+            windows=T5CLIP_WINDOWS,
+            masked=CHROMA_T5_MASK,
+            pad_rows=CHROMA_T5_MASK_PAD,
+            identity={
+                "teacher": "t5_encoder",
+                "window": self.num_queries,
+                "masked": CHROMA_T5_MASK,
+                "pad_rows": CHROMA_T5_MASK_PAD,
+            },
+        )
 
     def health_line(self, metrics):
-        return ("n/a: no reference run exists for a Chroma adapter (none is published); "
-                "compare val cos with the mean baseline")
+        return (
+            "n/a: no reference run exists for a Chroma adapter (none is published); "
+            "compare val cos with the mean baseline"
+        )
 
 
 PACK = ChromaT5Pack()

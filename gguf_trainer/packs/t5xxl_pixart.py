@@ -33,26 +33,46 @@ class PixArtT5Pack(TrainerPack):
     eval_keys = ("cos", "rel_mse", "cos_eos", "cos_rms", "worst_row_cos", "worst_sample_cos",
                  "roundtrip_cos", "baseline_cos")
     teacher_materials = (
-        Material("teacher", "Teacher: T5-XXL v1.1 encoder (bf16)", "hf_snapshot",
-                 repo="callgg/t5-v1_1-xxl-encoder-bf16", subdir="t5-v1_1-xxl-encoder-bf16", size_gb=9.5,
-                 patterns=("config.json", "generation_config.json", "model.safetensors",
-                           "special_tokens_map.json", "spiece.model", "tokenizer_config.json")),
+        Material(
+            "teacher",
+            "Teacher: T5-XXL v1.1 encoder (bf16)",
+            "hf_snapshot",
+            repo="callgg/t5-v1_1-xxl-encoder-bf16",
+            subdir="t5-v1_1-xxl-encoder-bf16",
+            size_gb=9.5,
+            patterns=(
+                "config.json",
+                "generation_config.json",
+                "model.safetensors",
+                "special_tokens_map.json",
+                "spiece.model",
+                "tokenizer_config.json",
+            ),
+        ),
     )
     defaults = {
-        "corpus.n_train": 120000, "corpus.n_val": 2048,
-        "precompute.shard_size": 1024, "precompute.val_shard_size": 512,
-        "train.width": 1024, "train.depth": 6, "train.steps": 20000, "train.batch_size": 32,
-        "train.sigma_floor": 0.03, "export.export_sigvq": False,
+        "corpus.n_train": 120000,
+        "corpus.n_val": 2048,
+        "precompute.shard_size": 1024,
+        "precompute.val_shard_size": 512,
+        "train.width": 1024,
+        "train.depth": 6,
+        "train.steps": 20000,
+        "train.batch_size": 32,
+        "train.sigma_floor": 0.03,
+        "export.export_sigvq": False,
     }
     field_meta = {
-        "train.steps": {"help": "planned training steps; the reference run reached val cos 0.827 "
-                                "at 12.5k steps on 117k prompts (20k is the recipe)"},
+        "train.steps": {
+            "help": "planned training steps; the reference run reached val cos 0.827 "
+            "at 12.5k steps on 117k prompts (20k is the recipe)"
+        },
         "corpus.n_train": {"help": "training prompts; the reference recipe used ~117k-120k"},
     }
     hints = {
         "train": "Reference: val cos 0.827 at 12.5k steps on 117k prompts; runs plateau at 0.80-0.83.",
         "eval": "Judge by cos over the real slots and rel_mse; cos_eos isolates the EOS slot. Under ~0.6 "
-                "means the seed or tokenizer path is broken.",
+        "means the seed or tokenizer path is broken.",
     }
     # 4.76B parameters in bf16 (8.87 GiB, the snapshot's own header says the same); the planner
     # adds its activation headroom for a resident teacher (~11 GiB, the "~12 GiB budget").
@@ -63,8 +83,12 @@ class PixArtT5Pack(TrainerPack):
     health_reference = "val cos 0.827 at 12.5k steps, runs plateau at 0.80-0.83"
     verdict = Verdict("cos", 0.80, 0.60, "under ~0.6 the seed or tokenizer path is broken")
     check_default_for_kind = True  # `check` reads a seeded resampler naming no pack as PixArt's
-    reference = {"val cos": 0.827, "at step": 12500, "prompts": 117000,
-                 "plateau of both reference runs": "0.80-0.83 (the 0.6B student is the ceiling)"}
+    reference = {
+        "val cos": 0.827,
+        "at step": 12500,
+        "prompts": 117000,
+        "plateau of both reference runs": "0.80-0.83 (the 0.6B student is the ceiling)",
+    }
     engine_notes = (
         "run pig_clip at f16 or q8_0 in the engine: a 4-bit student loses ~0.09 cosine before the adapter runs",
     )
@@ -72,8 +96,9 @@ class PixArtT5Pack(TrainerPack):
     engine_teacher_args = "--t5xxl t5xxl_fp16.safetensors"
     engine_command_template = (
         "ggk diffuser engine -- --diffusion-model pixart-nvfp4.gguf --vae pig_pixart_vae_fp16-f16.gguf "
-        "--llm {student} --llm-adapter {adapter} -p \"close-up portrait of a young lady\" "
-        "--diffusion-fa -s 42 -o out.png")
+        '--llm {student} --llm-adapter {adapter} -p "close-up portrait of a young lady" '
+        "--diffusion-fa -s 42 -o out.png"
+    )
     export_kv = {
         "adapter.qwen_hidden_source": "final_norm",
         "adapter.target": "t5_v1_1_xxl encoder last_hidden_state, 120-slot PixArt window",
@@ -96,8 +121,10 @@ class PixArtT5Pack(TrainerPack):
         pack.num_queries = pack.max_len_teacher = window
         pack.shard_contract = f"{self.shard_contract}/window{window}"
         pack.bytes_per_sample = self.bytes_per_sample + (window - self.num_queries) * 4
-        pack.export_kv = {**self.export_kv, "adapter.target":
-                          f"t5_v1_1_xxl encoder last_hidden_state, {window}-slot PixArt window"}
+        pack.export_kv = {
+            **self.export_kv,
+            "adapter.target": f"t5_v1_1_xxl encoder last_hidden_state, {window}-slot PixArt window",
+        }
         return pack
 
     def teacher_gib(self, materials, device):
@@ -117,8 +144,14 @@ class PixArtT5Pack(TrainerPack):
         offload (weights in RAM, each module streamed through the card), cpu (fp32)."""
         from ..teachers.t5 import load_t5_teacher
 
-        return load_t5_teacher(materials["teacher"], device, plan.mode, window=self.num_queries,
-                               vocab_limit=self.seed_vocab, ram_limit_gib=plan.cpu_gib)
+        return load_t5_teacher(
+            materials["teacher"],
+            device,
+            plan.mode,
+            window=self.num_queries,
+            vocab_limit=self.seed_vocab,
+            ram_limit_gib=plan.cpu_gib,
+        )
 
     def check_teacher(self, materials) -> str:
         """Header-only check of the teacher snapshot (names, shapes, tokenizer, complete shards;

@@ -50,28 +50,37 @@ def umt5_layout(root: Path) -> tuple[Path, Path]:
 class WanUMT5Pack(PixArtT5Pack):
     id = "umt5xxl_wan"
     title = "Wan 2.x (UMT5-XXL)"
-    description = ("Replaces Wan's UMT5-XXL encoder with pig_clip + a 512-query resampler seeded with "
-                   "the UMT5 token ids (256384-row table); pad rows are zeroed by the engine.")
+    description = (
+        "Replaces Wan's UMT5-XXL encoder with pig_clip + a 512-query resampler seeded with "
+        "the UMT5 token ids (256384-row table); pad rows are zeroed by the engine."
+    )
     num_queries = T5CLIP_WINDOW
     seed_vocab = UMT5_VOCAB
     default_name = "wan_umt5_adapter"
     shard_contract = "umt5xxl_wan/1"
     max_len_teacher = T5CLIP_WINDOW
     teacher_materials = (
-        Material("teacher", "Teacher: UMT5-XXL encoder of Wan 2.2 (bf16) + tokenizer", "hf_snapshot",
-                 repo="Wan-AI/Wan2.2-TI2V-5B-Diffusers", subdir="Wan2.2-TI2V-5B-Diffusers-umt5",
-                 size_gb=11.4, patterns=("text_encoder/*", "tokenizer/spiece.model")),
+        Material(
+            "teacher",
+            "Teacher: UMT5-XXL encoder of Wan 2.2 (bf16) + tokenizer",
+            "hf_snapshot",
+            repo="Wan-AI/Wan2.2-TI2V-5B-Diffusers",
+            subdir="Wan2.2-TI2V-5B-Diffusers-umt5",
+            size_gb=11.4,
+            patterns=("text_encoder/*", "tokenizer/spiece.model"),
+        ),
     )
     hints = {
         "train": "Wan conditions on the real UMT5 slots only (the engine zeroes pad rows on the "
-                 "video path); the 256384-row seed table is the largest tensor: set train.seed_rank "
-                 "to factorize it at export.",
+        "video path); the 256384-row seed table is the largest tensor: set train.seed_rank "
+        "to factorize it at export.",
         "eval": "cos over the real slots (pieces + EOS); no reference run exists for Wan, so judge "
-                "against the mean baseline.",
+        "against the mean baseline.",
     }
     field_meta = {
-        "train.steps": {"help": "planned training steps; the PixArt recipe is 20k (no Wan reference "
-                                "run exists)"},
+        "train.steps": {
+            "help": "planned training steps; the PixArt recipe is 20k (no Wan reference run exists)"
+        },
     }
     health_reference = ""
     # No reference run: no verdict of its own (PixArt's floors are not this model's); `check`
@@ -90,12 +99,13 @@ class WanUMT5Pack(PixArtT5Pack):
     engine_command_template = (
         "ggk diffuser engine -- -M vid_gen --diffusion-model wan2.2-ti2v-5b-q8_0.gguf "
         "--vae wan2.2_vae.safetensors --llm {student} --llm-adapter {adapter} "
-        "-p \"a red fox running through fresh snow\" -W 832 -H 480 --video-frames 33 "
-        "--cfg-scale 5.0 -s 42 -o out.avi")
+        '-p "a red fox running through fresh snow" -W 832 -H 480 --video-frames 33 '
+        "--cfg-scale 5.0 -s 42 -o out.avi"
+    )
     export_kv = {
         "adapter.qwen_hidden_source": "final_norm",
         "adapter.target": "umt5_xxl encoder last_hidden_state (masked), real slots of the 512-slot "
-                          "window; pad rows are zeroed by the engine on the video path",
+        "window; pad rows are zeroed by the engine on the video path",
         "adapter.teacher": "Wan-AI/Wan2.2-TI2V-5B-Diffusers (text_encoder, tokenizer)",
     }
     bytes_per_sample = 40 * 4096 * 2 + 30 * 1024 * 2 + T5CLIP_WINDOW * 4
@@ -129,10 +139,17 @@ class WanUMT5Pack(PixArtT5Pack):
         from ..teachers.t5 import T5CLIP_WINDOWS, load_t5_teacher
 
         encoder, spiece = umt5_layout(materials["teacher"])
-        return load_t5_teacher(encoder, device, plan.mode, window=self.num_queries,
-                               vocab_limit=self.seed_vocab, ram_limit_gib=plan.cpu_gib,
-                               windows=T5CLIP_WINDOWS, spiece=spiece,
-                               identity={"teacher": "umt5_encoder", "window": self.num_queries})
+        return load_t5_teacher(
+            encoder,
+            device,
+            plan.mode,
+            window=self.num_queries,
+            vocab_limit=self.seed_vocab,
+            ram_limit_gib=plan.cpu_gib,
+            windows=T5CLIP_WINDOWS,
+            spiece=spiece,
+            identity={"teacher": "umt5_encoder", "window": self.num_queries},
+        )
 
     def demo_materials(self, folder):
         """A tiny real UMT5 (random weights, d_model 64) with a synthetic 256384-piece UMT5-shaped
@@ -142,8 +159,10 @@ class WanUMT5Pack(PixArtT5Pack):
         return {"teacher": build_tiny_umt5(folder / "umt5-tiny")}
 
     def health_line(self, metrics):
-        return ("n/a: no reference run exists for a Wan adapter (none is published); "
-                "compare val cos with the mean baseline")
+        return (
+            "n/a: no reference run exists for a Wan adapter (none is published); "
+            "compare val cos with the mean baseline"
+        )
 
 
 PACK = WanUMT5Pack()

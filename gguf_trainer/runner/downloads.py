@@ -204,10 +204,17 @@ def _download(dest: Path, material_id: str, repo: str, repo_type: str, patterns:
     hub.fetch_listing(listing, dest, progress, meter.file_done)
     check = check_folder(dest, patterns, listing.sizes())
     if not check.is_complete:
-        raise UserError(f"{repo} is still incomplete after the download ({', '.join(check.missing[:3])}); "
-                        "retry.")
-    return {"path": str(dest), "commit": listing.commit, "bytes": listing.bytes_total,
-            "files": len(listing.files), "material": material_id}
+        raise UserError(
+            f"{repo} is still incomplete after the download ({', '.join(check.missing[:3])}); "
+            "retry."
+        )
+    return {
+        "path": str(dest),
+        "commit": listing.commit,
+        "bytes": listing.bytes_total,
+        "files": len(listing.files),
+        "material": material_id,
+    }
 
 
 def _stop_at_once(job) -> None:
@@ -215,6 +222,7 @@ def _stop_at_once(job) -> None:
     wait minutes for a stalled server (runner.jobs' default only sets a flag checked between
     steps). Raising from the handler interrupts the read; the partial file is kept, closed
     by its `with`, and continued next time. The job records status "stopped"."""
+
     def stop(signum, _frame):
         job.stop_requested = True
         raise jobs.JobStopped()
@@ -223,13 +231,30 @@ def _stop_at_once(job) -> None:
     signal.signal(signal.SIGINT, stop)
 
 
-def download_job(folder: Path, job, *, dest: str, material_id: str, repo: str, repo_type: str,
-                 patterns: list[str], revision: str = "main", project: str = "") -> dict:
+def download_job(
+    folder: Path,
+    job,
+    *,
+    dest: str,
+    material_id: str,
+    repo: str,
+    repo_type: str,
+    patterns: list[str],
+    revision: str = "main",
+    project: str = "",
+) -> dict:
     """The detached job body (runner.jobs target): fetch, verify, record the path."""
     _stop_at_once(job)
     job.log.info("downloading %s (%s) into %s", repo, ", ".join(patterns), dest)
-    result = _download(Path(dest), material_id, repo, repo_type, tuple(patterns), revision,
-                       lambda fields: job.update(**fields))
+    result = _download(
+        Path(dest),
+        material_id,
+        repo,
+        repo_type,
+        tuple(patterns),
+        revision,
+        lambda fields: job.update(**fields),
+    )
     if project:
         _record_path(project, material_id, Path(dest))
         from gguf_trainer.project import load_project
@@ -260,23 +285,33 @@ def start_download(root, ids: list[str] | None = None, required_only: bool = Fal
     project = load_project(root)
     out = []
     for m in select(project, ids, required_only):
-        out += [{"id": m.id, "action": "passed", "pid": None, "message": f"{m.id}: not linked: {line}"}
-                for line in passed.get(m.id, ())]
+        out += [
+            {"id": m.id, "action": "passed", "pid": None, "message": f"{m.id}: not linked: {line}"}
+            for line in passed.get(m.id, ())
+        ]
         if m.id in linked:
-            out.append({"id": m.id, "action": "linked", "pid": None,
-                        "message": linked[m.id]["message"]})
+            out.append(
+                {"id": m.id, "action": "linked", "pid": None, "message": linked[m.id]["message"]}
+            )
             continue
         st = material_status(project, m)
         if m.kind != "hf_snapshot":
-            out.append({"id": m.id, "action": "ready" if st["state"] == "ready" else "skipped",
-                        "pid": None, "message": st["error"] or f"{m.id}: {st['path']}"})
+            out.append(
+                {
+                    "id": m.id,
+                    "action": "ready" if st["state"] == "ready" else "skipped",
+                    "pid": None,
+                    "message": st["error"] or f"{m.id}: {st['path']}",
+                }
+            )
             continue
         if st["state"] == "ready":
             out.append({"id": m.id, "action": "ready", "pid": None, "message": f"{m.id}: ready"})
             continue
         if st.get("verified") is False:  # every file is there: fetching again cannot fix it
-            out.append({"id": m.id, "action": "failed", "pid": None,
-                        "message": f"{m.id}: {st['error']}"})
+            out.append(
+                {"id": m.id, "action": "failed", "pid": None, "message": f"{m.id}: {st['error']}"}
+            )
             continue
         out.append(_start_one(project, m))
     return out
@@ -286,16 +321,31 @@ def _start_one(project, m) -> dict:
     dest = destination(project, m)
     folder = job_folder(dest)
     folder.mkdir(parents=True, exist_ok=True)
-    kwargs = {"dest": str(dest), "material_id": m.id, "repo": m.repo, "repo_type": m.repo_type,
-              "patterns": list(m.patterns), "revision": revision(m), "project": str(project.dir)}
+    kwargs = {
+        "dest": str(dest),
+        "material_id": m.id,
+        "repo": m.repo,
+        "repo_type": m.repo_type,
+        "patterns": list(m.patterns),
+        "revision": revision(m),
+        "project": str(project.dir),
+    }
     try:
         st = jobs.start_job(folder, JOB_NAME, JOB_TARGET, kwargs)
     except locks.LockHeld as e:
-        return {"id": m.id, "action": "running", "pid": e.pid,
-                "message": f"{m.id}: already downloading (pid {e.pid})"}
+        return {
+            "id": m.id,
+            "action": "running",
+            "pid": e.pid,
+            "message": f"{m.id}: already downloading (pid {e.pid})",
+        }
     _note(project, f"{m.id}: download of {m.repo} started (pid {st['pid']}) into {dest}")
-    return {"id": m.id, "action": "started", "pid": st["pid"],
-            "message": f"{m.id}: downloading {m.repo} (pid {st['pid']})"}
+    return {
+        "id": m.id,
+        "action": "started",
+        "pid": st["pid"],
+        "message": f"{m.id}: downloading {m.repo} (pid {st['pid']})",
+    }
 
 
 def stop_download(root, material_id: str) -> str:
@@ -308,9 +358,13 @@ def stop_download(root, material_id: str) -> str:
     return jobs.stop_job(job_folder(destination(project, m)), JOB_NAME)
 
 
-def download_foreground(root, ids: list[str] | None = None, required_only: bool = False,
-                        on_progress: hub.Progress | None = None,
-                        on_line: Callable[[str], None] = print) -> int:
+def download_foreground(
+    root,
+    ids: list[str] | None = None,
+    required_only: bool = False,
+    on_progress: hub.Progress | None = None,
+    on_line: Callable[[str], None] = print,
+) -> int:
     """`gguf-trainer download`: link copies, then fetch each selected material here, under
     the same per-folder lock as the detached job. Returns the number of failures.
     Ctrl-C (KeyboardInterrupt) propagates; the partial file stays and resumes next time."""
@@ -330,7 +384,9 @@ def download_foreground(root, ids: list[str] | None = None, required_only: bool 
         if m.kind != "hf_snapshot" or st["state"] in ("ready", "downloading") or refused:
             extra = f" (pid {st['pid']})" if st["pid"] else ""
             on_line(f"{m.id}: {st['state']}{extra}" + (f" - {st['error']}" if st["error"] else ""))
-            failures += (st["state"] != "ready" and m.required and m.kind != "hf_snapshot") or refused
+            failures += (
+                st["state"] != "ready" and m.required and m.kind != "hf_snapshot"
+            ) or refused
             continue
         try:
             result = _download_here(project, m, on_progress)
@@ -360,18 +416,36 @@ def _download_here(project, m, on_progress) -> dict:
     dest = destination(project, m)
     folder = job_folder(dest)
     folder.mkdir(parents=True, exist_ok=True)
-    with locks.hold_file(jobs.lock_path(folder, JOB_NAME), "a download is already running",
-                        retry_s=0.2):
-        state = {"schema": 1, "name": JOB_NAME, "job_id": f"foreground-{os.getpid()}",
-                 "target": "foreground", "kwargs": {"dest": str(dest), "material_id": m.id},
-                 "status": "running", "pid": os.getpid(), "started": time.time(),
-                 "finished": None, "error": None, "result": None, "progress": {}}
+    with locks.hold_file(
+        jobs.lock_path(folder, JOB_NAME), "a download is already running", retry_s=0.2
+    ):
+        state = {
+            "schema": 1,
+            "name": JOB_NAME,
+            "job_id": f"foreground-{os.getpid()}",
+            "target": "foreground",
+            "kwargs": {"dest": str(dest), "material_id": m.id},
+            "status": "running",
+            "pid": os.getpid(),
+            "started": time.time(),
+            "finished": None,
+            "error": None,
+            "result": None,
+            "progress": {},
+        }
         handle = jobs.JobHandle(folder, JOB_NAME, state)
         handle.write()
         try:
-            result = _download(dest, m.id, m.repo, m.repo_type, tuple(m.patterns), revision(m),
-                               lambda fields: (state["progress"].update(fields), handle.write()),
-                               on_progress)
+            result = _download(
+                dest,
+                m.id,
+                m.repo,
+                m.repo_type,
+                tuple(m.patterns),
+                revision(m),
+                lambda fields: (state["progress"].update(fields), handle.write()),
+                on_progress,
+            )
             state.update(status="done", result=result)
         except UserError as e:
             state.update(status="failed", error=str(e))
@@ -399,8 +473,15 @@ class FileBars:
 
         bar = self.bars.get(path)
         if bar is None:
-            bar = self.bars[path] = tqdm(total=total, initial=done, desc=path[-40:], unit="B",
-                                         unit_scale=True, unit_divisor=1024, leave=True)
+            bar = self.bars[path] = tqdm(
+                total=total,
+                initial=done,
+                desc=path[-40:],
+                unit="B",
+                unit_scale=True,
+                unit_divisor=1024,
+                leave=True,
+            )
         bar.update(done - bar.n)
         if done >= total:
             bar.close()

@@ -43,16 +43,24 @@ class Launch:
 
     def check(self) -> None:
         if self.processes is not None and self.processes < 1:
-            raise UserError(f"--processes {self.processes} is not a count of processes; give 1 or more.")
+            raise UserError(
+                f"--processes {self.processes} is not a count of processes; give 1 or more."
+            )
         if self.num_machines < 1 or not 0 <= self.machine_rank < self.num_machines:
-            raise UserError(f"--machine-rank {self.machine_rank} is not one of the "
-                            f"{self.num_machines} machines (0..{self.num_machines - 1}).")
+            raise UserError(
+                f"--machine-rank {self.machine_rank} is not one of the "
+                f"{self.num_machines} machines (0..{self.num_machines - 1})."
+            )
         if self.num_machines > 1 and not self.main_process_ip:
-            raise UserError("several machines need --main-process-ip (the address of machine "
-                            "rank 0, reachable from every machine).")
+            raise UserError(
+                "several machines need --main-process-ip (the address of machine "
+                "rank 0, reachable from every machine)."
+            )
         if self.config_file is not None and not os.path.isfile(self.config_file):
-            raise UserError(f"--accelerate-config {self.config_file} is not a file; make one "
-                            "with `accelerate config --config_file FILE`.")
+            raise UserError(
+                f"--accelerate-config {self.config_file} is not a file; make one "
+                "with `accelerate config --config_file FILE`."
+            )
 
     def resolved(self, project_settings=None) -> Launch:
         """The processes per machine: the flag, else the larger of the project's
@@ -60,8 +68,15 @@ class Launch:
         if self.processes is not None or project_settings is None:
             return self
         n = max(project_settings.precompute.processes, project_settings.train.processes)
-        return Launch(n, self.num_machines, self.machine_rank, self.main_process_ip,
-                      self.main_process_port, self.config_file, per_stage=True)
+        return Launch(
+            n,
+            self.num_machines,
+            self.machine_rank,
+            self.main_process_ip,
+            self.main_process_port,
+            self.config_file,
+            per_stage=True,
+        )
 
     def needed(self) -> bool:
         return (self.processes or 1) > 1 or self.several_machines
@@ -78,10 +93,23 @@ class Launch:
             port = self.main_process_port or (free_port() if self.num_machines == 1 else 29500)
             # --multi_gpu is accelerate's torchrun launcher; on a machine without CUDA the
             # ranks use gloo (gguf_trainer.distributed.init). --num_processes counts all machines.
-            cmd += ["--multi_gpu", "--num_processes", str(n * self.num_machines),
-                    "--num_machines", str(self.num_machines), "--machine_rank", str(self.machine_rank),
-                    "--main_process_port", str(port), "--mixed_precision", "no",
-                    "--dynamo_backend", "no", "--monitor_interval", "0.5"]
+            cmd += [
+                "--multi_gpu",
+                "--num_processes",
+                str(n * self.num_machines),
+                "--num_machines",
+                str(self.num_machines),
+                "--machine_rank",
+                str(self.machine_rank),
+                "--main_process_port",
+                str(port),
+                "--mixed_precision",
+                "no",
+                "--dynamo_backend",
+                "no",
+                "--monitor_interval",
+                "0.5",
+            ]
             if self.main_process_ip:
                 cmd += ["--main_process_ip", self.main_process_ip]
         return cmd + ["-m", PIPELINE_MODULE, *pipeline_args]

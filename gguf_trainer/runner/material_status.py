@@ -244,6 +244,8 @@ def format_statuses(rows: list[dict]) -> str:
         if r["note"]:
             extra.append(r["note"])
         want = "" if r["wanted"] else " (not wanted)"
-        lines.append(f"{r['id']:<18} {r['state']:<11} {files:<12} {size:<16} "
-                     f"{r['path'] or '-'}{want}" + (f"  [{'; '.join(extra)}]" if extra else ""))
+        lines.append(
+            f"{r['id']:<18} {r['state']:<11} {files:<12} {size:<16} "
+            f"{r['path'] or '-'}{want}" + (f"  [{'; '.join(extra)}]" if extra else "")
+        )
     return "\n".join(lines)

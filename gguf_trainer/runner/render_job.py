@@ -58,8 +58,9 @@ def plan_for(root, prompt: str = "a red fox", seed: int = 42) -> render.RenderPl
 
     conf = render_settings()
     models = Path(conf["models"]).expanduser() if conf["models"] else None
-    return render.render_plan(load_project(root), prompt, seed, render.find_ggk(conf["ggk"] or None),
-                              models)
+    return render.render_plan(
+        load_project(root), prompt, seed, render.find_ggk(conf["ggk"] or None), models
+    )
 
 
 def start_render(root, prompt: str, seed: int = 42) -> dict:
@@ -103,8 +104,12 @@ def render_status(root) -> dict:
     """What the Output tab shows: the job's status, what is missing, the newest render."""
     renders = list_renders(root)
     plan = plan_for(root)
-    return {"job": jobs.job_status(Path(root), JOB_NAME), "missing": plan.missing,
-            "no_teacher": plan.no_teacher, "latest": renders[0] if renders else None}
+    return {
+        "job": jobs.job_status(Path(root), JOB_NAME),
+        "missing": plan.missing,
+        "no_teacher": plan.no_teacher,
+        "latest": renders[0] if renders else None,
+    }
 
 
 def describe(result: dict | None) -> list[str]:
@@ -120,8 +125,10 @@ def describe(result: dict | None) -> list[str]:
         lines.append(f"teacher:   {record['no_teacher']}")
     fig = record.get("figures")
     if fig:
-        lines.append(f"cosine:    {fig['cos']:.4f} (centred {fig['cos_centered']:.4f}, rel_mse "
-                     f"{fig['rel_mse']:.4g}) — {record.get('figures_note')}")
+        lines.append(
+            f"cosine:    {fig['cos']:.4f} (centred {fig['cos_centered']:.4f}, rel_mse "
+            f"{fig['rel_mse']:.4g}) — {record.get('figures_note')}"
+        )
     elif record.get("figures_note"):
         lines.append(f"cosine:    {record['figures_note']}")
     return lines
@@ -136,10 +143,21 @@ def render_main(folder: Path, job, *, prompt: str, seed: int) -> dict:
     plan = plan_for(folder, prompt, seed)
     if plan.missing:
         raise UserError("cannot render; missing: " + "; ".join(plan.missing) + ".")
-    out = project.paths.root / RENDERS_DIR / f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-s{seed}"
+    out = (
+        project.paths.root
+        / RENDERS_DIR
+        / f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-s{seed}"
+    )
     out.mkdir(parents=True, exist_ok=True)
-    record = {"prompt": prompt, "seed": seed, "pack": project.pack.id, "started": time.time(),
-              "no_teacher": plan.no_teacher, "models": plan.models, "halves": {}}
+    record = {
+        "prompt": prompt,
+        "seed": seed,
+        "pack": project.pack.id,
+        "started": time.time(),
+        "no_teacher": plan.no_teacher,
+        "models": plan.models,
+        "halves": {},
+    }
     for run in plan.runs:
         record["halves"][run.half] = half = {"command": shlex.join(run.argv), "image": None}
         atomic.write_json(out / RENDER_JSON, record)
@@ -151,8 +169,9 @@ def render_main(folder: Path, job, *, prompt: str, seed: int) -> dict:
         if run.cond_argv:
             half["cond_command"] = shlex.join(run.cond_argv)
             job.update(phase=f"{run.half}: conditioning pass (CFG 1)")
-            _run_ggk(job, run.cond_argv, plan.models, out, f"{run.half}-cond.log", out / run.dump,
-                     None)
+            _run_ggk(
+                job, run.cond_argv, plan.models, out, f"{run.half}-cond.log", out / run.dump, None
+            )
         half["dump"] = str(out / run.dump)
     job.update(phase="comparing the conditioning")
     record["figures"], record["figures_note"] = _figures(project, prompt, out, plan)
@@ -161,8 +180,9 @@ def render_main(folder: Path, job, *, prompt: str, seed: int) -> dict:
     return {"folder": str(out), "figures": record["figures"]}
 
 
-def _run_ggk(job, argv: list[str], cwd: str, out: Path, log_name: str, dump: Path | None,
-             image: Path | None) -> None:
+def _run_ggk(
+    job, argv: list[str], cwd: str, out: Path, log_name: str, dump: Path | None, image: Path | None
+) -> None:
     """One ggk process in the model folder, its output in the render folder; Stop (SIGTERM
     to the job) terminates it. A failure is a UserError naming the log."""
     env = dict(os.environ)
@@ -174,8 +194,15 @@ def _run_ggk(job, argv: list[str], cwd: str, out: Path, log_name: str, dump: Pat
     with open(out / log_name, "ab") as log:
         log.write(f"$ {shlex.join(map(str, argv))}\n".encode())
         log.flush()
-        proc = subprocess.Popen([str(a) for a in argv], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [str(a) for a in argv],
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             while proc.poll() is None:
                 job.check()
@@ -204,8 +231,16 @@ def _figures(project, prompt: str, out: Path, plan: render.RenderPlan) -> tuple[
             return got, "adapter vs teacher, from the two SD_DUMP_COND dumps"
     tok = project.material_path("student_tokenizer")
     try:
-        got = run_check(project.final_gguf, project.material_path("student"),
-                        out / halves["adapter"].dump, prompt, tok)
+        got = run_check(
+            project.final_gguf,
+            project.material_path("student"),
+            out / halves["adapter"].dump,
+            prompt,
+            tok,
+        )
     except UserError as e:  # a token-aligned adapter, another engine's dump: say why
         return None, f"no cosine: {e}"
-    return got, "check: the adapter in PyTorch vs the engine's adapter dump (ggk writes no teacher dump here)"
+    return (
+        got,
+        "check: the adapter in PyTorch vs the engine's adapter dump (ggk writes no teacher dump here)",
+    )

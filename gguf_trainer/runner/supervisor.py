@@ -60,19 +60,31 @@ def project_paths(project_dir: str | os.PathLike) -> ProjectPaths:
     """ProjectPaths of an existing project; NoProjectError (CLI exit 2) otherwise."""
     paths = ProjectPaths(project_dir)
     if paths.root.is_file():  # a non-project like any other (CLI exit 2)
-        raise NoProjectError(f"{paths.root} is a file, not a project folder; check the --project path")
+        raise NoProjectError(
+            f"{paths.root} is a file, not a project folder; check the --project path"
+        )
     if paths.project_json.is_dir():
-        raise UserError(f"{paths.project_json} is a folder, not a file; move it away and "
-                        "recreate the project (gguf-trainer new --pack ID DIR)")
+        raise UserError(
+            f"{paths.project_json} is a folder, not a file; move it away and "
+            "recreate the project (gguf-trainer new --pack ID DIR)"
+        )
     if not paths.exists():
-        raise NoProjectError(f"{paths.root} is not a gguf-trainer project (no project.json); "
-                             "check the --project path")
+        raise NoProjectError(
+            f"{paths.root} is not a gguf-trainer project (no project.json); "
+            "check the --project path"
+        )
     return paths
 
 
 # ---- start / stop / kill / status -----------------------------------------------------
-def start(project_dir: str | os.PathLike, only: list[str] | None = None, force: bool = False,
-          module: str = PIPELINE_MODULE, wait_s: float = START_WAIT_S, launch=None) -> int:
+def start(
+    project_dir: str | os.PathLike,
+    only: list[str] | None = None,
+    force: bool = False,
+    module: str = PIPELINE_MODULE,
+    wait_s: float = START_WAIT_S,
+    launch=None,
+) -> int:
     """Launch the pipeline detached; returns the pid of the lock holder once it is up.
 
     Refuses with LockHeld ("already running (pid N)") if a pipeline holds the project, also
@@ -98,8 +110,9 @@ def start(project_dir: str | os.PathLike, only: list[str] | None = None, force: 
     if launch is not None and launch.needed():  # several processes: accelerate's launcher
         extra_env = {k: v for k, v in launch.env().items() if k.startswith("GGUF_TRAINER_")}
         argv = launch.argv(argv[3:])
-    proc = processes.spawn_detached(argv, paths.pipeline_log, paths.root, state.exit_record_path(paths),
-                          extra_env)
+    proc = processes.spawn_detached(
+        argv, paths.pipeline_log, paths.root, state.exit_record_path(paths), extra_env
+    )
     pid = _await_lock_holder(paths, proc, wait_s)
     remember_project(paths.root)
     return pid
@@ -117,8 +130,10 @@ def clear_stale_stop(paths: ProjectPaths) -> bool:
     except FileNotFoundError:
         return False
     except IsADirectoryError:
-        raise UserError(f"{paths.stop_request} is a folder; remove it (the tool writes a "
-                        "stop request file there).") from None
+        raise UserError(
+            f"{paths.stop_request} is a folder; remove it (the tool writes a "
+            "stop request file there)."
+        ) from None
 
 
 def _parent_of(pid: int) -> int | None:
@@ -149,13 +164,15 @@ def _await_lock_holder(paths: ProjectPaths, proc: subprocess.Popen, wait_s: floa
         if proc.returncode is not None:
             return _launch_outcome(paths, proc, found)
         if time.monotonic() > deadline:
-            raise UserError(f"the pipeline did not start within {wait_s:.0f} s; "
-                            f"see {paths.pipeline_log}")
+            raise UserError(
+                f"the pipeline did not start within {wait_s:.0f} s; see {paths.pipeline_log}"
+            )
         time.sleep(0.05)
 
 
-def _launch_outcome(paths: ProjectPaths, proc: subprocess.Popen,
-                    found: tuple[int, float] | None) -> int:
+def _launch_outcome(
+    paths: ProjectPaths, proc: subprocess.Popen, found: tuple[int, float] | None
+) -> int:
     """Our monitor ended before we saw its pipeline hold the lock: why?"""
     ours = [r for r in status_mod.read_exit_records(paths) if r.get("monitor_pid") == proc.pid]
     child = ours[-1]["pid"] if ours else None
@@ -163,14 +180,16 @@ def _launch_outcome(paths: ProjectPaths, proc: subprocess.Popen,
     if child is not None and st.get("pid") == child:  # it ran (quickly) and recorded its end
         if st.get("status") in ("done", "stopped"):
             return child
-        raise UserError(st.get("error") or f"the pipeline ended {st.get('status')}; "
-                        f"see {paths.pipeline_log}")
+        raise UserError(
+            st.get("error") or f"the pipeline ended {st.get('status')}; see {paths.pipeline_log}"
+        )
     if found is None:
         found = lock.holder(paths)
     if found is not None:
         raise locks.LockHeld(found[0])
-    raise UserError(f"the pipeline exited at once (code {proc.returncode}); "
-                    f"see {paths.pipeline_log}")
+    raise UserError(
+        f"the pipeline exited at once (code {proc.returncode}); see {paths.pipeline_log}"
+    )
 
 
 def status(project_dir: str | os.PathLike) -> dict:
@@ -183,8 +202,9 @@ def is_active(info: dict) -> bool:
     return info["status"] in ("running", "stalled")
 
 
-def wait(project_dir: str | os.PathLike, timeout_s: float | None = None,
-         poll_s: float = 0.5) -> dict:
+def wait(
+    project_dir: str | os.PathLike, timeout_s: float | None = None, poll_s: float = 0.5
+) -> dict:
     """Block until the pipeline is no longer running/stalled (or timeout); the last status."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
@@ -199,8 +219,9 @@ def _holder_gone(paths: ProjectPaths, pid: int) -> bool:
     return found is None or found[0] != pid
 
 
-def stop(project_dir: str | os.PathLike, timeout_s: float = STOP_TIMEOUT_S,
-         grace_s: float | None = None) -> str:
+def stop(
+    project_dir: str | os.PathLike, timeout_s: float = STOP_TIMEOUT_S, grace_s: float | None = None
+) -> str:
     """Graceful stop: stop.request, then (after `grace_s`) SIGTERM to the verified holder.
 
     The pipeline finishes its current step / teacher batch, saves and exits 0. Returns
@@ -230,9 +251,11 @@ def stop(project_dir: str | os.PathLike, timeout_s: float = STOP_TIMEOUT_S,
         time.sleep(0.1)
     if _holder_gone(paths, pid):
         return "stopped"
-    raise StopTimeout(f"stop requested, but pid {pid} is still finishing its step after "
-                      f"{timeout_s:.0f} s; check `gguf-trainer status`, or end it now with "
-                      "`gguf-trainer kill`")
+    raise StopTimeout(
+        f"stop requested, but pid {pid} is still finishing its step after "
+        f"{timeout_s:.0f} s; check `gguf-trainer status`, or end it now with "
+        "`gguf-trainer kill`"
+    )
 
 
 def kill(project_dir: str | os.PathLike, wait_s: float = KILL_WAIT_S) -> str:
@@ -248,16 +271,20 @@ def kill(project_dir: str | os.PathLike, wait_s: float = KILL_WAIT_S) -> str:
         return "not running"
     pid, start_time = found
     try:
-        kids = [(p.pid, locks.process_start_time(p.pid))
-                for p in psutil.Process(pid).children(recursive=True)]
+        kids = [
+            (p.pid, locks.process_start_time(p.pid))
+            for p in psutil.Process(pid).children(recursive=True)
+        ]
     except psutil.NoSuchProcess:
         return "not running"
     from gguf_trainer.runner import ranks  # torch-free
 
     kids += ranks.local_rank_processes(paths.root)  # a launched run's other ranks here
     marker = state.killed_marker_path(paths)
-    atomic.write_json(marker, {"pid": pid, "pid_start_time": start_time, "time": time.time(),
-                               "by_pid": os.getpid()})
+    atomic.write_json(
+        marker,
+        {"pid": pid, "pid_start_time": start_time, "time": time.time(), "by_pid": os.getpid()},
+    )
     if not processes.signal_verified(pid, start_time, signal.SIGKILL):
         with contextlib.suppress(FileNotFoundError):
             marker.unlink()
@@ -270,17 +297,24 @@ def kill(project_dir: str | os.PathLike, wait_s: float = KILL_WAIT_S) -> str:
     return "killed"
 
 
-def run_launched(paths, launch, pipeline_args: list[str], on_change=None,
-                   poll_s: float = 0.5) -> int:
+def run_launched(
+    paths, launch, pipeline_args: list[str], on_change=None, poll_s: float = 0.5
+) -> int:
     """`gguf-trainer run` with several processes: the launcher runs as a child of the CLI in
     its own session, its output appended to pipeline.log (the launcher's own messages are not
     the user's to read). Progress is read back from state.json and handed to
     `on_change(stage, stage_dict)` like the in-process run does. The first Ctrl-C asks every
     rank to stop after its unit (the stop request); a second one ends the ranks (SIGTERM)."""
     with project_file.open_append(paths.root, paths.pipeline_log) as out:  # never via a link
-        proc = subprocess.Popen(launch.argv(pipeline_args), env={**processes.child_env(), **launch.env()},
-                                cwd=paths.root, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            launch.argv(pipeline_args),
+            env={**processes.child_env(), **launch.env()},
+            cwd=paths.root,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     seen: dict = {}
     interrupts = 0
 
@@ -402,9 +436,18 @@ def monitor_main(argv: list[str]) -> int:
     start_time = locks.process_start_time(proc.pid)  # None if it died at once
     rc = proc.wait()
     sig_name = signal.Signals(-rc).name if rc < 0 else None
-    _append_exit_record(args.exit_file, {
-        "pid": proc.pid, "pid_start_time": start_time, "returncode": rc, "signal": sig_name,
-        "time": time.time(), "argv": job, "monitor_pid": os.getpid()})
+    _append_exit_record(
+        args.exit_file,
+        {
+            "pid": proc.pid,
+            "pid_start_time": start_time,
+            "returncode": rc,
+            "signal": sig_name,
+            "time": time.time(),
+            "argv": job,
+            "monitor_pid": os.getpid(),
+        },
+    )
     stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
     how = f"killed by {sig_name}" if sig_name else f"exited with code {rc}"
     print(f"===== exit {stamp}: pid {proc.pid} {how}", flush=True)

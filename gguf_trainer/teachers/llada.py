@@ -49,7 +49,9 @@ def attention_inputs(text_mask: torch.Tensor, num_queries: int, dtype: torch.dty
     (B, 1, T, T) for T = L + num_queries. Text rows cannot see the query columns; no row sees a
     pad column; not causal."""
     b, n = text_mask.shape
-    keys = torch.cat([text_mask.to(torch.long), text_mask.new_ones(b, num_queries, dtype=torch.long)], 1)
+    keys = torch.cat(
+        [text_mask.to(torch.long), text_mask.new_ones(b, num_queries, dtype=torch.long)], 1
+    )
     positions = (keys.cumsum(1) - 1).clamp(min=0)  # right pads repeat the last real position
     allowed = keys.bool()[:, None, :].expand(b, n + num_queries, n + num_queries).clone()
     allowed[:, :n, n:] = False  # text rows never see the queries
@@ -90,13 +92,19 @@ class LLaDATeacher:
 
     def token_ids(self, texts: Sequence[str]) -> list[list[int]]:
         """Teacher ids of the formatted prompts, with the tokenizer's own special tokens."""
-        enc = self.tokenizer([self.format_prompt(t) for t in texts], add_special_tokens=True,
-                             truncation=True, max_length=self.max_len)
+        enc = self.tokenizer(
+            [self.format_prompt(t) for t in texts],
+            add_special_tokens=True,
+            truncation=True,
+            max_length=self.max_len,
+        )
         return [list(ids) for ids in enc["input_ids"]]
 
     def lengths(self, samples, student_ids=None) -> list[int]:
         """Rows each sample costs the teacher: its tokens + the queries."""
-        return [len(ids) + self.num_queries for ids in self.token_ids([_text_of(s) for s in samples])]
+        return [
+            len(ids) + self.num_queries for ids in self.token_ids([_text_of(s) for s in samples])
+        ]
 
     def targets(self, samples, student_ids=None, vision=None) -> list:
         from .base import TargetRows
@@ -116,8 +124,11 @@ class LLaDATeacher:
         emb = self.embed(input_ids.to(emb_device)).to(self.device, self.dtype)  # (B, L, H)
         q = self.queryformer(emb, text_mask.to(self.device).bool())  # (B, Q, H)
         keys, positions, bias = attention_inputs(text_mask, self.num_queries, self.dtype)
-        h = self.backbone(inputs_embeds=torch.cat([emb, q], 1), attention_mask=bias.to(self.device),
-                          position_ids=positions.to(self.device)).last_hidden_state
+        h = self.backbone(
+            inputs_embeds=torch.cat([emb, q], 1),
+            attention_mask=bias.to(self.device),
+            position_ids=positions.to(self.device),
+        ).last_hidden_state
         out = self.projection(h.to(self.device, self.dtype), keys.to(self.device))  # (B, T, P)
         return out[:, n:].float().cpu()
 
@@ -139,8 +150,10 @@ def _backbone_class(te_dir: Path):
     config = AutoConfig.from_pretrained(str(te_dir), trust_remote_code=True)
     ref = (getattr(config, "auto_map", None) or {}).get("AutoModel")
     if not ref:
-        raise UserError(f"{te_dir / 'config.json'} has no auto_map.AutoModel entry; this is not the "
-                        "LLaDA2-MoE text encoder gguf-trainer supports.")
+        raise UserError(
+            f"{te_dir / 'config.json'} has no auto_map.AutoModel entry; this is not the "
+            "LLaDA2-MoE text encoder gguf-trainer supports."
+        )
     return config, get_class_from_dynamic_module(ref, str(te_dir))
 
 
@@ -153,7 +166,9 @@ def _meta_model(te_dir: Path):
         return cls(config)
 
 
-def plan_backbone(root, budgets: Sequence[tuple[int | str, int]], placement: str = "sequential") -> dict:
+def plan_backbone(
+    root, budgets: Sequence[tuple[int | str, int]], placement: str = "sequential"
+) -> dict:
     """The device map for the snapshot's backbone under `budgets` ((device, bytes) in fill order),
     computed on the meta device before any weight loads. Needs the trust record."""
     root = check_snapshot(root).root
@@ -165,8 +180,12 @@ def plan_backbone(root, budgets: Sequence[tuple[int | str, int]], placement: str
     # the main device, never offloaded (a re-registered buffer is not in the offload map).
     main = next(iter(dmap.values()))
     dmap.update({name: main for name, _ in rotary_modules(model) if name in dmap})
-    log.info("teacher: %.1f GiB of bf16 weights placed %s over %s", model_bytes(model) / GIB,
-             placement, ", ".join(str(d) for d in dict.fromkeys(dmap.values())))
+    log.info(
+        "teacher: %.1f GiB of bf16 weights placed %s over %s",
+        model_bytes(model) / GIB,
+        placement,
+        ", ".join(str(d) for d in dict.fromkeys(dmap.values())),
+    )
     return dmap
 
 
@@ -190,7 +209,9 @@ def plan_budgets(plan, device) -> list[tuple[int | str, int]] | None:
     if device.type != "cuda" or plan.mode not in ("gpu", "offload"):
         return None
     chosen = device.index if device.index is not None else torch.cuda.current_device()
-    budgets: list[tuple[int | str, int]] = [(chosen, int(max(0.0, plan.gpu_gib - MIN_HEADROOM_GIB) * GIB))]
+    budgets: list[tuple[int | str, int]] = [
+        (chosen, int(max(0.0, plan.gpu_gib - MIN_HEADROOM_GIB) * GIB))
+    ]
     from ..distributed import world
 
     # Launched with one rank per card: the other cards are the other ranks' (data parallel).
@@ -203,9 +224,15 @@ def plan_budgets(plan, device) -> list[tuple[int | str, int]] | None:
     return budgets
 
 
-def load_llada_teacher(root, *, format_prompt: Callable[[str], str], device="cpu",
-                       device_map: dict | None = None, max_len: int = MAX_LEN_TEACHER,
-                       project_dir=None) -> LLaDATeacher:
+def load_llada_teacher(
+    root,
+    *,
+    format_prompt: Callable[[str], str],
+    device="cpu",
+    device_map: dict | None = None,
+    max_len: int = MAX_LEN_TEACHER,
+    project_dir=None,
+) -> LLaDATeacher:
     """Load the teacher from its snapshot. Order: the header check (configs, weight names and
     shapes, complete files; nothing loaded), trust check (before any of the snapshot's code is
     imported), the transformers-5 stand-ins, the backbone (placed by `device_map`, default: all
@@ -220,7 +247,9 @@ def load_llada_teacher(root, *, format_prompt: Callable[[str], str], device="cpu
     install_attn_mask_utils()
     dmap = device_map or {"": str(device)}
     config, cls = _backbone_class(root / "text_encoder")
-    model = cls.from_pretrained(str(root / "text_encoder"), config=config, dtype=dtype, device_map=dmap)
+    model = cls.from_pretrained(
+        str(root / "text_encoder"), config=config, dtype=dtype, device_map=dmap
+    )
     model.eval()
     repair_rotary_tables(model)  # transformers 5 leaves remote models' inv_freq uninitialised
     backbone = model.get_decoder()  # the top-level forward crashes under transformers 5
@@ -232,6 +261,17 @@ def load_llada_teacher(root, *, format_prompt: Callable[[str], str], device="cpu
     # The shard fingerprint hashes every file of the folders (materials.teacher_identity); this
     # names what ran, for logs and tests.
     identity = {"teacher": "llada_image", "code_hash": code_hash, "max_len": max_len}
-    return LLaDATeacher(backbone=backbone, embed=backbone.get_input_embeddings(), queryformer=qf,
-                        projection=tp, tokenizer=tok, format_prompt=format_prompt, device=device,
-                        dtype=dtype, identity=identity, max_len=max_len, device_map=dmap, _model=model)
+    return LLaDATeacher(
+        backbone=backbone,
+        embed=backbone.get_input_embeddings(),
+        queryformer=qf,
+        projection=tp,
+        tokenizer=tok,
+        format_prompt=format_prompt,
+        device=device,
+        dtype=dtype,
+        identity=identity,
+        max_len=max_len,
+        device_map=dmap,
+        _model=model,
+    )

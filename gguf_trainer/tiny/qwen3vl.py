@@ -30,23 +30,49 @@ HIDDEN = 64  # text hidden = merger output = vis_dim = out_dim of the tiny teach
 SEED = 1234
 INIT_STD = 0.05
 CONFIG = {
-    "architectures": ["Qwen3VLForConditionalGeneration"], "model_type": "qwen3_vl",
-    "image_token_id": 151655, "video_token_id": 151656,
-    "vision_start_token_id": 151652, "vision_end_token_id": 151653, "tie_word_embeddings": True,
+    "architectures": ["Qwen3VLForConditionalGeneration"],
+    "model_type": "qwen3_vl",
+    "image_token_id": 151655,
+    "video_token_id": 151656,
+    "vision_start_token_id": 151652,
+    "vision_end_token_id": 151653,
+    "tie_word_embeddings": True,
     "text_config": {
-        "model_type": "qwen3_vl_text", "vocab_size": 151936, "hidden_size": HIDDEN,
-        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
-        "num_key_value_heads": 1, "head_dim": 32, "hidden_act": "silu", "rms_norm_eps": 1e-6,
-        "max_position_embeddings": 4096, "tie_word_embeddings": True, "dtype": "bfloat16",
+        "model_type": "qwen3_vl_text",
+        "vocab_size": 151936,
+        "hidden_size": HIDDEN,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 32,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 4096,
+        "tie_word_embeddings": True,
+        "dtype": "bfloat16",
         # as in the 4B: interleaved M-RoPE; ggk (and the teacher) give every axis the same position
-        "rope_scaling": {"rope_type": "default", "mrope_section": [8, 4, 4], "mrope_interleaved": True},
+        "rope_scaling": {
+            "rope_type": "default",
+            "mrope_section": [8, 4, 4],
+            "mrope_interleaved": True,
+        },
         "rope_theta": 5000000,
     },
     "vision_config": {
-        "model_type": "qwen3_vl_vision", "depth": 2, "hidden_size": 32, "intermediate_size": 64,
-        "num_heads": 2, "out_hidden_size": HIDDEN, "patch_size": 16, "spatial_merge_size": 2,
-        "temporal_patch_size": 2, "in_channels": 3, "num_position_embeddings": 64,
-        "deepstack_visual_indexes": [0], "hidden_act": "gelu_pytorch_tanh",
+        "model_type": "qwen3_vl_vision",
+        "depth": 2,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "out_hidden_size": HIDDEN,
+        "patch_size": 16,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "in_channels": 3,
+        "num_position_embeddings": 64,
+        "deepstack_visual_indexes": [0],
+        "hidden_act": "gelu_pytorch_tanh",
     },
 }
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt")
@@ -56,8 +82,10 @@ def write_shipped(folder: Path = SHIPPED) -> Path:
     """The package data: config.json and the tiny marker."""
     folder.mkdir(parents=True, exist_ok=True)
     write_text(folder / "config.json", json.dumps(CONFIG, indent=2, sort_keys=True) + "\n")
-    write_text(folder / TINY_MARKER, "a tiny stand-in built by gguf_trainer.tiny.qwen3vl; no reference "
-                                     "figures apply\n")
+    write_text(
+        folder / TINY_MARKER,
+        "a tiny stand-in built by gguf_trainer.tiny.qwen3vl; no reference figures apply\n",
+    )
     return folder
 
 
@@ -91,8 +119,11 @@ def copy_tiny_qwen3vl(dest: Path) -> Path:
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     model = build_tiny_qwen3vl()
-    state = {k: v.to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()
-             if not k.startswith("lm_head.")}  # tied to the embedding table, as in the 4B
+    state = {
+        k: v.to(torch.bfloat16).contiguous()
+        for k, v in model.state_dict().items()
+        if not k.startswith("lm_head.")
+    }  # tied to the embedding table, as in the 4B
     with atomic_path(dest / "model.safetensors", suffix=".safetensors") as tmp:
         save_file(state, str(tmp), metadata={"format": "pt"})
     for name in ("config.json", TINY_MARKER):

@@ -101,8 +101,9 @@ def build_app(roots: list[str] | None = None, project: str | None = None) -> gr.
                     return _tick(proj, cur, which_log, follow, log10)
                 except UserError as e:  # the folder went away, a file is unreadable, ...
                     msg = f"Project `{proj}`: ⚠ {e}"
-                    return [msg if cur.changed("header", msg) else gr.skip()] + \
-                        [gr.skip()] * (len(tick_outs) - 1)
+                    return [msg if cur.changed("header", msg) else gr.skip()] + [gr.skip()] * (
+                        len(tick_outs) - 1
+                    )
 
         def _tick(proj, cur: live.Cursor, which_log, follow, log10):
             if cur.project != proj:
@@ -111,7 +112,11 @@ def build_app(roots: list[str] | None = None, project: str | None = None) -> gr.
             sig = live.state_signature(paths)
             state_changed = sig != cur.state_sig or not paths.exists()
             plot_changed = live.read_new_metrics(cur, paths)
-            info = control.status(proj) if (state_changed or plot_changed or "info" not in cur.shown) else None
+            info = (
+                control.status(proj)
+                if (state_changed or plot_changed or "info" not in cur.shown)
+                else None
+            )
             if info is not None and not info.get("mock"):
                 info["mock"] = configured_mock(proj)
             cur.shown["info"] = 1
@@ -125,16 +130,23 @@ def build_app(roots: list[str] | None = None, project: str | None = None) -> gr.
                 ups += [gr.skip()] * (1 + len(train_tab.tick_outputs(train)))
             ups.append(logs_tab.render(cur, paths, which_log, follow))
             if state_changed:
-                ups += [v if cur.changed(f"out{i}", v) else gr.skip()
-                        for i, v in enumerate(output_tab.render(proj))]
+                ups += [
+                    v if cur.changed(f"out{i}", v) else gr.skip()
+                    for i, v in enumerate(output_tab.render(proj))
+                ]
             else:
                 ups += [gr.skip()] * len(output_tab.outputs(out))
             return ups
 
         tick_inputs = [project_state, cursor, logs.which, logs.follow, train.log_scale]
         timer.tick(tick, tick_inputs, tick_outs, queue=False, api_visibility="private")
-        refresh = {"fn": tick, "inputs": tick_inputs, "outputs": tick_outs, "queue": False,
-                       "api_visibility": "private"}
+        refresh = {
+            "fn": tick,
+            "inputs": tick_inputs,
+            "outputs": tick_outs,
+            "queue": False,
+            "api_visibility": "private",
+        }
 
         def hw_tick(proj):
             if not proj:
@@ -155,16 +167,25 @@ def build_app(roots: list[str] | None = None, project: str | None = None) -> gr.
                 return [gr.skip()] * (1 + len(mat_outs))
             return [hw, *(mats if cur.changed("materials", mats) else [gr.skip()] * len(mats))]
 
-        hw_timer.tick(slow_tick, [project_state, cursor], [train.live_hw, *mat_outs], queue=False,
-                      api_visibility="private")
+        hw_timer.tick(
+            slow_tick,
+            [project_state, cursor],
+            [train.live_hw, *mat_outs],
+            queue=False,
+            api_visibility="private",
+        )
         train.log_scale.change(**refresh)
         logs.which.change(**refresh)
 
         def after_open_fn(proj):
             return train_tab.steps_value(proj), (hw_tick(proj) if proj else "")
 
-        after_open = {"fn": after_open_fn, "inputs": [project_state], "outputs": [train.steps, train.live_hw],
-                          "api_visibility": "private"}
+        after_open = {
+            "fn": after_open_fn,
+            "inputs": [project_state],
+            "outputs": [train.steps, train.live_hw],
+            "api_visibility": "private",
+        }
 
         setup_tab.wire(setup, project_state, read_state, cursor, after_open)
         train_tab.wire(train, project_state, refresh, read_state, setup.form, setup.save_md)
@@ -176,7 +197,9 @@ def build_app(roots: list[str] | None = None, project: str | None = None) -> gr.
             """Page load: pick the project (URL ?project=, launch project, last project) and
             fill Setup from disk."""
             proj = None
-            asked = (request.query_params.get("project") if request is not None else None) or start_project
+            asked = (
+                request.query_params.get("project") if request is not None else None
+            ) or start_project
             for cand in (asked, recent.last()):
                 if cand and ProjectPaths(cand).exists():
                     proj = str(ProjectPaths(cand).root)
@@ -186,8 +209,12 @@ def build_app(roots: list[str] | None = None, project: str | None = None) -> gr.
             ups, rd = setup_tab.load_values(setup, proj)
             return [proj, rd, *ups]
 
-        app.load(on_load, None, [project_state, read_state, *setup_tab.load_outputs(setup)],
-                 api_visibility="private").then(**after_open).then(**refresh)
+        app.load(
+            on_load,
+            None,
+            [project_state, read_state, *setup_tab.load_outputs(setup)],
+            api_visibility="private",
+        ).then(**after_open).then(**refresh)
         api.register(app)
         # The UI's own events are not API: only api.ENDPOINTS are documented for clients.
         for fn in app.fns.values():

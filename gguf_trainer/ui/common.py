@@ -80,7 +80,11 @@ def fmt(v, digits: int = 4) -> str:
     if isinstance(v, float):
         if not math.isfinite(v):
             return "—"
-        return f"{v:.{digits}g}" if abs(v) < 1e-3 or abs(v) >= 1e5 else f"{v:.{digits}f}".rstrip("0").rstrip(".")
+        return (
+            f"{v:.{digits}g}"
+            if abs(v) < 1e-3 or abs(v) >= 1e5
+            else f"{v:.{digits}f}".rstrip("0").rstrip(".")
+        )
     return str(v)
 
 
@@ -102,6 +106,7 @@ def fmt_time(t: float | None) -> str:
 
 def md_table(headers: list[str], rows: list[list]) -> str:
     """A Markdown table; cells are escaped for pipes."""
+
     def cell(v):
         return str(v).replace("|", "\\|").replace("\n", " ")
 

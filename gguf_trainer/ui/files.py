@@ -168,10 +168,21 @@ def list_dir(path: str, roots: list[str], suffixes: tuple[str, ...] = ()) -> tup
         except OSError:
             continue
         is_dir = stat.S_ISDIR(st.st_mode)
-        if not is_dir and suffixes and not name.lower().endswith(tuple(s.lower() for s in suffixes)):
+        if (
+            not is_dir
+            and suffixes
+            and not name.lower().endswith(tuple(s.lower() for s in suffixes))
+        ):
             continue
-        entries.append(Entry(name, str(full), is_dir, None if is_dir else st.st_size,
-                             is_dir and (real / "project.json").exists()))
+        entries.append(
+            Entry(
+                name,
+                str(full),
+                is_dir,
+                None if is_dir else st.st_size,
+                is_dir and (real / "project.json").exists(),
+            )
+        )
         if len(entries) >= MAX_ENTRIES:
             break
     entries.sort(key=lambda e: (not e.is_dir, e.name.lower()))

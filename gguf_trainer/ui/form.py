@@ -89,18 +89,32 @@ def _component(meta: dict):
         # the schema could say what is wrong next to the field.
         return gr.Number(value=meta.get("default"), **common)
     if kind == "choice":
-        return gr.Dropdown(choices=list(meta.get("choices") or []), value=meta.get("default"), **common)
+        return gr.Dropdown(
+            choices=list(meta.get("choices") or []), value=meta.get("default"), **common
+        )
     if kind == "multi":
-        return gr.Dropdown(choices=list(meta["choices"]), value=list(meta.get("default") or []),
-                           multiselect=True, **common)
+        return gr.Dropdown(
+            choices=list(meta["choices"]),
+            value=list(meta.get("default") or []),
+            multiselect=True,
+            **common,
+        )
     if kind in ("list", "paths"):
-        return gr.Textbox(value="\n".join(meta.get("default") or []), lines=3,
-                          placeholder="one per line", **common)
+        return gr.Textbox(
+            value="\n".join(meta.get("default") or []),
+            lines=3,
+            placeholder="one per line",
+            **common,
+        )
     if kind == "json":
-        return gr.Textbox(value=json.dumps(meta.get("default")), placeholder='JSON, e.g. {"files": 0.5}',
-                          **common)
-    return gr.Textbox(value="" if meta.get("default") is None else str(meta.get("default")),
-                      interactive=meta["key"] not in READ_ONLY, **common)
+        return gr.Textbox(
+            value=json.dumps(meta.get("default")), placeholder='JSON, e.g. {"files": 0.5}', **common
+        )
+    return gr.Textbox(
+        value="" if meta.get("default") is None else str(meta.get("default")),
+        interactive=meta["key"] not in READ_ONLY,
+        **common,
+    )
 
 
 def build(metas: list[dict] | None = None) -> Form:
@@ -110,10 +124,15 @@ def build(metas: list[dict] | None = None) -> Form:
     by_section: dict[str, list[dict]] = {}
     for m in metas:
         by_section.setdefault(m["section"], []).append(m)
-    order = [s for s in SECTION_ORDER if s in by_section] + [s for s in by_section if s not in SECTION_ORDER]
+    order = [s for s in SECTION_ORDER if s in by_section] + [
+        s for s in by_section if s not in SECTION_ORDER
+    ]
     for section in order:
-        with gr.Accordion(section, open=section in ("Project", "Materials", "Training"),
-                          elem_id=f"section-{section.lower()}"):
+        with gr.Accordion(
+            section,
+            open=section in ("Project", "Materials", "Training"),
+            elem_id=f"section-{section.lower()}",
+        ):
             basic = [m for m in by_section[section] if not m.get("advanced")]
             advanced = [m for m in by_section[section] if m.get("advanced")]
             _lay_out(form, basic)
@@ -130,7 +149,9 @@ def _lay_out(form: Form, metas: list[dict]) -> None:
                 comp = _component(m)
                 browse = None
                 if m["type"] in ("path", "paths"):
-                    browse = gr.Button("Browse…", size="sm", elem_id="browse-" + m["key"].replace(".", "-"))
+                    browse = gr.Button(
+                        "Browse…", size="sm", elem_id="browse-" + m["key"].replace(".", "-")
+                    )
                 form.fields[m["key"]] = Field(m["key"], m, comp, browse)
 
 
@@ -202,8 +223,14 @@ def fill(form: Form, values: dict | None, pack_id: str | None) -> list:
         if values is None or meta is None or meta.get("hidden"):
             out.append(gr.update(visible=False))
             continue
-        out.append(gr.update(visible=True, value=to_widget(meta, get_dotted(values, f.key)),
-                             label=meta.get("label") or f.key, info=info_text(meta)))
+        out.append(
+            gr.update(
+                visible=True,
+                value=to_widget(meta, get_dotted(values, f.key)),
+                label=meta.get("label") or f.key,
+                info=info_text(meta),
+            )
+        )
     return out
 
 
@@ -218,13 +245,17 @@ def mark(form: Form, result: dict, pack_id: str | None) -> list:
     problems = dict(result.get("errors") or {})
     problems.update(result.get("refused") or {})
     for key, c in (result.get("conflicts") or {}).items():
-        problems[key] = (f"changed on disk to {c.get('disk')!r} since this page read it (e.g. by "
-                         f"`gguf-trainer set`); not overwritten — reload the project to see it")
+        problems[key] = (
+            f"changed on disk to {c.get('disk')!r} since this page read it (e.g. by "
+            f"`gguf-trainer set`); not overwritten — reload the project to see it"
+        )
     out = []
     for f in form.fields.values():
         meta = metas.get(f.key, f.meta)
         if f.key in problems:  # in the error style (app.CSS .field-error), next to the field
-            out.append(gr.update(info=f"⚠ {problems[f.key]}", elem_classes=["field", "field-error"]))
+            out.append(
+                gr.update(info=f"⚠ {problems[f.key]}", elem_classes=["field", "field-error"])
+            )
         else:
             out.append(gr.update(info=info_text(meta), elem_classes=["field"]))
     return out

@@ -71,11 +71,17 @@ def gpus() -> list[dict] | None:
     for i in range(nv.nvmlDeviceGetCount()):
         h = nv.nvmlDeviceGetHandleByIndex(i)
         mem = nv.nvmlDeviceGetMemoryInfo(h)
-        row = {"index": i, "name": nv.nvmlDeviceGetName(h),
-               "vram_used_gib": mem.used / 2**30, "vram_total_gib": mem.total / 2**30}
-        for key, fn, scale in (("util_percent", lambda d: d.nvmlDeviceGetUtilizationRates, None),
-                               ("temperature_c", lambda d: d.nvmlDeviceGetTemperature, 0),
-                               ("power_w", lambda d: d.nvmlDeviceGetPowerUsage, 1000.0)):
+        row = {
+            "index": i,
+            "name": nv.nvmlDeviceGetName(h),
+            "vram_used_gib": mem.used / 2**30,
+            "vram_total_gib": mem.total / 2**30,
+        }
+        for key, fn, scale in (
+            ("util_percent", lambda d: d.nvmlDeviceGetUtilizationRates, None),
+            ("temperature_c", lambda d: d.nvmlDeviceGetTemperature, 0),
+            ("power_w", lambda d: d.nvmlDeviceGetPowerUsage, 1000.0),
+        ):
             row[key] = _nvml_read(nv, key, fn(nv), h, scale)
         out.append(row)
     return out
@@ -110,9 +116,14 @@ def _gpu_mib_of(pids: set[int]) -> float | None:
 
 def machine(disk_path: str | None = None) -> dict:
     vm = psutil.virtual_memory()
-    out = {"cpu_percent": psutil.cpu_percent(interval=None), "cpu_count": psutil.cpu_count(),
-           "ram_used_gib": (vm.total - vm.available) / 2**30, "ram_total_gib": vm.total / 2**30,
-           "gpus": gpus(), "disk": None}
+    out = {
+        "cpu_percent": psutil.cpu_percent(interval=None),
+        "cpu_count": psutil.cpu_count(),
+        "ram_used_gib": (vm.total - vm.available) / 2**30,
+        "ram_total_gib": vm.total / 2**30,
+        "gpus": gpus(),
+        "disk": None,
+    }
     if disk_path:
         p = Path(disk_path)
         while not p.exists() and p != p.parent:
@@ -158,17 +169,31 @@ def pipeline_process(pid: int | None) -> dict | None:
             pids.add(kid.pid)
         except psutil.Error:
             pass
-    return {"pid": pid, "cpu_percent": cpu, "rss_gib": rss / 2**30, "threads": threads,
-            "children": len(kids), "gpu_mib": _gpu_mib_of(pids)}
+    return {
+        "pid": pid,
+        "cpu_percent": cpu,
+        "rss_gib": rss / 2**30,
+        "threads": threads,
+        "children": len(kids),
+        "gpu_mib": _gpu_mib_of(pids),
+    }
 
 
 def _probe_torch() -> None:
     global _torch_facts
     try:
-        res = subprocess.run([sys.executable, "-c", _TORCH_PROBE], capture_output=True, text=True,
-                             timeout=120, check=False)
-        facts = json.loads(res.stdout.strip().splitlines()[-1]) if res.returncode == 0 else {
-            "error": (res.stderr.strip().splitlines() or ["torch failed to import"])[-1]}
+        res = subprocess.run(
+            [sys.executable, "-c", _TORCH_PROBE],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        facts = (
+            json.loads(res.stdout.strip().splitlines()[-1])
+            if res.returncode == 0
+            else {"error": (res.stderr.strip().splitlines() or ["torch failed to import"])[-1]}
+        )
     except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as e:
         facts = {"error": f"torch probe failed: {e}"}
     _torch_facts = facts
@@ -198,10 +223,22 @@ def _version(dist: str) -> str:
 
 
 def environment() -> dict:
-    out = {"python": platform.python_version(), "executable": sys.executable,
-           "os": f"{platform.system()} {platform.release()}", "host": platform.node()}
-    for dist in ("torch", "transformers", "gradio", "gguf", "huggingface_hub", "datasets",
-                 "accelerate", "safetensors"):
+    out = {
+        "python": platform.python_version(),
+        "executable": sys.executable,
+        "os": f"{platform.system()} {platform.release()}",
+        "host": platform.node(),
+    }
+    for dist in (
+        "torch",
+        "transformers",
+        "gradio",
+        "gguf",
+        "huggingface_hub",
+        "datasets",
+        "accelerate",
+        "safetensors",
+    ):
         out[dist] = _version(dist)
     out["torch_facts"] = torch_facts()
     return out

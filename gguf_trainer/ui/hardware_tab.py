@@ -57,16 +57,40 @@ def render(project: str | None) -> str:
     elif facts.get("error"):
         out.append(f"torch could not be asked: {facts['error']}")
     else:
-        out.append(f"torch {facts['torch']} (CUDA build {facts.get('cuda_build') or 'none'}); CUDA available: "
-                   f"{common.fmt(facts['cuda_available'])}")
+        out.append(
+            f"torch {facts['torch']} (CUDA build {facts.get('cuda_build') or 'none'}); CUDA available: "
+            f"{common.fmt(facts['cuda_available'])}"
+        )
         if facts["devices"]:
-            out.append(common.md_table(["#", "name", "memory", "capability"],
-                                       [[d["index"], d["name"], f"{d['total_gib']} GiB", d["capability"]]
-                                        for d in facts["devices"]]))
+            out.append(
+                common.md_table(
+                    ["#", "name", "memory", "capability"],
+                    [
+                        [d["index"], d["name"], f"{d['total_gib']} GiB", d["capability"]]
+                        for d in facts["devices"]
+                    ],
+                )
+            )
     out.append("### Versions")
-    out.append(common.md_table(["package", "version"], [
-        [k, env[k]] for k in ("python", "torch", "transformers", "gradio", "gguf", "huggingface_hub",
-                              "datasets", "accelerate", "safetensors")]))
+    out.append(
+        common.md_table(
+            ["package", "version"],
+            [
+                [k, env[k]]
+                for k in (
+                    "python",
+                    "torch",
+                    "transformers",
+                    "gradio",
+                    "gguf",
+                    "huggingface_hub",
+                    "datasets",
+                    "accelerate",
+                    "safetensors",
+                )
+            ],
+        )
+    )
     return "\n\n".join(out)
 
 

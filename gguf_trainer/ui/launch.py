@@ -121,15 +121,33 @@ def port_holder(port: int) -> str:
 def launch_kwargs(opts: LaunchOptions, auth: tuple[str, str] | None) -> dict:
     """Everything passed to Blocks.launch (the security switches live here, in one place)."""
     return {
-        "server_name": opts.host, "server_port": opts.port, "share": opts.share, "auth": auth,
-        "auth_message": "gguf-trainer: log in with the user and password given at launch" if auth else None,
-        "inbrowser": opts.open_browser, "strict_cors": True, "ssr_mode": False, "run_history": False,
-        "enable_monitoring": False, "mcp_server": False, "pwa": False, "allowed_paths": [],
-        "blocked_paths": files.blocked_paths(), "max_file_size": "1mb", "show_error": False, "quiet": False,
-        "footer_links": ["api", "gradio"], "css": _css(),
+        "server_name": opts.host,
+        "server_port": opts.port,
+        "share": opts.share,
+        "auth": auth,
+        "auth_message": "gguf-trainer: log in with the user and password given at launch"
+        if auth
+        else None,
+        "inbrowser": opts.open_browser,
+        "strict_cors": True,
+        "ssr_mode": False,
+        "run_history": False,
+        "enable_monitoring": False,
+        "mcp_server": False,
+        "pwa": False,
+        "allowed_paths": [],
+        "blocked_paths": files.blocked_paths(),
+        "max_file_size": "1mb",
+        "show_error": False,
+        "quiet": False,
+        "footer_links": ["api", "gradio"],
+        "css": _css(),
         # DNS rebinding: only the Host names this GUI was started for (ui/host_guard.py)
-        "app_kwargs": {"lifespan": host_guard.lifespan(
-            host_guard.allowed_hosts(opts.host, opts.allow_hosts), share=opts.share)},
+        "app_kwargs": {
+            "lifespan": host_guard.lifespan(
+                host_guard.allowed_hosts(opts.host, opts.allow_hosts), share=opts.share
+            )
+        },
     }
 
 
@@ -159,7 +177,9 @@ def serve(opts: LaunchOptions, launch=None, say=print) -> int:
     except KeyboardInterrupt:
         pass
     except OSError as e:  # lost a race for the port between the check and the bind
-        raise UserError(f"cannot serve on {opts.host}:{opts.port}: {e}; pick another --port") from None
+        raise UserError(
+            f"cannot serve on {opts.host}:{opts.port}: {e}; pick another --port"
+        ) from None
     finally:
         sys.stdout.flush()
     return 0
@@ -176,11 +196,13 @@ class _OurWords(io.TextIOBase):
         if "set `share=True` in `launch()`" in text:
             return len(text)  # our own first line already says where the GUI is
         if "Could not create share link" in text:  # with the tunnel binary's download steps
-            self.out.write(f"--share could not open a public link: the tunnel needs the internet "
-                           f"(gradio.live), and it was not reachable from here. The GUI runs on "
-                           f"http://{self.opts.host}:{self.opts.port}/ only; reach it through an "
-                           "SSH tunnel (ssh -L) or start it with --host 0.0.0.0 on a trusted "
-                           "network.\n")
+            self.out.write(
+                f"--share could not open a public link: the tunnel needs the internet "
+                f"(gradio.live), and it was not reachable from here. The GUI runs on "
+                f"http://{self.opts.host}:{self.opts.port}/ only; reach it through an "
+                "SSH tunnel (ssh -L) or start it with --host 0.0.0.0 on a trusted "
+                "network.\n"
+            )
             return len(text)
         return self.out.write(text)
 
@@ -215,23 +237,48 @@ def add_arguments(parser) -> None:
     """The GUI's options on bare `gguf-trainer` (and `--auto-resume`)."""
     g = parser.add_argument_group("GUI (bare gguf-trainer opens it)")
     g.add_argument("--no-browser", action="store_true", help="do not open a browser tab")
-    g.add_argument("--port", type=int, default=DEFAULT_PORT, metavar="N",
-                   help=f"port to serve on (default {DEFAULT_PORT})")
-    g.add_argument("--host", default=DEFAULT_HOST, metavar="ADDR",
-                   help=f"address to listen on (default {DEFAULT_HOST}, this machine only; any other "
-                        "address requires a login)")
-    g.add_argument("--share", action="store_true",
-                   help="also serve through a public Gradio share link (for a remote GPU box; "
-                        "requires a login)")
-    g.add_argument("--auth", metavar="USER:PASS",
-                   help="require this login (default with --share or a non-loopback --host: user "
-                        f"{GENERATED_USER!r} and a generated password, printed once)")
-    g.add_argument("--allow-host", action="append", default=[], metavar="NAME",
-                   help="also answer requests addressed to this host name (e.g. the name a "
-                        "reverse proxy forwards; repeatable). Other names are refused, so a web "
-                        "page cannot reach the GUI through DNS rebinding")
-    g.add_argument("--root", action="append", default=[], metavar="DIR",
-                   help="an extra folder the file browser may show (repeatable)")
+    g.add_argument(
+        "--port",
+        type=int,
+        default=DEFAULT_PORT,
+        metavar="N",
+        help=f"port to serve on (default {DEFAULT_PORT})",
+    )
+    g.add_argument(
+        "--host",
+        default=DEFAULT_HOST,
+        metavar="ADDR",
+        help=f"address to listen on (default {DEFAULT_HOST}, this machine only; any other "
+        "address requires a login)",
+    )
+    g.add_argument(
+        "--share",
+        action="store_true",
+        help="also serve through a public Gradio share link (for a remote GPU box; "
+        "requires a login)",
+    )
+    g.add_argument(
+        "--auth",
+        metavar="USER:PASS",
+        help="require this login (default with --share or a non-loopback --host: user "
+        f"{GENERATED_USER!r} and a generated password, printed once)",
+    )
+    g.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also answer requests addressed to this host name (e.g. the name a "
+        "reverse proxy forwards; repeatable). Other names are refused, so a web "
+        "page cannot reach the GUI through DNS rebinding",
+    )
+    g.add_argument(
+        "--root",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="an extra folder the file browser may show (repeatable)",
+    )
 
 
 def run_from_args(args) -> int:
@@ -242,7 +289,14 @@ def run_from_args(args) -> int:
         from gguf_trainer.ui import recent
 
         project = recent.last()
-    opts = LaunchOptions(host=args.host, port=args.port, share=args.share, auth=args.auth,
-                         open_browser=not args.no_browser, roots=list(args.root or []),
-                         project=project, allow_hosts=list(getattr(args, "allow_host", None) or []))
+    opts = LaunchOptions(
+        host=args.host,
+        port=args.port,
+        share=args.share,
+        auth=args.auth,
+        open_browser=not args.no_browser,
+        roots=list(args.root or []),
+        project=project,
+        allow_hosts=list(getattr(args, "allow_host", None) or []),
+    )
     return serve(opts)

@@ -16,8 +16,12 @@ from gguf_trainer.runner import control
 from gguf_trainer.ui import common, live
 
 PROGRESS = "progress"  # not a log file: metrics.jsonl rows as lines (live.read_new_progress)
-LOG_CHOICES = [("Pipeline", "pipeline"), ("Training progress", PROGRESS), ("Snapshot job", "snapshot"),
-               ("Download job", "download")]
+LOG_CHOICES = [
+    ("Pipeline", "pipeline"),
+    ("Training progress", PROGRESS),
+    ("Snapshot job", "snapshot"),
+    ("Download job", "download"),
+]
 
 
 @dataclass
@@ -30,12 +34,24 @@ class LogsParts:
 
 def build() -> LogsParts:
     with gr.Row():
-        which = gr.Radio([c for c in LOG_CHOICES if c[1] in (*control.LOGS, PROGRESS)], value="pipeline",
-                         label="Log", elem_id="log-which")
+        which = gr.Radio(
+            [c for c in LOG_CHOICES if c[1] in (*control.LOGS, PROGRESS)],
+            value="pipeline",
+            label="Log",
+            elem_id="log-which",
+        )
         follow = gr.Checkbox(True, label="Follow", elem_id="log-follow")
         clear = gr.Button("Clear view", scale=0)
-    text = gr.Textbox("", lines=28, max_lines=28, label="Log", autoscroll=True, interactive=False,
-                      elem_id="log-text", buttons=["copy"])
+    text = gr.Textbox(
+        "",
+        lines=28,
+        max_lines=28,
+        label="Log",
+        autoscroll=True,
+        interactive=False,
+        elem_id="log-text",
+        buttons=["copy"],
+    )
     return LogsParts(which, follow, clear, text)
 
 
@@ -58,11 +74,15 @@ PROGRESS_KEYS = (("loss", "loss"), ("cos", "train cos"), ("val_cos", "val cos"),
 def progress_line(row: dict) -> str:
     """One metrics row as a log line: time, step and the figures the charts show."""
     bits = [f"{label} {common.fmt(row[key])}" for key, label in PROGRESS_KEYS if key in row]
-    return f"{common.fmt_time(row.get('time'))} step {common.fmt(row.get('step'))}: " + " · ".join(bits)
+    return f"{common.fmt_time(row.get('time'))} step {common.fmt(row.get('step'))}: " + " · ".join(
+        bits
+    )
 
 
-SCROLL_TO_END = ("() => { const t = document.querySelector('#log-text textarea'); "
-                 "if (t) { t.scrollTop = t.scrollHeight; } }")
+SCROLL_TO_END = (
+    "() => { const t = document.querySelector('#log-text textarea'); "
+    "if (t) { t.scrollTop = t.scrollHeight; } }"
+)
 
 
 def wire(p: LogsParts, cursor: gr.State, tab: gr.Tab) -> None:

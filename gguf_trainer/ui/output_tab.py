@@ -54,8 +54,20 @@ def build() -> OutputParts:
         verify = gr.Button("Verify shards and checkpoints", scale=0, elem_id="btn-out-verify")
     verified = gr.Markdown("", elem_id="out-verify")
     render = render_section.build()
-    return OutputParts(refresh, export, snapshot, exports, evaluation, snapshots, ggk, notes, advice,
-                       verify, verified, render)
+    return OutputParts(
+        refresh,
+        export,
+        snapshot,
+        exports,
+        evaluation,
+        snapshots,
+        ggk,
+        notes,
+        advice,
+        verify,
+        verified,
+        render,
+    )
 
 
 def outputs(p: OutputParts) -> list:
@@ -83,37 +95,61 @@ def notes_md(res: dict | None) -> str:
 
 
 def _exports_md(project: str) -> str:
-    rows = [[Path(e["path"]).name, e.get("kind", ""), common.fmt_size(e.get("size")),
-             common.fmt_time(e.get("time")), "yes" if e.get("exists", True) else "**missing**", e["path"]]
-            for e in control.list_exports(project)]
-    return "### Exported files\n" + (common.md_table(["file", "kind", "size", "time", "on disk", "path"], rows)
-                                    or "Nothing exported yet.")
+    rows = [
+        [
+            Path(e["path"]).name,
+            e.get("kind", ""),
+            common.fmt_size(e.get("size")),
+            common.fmt_time(e.get("time")),
+            "yes" if e.get("exists", True) else "**missing**",
+            e["path"],
+        ]
+        for e in control.list_exports(project)
+    ]
+    return "### Exported files\n" + (
+        common.md_table(["file", "kind", "size", "time", "on disk", "path"], rows)
+        or "Nothing exported yet."
+    )
 
 
 def _eval_md(project: str, pack: dict | None) -> str:
     ev = control.read_eval(project)
     if not ev:
         return "### Evaluation\nNo evaluation yet (it runs after the export)."
-    keys = list((pack or {}).get("eval_keys") or []) or [k for k, v in (ev.get("metrics") or {}).items()
-                                                         if isinstance(v, float)]
+    keys = list((pack or {}).get("eval_keys") or []) or [
+        k for k, v in (ev.get("metrics") or {}).items() if isinstance(v, float)
+    ]
     metrics = ev.get("metrics") or {}
     base = ev.get("baseline") or {}
-    rows = [[k, common.fmt(metrics.get(k)), common.fmt(base.get(f"baseline_{k}"))] for k in keys if k in metrics]
+    rows = [
+        [k, common.fmt(metrics.get(k)), common.fmt(base.get(f"baseline_{k}"))]
+        for k in keys
+        if k in metrics
+    ]
     head = f"### Evaluation of `{Path(ev.get('gguf') or '').name}`"
     if ev.get("mock"):
         head += "\n**MOCK teacher** — " + (ev.get("note") or "a smoke test, not a usable adapter")
     beats = {True: "beats the mean baseline; ", False: "does NOT beat the mean baseline; "}.get(
-        ev.get("beats_baseline"), "")
-    lines = [head, (f"headline **{ev.get('headline')} = {common.fmt(ev.get('val_cos'))}**, {beats}"
-                   f"trained {common.fmt(ev.get('trained_steps'))} of {common.fmt(ev.get('planned_steps'))} "
-                   f"steps; evaluated {common.fmt_time(ev.get('time'))}"),
-             common.md_table(["metric", "value", "mean baseline"], rows)]
+        ev.get("beats_baseline"), ""
+    )
+    lines = [
+        head,
+        (
+            f"headline **{ev.get('headline')} = {common.fmt(ev.get('val_cos'))}**, {beats}"
+            f"trained {common.fmt(ev.get('trained_steps'))} of {common.fmt(ev.get('planned_steps'))} "
+            f"steps; evaluated {common.fmt_time(ev.get('time'))}"
+        ),
+        common.md_table(["metric", "value", "mean baseline"], rows),
+    ]
     for key in ("health", "reference"):  # absent on versions and teachers without them
         val = ev.get(key)
         if isinstance(val, str) and val:
             lines.append(f"**{key.capitalize()}:** {val}")
         elif isinstance(val, dict) and val:
-            lines.append(f"**{key.capitalize()}**\n" + "\n".join(f"* {k}: {common.fmt(v)}" for k, v in val.items()))
+            lines.append(
+                f"**{key.capitalize()}**\n"
+                + "\n".join(f"* {k}: {common.fmt(v)}" for k, v in val.items())
+            )
         elif isinstance(val, list) and val:
             lines.append(f"**{key.capitalize()}**\n" + "\n".join(f"* {v}" for v in val))
     return "\n\n".join(lines)
@@ -123,12 +159,26 @@ def _snapshots_md(project: str) -> str:
     rows = []
     for s in control.list_snapshots(project):
         ev = s.get("eval") or {}
-        pct = f" ({100 * s['step'] / s['planned_steps']:.0f}%)" if s.get("step") and s.get("planned_steps") else ""
-        rows.append([f"{s.get('step')}{pct}", s.get("planned_steps"), s.get("checkpoint"),
-                     common.fmt(s.get("val_cos")), common.fmt(ev.get("headline")),
-                     Path(s.get("path") or "").name, common.fmt_size(s.get("size"))])
-    return "### Snapshots\n" + (common.md_table(["step", "planned", "checkpoint", "val cos", "eval", "file", "size"],
-                                               rows) or "No snapshots yet (Train tab › Export snapshot).")
+        pct = (
+            f" ({100 * s['step'] / s['planned_steps']:.0f}%)"
+            if s.get("step") and s.get("planned_steps")
+            else ""
+        )
+        rows.append(
+            [
+                f"{s.get('step')}{pct}",
+                s.get("planned_steps"),
+                s.get("checkpoint"),
+                common.fmt(s.get("val_cos")),
+                common.fmt(ev.get("headline")),
+                Path(s.get("path") or "").name,
+                common.fmt_size(s.get("size")),
+            ]
+        )
+    return "### Snapshots\n" + (
+        common.md_table(["step", "planned", "checkpoint", "val cos", "eval", "file", "size"], rows)
+        or "No snapshots yet (Train tab › Export snapshot)."
+    )
 
 
 def render(project: str | None) -> list:
@@ -136,9 +186,14 @@ def render(project: str | None) -> list:
         return ["", "", "", "", "", ""]
     view = control.open_project(project)
     res = control.results(project) if hasattr(control, "results") else {}
-    return [_exports_md(project), _eval_md(project, view.pack), _snapshots_md(project),
-            (res or {}).get("ggk") or "(export the adapter first)", notes_md(res),
-            verify_md(control.verify_job(project))]
+    return [
+        _exports_md(project),
+        _eval_md(project, view.pack),
+        _snapshots_md(project),
+        (res or {}).get("ggk") or "(export the adapter first)",
+        notes_md(res),
+        verify_md(control.verify_job(project)),
+    ]
 
 
 def wire(p: OutputParts, project: gr.State, tab: gr.Tab) -> None:

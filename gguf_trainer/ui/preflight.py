@@ -23,7 +23,10 @@ def verdict(project: str) -> dict:
         res = subprocess.run([sys.executable, "-m", "gguf_trainer.ui.preflight", str(project)],
                              capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired:
-        return {"ok": False, "error": f"the pre-flight check took over {PROBE_TIMEOUT_S:.0f}s; try again"}
+        return {
+            "ok": False,
+            "error": f"the pre-flight check took over {PROBE_TIMEOUT_S:.0f}s; try again",
+        }
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("{")]
     if not lines:
         tail = (res.stderr.strip().splitlines() or ["no answer"])[-1]
@@ -44,20 +47,33 @@ def _probe(project_dir: str) -> dict:
     except UserError as e:
         return {"ok": False, "error": str(e)}
     plan, b = planned.plan, planned.plan.budgets
-    return {"ok": True, "device": str(device), "mode": plan.mode, "teacher_gib": planned.need_gib,
-            "gpu_gib": plan.gpu_gib, "cpu_gib": plan.cpu_gib, "warnings": planned.warnings,
-            "budgets": {"teacher_batch": b.teacher_batch, "tok_budget": b.tok_budget,
-                        "student_batch": b.student_batch, "student_tok_budget": b.student_tok_budget}}
+    return {
+        "ok": True,
+        "device": str(device),
+        "mode": plan.mode,
+        "teacher_gib": planned.need_gib,
+        "gpu_gib": plan.gpu_gib,
+        "cpu_gib": plan.cpu_gib,
+        "warnings": planned.warnings,
+        "budgets": {
+            "teacher_batch": b.teacher_batch,
+            "tok_budget": b.tok_budget,
+            "student_batch": b.student_batch,
+            "student_tok_budget": b.student_tok_budget,
+        },
+    }
 
 
 def to_markdown(v: dict) -> str:
     if not v.get("ok"):
         return f"**Pre-flight: refused.** {v.get('error')}"
     b = v["budgets"]
-    text = (f"**Pre-flight: fits.** Teacher mode **{v['mode']}** on `{v['device']}` "
-            f"(teacher ≈ {v['teacher_gib']:.1f} GiB; GPU limit {v['gpu_gib']:.1f} GiB, RAM limit "
-            f"{v['cpu_gib']:.1f} GiB). Budgets: teacher batch {b['teacher_batch']}, "
-            f"{b['tok_budget']} tokens; student batch {b['student_batch']}, {b['student_tok_budget']} tokens.")
+    text = (
+        f"**Pre-flight: fits.** Teacher mode **{v['mode']}** on `{v['device']}` "
+        f"(teacher ≈ {v['teacher_gib']:.1f} GiB; GPU limit {v['gpu_gib']:.1f} GiB, RAM limit "
+        f"{v['cpu_gib']:.1f} GiB). Budgets: teacher batch {b['teacher_batch']}, "
+        f"{b['tok_budget']} tokens; student batch {b['student_batch']}, {b['student_tok_budget']} tokens."
+    )
     for w in v.get("warnings") or []:
         text += f"\n\n⚠ {w}"
     return text

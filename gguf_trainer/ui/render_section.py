@@ -43,25 +43,60 @@ def build() -> RenderParts:
     with gr.Accordion("Render it in your ggk", open=True, elem_id="render-box"):
         status = gr.Markdown("", elem_id="render-status")
         with gr.Row(equal_height=True):
-            ggk = gr.Textbox(conf["ggk"], label="ggk command (empty: `ggk` on PATH, from pip install ggk)",
-                             scale=2, elem_id="render-ggk")
-            models = gr.Textbox(conf["models"], label="Folder with ggk's model files (diffusion model, "
-                                "VAE, encoders)", scale=3, elem_id="render-models")
+            ggk = gr.Textbox(
+                conf["ggk"],
+                label="ggk command (empty: `ggk` on PATH, from pip install ggk)",
+                scale=2,
+                elem_id="render-ggk",
+            )
+            models = gr.Textbox(
+                conf["models"],
+                label="Folder with ggk's model files (diffusion model, VAE, encoders)",
+                scale=3,
+                elem_id="render-models",
+            )
             save = gr.Button("Save", scale=0, elem_id="btn-render-save")
         with gr.Row(equal_height=True):
-            prompt = gr.Textbox("a red fox in the snow, 35mm photo", label="Prompt", scale=4,
-                                elem_id="render-prompt")
-            seed = gr.Number(42, label="Seed", precision=0, minimum=0, scale=1, elem_id="render-seed")
+            prompt = gr.Textbox(
+                "a red fox in the snow, 35mm photo",
+                label="Prompt",
+                scale=4,
+                elem_id="render-prompt",
+            )
+            seed = gr.Number(
+                42, label="Seed", precision=0, minimum=0, scale=1, elem_id="render-seed"
+            )
             start = gr.Button("Render", variant="primary", scale=0, elem_id="btn-render")
             stop = gr.Button("Stop render", scale=0, interactive=False, elem_id="btn-render-stop")
         with gr.Row(equal_height=True):
-            teacher = gr.Image(label="Teacher (its own text encoder)", type="pil", interactive=False,
-                               elem_id="render-teacher")
-            adapter = gr.Image(label="Your adapter (pig_clip + the exported GGUF)", type="pil",
-                               interactive=False, elem_id="render-adapter")
+            teacher = gr.Image(
+                label="Teacher (its own text encoder)",
+                type="pil",
+                interactive=False,
+                elem_id="render-teacher",
+            )
+            adapter = gr.Image(
+                label="Your adapter (pig_clip + the exported GGUF)",
+                type="pil",
+                interactive=False,
+                elem_id="render-adapter",
+            )
         result = gr.Markdown("", elem_id="render-result")
-    return RenderParts(status, ggk, models, save, prompt, seed, start, stop, teacher, adapter, result,
-                       gr.Timer(TICK_S), gr.State(None))
+    return RenderParts(
+        status,
+        ggk,
+        models,
+        save,
+        prompt,
+        seed,
+        start,
+        stop,
+        teacher,
+        adapter,
+        result,
+        gr.Timer(TICK_S),
+        gr.State(None),
+    )
 
 
 def outputs(p: RenderParts) -> list:
@@ -82,8 +117,10 @@ def status_md(st: dict) -> str:
     job = st["job"]
     lines = []
     if st["missing"]:
-        lines.append("**Before a render**, install or point at:\n" +
-                     "\n".join(f"* {common.gui_words(m)}" for m in st["missing"]))
+        lines.append(
+            "**Before a render**, install or point at:\n"
+            + "\n".join(f"* {common.gui_words(m)}" for m in st["missing"])
+        )
     if job["status"] == "running":
         phase = (job.get("progress") or {}).get("phase") or "starting"
         lines.append(f"**Rendering** (pid {job['pid']}): {phase}")
@@ -102,8 +139,10 @@ def result_md(record: dict | None) -> str:
     fig = record.get("figures")
     lines = [f"**{record.get('prompt')}** · seed {record.get('seed')} · `{record.get('folder')}`"]
     if fig:
-        lines.append(f"Conditioning cosine **{fig['cos']:.4f}** (centred {fig['cos_centered']:.4f}, "
-                     f"rel_mse {fig['rel_mse']:.4g}) — {record.get('figures_note')}")
+        lines.append(
+            f"Conditioning cosine **{fig['cos']:.4f}** (centred {fig['cos_centered']:.4f}, "
+            f"rel_mse {fig['rel_mse']:.4g}) — {record.get('figures_note')}"
+        )
     elif record.get("figures_note"):
         lines.append(record["figures_note"])
     for half, h in (record.get("halves") or {}).items():
@@ -124,21 +163,40 @@ def view(project: str | None, shown) -> list:
         return [gr.skip()] * 7
     job = st["job"]
     latest = st["latest"] or {}
-    sig = repr((job["status"], job.get("pid"), (job.get("progress") or {}).get("phase"),
-                latest.get("folder"), latest.get("finished"), st["missing"]))
+    sig = repr(
+        (
+            job["status"],
+            job.get("pid"),
+            (job.get("progress") or {}).get("phase"),
+            latest.get("folder"),
+            latest.get("finished"),
+            st["missing"],
+        )
+    )
     if sig == shown:
         return [gr.skip()] * 7
     running = job["status"] == "running"
     halves = latest.get("halves") or {}
-    return [status_md(st), gr.update(interactive=not running and not st["missing"]),
-            gr.update(interactive=running), _image((halves.get("teacher") or {}).get("image")),
-            _image((halves.get("adapter") or {}).get("image")), result_md(st["latest"]), sig]
+    return [
+        status_md(st),
+        gr.update(interactive=not running and not st["missing"]),
+        gr.update(interactive=running),
+        _image((halves.get("teacher") or {}).get("image")),
+        _image((halves.get("adapter") or {}).get("image")),
+        result_md(st["latest"]),
+        sig,
+    ]
 
 
 def wire(p: RenderParts, project: gr.State, tab: gr.Tab) -> None:
     outs = outputs(p)
-    refresh = {"fn": view, "inputs": [project, p.shown], "outputs": outs, "queue": False,
-               "api_visibility": "private"}
+    refresh = {
+        "fn": view,
+        "inputs": [project, p.shown],
+        "outputs": outs,
+        "queue": False,
+        "api_visibility": "private",
+    }
     p.timer.tick(**refresh)
     tab.select(lambda proj: view(proj, None), [project], outs, api_visibility="private")
 
@@ -158,8 +216,14 @@ def wire(p: RenderParts, project: gr.State, tab: gr.Tab) -> None:
     def do_stop(proj):
         gr.Info(f"render: {render_job.stop_render(common.need_project(proj))}")
 
-    reset = {"fn": lambda proj: view(proj, None), "inputs": [project], "outputs": outs,
-             "api_visibility": "private"}
+    reset = {
+        "fn": lambda proj: view(proj, None),
+        "inputs": [project],
+        "outputs": outs,
+        "api_visibility": "private",
+    }
     p.save.click(do_save, [p.ggk, p.models], None, api_visibility="private").then(**reset)
-    p.start.click(do_render, [project, p.prompt, p.seed], None, api_visibility="private").then(**reset)
+    p.start.click(do_render, [project, p.prompt, p.seed], None, api_visibility="private").then(
+        **reset
+    )
     p.stop.click(do_stop, [project], None, api_visibility="private").then(**reset)

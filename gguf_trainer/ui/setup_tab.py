@@ -78,8 +78,10 @@ def _pack_choices() -> list[tuple[str, str]]:
 def pack_description(pack_id: str | None) -> str:
     for p in control.list_packs():
         if p["id"] == pack_id:
-            mats = ", ".join(f"{m['title']}" + (f" ~{m['size_gb']:g} GB" if m.get("size_gb") else "")
-                             for m in p.get("materials") or [])
+            mats = ", ".join(
+                f"{m['title']}" + (f" ~{m['size_gb']:g} GB" if m.get("size_gb") else "")
+                for m in p.get("materials") or []
+            )
             serves = f"\n\nServes: {p['serves']}" if p.get("serves") else ""
             return f"**{p['title']}** — {p['description']}{serves}\n\nNeeds: {mats}"
     return ""
@@ -91,32 +93,52 @@ def build() -> SetupParts:
         with gr.Row(equal_height=True):
             recent_dd = gr.Dropdown([], label="Recent projects", scale=3, elem_id="recent")
         with gr.Row(equal_height=True):
-            open_path = gr.Textbox(label="Open a project folder", scale=4, elem_id="open-path",
-                                   placeholder=str(PROJECTS_ROOT / "my_adapter"))
+            open_path = gr.Textbox(
+                label="Open a project folder",
+                scale=4,
+                elem_id="open-path",
+                placeholder=str(PROJECTS_ROOT / "my_adapter"),
+            )
             open_browse = gr.Button("Browse…", size="sm", scale=0)
             open_button = gr.Button("Open", scale=0, elem_id="btn-open")
         with gr.Group():
             choices = _pack_choices()
             with gr.Row(equal_height=True):
-                pack = gr.Dropdown(choices, value=choices[0][1] if choices else None,
-                                   label="New project: trainer pack", scale=2, elem_id="new-pack")
-                create_name = gr.Textbox(label="Folder name", scale=2, elem_id="new-name",
-                                         placeholder="empty: the pack's default name")
+                pack = gr.Dropdown(
+                    choices,
+                    value=choices[0][1] if choices else None,
+                    label="New project: trainer pack",
+                    scale=2,
+                    elem_id="new-pack",
+                )
+                create_name = gr.Textbox(
+                    label="Folder name",
+                    scale=2,
+                    elem_id="new-name",
+                    placeholder="empty: the pack's default name",
+                )
             pack_info = gr.Markdown(pack_description(choices[0][1]) if choices else "")
             with gr.Row(equal_height=True):
-                create_parent = gr.Textbox(str(PROJECTS_ROOT), label="Create it in", scale=4,
-                                           elem_id="new-parent")
+                create_parent = gr.Textbox(
+                    str(PROJECTS_ROOT), label="Create it in", scale=4, elem_id="new-parent"
+                )
                 create_browse = gr.Button("Browse…", size="sm", scale=0)
-                create_button = gr.Button("Create", variant="primary", scale=0, elem_id="btn-create")
+                create_button = gr.Button(
+                    "Create", variant="primary", scale=0, elem_id="btn-create"
+                )
 
     with gr.Group(visible=False, elem_id="file-browser") as browser:
         browser_for = gr.Markdown("**File browser**", elem_id="fb-for")
-        gr.Markdown("Confined to the roots below; SSH keys and the HF token store are never "
-                    "listed. Typed paths are accepted in the fields anyway.")
+        gr.Markdown(
+            "Confined to the roots below; SSH keys and the HF token store are never "
+            "listed. Typed paths are accepted in the fields anyway."
+        )
         target = gr.State(None)
         with gr.Row(equal_height=True):
             root = gr.Dropdown([], label="Root", scale=2, elem_id="fb-root")
-            folder = gr.Textbox(label="Folder (type a path and press Enter)", scale=4, elem_id="fb-folder")
+            folder = gr.Textbox(
+                label="Folder (type a path and press Enter)", scale=4, elem_id="fb-folder"
+            )
             up = gr.Button("Up", size="sm", scale=0)
         browser_msg = gr.Markdown("", elem_id="fb-msg")
         entries = gr.Radio([], label="Entries (click a folder to open it)", elem_id="fb-entries")
@@ -124,45 +146,103 @@ def build() -> SetupParts:
             use = gr.Button("Use the selected path", variant="primary", elem_id="fb-use")
             close = gr.Button("Close")
         with gr.Accordion("Browse roots", open=False):
-            roots_text = gr.Textbox(label="Extra roots, one folder per line (kept in your user settings)",
-                                    lines=3, value="\n".join(files.saved_roots()), elem_id="fb-roots")
+            roots_text = gr.Textbox(
+                label="Extra roots, one folder per line (kept in your user settings)",
+                lines=3,
+                value="\n".join(files.saved_roots()),
+                elem_id="fb-roots",
+            )
             roots_save = gr.Button("Save roots", size="sm")
 
-    with gr.Accordion("Material status and Hugging Face token", open=True, elem_id="setup-materials"):
+    with gr.Accordion(
+        "Material status and Hugging Face token", open=True, elem_id="setup-materials"
+    ):
         materials_md = gr.Markdown("", elem_id="materials-md")
         with gr.Row(equal_height=True):
             download = gr.Button("Download missing", interactive=False, elem_id="btn-download")
             one_material = gr.Dropdown([], label="One material", scale=2, elem_id="one-material")
-            one_download = gr.Button("Download it", interactive=False, scale=0, elem_id="btn-download-one")
+            one_download = gr.Button(
+                "Download it", interactive=False, scale=0, elem_id="btn-download-one"
+            )
         with gr.Row(equal_height=True):
-            replace_id = gr.Dropdown([], label="Replace a material", scale=2, elem_id="replace-material")
-            replace_path = gr.Textbox(label="with this folder or file (checked, then linked where it is)",
-                                      scale=4, elem_id="replace-path")
+            replace_id = gr.Dropdown(
+                [], label="Replace a material", scale=2, elem_id="replace-material"
+            )
+            replace_path = gr.Textbox(
+                label="with this folder or file (checked, then linked where it is)",
+                scale=4,
+                elem_id="replace-path",
+            )
             replace_browse = gr.Button("Browse…", size="sm", scale=0)
             replace_button = gr.Button("Replace", scale=0, elem_id="btn-replace")
         trust_md = gr.Markdown("", visible=False, elem_id="trust-md")
-        trust_button = gr.Button("Trust and run this code", visible=False, variant="stop",
-                                 elem_id="btn-trust")
+        trust_button = gr.Button(
+            "Trust and run this code", visible=False, variant="stop", elem_id="btn-trust"
+        )
         with gr.Row(equal_height=True):
-            token = gr.Textbox(label="Hugging Face token (stored in huggingface_hub's token file; "
-                                     "never shown again)", type="password", scale=4, elem_id="hf-token")
+            token = gr.Textbox(
+                label="Hugging Face token (stored in huggingface_hub's token file; "
+                "never shown again)",
+                type="password",
+                scale=4,
+                elem_id="hf-token",
+            )
             token_save = gr.Button("Store token", scale=0, elem_id="btn-token")
         token_md = gr.Markdown(token_status(), elem_id="token-md")
 
     fm = form.build()
     with gr.Row(equal_height=True):
-        preflight_btn = gr.Button("Check memory (pre-flight of the saved settings)", scale=1,
-                                  elem_id="btn-preflight")
-        save = gr.Button("Save settings", variant="primary", elem_id="btn-save", interactive=False, scale=2)
+        preflight_btn = gr.Button(
+            "Check memory (pre-flight of the saved settings)", scale=1, elem_id="btn-preflight"
+        )
+        save = gr.Button(
+            "Save settings", variant="primary", elem_id="btn-save", interactive=False, scale=2
+        )
     preflight_md = gr.Markdown("", elem_id="preflight-md")
     save_md = gr.Markdown("", elem_id="save-md")
-    return SetupParts(recent_dd, open_path, open_browse, open_button, pack, pack_info, create_parent,
-                      create_browse, create_name, create_button, project_md, materials_md, download,
-                      one_material, one_download, replace_id, replace_path, replace_browse,
-                      replace_button, trust_md, trust_button, token, token_save,
-                      token_md, fm, preflight_btn, preflight_md, save, save_md, browser, browser_for,
-                      browser_msg, target, root, folder, entries, up, use, close, roots_text,
-                      roots_save)
+    return SetupParts(
+        recent_dd,
+        open_path,
+        open_browse,
+        open_button,
+        pack,
+        pack_info,
+        create_parent,
+        create_browse,
+        create_name,
+        create_button,
+        project_md,
+        materials_md,
+        download,
+        one_material,
+        one_download,
+        replace_id,
+        replace_path,
+        replace_browse,
+        replace_button,
+        trust_md,
+        trust_button,
+        token,
+        token_save,
+        token_md,
+        fm,
+        preflight_btn,
+        preflight_md,
+        save,
+        save_md,
+        browser,
+        browser_for,
+        browser_msg,
+        target,
+        root,
+        folder,
+        entries,
+        up,
+        use,
+        close,
+        roots_text,
+        roots_save,
+    )
 
 
 # ---- HF token (control.store_token: the same store as `gguf-trainer login`) ------------
@@ -213,18 +293,33 @@ def materials_view(project: str | None) -> tuple:
         rate = f"{common.fmt_size(m['rate_bps'])}/s" if m.get("rate_bps") else "—"
         eta = format_eta(m.get("eta_s")) if st == "downloading" else "—"
         why = m.get("error") or m.get("note") or ""
-        rows.append([m.get("title") or m["id"], "required" if m.get("required") else "optional",
-                     st.upper() if st == "failed" else st,
-                     f"{common.fmt_size(done)} / {common.fmt_size(total)}", prog, rate, eta,
-                     _origin(m), (_where(m.get("path")) + (f" — {why}" if why else ""))
-                     if m.get("path") else (why or "—")])
-    table = common.md_table(["material", "need", "status", "size", "progress", "rate", "ETA", "from",
-                             "where"], rows)
+        rows.append(
+            [
+                m.get("title") or m["id"],
+                "required" if m.get("required") else "optional",
+                st.upper() if st == "failed" else st,
+                f"{common.fmt_size(done)} / {common.fmt_size(total)}",
+                prog,
+                rate,
+                eta,
+                _origin(m),
+                (_where(m.get("path")) + (f" — {why}" if why else ""))
+                if m.get("path")
+                else (why or "—"),
+            ]
+        )
+    table = common.md_table(
+        ["material", "need", "status", "size", "progress", "rate", "ETA", "from", "where"], rows
+    )
     # Disabled while a download runs (a second click can never start a duplicate) and when
     # every file is present.
     fetch = gr.update(interactive=bool(can_fetch) and not busy)
-    return (table or "This pack needs no materials."), fetch, \
-        gr.update(choices=can_fetch, value=can_fetch[0][1] if can_fetch else None), fetch
+    return (
+        (table or "This pack needs no materials."),
+        fetch,
+        gr.update(choices=can_fetch, value=can_fetch[0][1] if can_fetch else None),
+        fetch,
+    )
 
 
 def replace_choices(project: str | None):
@@ -254,13 +349,25 @@ def trust_view(project: str | None) -> tuple:
     items = _untrusted(project)
     if not items:
         return gr.update(value="", visible=False), gr.update(visible=False)
-    lines = [("**This teacher runs its own Python code** (`trust_remote_code`). Read it, then "
-             "confirm once; changed code asks again.")]
+    lines = [
+        (
+            "**This teacher runs its own Python code** (`trust_remote_code`). Read it, then "
+            "confirm once; changed code asks again."
+        )
+    ]
     for it in items:
-        why = "its code changed since you confirmed it" if it["reason"] == "changed" else "never confirmed"
-        files = ", ".join(f"`{f}`" for f in it["files"][:8]) + (" …" if len(it["files"]) > 8 else "")
-        lines.append(f"* {it['title']}: `{it['path']}` ({why}); runs {files}; code sha256 "
-                     f"`{it['code_hash'][:16]}…`")
+        why = (
+            "its code changed since you confirmed it"
+            if it["reason"] == "changed"
+            else "never confirmed"
+        )
+        files = ", ".join(f"`{f}`" for f in it["files"][:8]) + (
+            " …" if len(it["files"]) > 8 else ""
+        )
+        lines.append(
+            f"* {it['title']}: `{it['path']}` ({why}); runs {files}; code sha256 "
+            f"`{it['code_hash'][:16]}…`"
+        )
     return gr.update(value="\n".join(lines), visible=True), gr.update(visible=True)
 
 
@@ -268,8 +375,10 @@ def trust_view(project: str | None) -> tuple:
 def project_summary(view: dict) -> str:
     st = view.get("status") or {}
     pack = view.get("pack") or {}
-    text = (f"**{Path(view['root']).name}** · `{view['root']}` · pack **{pack.get('title', '?')}** · "
-            f"{st.get('status', '?')}")
+    text = (
+        f"**{Path(view['root']).name}** · `{view['root']}` · pack **{pack.get('title', '?')}** · "
+        f"{st.get('status', '?')}"
+    )
     if st.get("mock") or ((view.get("settings") or {}).get("precompute") or {}).get("mock_teacher"):
         text += " · **MOCK teacher**"
     for e in view.get("errors") or []:
@@ -278,28 +387,63 @@ def project_summary(view: dict) -> str:
 
 
 def load_outputs(p: SetupParts) -> list:
-    return [p.project_md, p.recent, p.open_path, p.save, p.materials_md, p.download, p.one_material,
-            p.one_download, p.replace_id, p.trust_md, p.trust_button, *p.form.comps,
-            *[f.browse for f in p.form.path_fields]]
+    return [
+        p.project_md,
+        p.recent,
+        p.open_path,
+        p.save,
+        p.materials_md,
+        p.download,
+        p.one_material,
+        p.one_download,
+        p.replace_id,
+        p.trust_md,
+        p.trust_button,
+        *p.form.comps,
+        *[f.browse for f in p.form.path_fields],
+    ]
 
 
 def load_values(p: SetupParts, project: str | None) -> tuple[list, dict | None]:
     """(updates for load_outputs, the `read` state) for `project` (None: nothing open)."""
     recents = recent.projects()
     if not project:
-        return ([("No project open: create one or open a folder." if not recents else
-                  "No project open: pick a recent project or create one."),
-                 gr.update(choices=recents, value=None), gr.skip(), gr.update(interactive=False),
-                 *materials_view(None), replace_choices(None), *trust_view(None), *form.fill(p.form, None, None),
-                 *form.browse_visibility(p.form, None, None)], None)
+        return (
+            [
+                (
+                    "No project open: create one or open a folder."
+                    if not recents
+                    else "No project open: pick a recent project or create one."
+                ),
+                gr.update(choices=recents, value=None),
+                gr.skip(),
+                gr.update(interactive=False),
+                *materials_view(None),
+                replace_choices(None),
+                *trust_view(None),
+                *form.fill(p.form, None, None),
+                *form.browse_visibility(p.form, None, None),
+            ],
+            None,
+        )
     view = control.open_project(project)
     values = view.settings if view.ok else None
     pack_id = (view.pack or {}).get("id")
     read = {"values": values, "version": view.version} if values else None
-    return ([project_summary(view.as_dict()), gr.update(choices=recents, value=view.root), view.root,
-             gr.update(interactive=values is not None), *materials_view(project),
-             replace_choices(project), *trust_view(project),
-             *form.fill(p.form, values, pack_id), *form.browse_visibility(p.form, pack_id, values)], read)
+    return (
+        [
+            project_summary(view.as_dict()),
+            gr.update(choices=recents, value=view.root),
+            view.root,
+            gr.update(interactive=values is not None),
+            *materials_view(project),
+            replace_choices(project),
+            *trust_view(project),
+            *form.fill(p.form, values, pack_id),
+            *form.browse_visibility(p.form, pack_id, values),
+        ],
+        read,
+    )
 
 
 def wire(p: SetupParts, project: gr.State, read: gr.State, cursor: gr.State, after_open) -> None:
@@ -321,9 +465,12 @@ def wire(p: SetupParts, project: gr.State, read: gr.State, cursor: gr.State, aft
         from gguf_trainer.packs import get_pack
         from gguf_trainer.project_schema import default_name
 
-        folder_name = (name or "").strip() or default_name(get_pack(pack_id).default_name).removeprefix("pig_")
-        view = api.create_project(str(Path(parent).expanduser() / folder_name), pack_id,
-                                  (name or "").strip())
+        folder_name = (name or "").strip() or default_name(
+            get_pack(pack_id).default_name
+        ).removeprefix("pig_")
+        view = api.create_project(
+            str(Path(parent).expanduser() / folder_name), pack_id, (name or "").strip()
+        )
         gr.Info(f"project created: {view['root']}")
         ups, rd = load_values(p, view["root"])
         return [view["root"], rd, *ups]
@@ -348,7 +495,9 @@ def wire(p: SetupParts, project: gr.State, read: gr.State, cursor: gr.State, aft
     p.open_button.click(do_open, [p.open_path], open_outs).then(**after_open)
     p.open_path.submit(do_open, [p.open_path], open_outs).then(**after_open)
     p.recent.input(do_open, [p.recent], open_outs).then(**after_open)
-    p.create_button.click(do_create, [p.create_parent, p.create_name, p.pack], open_outs).then(**after_open)
+    p.create_button.click(do_create, [p.create_parent, p.create_name, p.pack], open_outs).then(
+        **after_open
+    )
     p.pack.change(pack_description, [p.pack], [p.pack_info])
     p.save.click(do_save, [project, read, *p.form.comps], [read, p.save_md, *p.form.comps])
     p.token_save.click(do_token, [p.token], [p.token, p.token_md])
@@ -369,6 +518,7 @@ def wire(p: SetupParts, project: gr.State, read: gr.State, cursor: gr.State, aft
         return trust_view(proj)
 
     p.trust_button.click(do_trust, [project], [p.trust_md, p.trust_button])
+
     @common.shown_errors
     def do_replace(proj, material_id, path):
         gr.Info(replace_material(common.need_project(proj), material_id, path), title="Materials")
@@ -411,9 +561,15 @@ def save_form(fm: form.Form, project: str, rd: dict | None, vals: list) -> Saved
     res = api.save_settings(project, chg, rd["values"])
     fresh = control.open_project(project)
     if fresh.ok:  # what is on disk now becomes what the page read, for the saved fields
-        rd = {"values": _merge_read(rd["values"], fresh.settings, res.get("applied") or {}),
-              "version": fresh.version}
-    msg = "Saved." if res["ok"] else ("Not everything was saved:\n\n" + res["message"].replace("\n", "\n\n"))
+        rd = {
+            "values": _merge_read(rd["values"], fresh.settings, res.get("applied") or {}),
+            "version": fresh.version,
+        }
+    msg = (
+        "Saved."
+        if res["ok"]
+        else ("Not everything was saved:\n\n" + res["message"].replace("\n", "\n\n"))
+    )
     if res.get("applied") and not res["ok"]:
         msg += f"\n\nSaved: {', '.join(res['applied'])}"
     return Saved(rd, msg, form.mark(fm, res, pack_id), res)
@@ -423,8 +579,11 @@ def missing_materials(project: str) -> list[str]:
     """The wanted, required materials that are not ready ("title (state)"), from material
     status; [] when material status is not available in this version."""
     got = api.materials(project)
-    return [f"{m.get('title') or m['id']} ({m.get('state')})" for m in got.get("materials") or []
-            if m.get("wanted", True) and m.get("required") and m.get("state") != "ready"]
+    return [
+        f"{m.get('title') or m['id']} ({m.get('state')})"
+        for m in got.get("materials") or []
+        if m.get("wanted", True) and m.get("required") and m.get("state") != "ready"
+    ]
 
 
 def _merge_read(old: dict, disk: dict, applied: dict) -> dict:
@@ -446,8 +605,12 @@ def _merge_read(old: dict, disk: dict, applied: dict) -> dict:
 
 def _listing(folder: str, roots: list[str]):
     real, entries = files.list_dir(folder, roots)
-    choices = [(f"{e.name}/" + (" (project)" if e.is_project else ""), e.path) if e.is_dir else
-               (f"{e.name}  ({common.fmt_size(e.size)})", e.path) for e in entries]
+    choices = [
+        (f"{e.name}/" + (" (project)" if e.is_project else ""), e.path)
+        if e.is_dir
+        else (f"{e.name}  ({common.fmt_size(e.size)})", e.path)
+        for e in entries
+    ]
     return str(real), gr.update(choices=choices, value=None)
 
 
@@ -462,15 +625,20 @@ def _wire_browser(p: SetupParts, project: gr.State) -> None:
         for cand in [current, proj]:
             if cand:
                 try:
-                    cand_path = Path(str(cand).splitlines()[-1] if str(cand).strip() else "").expanduser()
+                    cand_path = Path(
+                        str(cand).splitlines()[-1] if str(cand).strip() else ""
+                    ).expanduser()
                     files.confine(str(cand_path if cand_path.is_dir() else cand_path.parent), roots)
                     return roots, str(cand_path if cand_path.is_dir() else cand_path.parent)
                 except (UserError, IndexError):
                     continue
         return roots, roots[0] if roots else ""
 
-    asks = {"#open": "the project folder to open", "#create": "the folder to create the project in",
-            "#replace": "the copy to use for the material"}
+    asks = {
+        "#open": "the project folder to open",
+        "#create": "the folder to create the project in",
+        "#replace": "the copy to use for the material",
+    }
     asks.update({f.key: f.meta.get("label") or f.key for f in path_fields})
 
     @common.shown_errors
@@ -479,16 +647,33 @@ def _wire_browser(p: SetupParts, project: gr.State) -> None:
         if not roots:
             raise UserError("no browse root exists; add one under Browse roots")
         folder, entries = _listing(start, roots)
-        root_value = next((r for r in roots if folder == r or folder.startswith(r.rstrip("/") + "/")), roots[0])
-        return (key, gr.update(visible=True), f"**Choose {asks.get(key, 'a path')}**", "",
-                gr.update(choices=roots, value=root_value), folder, entries)
+        root_value = next(
+            (r for r in roots if folder == r or folder.startswith(r.rstrip("/") + "/")), roots[0]
+        )
+        return (
+            key,
+            gr.update(visible=True),
+            f"**Choose {asks.get(key, 'a path')}**",
+            "",
+            gr.update(choices=roots, value=root_value),
+            folder,
+            entries,
+        )
 
     bro_outs = [p.target, p.browser, p.browser_for, p.browser_msg, p.root, p.folder, p.entries]
     for f in path_fields:
-        f.browse.click(lambda proj, cur, _k=f.key: open_for(_k, proj, cur), [project, f.comp], bro_outs)
-    p.open_browse.click(lambda proj, cur: open_for("#open", proj, cur), [project, p.open_path], bro_outs)
-    p.create_browse.click(lambda proj, cur: open_for("#create", proj, cur), [project, p.create_parent], bro_outs)
-    p.replace_browse.click(lambda proj, cur: open_for("#replace", proj, cur), [project, p.replace_path], bro_outs)
+        f.browse.click(
+            lambda proj, cur, _k=f.key: open_for(_k, proj, cur), [project, f.comp], bro_outs
+        )
+    p.open_browse.click(
+        lambda proj, cur: open_for("#open", proj, cur), [project, p.open_path], bro_outs
+    )
+    p.create_browse.click(
+        lambda proj, cur: open_for("#create", proj, cur), [project, p.create_parent], bro_outs
+    )
+    p.replace_browse.click(
+        lambda proj, cur: open_for("#replace", proj, cur), [project, p.replace_path], bro_outs
+    )
 
     def listed(folder, roots):
         """(folder, entries, message): a refused folder clears the old listing and says why
@@ -533,11 +718,19 @@ def _wire_browser(p: SetupParts, project: gr.State) -> None:
                 outs.append("\n".join([*lines, path]) if path not in lines else cur)
             else:
                 outs.append(path)
-        return [gr.update(visible=False), path if key == "#open" else gr.skip(),
-                path if key == "#create" else gr.skip(), path if key == "#replace" else gr.skip(), *outs]
+        return [
+            gr.update(visible=False),
+            path if key == "#open" else gr.skip(),
+            path if key == "#create" else gr.skip(),
+            path if key == "#replace" else gr.skip(),
+            *outs,
+        ]
 
-    p.use.click(use, [p.target, p.entries, p.folder, *[f.comp for f in path_fields]],
-                [p.browser, p.open_path, p.create_parent, p.replace_path, *[f.comp for f in path_fields]])
+    p.use.click(
+        use,
+        [p.target, p.entries, p.folder, *[f.comp for f in path_fields]],
+        [p.browser, p.open_path, p.create_parent, p.replace_path, *[f.comp for f in path_fields]],
+    )
 
     @common.shown_errors
     def save_roots(text):

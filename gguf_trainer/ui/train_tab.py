@@ -26,9 +26,16 @@ STAGE_CLASSES = ("stage", "stage-box")
 EMPTY_CHART = None
 CHART_PX = 340
 # steps/s is not among them: the one rate shown is the training stage's (step_rate).
-METRIC_LABELS = {"loss": "loss", "cos": "train cos", "val_cos": "val cos", "best_val_cos": "best val cos",
-                 "lr": "learning rate", "mse": "mse", "rel_mse": "rel mse",
-                 "val_rel_mse": "val rel mse"}
+METRIC_LABELS = {
+    "loss": "loss",
+    "cos": "train cos",
+    "val_cos": "val cos",
+    "best_val_cos": "best val cos",
+    "lr": "learning rate",
+    "mse": "mse",
+    "rel_mse": "rel mse",
+    "val_rel_mse": "val rel mse",
+}
 
 
 @dataclass
@@ -59,17 +66,27 @@ class TrainParts:
 
 
 def build() -> TrainParts:
-    banner = gr.Markdown("No project open: create or open one on the Setup tab.",
-                         elem_id="train-banner")
+    banner = gr.Markdown(
+        "No project open: create or open one on the Setup tab.", elem_id="train-banner"
+    )
     with gr.Row():
         start = gr.Button("Start", variant="primary", elem_id="btn-start", interactive=False)
         stop = gr.Button("Stop", elem_id="btn-stop", interactive=False)
         # neutral until a run is stalled: then it is the button to press (render)
-        kill = gr.Button("Kill (stalled run)", variant="secondary", elem_id="btn-kill", interactive=False)
+        kill = gr.Button(
+            "Kill (stalled run)", variant="secondary", elem_id="btn-kill", interactive=False
+        )
     with gr.Row(equal_height=True, elem_id="stage-strip"):
-        stages = [gr.Button(stage_title(s), elem_id=f"stage-{s}", interactive=False,
-                            elem_classes=[*STAGE_CLASSES, "stage-pending"], min_width=110)
-                  for s in STAGES]
+        stages = [
+            gr.Button(
+                stage_title(s),
+                elem_id=f"stage-{s}",
+                interactive=False,
+                elem_classes=[*STAGE_CLASSES, "stage-pending"],
+                min_width=110,
+            )
+            for s in STAGES
+        ]
     progress = gr.Markdown("", elem_id="train-progress")
     with gr.Row():
         with gr.Column(scale=3):
@@ -77,51 +94,111 @@ def build() -> TrainParts:
                 log_scale = gr.Checkbox(False, label="log10 loss", elem_id="log-scale", scale=0)
             # Tall enough for the legend: at 260 px the cosine legend was cut off, and the two
             # lines could not be told apart. The step axis runs to the planned steps (chart()).
-            loss_plot = gr.LinePlot(EMPTY_CHART, x="step", y="value", color="series", height=CHART_PX,
-                                    title="Loss", elem_id="loss-plot", label="loss", x_title="step",
-                                    y_title="loss", color_title="", color_map={"loss": "#4f6ef7"},
-                                    colors_in_legend=["loss"])
-            cos_plot = gr.LinePlot(EMPTY_CHART, x="step", y="value", color="series", height=CHART_PX,
-                                   title="Cosine", elem_id="cos-plot", label="cosine", x_title="step",
-                                   y_title="cosine", color_title="",
-                                   color_map={"train cos": "#2f9e63", "val cos": "#e0a52a"},
-                                   colors_in_legend=["train cos", "val cos"])
+            loss_plot = gr.LinePlot(
+                EMPTY_CHART,
+                x="step",
+                y="value",
+                color="series",
+                height=CHART_PX,
+                title="Loss",
+                elem_id="loss-plot",
+                label="loss",
+                x_title="step",
+                y_title="loss",
+                color_title="",
+                color_map={"loss": "#4f6ef7"},
+                colors_in_legend=["loss"],
+            )
+            cos_plot = gr.LinePlot(
+                EMPTY_CHART,
+                x="step",
+                y="value",
+                color="series",
+                height=CHART_PX,
+                title="Cosine",
+                elem_id="cos-plot",
+                label="cosine",
+                x_title="step",
+                y_title="cosine",
+                color_title="",
+                color_map={"train cos": "#2f9e63", "val cos": "#e0a52a"},
+                colors_in_legend=["train cos", "val cos"],
+            )
         with gr.Column(scale=2):
             metrics = gr.Markdown("", elem_id="train-metrics")
             with gr.Row(equal_height=True):
-                steps = gr.Textbox(label="Planned steps", elem_id="steps-box", scale=2,
-                                   info="12000, 12_000 or 40k; Apply works while running")
+                steps = gr.Textbox(
+                    label="Planned steps",
+                    elem_id="steps-box",
+                    scale=2,
+                    info="12000, 12_000 or 40k; Apply works while running",
+                )
                 apply_steps = gr.Button("Apply", elem_id="btn-apply-steps", scale=1)
             steps_note = gr.Markdown("")
             live_hw = gr.Markdown("", elem_id="live-hw")
     with gr.Accordion("Export snapshot", open=False, elem_id="snapshot-box"):
         with gr.Row():
-            snap_checkpoint = gr.Radio([("Latest step", "last"), ("Best validation score so far", "best")],
-                                       value="last", label="Checkpoint")
-            snap_eval = gr.Checkbox(False, label="Also evaluate it (on the CPU while training runs)")
+            snap_checkpoint = gr.Radio(
+                [("Latest step", "last"), ("Best validation score so far", "best")],
+                value="last",
+                label="Checkpoint",
+            )
+            snap_eval = gr.Checkbox(
+                False, label="Also evaluate it (on the CPU while training runs)"
+            )
         snap_button = gr.Button("Export snapshot", elem_id="btn-snapshot")
     with gr.Accordion("Reset…", open=False):
         with gr.Row():
             reset_target = gr.Dropdown(
-                [("training (checkpoints, eval, snapshots list)", "train"),
-                 ("shards + training", "shards"), ("corpus + everything after it", "corpus"),
-                 ("exported GGUFs of this project", "output")],
-                value="train", label="What to reset")
+                [
+                    ("training (checkpoints, eval, snapshots list)", "train"),
+                    ("shards + training", "shards"),
+                    ("corpus + everything after it", "corpus"),
+                    ("exported GGUFs of this project", "output"),
+                ],
+                value="train",
+                label="What to reset",
+            )
             reset_open = gr.Button("Reset…", elem_id="btn-reset")
         with gr.Group(visible=False) as reset_box:
             reset_plan = gr.Markdown("", elem_id="reset-plan")
             with gr.Row():
-                reset_confirm = gr.Button("Delete these", variant="stop", elem_id="btn-reset-confirm")
+                reset_confirm = gr.Button(
+                    "Delete these", variant="stop", elem_id="btn-reset-confirm"
+                )
                 reset_cancel = gr.Button("Cancel")
-    return TrainParts(banner, start, stop, kill, snap_checkpoint, snap_eval, snap_button, reset_target,
-                      reset_open, reset_box, reset_plan, reset_confirm, reset_cancel, stages, progress,
-                      steps, apply_steps, steps_note, log_scale, loss_plot, cos_plot, metrics, live_hw)
+    return TrainParts(
+        banner,
+        start,
+        stop,
+        kill,
+        snap_checkpoint,
+        snap_eval,
+        snap_button,
+        reset_target,
+        reset_open,
+        reset_box,
+        reset_plan,
+        reset_confirm,
+        reset_cancel,
+        stages,
+        progress,
+        steps,
+        apply_steps,
+        steps_note,
+        log_scale,
+        loss_plot,
+        cos_plot,
+        metrics,
+        live_hw,
+    )
 
 
 # ---- rendering ------------------------------------------------------------------------
 def run_label(info: dict) -> str:
-    return {"idle": "Start", "interrupted": "Resume", "stopped": "Resume"}.get(info.get("status"),
-                                                                              "Start / Resume")
+    return {"idle": "Start", "interrupted": "Resume", "stopped": "Resume"}.get(
+        info.get("status"), "Start / Resume"
+    )
 
 
 def is_stopping(info: dict) -> bool:
@@ -164,21 +241,32 @@ def banner_text(info: dict, planned: int | None = None) -> str:
     message = str(info.get("message") or "")
     if status in ACTIVE and status != "stalled":  # its message repeats the counts and the ETA
         stage = info.get("stage")
-        message = f"pid {info.get('pid')}" + (f" · {stage_title(stage)}" if stage else " · starting")
+        message = f"pid {info.get('pid')}" + (
+            f" · {stage_title(stage)}" if stage else " · starting"
+        )
     text = f"**{status.upper()}** · {message}" + (f" · {counts}" if counts else "")
     if is_stopping(info):
         text = f"**STOPPING…** · finishing the current step, then saving · {message}" + (
-            f" · {counts}" if counts else "")
+            f" · {counts}" if counts else ""
+        )
     if status == "stalled":
         text += " — **Kill** it, then **Resume** from the last checkpoint."
     if status == "interrupted":
         text += " — press **Resume** to continue from the last checkpoint."
     if info.get("mock"):
-        text = "**MOCK teacher run** (synthetic targets: a smoke test, not a usable adapter) · " + text
+        text = (
+            "**MOCK teacher run** (synthetic targets: a smoke test, not a usable adapter) · " + text
+        )
     job = (info.get("jobs") or {}).get("snapshot") or {}
     if job.get("status") == "running":
-        phase = (job.get("progress") or {}).get("phase") if isinstance(job.get("progress"), dict) else None
-        text += f"\n\nSnapshot export running (pid {job.get('pid')})" + (f": {phase}" if phase else "")
+        phase = (
+            (job.get("progress") or {}).get("phase")
+            if isinstance(job.get("progress"), dict)
+            else None
+        )
+        text += f"\n\nSnapshot export running (pid {job.get('pid')})" + (
+            f": {phase}" if phase else ""
+        )
     elif job.get("status") == "failed":
         text += f"\n\nLast snapshot export failed: {job.get('error')}"
     if info.get("settings_error"):
@@ -210,15 +298,18 @@ def ranks_md(info: dict) -> str:
     lines = format_ranks(info)
     if not lines:
         return ""
-    return ("\n\nOther ranks (rank 0 is the run above):\n"
-            + "\n".join(f"* {line.strip()}" for line in lines))
+    return "\n\nOther ranks (rank 0 is the run above):\n" + "\n".join(
+        f"* {line.strip()}" for line in lines
+    )
 
 
 def metrics_md(info: dict, cur: live.Cursor, planned: int | None = None) -> str:
     done, total = step_counts(info, planned)
     rate, _eta = step_rate(info)
-    rows = [["step", f"{common.fmt(done)} / {common.fmt(total)}"],
-            ["steps/s", common.fmt(rate, 3)]]  # "—" when nothing trains
+    rows = [
+        ["step", f"{common.fmt(done)} / {common.fmt(total)}"],
+        ["steps/s", common.fmt(rate, 3)],
+    ]  # "—" when nothing trains
     for key, label in METRIC_LABELS.items():
         value = info.get(key) if info.get(key) is not None else cur.latest.get(key)
         if value is not None:
@@ -228,20 +319,29 @@ def metrics_md(info: dict, cur: live.Cursor, planned: int | None = None) -> str:
 
 def hardware_md(info: dict) -> str:
     m = hardware.machine()
-    lines = ["#### Live hardware", (f"* CPU {m['cpu_percent']:.0f}% of {m['cpu_count']} threads · "
-             f"RAM {m['ram_used_gib']:.1f} / {m['ram_total_gib']:.1f} GiB")]
+    lines = [
+        "#### Live hardware",
+        (
+            f"* CPU {m['cpu_percent']:.0f}% of {m['cpu_count']} threads · "
+            f"RAM {m['ram_used_gib']:.1f} / {m['ram_total_gib']:.1f} GiB"
+        ),
+    ]
     if m["gpus"] is None:
         lines.append(f"* GPU: {hardware.NO_NVIDIA}")
     for g in m["gpus"] or []:
-        lines.append(f"* GPU {g['index']} {g['name']}: {g['vram_used_gib']:.1f} / "
-                     f"{g['vram_total_gib']:.1f} GiB, {common.fmt(g.get('util_percent'))}% util")
+        lines.append(
+            f"* GPU {g['index']} {g['name']}: {g['vram_used_gib']:.1f} / "
+            f"{g['vram_total_gib']:.1f} GiB, {common.fmt(g.get('util_percent'))}% util"
+        )
     proc = hardware.pipeline_process(info.get("pid")) if info.get("status") in ACTIVE else None
     if proc is None:
         lines.append("* Pipeline process: not running")
     else:
-        gpu = ("no NVIDIA driver" if proc["gpu_mib"] is None else f"{proc['gpu_mib']:.0f} MiB")
-        lines.append(f"* Pipeline (pid {proc['pid']}): CPU {proc['cpu_percent']:.0f}% · RSS "
-                     f"{proc['rss_gib']:.2f} GiB incl. {proc['children']} child process(es) · GPU {gpu}")
+        gpu = "no NVIDIA driver" if proc["gpu_mib"] is None else f"{proc['gpu_mib']:.0f} MiB"
+        lines.append(
+            f"* Pipeline (pid {proc['pid']}): CPU {proc['cpu_percent']:.0f}% · RSS "
+            f"{proc['rss_gib']:.2f} GiB incl. {proc['children']} child process(es) · GPU {gpu}"
+        )
     return "\n".join(lines)
 
 
@@ -253,8 +353,18 @@ def chart(cur: live.Cursor, names: dict, log10: bool = False, planned: int | Non
 
 
 def tick_outputs(p: TrainParts) -> list:
-    return [p.banner, p.start, p.stop, p.kill, *p.stages, p.progress, p.metrics, p.loss_plot, p.cos_plot,
-            p.steps]
+    return [
+        p.banner,
+        p.start,
+        p.stop,
+        p.kill,
+        *p.stages,
+        p.progress,
+        p.metrics,
+        p.loss_plot,
+        p.cos_plot,
+        p.steps,
+    ]
 
 
 def planned_steps(project: str | None) -> int | None:
@@ -265,6 +375,7 @@ def planned_steps(project: str | None) -> int | None:
 
 def render(cur: live.Cursor, info: dict, plot_changed: bool, log10: bool) -> list:
     """Updates for tick_outputs(); gr.skip() for whatever this tab already shows."""
+
     def put(key, value):
         return value if cur.changed(key, repr(value)) else gr.skip()
 
@@ -273,22 +384,43 @@ def render(cur: live.Cursor, info: dict, plot_changed: bool, log10: bool) -> lis
     stopping = is_stopping(info)
     planned = planned_steps(info.get("project"))
     counts = step_counts(info, planned)
-    out = [put("banner", banner_text(info, planned)),
-           put("start", gr.update(value=run_label(info), interactive=not active and not info.get("settings_error"))),
-           put("stop", gr.update(value="Stopping…" if stopping else "Stop", interactive=active and not stopping)),
-           put("kill", gr.update(interactive=active,
-                                 variant="stop" if status == "stalled" else "secondary"))]
+    out = [
+        put("banner", banner_text(info, planned)),
+        put(
+            "start",
+            gr.update(
+                value=run_label(info), interactive=not active and not info.get("settings_error")
+            ),
+        ),
+        put(
+            "stop",
+            gr.update(
+                value="Stopping…" if stopping else "Stop", interactive=active and not stopping
+            ),
+        ),
+        put(
+            "kill",
+            gr.update(interactive=active, variant="stop" if status == "stalled" else "secondary"),
+        ),
+    ]
     for name in STAGES:
-        label, cls = stage_text(name, (info.get("stages") or {}).get(name),
-                                counts if name == "train" else None)
+        label, cls = stage_text(
+            name, (info.get("stages") or {}).get(name), counts if name == "train" else None
+        )
         clickable = name in ("export", "eval") and not active
-        out.append(put(f"stage-{name}", gr.update(value=label, elem_classes=[*STAGE_CLASSES, cls],
-                                                  interactive=clickable)))
+        out.append(
+            put(
+                f"stage-{name}",
+                gr.update(value=label, elem_classes=[*STAGE_CLASSES, cls], interactive=clickable),
+            )
+        )
     stage = (info.get("stages") or {}).get(info.get("stage") or "") or {}
     prog = ""
     if status in ACTIVE and info.get("stage"):
         prog = f"Now: **{stage_title(info['stage'])}**"
-        done, total = counts if info["stage"] == "train" else (stage.get("done"), stage.get("total"))
+        done, total = (
+            counts if info["stage"] == "train" else (stage.get("done"), stage.get("total"))
+        )
         if total:
             unit = stage.get("unit") or ""
             prog += f" — {common.fmt(done)}/{common.fmt(total)} {unit}".rstrip()
@@ -301,7 +433,10 @@ def render(cur: live.Cursor, info: dict, plot_changed: bool, log10: bool) -> lis
     out.append(put("progress", prog))
     out.append(put("metrics", metrics_md(info, cur, planned)))
     if plot_changed or cur.changed("log10", log10) or cur.changed("planned_axis", planned):
-        out += [chart(cur, live.LOSS_SERIES, log10, planned), chart(cur, live.COS_SERIES, False, planned)]
+        out += [
+            chart(cur, live.LOSS_SERIES, log10, planned),
+            chart(cur, live.COS_SERIES, False, planned),
+        ]
     else:
         out += [gr.skip(), gr.skip()]
     # the box follows project.json (Start saved it, Apply, the CLI) only when that changed,
@@ -327,20 +462,28 @@ class StartOutcome:
 
 def _changed_names(fm: form.Form, keys) -> str:
     """The fields Start saved, as the Setup tab labels them."""
-    return ", ".join(f"{(fm.fields[k].meta.get('label') or k) if k in fm.fields else k} ({k})"
-                     for k in keys)
+    return ", ".join(
+        f"{(fm.fields[k].meta.get('label') or k) if k in fm.fields else k} ({k})" for k in keys
+    )
 
 
 def _finished(project: str) -> tuple[int, int] | None:
     """(done, planned) when the run is done and training has reached the planned steps."""
     info = control.status(project)
     done, planned = step_counts(info, planned_steps(project))
-    if info.get("status") == "done" and done is not None and planned is not None and done >= planned:
+    if (
+        info.get("status") == "done"
+        and done is not None
+        and planned is not None
+        and done >= planned
+    ):
         return int(done), int(planned)
     return None
 
 
-def start_from_page(fm: form.Form, project: str | None, read: dict | None, vals: list) -> StartOutcome:
+def start_from_page(
+    fm: form.Form, project: str | None, read: dict | None, vals: list
+) -> StartOutcome:
     """Start as the page shows it: unsaved Setup changes are saved first through the same
     compare-and-set as Save, and a change that was not saved (changed on disk since the page
     read it, or invalid) starts nothing: the fields say why. Required materials that are not
@@ -351,20 +494,31 @@ def start_from_page(fm: form.Form, project: str | None, read: dict | None, vals:
     if saved is not None and saved.result is None:
         saved = None  # nothing had changed: nothing to report
     if saved is not None and not saved.ok:
-        return StartOutcome(False, "Not started: some of your Setup changes were not saved "
-                            "(see the fields marked ⚠ on the Setup tab); reload or fix them, "
-                            "then press Start again.", saved, [])
+        return StartOutcome(
+            False,
+            "Not started: some of your Setup changes were not saved "
+            "(see the fields marked ⚠ on the Setup tab); reload or fix them, "
+            "then press Start again.",
+            saved,
+            [],
+        )
     finished = _finished(project) if saved is None else None
     if finished:  # starting would redo nothing: say so and offer more steps instead
         done, planned = finished
         more = planned + max(1000, planned // 2)
-        return StartOutcome(False, f"Training is already done ({done} / {planned} steps). To train "
-                            f"further, raise Planned steps (offered: {more}) and press Apply, then "
-                            "Start; the export and eval boxes rebuild from best.pt.",
-                            suggest_steps=more)
+        return StartOutcome(
+            False,
+            f"Training is already done ({done} / {planned} steps). To train "
+            f"further, raise Planned steps (offered: {more}) and press Apply, then "
+            "Start; the export and eval boxes rebuild from best.pt.",
+            suggest_steps=more,
+        )
     missing = setup_tab.missing_materials(project)
-    note = (f"Saved your Setup changes: {_changed_names(fm, saved.result['applied'])}. "
-            if saved else "")
+    note = (
+        f"Saved your Setup changes: {_changed_names(fm, saved.result['applied'])}. "
+        if saved
+        else ""
+    )
     try:
         pid = api.start(project)["pid"]
     except UserError as e:
@@ -373,13 +527,16 @@ def start_from_page(fm: form.Form, project: str | None, read: dict | None, vals:
 
 
 def missing_warning(missing: list[str]) -> str:
-    return (f"Required materials not ready: {', '.join(missing)}. Download or link them on the "
-            "Setup tab (a run that still has to precompute stops at once without them).")
+    return (
+        f"Required materials not ready: {', '.join(missing)}. Download or link them on the "
+        "Setup tab (a run that still has to precompute stops at once without them)."
+    )
 
 
 # ---- wiring ---------------------------------------------------------------------------
-def wire(p: TrainParts, project: gr.State, refresh, read: gr.State, fm: form.Form,
-         save_md: gr.Markdown) -> None:
+def wire(
+    p: TrainParts, project: gr.State, refresh, read: gr.State, fm: form.Form, save_md: gr.Markdown
+) -> None:
     """`refresh` is the app's (project, cursor) -> updates chain run after each action;
     `read`, `fm` and `save_md` are the Setup tab's (Start saves the form first)."""
 
@@ -387,12 +544,20 @@ def wire(p: TrainParts, project: gr.State, refresh, read: gr.State, fm: form.For
     def do_start(proj, rd, *vals):
         out = start_from_page(fm, proj, rd, list(vals))
         # one toast per press: the outcome, with the missing materials in the same sentence
-        text = common.gui_words(out.message + (" " + missing_warning(out.missing) if out.missing else ""))
+        text = common.gui_words(
+            out.message + (" " + missing_warning(out.missing) if out.missing else "")
+        )
         if out.started and not out.missing:
             gr.Info(text)
         else:
-            gr.Warning(text, title="Started" if out.started else
-                       "Already done" if out.suggest_steps else "Not started")
+            gr.Warning(
+                text,
+                title="Started"
+                if out.started
+                else "Already done"
+                if out.suggest_steps
+                else "Not started",
+            )
         offer = str(out.suggest_steps) if out.suggest_steps else gr.skip()
         if out.saved is None:
             return [gr.skip()] * (2 + len(fm.comps)) + [offer]
@@ -401,12 +566,18 @@ def wire(p: TrainParts, project: gr.State, refresh, read: gr.State, fm: form.For
     @common.shown_errors
     def do_stop(proj):
         outcome = api.stop(common.need_project(proj))["outcome"]
-        gr.Info({"not running": "not running; nothing to stop"}.get(outcome, "stopping after the current step…"))
+        gr.Info(
+            {"not running": "not running; nothing to stop"}.get(
+                outcome, "stopping after the current step…"
+            )
+        )
 
     @common.shown_errors
     def do_kill(proj):
         outcome = api.kill(common.need_project(proj))["outcome"]
-        gr.Info("killed; Resume continues from the last checkpoint" if outcome == "killed" else outcome)
+        gr.Info(
+            "killed; Resume continues from the last checkpoint" if outcome == "killed" else outcome
+        )
 
     @common.shown_errors
     def do_snapshot(proj, checkpoint, evaluate):
@@ -436,7 +607,11 @@ def wire(p: TrainParts, project: gr.State, refresh, read: gr.State, fm: form.For
             lines += [f"* `{k['path']}` — {k['reason']}" for k in plan["keep"]]
         if plan.get("blocked"):
             lines.append(f"\n⚠ Refused right now: {plan['blocked']}")
-        return gr.update(visible=True), "\n".join(lines), gr.update(interactive=not plan.get("blocked"))
+        return (
+            gr.update(visible=True),
+            "\n".join(lines),
+            gr.update(interactive=not plan.get("blocked")),
+        )
 
     @common.shown_errors
     def do_reset(proj, target):
@@ -444,16 +619,22 @@ def wire(p: TrainParts, project: gr.State, refresh, read: gr.State, fm: form.For
         gr.Info(f"reset {target}: deleted {len(res['deleted'])} path(s)")
         return gr.update(visible=False)
 
-    p.start.click(do_start, [project, read, *fm.comps], [read, save_md, *fm.comps, p.steps]).then(**refresh)
+    p.start.click(do_start, [project, read, *fm.comps], [read, save_md, *fm.comps, p.steps]).then(
+        **refresh
+    )
     p.stop.click(do_stop, [project], None).then(**refresh)
     p.kill.click(do_kill, [project], None).then(**refresh)
-    p.snap_button.click(do_snapshot, [project, p.snap_checkpoint, p.snap_eval], None).then(**refresh)
+    p.snap_button.click(do_snapshot, [project, p.snap_checkpoint, p.snap_eval], None).then(
+        **refresh
+    )
     p.apply_steps.click(do_steps, [project, p.steps], [p.steps_note]).then(**refresh)
     p.steps.submit(do_steps, [project, p.steps], [p.steps_note]).then(**refresh)
     for name, box in zip(STAGES, p.stages):
         if name in ("export", "eval"):
             box.click(lambda proj, _n=name: do_regen(proj, _n), [project], None).then(**refresh)
-    p.reset_open.click(open_reset, [project, p.reset_target], [p.reset_box, p.reset_plan, p.reset_confirm])
+    p.reset_open.click(
+        open_reset, [project, p.reset_target], [p.reset_box, p.reset_plan, p.reset_confirm]
+    )
     p.reset_cancel.click(lambda: gr.update(visible=False), None, [p.reset_box])
     p.reset_confirm.click(do_reset, [project, p.reset_target], [p.reset_box]).then(**refresh)
 

@@ -20,7 +20,13 @@ from gguf_trainer.runner import pipeline
 
 pytestmark = pytest.mark.slow
 
-PROTECTED = ("proj/checkpoints/", "proj/shards/", "proj/data/", "proj/project.json", "proj/eval.json")
+PROTECTED = (
+    "proj/checkpoints/",
+    "proj/shards/",
+    "proj/data/",
+    "proj/project.json",
+    "proj/eval.json",
+)
 
 MEMBERS = {  # name -> (bytes of the new prompt file, a word the refusal must contain)
     "nul_lines": (b"\x00\x01 binary \x00\n" * 60, "NUL bytes"),
@@ -41,8 +47,11 @@ def finished(tmp_path_factory, tiny_materials):
 
 def _protected(disk) -> dict[str, bytes]:
     files = tree_bytes(disk)
-    return {k: v for k, v in files.items()
-            if (k.startswith(PROTECTED) or k.endswith(".gguf")) and not k.endswith("verified.json")}
+    return {
+        k: v
+        for k, v in files.items()
+        if (k.startswith(PROTECTED) or k.endswith(".gguf")) and not k.endswith("verified.json")
+    }
 
 
 @pytest.mark.parametrize("member", sorted(MEMBERS))
@@ -63,7 +72,11 @@ def test_unusable_corpus_is_refused_before_anything_changes(finished, tmp_path, 
     except UserError as e:
         code, sentence = EXIT_USER, str(e)
     assert code == EXIT_USER, (code, sentence)
-    assert "Traceback" not in sentence and "\n" not in sentence.strip() and sentence.strip().endswith(".")
+    assert (
+        "Traceback" not in sentence
+        and "\n" not in sentence.strip()
+        and sentence.strip().endswith(".")
+    )
     assert "usable prompts" in sentence and reason in sentence, sentence
     assert _protected(disk) == before  # corpus, shards, checkpoints, export untouched
     # refused while validating, before any stage ran (so before the student or teacher loaded)

@@ -25,7 +25,11 @@ def state_of(root) -> dict[str, tuple[bytes, int]]:
 
 def work(root) -> dict[str, bytes]:
     """What a redone stage rewrites: the corpus, every shard and checkpoint."""
-    files = [*root.glob("data/*.jsonl"), *root.glob("shards/*/*.safetensors"), *root.glob("checkpoints/*.pt")]
+    files = [
+        *root.glob("data/*.jsonl"),
+        *root.glob("shards/*/*.safetensors"),
+        *root.glob("checkpoints/*.pt"),
+    ]
     return {str(p.relative_to(root)): p.read_bytes() for p in files}
 
 

@@ -176,8 +176,13 @@ def test_token_reaches_the_hub_but_no_file_or_payload(project, hub_server, monke
 
 
 def _cli(root, *args, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "gguf_trainer.cli", *args, "--project", str(root)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "gguf_trainer.cli", *args, "--project", str(root)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **kw,
+    )
 
 
 def test_cli_download_ctrl_c_keeps_a_partial_that_resumes(project, hub_server):
@@ -196,7 +201,7 @@ def test_cli_download_ctrl_c_keeps_a_partial_that_resumes(project, hub_server):
     assert proc.returncode == 1, out  # the student GGUF is a local file nobody set yet
     assert f"{VIDPROM.id}: ready at" in out and "student: missing" in out
     assert (dest / BIG).read_bytes() == files[BIG]
-    assert int(hub_server.get_requests("/" + BIG)[-1]["range"][len("bytes="):-1]) >= CHUNK
+    assert int(hub_server.get_requests("/" + BIG)[-1]["range"][len("bytes=") : -1]) >= CHUNK
     proc = _cli(root, "materials", "--json")
     rows = {r["id"]: r for r in json.loads(proc.communicate(timeout=60)[0])}
     assert {rows[i]["state"] for i in ("teacher", "student_tokenizer", VIDPROM.id)} == {"ready"}

@@ -37,16 +37,36 @@ def test_demo_runs_from_a_non_editable_install(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["HOME"] = str(tmp_path / "home")
     env["GGUF_TRAINER_HOME"] = str(tmp_path / "home" / ".gguf-trainer")
-    install = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", str(REPO)],
-                             capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600, check=False)
+    install = subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--no-deps", str(REPO)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=600,
+        check=False,
+    )
     assert install.returncode == 0, install.stdout + install.stderr
 
-    where = subprocess.run([str(python), "-c", "import gguf_trainer; print(gguf_trainer.__file__)"],
-                           capture_output=True, text=True, cwd=tmp_path, env=env, check=True).stdout.strip()
+    where = subprocess.run(
+        [str(python), "-c", "import gguf_trainer; print(gguf_trainer.__file__)"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        check=True,
+    ).stdout.strip()
     assert Path(where).is_relative_to(env_dir), where  # the installed copy, not the checkout
 
-    demo = subprocess.run([str(env_dir / "bin" / "gguf-trainer"), "demo", "--dir", str(tmp_path / "demo")],
-                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=900, check=False)
+    demo = subprocess.run(
+        [str(env_dir / "bin" / "gguf-trainer"), "demo", "--dir", str(tmp_path / "demo")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=900,
+        check=False,
+    )
     assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
     evaluation = json.loads((tmp_path / "demo" / "eval.json").read_text())
     ggufs = list((tmp_path / "demo").rglob("*-f16.gguf"))

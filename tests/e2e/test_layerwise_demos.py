@@ -26,8 +26,14 @@ pytestmark = pytest.mark.slow
 
 PACKS = ("qwen3vl_krea2", "qwen3vl_flux3", "qwen3vl_fibo2", "qwen3vl_ideogram4", "qwen3vl_sefi",
          "qwen3_flux2_klein")
-FAMILY = {"qwen3vl_krea2": "Krea2", "qwen3vl_flux3": "FLUX.3 Klein", "qwen3vl_fibo2": "Fibo 2.0",
-          "qwen3vl_ideogram4": "Ideogram 4", "qwen3vl_sefi": "SeFi-Image", "qwen3_flux2_klein": "Flux.2 klein"}
+FAMILY = {
+    "qwen3vl_krea2": "Krea2",
+    "qwen3vl_flux3": "FLUX.3 Klein",
+    "qwen3vl_fibo2": "Fibo 2.0",
+    "qwen3vl_ideogram4": "Ideogram 4",
+    "qwen3vl_sefi": "SeFi-Image",
+    "qwen3_flux2_klein": "Flux.2 klein",
+}
 
 
 @pytest.fixture(scope="module", params=PACKS)
@@ -42,8 +48,10 @@ def test_demo_trains_with_a_figure_per_tap(demo):
     assert proj.settings.pack == demo["pack"] and proj.settings.precompute.mock_teacher is False
     ev = json.loads(proj.paths.eval_json.read_text())
     taps = list(proj.pack.taps)
-    print(f"demo --pack {demo['pack']} --steps 20: val cos {ev['val_cos']:.4f} vs mean baseline "
-          f"{ev['baseline']['baseline_cos']:.4f}; per tap {ev['per_tap']['cos']}")
+    print(
+        f"demo --pack {demo['pack']} --steps 20: val cos {ev['val_cos']:.4f} vs mean baseline "
+        f"{ev['baseline']['baseline_cos']:.4f}; per tap {ev['per_tap']['cos']}"
+    )
     assert ev["mock"] is False and ev["health"].startswith("n/a")
     assert ev["per_tap"]["taps"] == taps and len(ev["per_tap"]["cos"]) == len(taps)
     assert all(c is not None and -1 <= c <= 1 for c in ev["per_tap"]["cos"])
@@ -83,7 +91,9 @@ def test_the_engine_runs_the_export_as_load_gguf_does(demo):
         keep = (torch.arange(len(ids)) < n)[None]
         at = pack.padding.positions(ids)
         with torch.no_grad():
-            hidden = student.hidden(x, keep, position_ids=None if at is None else torch.tensor([at]))
+            hidden = student.hidden(
+                x, keep, position_ids=None if at is None else torch.tensor([at])
+            )
             got = adapter(hidden)[0].numpy()
         ref = conditioner_stack(proj.final_gguf, hidden[0].numpy(), set(pack.taps))
         rel = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))

@@ -53,7 +53,9 @@ def test_demo_trains_against_the_tiny_real_teacher(demo):
     assert "repaired 1 RoPE table" in log  # transformers 5 left it uninitialised: the trap is real
     ev = json.loads((root / "eval.json").read_text())
     base = ev["baseline"]["baseline_cos_centered"]
-    print(f"demo eval: cos_centered {ev['val_cos']:.4f} vs mean baseline {base:.4f}; health {ev['health']}")
+    print(
+        f"demo eval: cos_centered {ev['val_cos']:.4f} vs mean baseline {base:.4f}; health {ev['health']}"
+    )
     assert not ev["mock"] and ev["headline"] == "cos_centered"
     assert ev["beats_baseline"] and ev["val_cos"] > base + 0.05
     assert ev["health"].startswith("n/a: a tiny demo teacher")
@@ -76,7 +78,13 @@ def test_sigvq_companion_is_exported_and_recorded(demo):
 
     root, _, _ = demo
     dest = root / "output" / "pig_llada_sigvq-f16.gguf"
-    src = root / "materials" / "LLaDA-Image-Turbo-sigvq" / "sigvq" / "diffusion_pytorch_model.safetensors"
+    src = (
+        root
+        / "materials"
+        / "LLaDA-Image-Turbo-sigvq"
+        / "sigvq"
+        / "diffusion_pytorch_model.safetensors"
+    )
     with safe_open(str(src), framework="pt") as st:
         names = set(st.keys())
     tensors = gguf.GGUFReader(dest).tensors
@@ -102,7 +110,9 @@ def test_check_against_an_independent_forward_and_a_wrong_dump(demo, tmp_path):
     ref.tofile(good / "adapter_out.bin")
     (good / "tokens.txt").write_text("\n".join(map(str, ids)) + "\n")
     res = run_check(gguf_path, student_gguf, good, PROMPT, tok)
-    print(f"check vs independent forward: centred {res['cos_centered']:.7f}, rel_mse {res['rel_mse']:.3g}")
+    print(
+        f"check vs independent forward: centred {res['cos_centered']:.7f}, rel_mse {res['rel_mse']:.3g}"
+    )
     assert res["cos_centered"] >= 0.9999 and res["verdict"].startswith("healthy")
     rng = np.random.default_rng(0)
     ref[rng.permutation(len(ref))].tofile(bad / "adapter_out.bin")  # rows of the wrong queries
@@ -144,12 +154,18 @@ def _project(root, materials):
         write_tiny_student(student)
         write_tiny_tokenizer_dir(tok, tiny_qwen3_config())
         (materials / "prompts.txt").write_text("\n".join(demo_prompts()) + "\n")
-    overrides = {**demo_overrides("llada_image", materials / "prompts.txt", 20),
-                 "corpus.n_train": 64, "corpus.n_val": 16, "precompute.shard_size": 32,
-                 "precompute.val_shard_size": 16, "precompute.mock_teacher": False,
-                 "train.val_every": 10, "export.export_sigvq": False,
-                 "export.output_dir": str(root / "output"),
-                 "materials": {"student": {"path": str(student)}, "student_tokenizer": {"path": str(tok)}}}
+    overrides = {
+        **demo_overrides("llada_image", materials / "prompts.txt", 20),
+        "corpus.n_train": 64,
+        "corpus.n_val": 16,
+        "precompute.shard_size": 32,
+        "precompute.val_shard_size": 16,
+        "precompute.mock_teacher": False,
+        "train.val_every": 10,
+        "export.export_sigvq": False,
+        "export.output_dir": str(root / "output"),
+        "materials": {"student": {"path": str(student)}, "student_tokenizer": {"path": str(tok)}},
+    }
     create_project(root, "llada_image", overrides=overrides)
     return root
 
@@ -157,8 +173,12 @@ def _project(root, materials):
 @pytest.fixture(scope="module")
 def linked(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("llada_linked")
-    env = {"GGUF_TRAINER_HOME": str(tmp / "home"), "HF_HOME": str(tmp / "hf"),
-           "HF_MODULES_CACHE": str(tmp / "modules"), "OMP_NUM_THREADS": "2"}
+    env = {
+        "GGUF_TRAINER_HOME": str(tmp / "home"),
+        "HF_HOME": str(tmp / "hf"),
+        "HF_MODULES_CACHE": str(tmp / "modules"),
+        "OMP_NUM_THREADS": "2",
+    }
     return tmp, env, _released_layout_snapshot(tmp / "LLaDA-Image-Turbo")
 
 
@@ -166,20 +186,33 @@ def test_a_released_layout_snapshot_links_runs_and_exports(linked):
     tmp, env, snap = linked
     root = _project(tmp / "proj", tmp / "materials")
     res = cli("link", "--project", root, "teacher", snap, env=env, timeout=120)
-    assert res.returncode == 0 and res.stdout.strip() == f"teacher: ready at {snap}", res.stdout + res.stderr
+    assert res.returncode == 0 and res.stdout.strip() == f"teacher: ready at {snap}", (
+        res.stdout + res.stderr
+    )
     rows = json.loads(cli("materials", "--project", root, "--json", env=env, timeout=120).stdout)
     row = next(r for r in rows if r["id"] == "teacher")
-    assert row["state"] == "ready" and row["verified"] and "TextProjection 2 layer(s) -> 2560" in row["note"]
+    assert (
+        row["state"] == "ready"
+        and row["verified"]
+        and "TextProjection 2 layer(s) -> 2560" in row["note"]
+    )
     res = cli("run", "--project", root, "--trust-remote-code", env=env)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     log = (root / "pipeline.log").read_text()
     assert "repaired 1 RoPE table" in log  # the real remote-code backbone ran
     out = root / "output" / "pig_llada_adapter-f16.gguf"
     view = read_adapter(out)
-    assert view.kind == "resampler" and view.num_queries == 256 and view.out_dim == 2560 and not view.refusals
+    assert (
+        view.kind == "resampler"
+        and view.num_queries == 256
+        and view.out_dim == 2560
+        and not view.refusals
+    )
     ev = json.loads((root / "eval.json").read_text())
-    print(f"released-layout snapshot: cos_centered {ev['val_cos']:.4f} vs mean baseline "
-          f"{ev['baseline']['baseline_cos_centered']:.4f}")
+    print(
+        f"released-layout snapshot: cos_centered {ev['val_cos']:.4f} vs mean baseline "
+        f"{ev['baseline']['baseline_cos_centered']:.4f}"
+    )
     assert not ev["mock"] and ev["beats_baseline"]
 
 
@@ -190,14 +223,18 @@ def test_an_old_layout_snapshot_is_failed_and_refused_before_anything_loads(link
     bad = shutil.copytree(snap, tmp / "old-layout")
     cfg = json.loads((bad / "text_projection" / "config.json").read_text())
     cfg = {k: v for k, v in cfg.items() if k not in ("num_hidden_layers", "norm_eps")}
-    (bad / "text_projection" / "config.json").write_text(json.dumps({**cfg, "num_layers": 2, "rms_norm_eps": 1e-6}))
+    (bad / "text_projection" / "config.json").write_text(
+        json.dumps({**cfg, "num_layers": 2, "rms_norm_eps": 1e-6})
+    )
     root = _project(tmp / "proj_old", tmp / "materials")
     # transformers copies imported code here
     env = {**env, "HF_MODULES_CACHE": str(tmp / "modules_old")}
     res = cli("link", "--project", root, "teacher", bad, env=env, timeout=120)
     assert res.stdout.strip() == f"teacher: failed at {bad}", res.stdout + res.stderr
-    sentence = (f"{bad / 'text_projection' / 'config.json'} uses keys ['num_layers', 'rms_norm_eps'] "
-                "of an older gguf-trainer layout")
+    sentence = (
+        f"{bad / 'text_projection' / 'config.json'} uses keys ['num_layers', 'rms_norm_eps'] "
+        "of an older gguf-trainer layout"
+    )
     shown = cli("materials", "--project", root, env=env, timeout=120).stdout
     assert "failed" in shown and sentence in shown
     res = cli("run", "--project", root, "--trust-remote-code", env=env)

@@ -55,7 +55,10 @@ TINY_PACK = TinyResamplerPack.id
 
 
 def stage_status(root):
-    return {k: (v["status"], v.get("skipped")) for k, v in json.loads((root / "state.json").read_text())["stages"].items()}
+    return {
+        k: (v["status"], v.get("skipped"))
+        for k, v in json.loads((root / "state.json").read_text())["stages"].items()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +73,11 @@ def reference(tmp_path_factory, tiny_materials):
 
 @pytest.mark.parametrize("pack_id", ["t5xxl_pixart", "qwen3vl_mageflow", "llada_image", TINY_PACK])
 def test_each_pack_end_to_end(pack_id, tmp_path, tiny_materials):
-    extra = {"corpus.n_train": 24, "precompute.shard_size": 12, "train.steps": 12} if pack_id == "llada_image" else {}
+    extra = (
+        {"corpus.n_train": 24, "precompute.shard_size": 12, "train.steps": 12}
+        if pack_id == "llada_image"
+        else {}
+    )
     root = tmp_path / "proj"
     proj = make_project(root, pack_id, tiny_materials, **extra)
     assert run_pipeline(root) == "done"
@@ -105,20 +112,40 @@ def _outputs(root):
 
 
 CHANGES = [  # (what changes, how, which stages are redone)
-    ("corpus setting", {"corpus.n_val": 10}, {"corpus", "precompute_val", "precompute_train", "train"}),
-    ("student dtype", {"precompute.student_dtype": "f32"}, {"precompute_val", "precompute_train", "train"}),
+    (
+        "corpus setting",
+        {"corpus.n_val": 10},
+        {"corpus", "precompute_val", "precompute_train", "train"},
+    ),
+    (
+        "student dtype",
+        {"precompute.student_dtype": "f32"},
+        {"precompute_val", "precompute_train", "train"},
+    ),
     ("val shard size", {"precompute.val_shard_size": 6}, {"precompute_val", "train"}),
     ("train lr", {"train.lr": 1e-3}, {"train"}),
     ("adapter width", {"train.width": 128}, {"train"}),
     ("seed", {"train.seed": 5}, {"train"}),
     ("steps", {"train.steps": 20}, set()),
-    ("devices and budgets", {"train.device": "cpu", "precompute.teacher_batch": 3, "precompute.tok_budget": 999,
-                             "precompute.student_batch": 2, "precompute.teacher_mode": "offload", "train.threads": 2}, set()),
+    (
+        "devices and budgets",
+        {
+            "train.device": "cpu",
+            "precompute.teacher_batch": 3,
+            "precompute.tok_budget": 999,
+            "precompute.student_batch": 2,
+            "precompute.teacher_mode": "offload",
+            "train.threads": 2,
+        },
+        set(),
+    ),
 ]
 
 
 @pytest.mark.parametrize("what,change,redone", CHANGES, ids=[c[0] for c in CHANGES])
-def test_each_input_invalidates_only_its_dependents(what, change, redone, reference, tmp_path, caplog):
+def test_each_input_invalidates_only_its_dependents(
+    what, change, redone, reference, tmp_path, caplog
+):
     root = _fresh_copy(reference, tmp_path)
     proj = project_mod.update_settings(root, change)
     stages.invalidate_changed(proj, stages.stage_inputs(proj))
@@ -160,7 +187,9 @@ def test_mock_flag_and_contract_are_in_the_shard_fingerprint(reference, tmp_path
     proj = project_mod.load_project(root)
     before = stages.stage_inputs(proj)["precompute_train"]
     monkeypatch.setattr(TinyResamplerPack, "shard_contract", "tiny_test/2")
-    assert stages.changed_keys(before, stages.stage_inputs(proj)["precompute_train"]) == ["contract"]
+    assert stages.changed_keys(before, stages.stage_inputs(proj)["precompute_train"]) == [
+        "contract"
+    ]
     proj = project_mod.update_settings(root, {"precompute.mock_teacher": False})
     # a real teacher is needed, and mock shards are not reused
     with pytest.raises(UserError, match="no real teacher"):
@@ -183,7 +212,11 @@ def test_interrupted_run_resumes_bit_identically(name, reference, tmp_path, tiny
     assert run_pipeline(root) == "done"
     proj = project_mod.load_project(root)
     assert_same_tensors(adapter_tensors(proj.final_gguf), reference["tensors"])
-    steps = [r["step"] for r in map(json.loads, proj.paths.metrics_jsonl.read_text().splitlines()) if "loss" in r]
+    steps = [
+        r["step"]
+        for r in map(json.loads, proj.paths.metrics_jsonl.read_text().splitlines())
+        if "loss" in r
+    ]
     assert len(steps) == len(set(steps))
 
 
@@ -214,6 +247,7 @@ def test_crash_resumes_bit_identically(crash_at, reference, tmp_path, tiny_mater
             run_pipeline(root)
         monkeypatch.setattr(precompute.shards, "write_shard", real)
     else:
+
         def boom(step, row, r):
             if step == 6 and "loss" in row:
                 raise Crash()
@@ -223,7 +257,11 @@ def test_crash_resumes_bit_identically(crash_at, reference, tmp_path, tiny_mater
     assert run_pipeline(root) == "done"
     proj = project_mod.load_project(root)
     assert_same_tensors(adapter_tensors(proj.final_gguf), reference["tensors"])
-    steps = [r["step"] for r in map(json.loads, proj.paths.metrics_jsonl.read_text().splitlines()) if "loss" in r]
+    steps = [
+        r["step"]
+        for r in map(json.loads, proj.paths.metrics_jsonl.read_text().splitlines())
+        if "loss" in r
+    ]
     assert len(steps) == len(set(steps))
 
 
@@ -297,7 +335,11 @@ def test_steps_lowered_mid_run_then_raised_after_the_end(tmp_path, tiny_material
     assert run_pipeline(root) == "done"
     last = json.loads((proj.paths.checkpoints / "last.json").read_text())
     assert last["step"] == 10 and last["steps"] == 10
-    steps = [r["step"] for r in map(json.loads, proj.paths.metrics_jsonl.read_text().splitlines()) if "loss" in r]
+    steps = [
+        r["step"]
+        for r in map(json.loads, proj.paths.metrics_jsonl.read_text().splitlines())
+        if "loss" in r
+    ]
     assert steps == sorted(set(steps)) and steps[-1] == 10
 
 
@@ -323,7 +365,10 @@ def test_snapshot_export_and_manifest(reference, tmp_path):
     proj = project_mod.load_project(root)
     view = read_adapter(proj.snapshot_gguf(12))
     assert not view.problems and view.metadata["adapter.snapshot"] is True
-    assert view.metadata["adapter.trained_steps"] == 12 and view.metadata["adapter.checkpoint"] == "last"
+    assert (
+        view.metadata["adapter.trained_steps"] == 12
+        and view.metadata["adapter.checkpoint"] == "last"
+    )
     man = json.loads(proj.paths.snapshots_json.read_text())["snapshots"]
     assert [e["step"] for e in man] == [12] and entry["eval"]["headline"] > 0
 
@@ -342,20 +387,30 @@ def test_reset_targets_and_shared_output_folder(reference, tmp_path, tiny_materi
         run_pipeline(root, only=["export"], force=True)
         run_snapshot(root, "last")
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["pig_llada-f16.gguf", "pig_llada-step12-f16.gguf",
-                     "pig_llada_v2-f16.gguf", "pig_llada_v2-step12-f16.gguf"]
+    assert names == [
+        "pig_llada-f16.gguf",
+        "pig_llada-step12-f16.gguf",
+        "pig_llada_v2-f16.gguf",
+        "pig_llada_v2-step12-f16.gguf",
+    ]
     deleted = reset_project(a, "output")
-    assert sorted(p.name for p in out.iterdir()) == ["pig_llada_v2-f16.gguf", "pig_llada_v2-step12-f16.gguf"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "pig_llada_v2-f16.gguf",
+        "pig_llada_v2-step12-f16.gguf",
+    ]
     assert any(d.endswith("pig_llada-f16.gguf") for d in deleted)
     reset_project(b, "train")
-    assert not (b / "checkpoints").exists() and not (b / "eval.json").exists() and (b / "shards").exists()
+    assert (
+        not (b / "checkpoints").exists()
+        and not (b / "eval.json").exists()
+        and (b / "shards").exists()
+    )
     reset_project(b, "shards")
     assert not (b / "shards").exists() and (b / "data").exists()
     reset_project(b, "corpus")
     assert not (b / "data").exists()
     with pytest.raises(UserError, match="unknown reset target"):
         reset_project(b, "everything")
-
 
 
 def test_copy_to_and_forced_reexport(reference, tmp_path):
@@ -369,7 +424,9 @@ def test_copy_to_and_forced_reexport(reference, tmp_path):
     assert str(copied.resolve()) in {e["path"] for e in reset_mod.recorded_exports(proj.paths)}
 
 
-def test_nan_loss_stops_with_a_sentence_and_keeps_the_last_good_checkpoint(tmp_path, tiny_materials, monkeypatch):
+def test_nan_loss_stops_with_a_sentence_and_keeps_the_last_good_checkpoint(
+    tmp_path, tiny_materials, monkeypatch
+):
     from gguf_trainer import train
 
     root = tmp_path / "proj"
@@ -390,7 +447,9 @@ def test_nan_loss_stops_with_a_sentence_and_keeps_the_last_good_checkpoint(tmp_p
 
 def test_mock_env_is_recorded_when_a_run_starts(tmp_path, tiny_materials, monkeypatch):
     root = tmp_path / "proj"
-    make_project(root, TINY_PACK, tiny_materials, **{"precompute.mock_teacher": False, "train.threads": 0})
+    make_project(
+        root, TINY_PACK, tiny_materials, **{"precompute.mock_teacher": False, "train.threads": 0}
+    )
     monkeypatch.setenv(stages.MOCK_ENV, "1")
     proj = stages.prepare_run(project_mod.load_project(root).paths)
     assert proj.settings.precompute.mock_teacher is True and proj.settings.train.threads >= 1
@@ -403,8 +462,12 @@ def test_mock_env_is_recorded_when_a_run_starts(tmp_path, tiny_materials, monkey
 
 def _tree_bytes(root):
     """Every file under shards/ and checkpoints/ by relative path -> bytes."""
-    return {p.relative_to(root).as_posix(): p.read_bytes()
-            for folder in ("shards", "checkpoints") for p in sorted((root / folder).rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for folder in ("shards", "checkpoints")
+        for p in sorted((root / folder).rglob("*"))
+        if p.is_file()
+    }
 
 
 def _bad_student(kind, reference, tmp_path):
@@ -413,17 +476,31 @@ def _bad_student(kind, reference, tmp_path):
     if kind == "adapter gguf":  # a valid GGUF that is not a pig_clip student
         shutil.copy(reference["project"].final_gguf, path)
     else:
-        path.write_bytes({"zero-byte": b"", "truncated": good[: len(good) // 3],
-                          "foreign bytes": b"PK\x03\x04" + bytes(range(256)) * 40,
-                          "gguf header only": good[:64]}[kind])
+        path.write_bytes(
+            {
+                "zero-byte": b"",
+                "truncated": good[: len(good) // 3],
+                "foreign bytes": b"PK\x03\x04" + bytes(range(256)) * 40,
+                "gguf header only": good[:64],
+            }[kind]
+        )
     return {"materials.student.path": str(path)}
 
 
-SETTING_CHANGES = {"mock off, no teacher": {"precompute.mock_teacher": False},
-                   # within the schema, not the RAM
-                   "absurd width": {"train.width": 16384, "train.depth": 64},
-                   "no such device": {"train.device": "cuda:7", "train.lr": 1e-3}}
-BAD_INPUTS = ["zero-byte", "truncated", "foreign bytes", "gguf header only", "adapter gguf", *SETTING_CHANGES]
+SETTING_CHANGES = {
+    "mock off, no teacher": {"precompute.mock_teacher": False},
+    # within the schema, not the RAM
+    "absurd width": {"train.width": 16384, "train.depth": 64},
+    "no such device": {"train.device": "cuda:7", "train.lr": 1e-3},
+}
+BAD_INPUTS = [
+    "zero-byte",
+    "truncated",
+    "foreign bytes",
+    "gguf header only",
+    "adapter gguf",
+    *SETTING_CHANGES,
+]
 
 
 @pytest.mark.parametrize("kind", BAD_INPUTS)
@@ -437,7 +514,9 @@ def test_a_bad_new_input_is_refused_before_anything_is_invalidated(kind, referen
     with pytest.raises(UserError) as err:
         run_pipeline(root)
     message = str(err.value)
-    assert "\n" not in message and "Traceback" not in message and message.endswith((".", ")")), message
+    assert "\n" not in message and "Traceback" not in message and message.endswith((".", ")")), (
+        message
+    )
     assert _tree_bytes(root) == before
     assert not any(p.name.startswith("checkpoints.stale-") for p in root.iterdir())
 

@@ -68,7 +68,10 @@ def test_demo_beats_the_mean_baseline_on_vision_and_text_positions(demo):
           f"{m['cos_txt']:.4f} (baseline {base['baseline_cos_txt']:.4f})")
     assert ev["mock"] is False and "note" not in ev
     assert ev["val_cos"] > base["baseline_cos"] + 0.05
-    assert m["cos_vis"] > base["baseline_cos_vis"] + 0.05 and m["cos_txt"] > base["baseline_cos_txt"] + 0.05
+    assert (
+        m["cos_vis"] > base["baseline_cos_vis"] + 0.05
+        and m["cos_txt"] > base["baseline_cos_txt"] + 0.05
+    )
     # eval.json's per-tag baselines are the train mean scored on the val rows of each kind,
     # recomputed here from the shards alone
     from_shards = _tag_baselines(proj)
@@ -91,21 +94,25 @@ def test_shards_hold_the_teachers_rows_for_the_engine_template(demo):
     i = next(k for k in range(shard.n) if shard.t["vis_len"][k] > 0)
     j = next(k for k in range(shard.n) if shard.t["vis_len"][k] == 0)
     assert sup[i] == 64 and sup[j] == 34
-    ids = shard.t["student_ids"][shard.s_off[i]: shard.s_off[i + 1]].tolist()
+    ids = shard.t["student_ids"][shard.s_off[i] : shard.s_off[i + 1]].tolist()
     runs = image_runs(ids, IMAGE_PAD_ID)
     assert runs[0][0] == 70
     rows, pos = shard.vision(i)
     assert pos.tolist() == [p for s, n in runs for p in range(s, s + n)]
-    teacher = load_qwen3vl_teacher(proj.material_path("teacher"), "cpu", "cpu",
-                                   student_pieces=proj.pack.student_pieces,
-                                   template=proj.pack.teacher_template())
+    teacher = load_qwen3vl_teacher(
+        proj.material_path("teacher"),
+        "cpu",
+        "cpu",
+        student_pieces=proj.pack.student_pieces,
+        template=proj.pack.teacher_template(),
+    )
     try:
         sample = samples[index[i]]
         fresh = teacher.vision(list(sample.images))
         assert torch.allclose(torch.cat(fresh), rows.float(), atol=0.02, rtol=0.02)  # bf16 storage
         segs, at = [], 0
-        for (s, n) in runs:
-            segs.append(VisionSegment(s, rows[at: at + n].float()))
+        for s, n in runs:
+            segs.append(VisionSegment(s, rows[at : at + n].float()))
             at += n
         want = teacher.targets([sample], [ids], [segs])[0].rows
     finally:
@@ -123,10 +130,16 @@ def test_inspect_reads_the_vision_extension_and_load_gguf_runs_with_vision(demo)
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     g = report["geometry"]
-    assert report["trainer_kind"] == "token_aligned_vision" and g["has_vision_proj"] and g["has_vis_in"]
+    assert (
+        report["trainer_kind"] == "token_aligned_vision"
+        and g["has_vision_proj"]
+        and g["has_vis_in"]
+    )
     assert g["vis_dim"] == g["out_dim"] == 64  # the tiny teacher's widths, read from the shards
     fitted = load_vision_proj(proj.paths.vision_proj)
-    np.testing.assert_array_equal(read_adapter_arrays(proj.final_gguf)["vision_proj.weight"], fitted.numpy())
+    np.testing.assert_array_equal(
+        read_adapter_arrays(proj.final_gguf)["vision_proj.weight"], fitted.numpy()
+    )
     shard = Shard(shard_files(proj.paths.shard_dir("val"))[0])
     i = next(k for k in range(shard.n) if shard.t["vis_len"][k] > 0)
     hidden = shard.student(i).float()

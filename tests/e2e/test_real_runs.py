@@ -29,8 +29,14 @@ KILL_TEST = {"train.steps": 150}
 
 
 def cli(*args, env=None, timeout=240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gguf_trainer.cli", *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, **(env or {})}, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "gguf_trainer.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
 
 
 @pytest.fixture
@@ -65,17 +71,31 @@ def reference(tmp_path_factory, tiny_materials):
 
 def _reached(state: dict, target: str) -> bool:
     stage = state.get("stage")
-    return state.get("status") == "done" or (stage in STAGES and STAGES.index(stage) >= STAGES.index(target))
+    return state.get("status") == "done" or (
+        stage in STAGES and STAGES.index(stage) >= STAGES.index(target)
+    )
 
 
-def test_kill9_in_every_stage_then_resume_is_bit_identical(reference, tmp_path, tiny_materials, home):
+def test_kill9_in_every_stage_then_resume_is_bit_identical(
+    reference, tmp_path, tiny_materials, home
+):
     root = tmp_path / "proj"
     proj = make_project(root, PACK, tiny_materials, **KILL_TEST)
     paths = ProjectPaths(root)
     rng = random.Random(1234)
     killed_in = []
-    for target in ["precompute_val", "precompute_train", "precompute_train", "train", "train", "train",
-                   "export", "eval", None, None]:
+    for target in [
+        "precompute_val",
+        "precompute_train",
+        "precompute_train",
+        "train",
+        "train",
+        "train",
+        "export",
+        "eval",
+        None,
+        None,
+    ]:
         res = cli("start", "--project", root)
         assert res.returncode == 0, res.stderr
         pid = wait_for(lambda: lock.probe(paths))
@@ -104,7 +124,11 @@ def test_kill9_in_every_stage_then_resume_is_bit_identical(reference, tmp_path, 
         wait_idle(paths)
     assert read_state(root)["status"] == "done", (root / "pipeline.log").read_text()[-3000:]
     assert_same_tensors(adapter_tensors(proj.final_gguf), reference)
-    steps = [r["step"] for r in map(json.loads, paths.metrics_jsonl.read_text().splitlines()) if "loss" in r]
+    steps = [
+        r["step"]
+        for r in map(json.loads, paths.metrics_jsonl.read_text().splitlines())
+        if "loss" in r
+    ]
     assert len(steps) == len(set(steps))
     print("killed in", killed_in)
 
@@ -132,12 +156,22 @@ def test_stop_inside_precompute_ends_within_one_teacher_batch(tmp_path, tiny_mat
     starts lands mid-shard, so the pipeline ends before the shard is complete (it is
     checked before every teacher batch) and discards the partial shard."""
     root = tmp_path / "proj"
-    make_project(root, PACK, tiny_materials, **{
-        "corpus.n_train": 100, "precompute.shard_size": 200, "precompute.teacher_batch": 1,
-        "precompute.student_batch": 1})
+    make_project(
+        root,
+        PACK,
+        tiny_materials,
+        **{
+            "corpus.n_train": 100,
+            "precompute.shard_size": 200,
+            "precompute.teacher_batch": 1,
+            "precompute.student_batch": 1,
+        },
+    )
     paths = ProjectPaths(root)
     assert cli("start", "--project", root).returncode == 0
-    wait_for(lambda: read_state(root).get("stage") == "precompute_train", timeout_s=120, poll_s=0.002)
+    wait_for(
+        lambda: read_state(root).get("stage") == "precompute_train", timeout_s=120, poll_s=0.002
+    )
     paths.stop_request.write_text("stop\n")  # what `gguf-trainer stop` does first
     wait_idle(paths)
     st = read_state(root)

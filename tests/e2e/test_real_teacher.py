@@ -19,7 +19,14 @@ from gguf_trainer.packs.base import Material
 from gguf_trainer.packs.t5xxl_pixart import PixArtT5Pack
 
 HIDDEN = 32
-SPIECE = Path(__file__).parents[2] / "gguf_trainer" / "packs" / "demo_materials" / "t5xxl_pixart" / "spiece.model"
+SPIECE = (
+    Path(__file__).parents[2]
+    / "gguf_trainer"
+    / "packs"
+    / "demo_materials"
+    / "t5xxl_pixart"
+    / "spiece.model"
+)
 
 
 class TinyRealT5Pack(PixArtT5Pack):
@@ -37,8 +44,13 @@ class TinyRealT5Pack(PixArtT5Pack):
     def load_teacher(self, materials, plan, device):
         from gguf_trainer.teachers.t5 import load_t5_teacher
 
-        return load_t5_teacher(materials["teacher"], device, plan.mode, window=self.num_queries,
-                               vocab_limit=self.seed_vocab)
+        return load_t5_teacher(
+            materials["teacher"],
+            device,
+            plan.mode,
+            window=self.num_queries,
+            vocab_limit=self.seed_vocab,
+        )
 
 
 register(TinyRealT5Pack())
@@ -50,9 +62,19 @@ def write_tiny_t5(folder: Path) -> Path:
     from transformers import T5Config, T5EncoderModel
 
     torch.manual_seed(3)
-    config = T5Config(vocab_size=256, d_model=HIDDEN, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
-                      feed_forward_proj="gated-gelu", is_encoder_decoder=False, use_cache=False,
-                      tie_word_embeddings=False, dropout_rate=0.0)
+    config = T5Config(
+        vocab_size=256,
+        d_model=HIDDEN,
+        d_kv=8,
+        d_ff=64,
+        num_layers=2,
+        num_heads=4,
+        feed_forward_proj="gated-gelu",
+        is_encoder_decoder=False,
+        use_cache=False,
+        tie_word_embeddings=False,
+        dropout_rate=0.0,
+    )
     model = T5EncoderModel(config).eval()
     model.save_pretrained(folder, safe_serialization=True)
     shutil.copy(SPIECE, folder / "spiece.model")
@@ -64,8 +86,12 @@ def real_run(tmp_path_factory, tiny_materials):
     base = tmp_path_factory.mktemp("real")
     teacher = write_tiny_t5(base / "tiny-t5")
     root = base / "proj"
-    make_project(root, TinyRealT5Pack.id, tiny_materials, **{
-        "precompute.mock_teacher": False, "train.steps": 30, "train.val_every": 10})
+    make_project(
+        root,
+        TinyRealT5Pack.id,
+        tiny_materials,
+        **{"precompute.mock_teacher": False, "train.steps": 30, "train.val_every": 10},
+    )
     project_mod.update_settings(root, {"materials.teacher.path": str(teacher)})
     assert run_pipeline(root) == "done"
     return {"root": root, "teacher": teacher, "project": project_mod.load_project(root)}
@@ -97,7 +123,9 @@ def test_reexport_after_the_teacher_folder_is_deleted(real_run, tmp_path):
     assert run_pipeline(root, only=["export", "eval"], force=True) == "done"
     assert_same_tensors(adapter_tensors(proj.final_gguf), before)
     # nothing was invalidated: shards and checkpoints are the ones trained
-    assert (root / "checkpoints" / "best.pt").exists() and any((root / "shards" / "train").iterdir())
+    assert (root / "checkpoints" / "best.pt").exists() and any(
+        (root / "shards" / "train").iterdir()
+    )
     # a stage that needs the teacher again names what is missing
     project_mod.update_settings(root, {"precompute.shard_size": 7})
     with pytest.raises(UserError, match="teacher-was-here does not exist"):

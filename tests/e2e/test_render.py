@@ -37,7 +37,9 @@ def setup(tmp_path, monkeypatch):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     ggk = bin_dir / "ggk"
-    ggk.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(str(STAND_IN))} \"$@\"\n")
+    ggk.write_text(
+        f'#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(str(STAND_IN))} "$@"\n'
+    )
     ggk.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     root = tmp_path / "p"
@@ -70,22 +72,44 @@ def test_render_both_halves_with_the_dump_cosine(setup):
     root, models, home = setup
     for name in MAGEFLOW_FILES:
         (models / name).write_bytes(b"x")
-    res = cli_at_home("render", "--project", root, "--prompt", "a sheep in sunglasses", "--seed", "7",
-                      "--models", models, "--wait", home=home)
+    res = cli_at_home(
+        "render",
+        "--project",
+        root,
+        "--prompt",
+        "a sheep in sunglasses",
+        "--seed",
+        "7",
+        "--models",
+        models,
+        "--wait",
+        home=home,
+    )
     assert res.returncode == 0, res.stderr + res.stdout
     (folder,) = (root / "renders").iterdir()
     record = json.loads((folder / "render.json").read_text())
     teacher, adapter = record["halves"]["teacher"], record["halves"]["adapter"]
     # the pack's command for each half: the adapter's --llm/--llm-adapter, the teacher's own LLM
-    assert "--llm-adapter" in adapter["command"] and str(load_project(root).final_gguf) in adapter["command"]
-    assert "--llm-adapter" not in teacher["command"] and "Qwen3-VL-4B-Instruct-f16.gguf" in teacher["command"]
+    assert (
+        "--llm-adapter" in adapter["command"]
+        and str(load_project(root).final_gguf) in adapter["command"]
+    )
+    assert (
+        "--llm-adapter" not in teacher["command"]
+        and "Qwen3-VL-4B-Instruct-f16.gguf" in teacher["command"]
+    )
     for h in (teacher, adapter):
         argv = shlex.split(h["command"])
-        assert argv[argv.index("-p") + 1] == "a sheep in sunglasses" and argv[argv.index("-s") + 1] == "7"
+        assert (
+            argv[argv.index("-p") + 1] == "a sheep in sunglasses"
+            and argv[argv.index("-s") + 1] == "7"
+        )
         assert Path(h["image"]).read_bytes().startswith(b"\x89PNG")
     # MageFlow's command already runs at CFG 1: its own dump is the prompt's, no extra pass
     assert "cond_command" not in adapter
-    ref = np.fromfile(folder / "teacher-dump" / "llm_hidden.bin", "<f4").reshape(len("a sheep in sunglasses"), -1)
+    ref = np.fromfile(folder / "teacher-dump" / "llm_hidden.bin", "<f4").reshape(
+        len("a sheep in sunglasses"), -1
+    )
     pred = np.fromfile(folder / "adapter-dump" / "adapter_out.bin", "<f4").reshape(ref.shape)
     assert record["figures"]["cos"] == pytest.approx(compare(pred, ref)["cos"], rel=1e-9)
     assert "adapter vs teacher" in record["figures_note"]

@@ -37,7 +37,9 @@ def test_demo_trains_against_the_tiny_real_teacher(demo):
     assert proj.settings.precompute.mock_teacher is False
     ev = json.loads(proj.paths.eval_json.read_text())
     base = ev["baseline"]["baseline_cos"]
-    print(f"demo --pack t5xxl_pixart --steps 40 (tiny real T5): val cos {ev['val_cos']:.4f} vs mean baseline {base:.4f}")
+    print(
+        f"demo --pack t5xxl_pixart --steps 40 (tiny real T5): val cos {ev['val_cos']:.4f} vs mean baseline {base:.4f}"
+    )
     assert ev["mock"] is False and "note" not in ev
     assert ev["val_cos"] > base + 0.05  # learned the teacher beyond the per-dimension mean
     assert ev["roundtrip_cos"] > 0.999
@@ -57,8 +59,9 @@ def test_the_shards_hold_the_engine_t5_window_ids(demo):
     tok = SeedTokenizer(proj.material_path("teacher") / "spiece.model", window=120)
     texts = [s.text for s in iter_samples(proj.paths.data / "val.jsonl")]
     shard = load_verified(shard_files(proj.paths.shard_dir("val"))[0])
-    for index, ids, n_rows in zip(shard["sample_index"].tolist(), shard["seed_ids"].tolist(),
-                                  shard["target_len"].tolist()):
+    for index, ids, n_rows in zip(
+        shard["sample_index"].tolist(), shard["seed_ids"].tolist(), shard["target_len"].tolist()
+    ):
         assert ids == tok.seed_ids(texts[index])
         assert n_rows == sum(1 for i in ids if i)  # the real slots, EOS included, are stored
     assert shard["target_rows"].shape[1] == 64  # the tiny teacher's d_model, read from the shards
@@ -80,7 +83,11 @@ def test_inspect_reads_a_seeded_resampler_and_load_gguf_runs_it(demo):
     prompts = ["close-up portrait of a young lady", ""]
     ids, keep = pad_batch(tokenize(student.tokenizer, prompts))
     with torch.no_grad():
-        rows = adapter(student.hidden(ids, keep).float(), keep, torch.tensor([tok.seed_ids(p) for p in prompts]))
+        rows = adapter(
+            student.hidden(ids, keep).float(),
+            keep,
+            torch.tensor([tok.seed_ids(p) for p in prompts]),
+        )
     assert rows.shape == (2, 120, 64) and torch.isfinite(rows).all()
 
 
@@ -118,8 +125,16 @@ def test_a_300_slot_window_exports_300_queries(demo, tmp_path):
     stale = stale_stages(proj, stage_objects(), inputs)
     assert "corpus" not in stale and "train" in stale and inputs["train"]["num_queries"] == 300
     assert "(contract, max_len_teacher)" in stale["precompute_val"], stale
-    project_mod.update_settings(root, {"corpus.n_train": 48, "corpus.n_val": 16, "train.steps": 10,
-                                       "train.val_every": 10, "export.output_dir": str(root / "output")})
+    project_mod.update_settings(
+        root,
+        {
+            "corpus.n_train": 48,
+            "corpus.n_val": 16,
+            "train.steps": 10,
+            "train.val_every": 10,
+            "export.output_dir": str(root / "output"),
+        },
+    )
     out = cli("run", "--project", root, home=demo["home"])
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     proj = project_mod.load_project(root)
@@ -153,7 +168,9 @@ def test_a_factorized_export_is_what_the_engine_runs(demo, tmp_path, capsys):
     path = tmp_path / "fz-f16.gguf"
     export_checkpoint(proj, "best", path, is_snapshot=False)
     view = read_adapter(path)
-    assert view.kind == "seeded_resampler_factorized" and view.embed_rank == rank and not view.problems
+    assert (
+        view.kind == "seeded_resampler_factorized" and view.embed_rank == rank and not view.problems
+    )
     table = seed_table(view)
     assert table["saved_bytes"] > 0 and table["full_bytes"] == 32128 * view.width * 2
     err = float(view.metadata["adapter.seed_svd_rel_error"])
@@ -174,11 +191,15 @@ def test_a_factorized_export_is_what_the_engine_runs(demo, tmp_path, capsys):
             got = adapter(hidden, None, seeds)[0].numpy()
         rel = float(np.abs(got - ref).max() / np.abs(ref).max())
         assert rel <= 1e-5, rel
-        full = engine_forward(demo["project"].final_gguf, hidden[0].numpy(), seed_ids=seeds[0].numpy())
+        full = engine_forward(
+            demo["project"].final_gguf, hidden[0].numpy(), seed_ids=seeds[0].numpy()
+        )
         gaps.append(float(np.linalg.norm(ref - full) / np.linalg.norm(full)))
     with capsys.disabled():
-        print(f"\nfactorized PixArt demo export, rank {rank}: engine vs load_gguf <= 1e-5; "
-              f"gap to the full-table export {max(gaps):.4g} (relative, over 120 slots); "
-              f"SVD reconstruction error of the seed table {err:.4g}; "
-              f"{table['saved_bytes'] / 1024**2:.1f} MiB saved")
+        print(
+            f"\nfactorized PixArt demo export, rank {rank}: engine vs load_gguf <= 1e-5; "
+            f"gap to the full-table export {max(gaps):.4g} (relative, over 120 slots); "
+            f"SVD reconstruction error of the seed table {err:.4g}; "
+            f"{table['saved_bytes'] / 1024**2:.1f} MiB saved"
+        )
     assert max(gaps) > 0

@@ -32,10 +32,21 @@ def isolated_env(base: Path) -> dict:
     home = base / "home"
     for d in (home, base / "gt_home", base / "projects"):
         d.mkdir(parents=True, exist_ok=True)
-    env.update(HOME=str(home), GGUF_TRAINER_HOME=str(base / "gt_home"),
-               GGUF_TRAINER_PROJECTS=str(base / "projects"), HF_HOME=str(home / ".cache" / "huggingface"),
-               GRADIO_ANALYTICS_ENABLED="False", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="2")
-    for key in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "GGUF_TRAINER_MOCK_TEACHER", "GGUF_TRAINER_MATERIALS"):
+    env.update(
+        HOME=str(home),
+        GGUF_TRAINER_HOME=str(base / "gt_home"),
+        GGUF_TRAINER_PROJECTS=str(base / "projects"),
+        HF_HOME=str(home / ".cache" / "huggingface"),
+        GRADIO_ANALYTICS_ENABLED="False",
+        PYTHONUNBUFFERED="1",
+        OMP_NUM_THREADS="2",
+    )
+    for key in (
+        "HF_TOKEN",
+        "HUGGING_FACE_HUB_TOKEN",
+        "GGUF_TRAINER_MOCK_TEACHER",
+        "GGUF_TRAINER_MATERIALS",
+    ):
         env.pop(key, None)
     pypath = [str(REPO), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]]
     env["PYTHONPATH"] = os.pathsep.join(pypath)
@@ -53,8 +64,20 @@ class GuiServer:
         self.log_path = base / f"gui-{self.port}.log"
         with open(self.log_path, "wb") as log:  # the child keeps its own descriptor
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "gguf_trainer.cli", "--no-browser", "--port", str(self.port),
-                 *(extra_args or [])], cwd=base, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+                [
+                    sys.executable,
+                    "-m",
+                    "gguf_trainer.cli",
+                    "--no-browser",
+                    "--port",
+                    str(self.port),
+                    *(extra_args or []),
+                ],
+                cwd=base,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         self._wait_up()
 
     def _wait_up(self, timeout_s: float = 90.0) -> None:
@@ -87,9 +110,24 @@ class GuiServer:
 
 def demo_project(env: dict, dest: Path, steps: int) -> Path:
     """`gguf-trainer demo --no-run` in the isolated env (mock teacher, tiny student)."""
-    res = subprocess.run([sys.executable, "-m", "gguf_trainer.cli", "demo", "--dir", str(dest),
-                          "--steps", str(steps), "--no-run"], env=env, capture_output=True, text=True,
-                         timeout=120, check=False)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gguf_trainer.cli",
+            "demo",
+            "--dir",
+            str(dest),
+            "--steps",
+            str(steps),
+            "--no-run",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert res.returncode == 0, res.stderr + res.stdout
     return dest
 

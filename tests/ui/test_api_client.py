@@ -54,9 +54,23 @@ def test_api_end_to_end(gui, token_file):
     mats = src / "materials"
     api = Recorder(gui.url)
     names = set(api.client.view_api(print_info=False, return_format="dict")["named_endpoints"])
-    for name in ("create_project", "open_project", "save_settings", "start", "stop", "kill", "status",
-                 "set_steps", "snapshot", "export", "list_snapshots", "read_eval", "materials",
-                 "download_missing", "reset"):
+    for name in (
+        "create_project",
+        "open_project",
+        "save_settings",
+        "start",
+        "stop",
+        "kill",
+        "status",
+        "set_steps",
+        "snapshot",
+        "export",
+        "list_snapshots",
+        "read_eval",
+        "materials",
+        "download_missing",
+        "reset",
+    ):
         assert f"/{name}" in names
     assert not any(n.startswith(("/do_", "/lambda")) for n in names)  # UI events are not API
 
@@ -66,9 +80,13 @@ def test_api_end_to_end(gui, token_file):
 
     changes = dict(demo_overrides("t5xxl_pixart", mats / "demo_prompts.txt", 20))
     changes.update(SMALL)
-    changes.update({"materials.student.path": str(mats / "pig_clip-tiny-f16.gguf"),
-                    "materials.student_tokenizer.path": str(mats / "pig-clip-tokenizer"),
-                    "export.output_dir": str(gui.base / "projects" / "api_out")})
+    changes.update(
+        {
+            "materials.student.path": str(mats / "pig_clip-tiny-f16.gguf"),
+            "materials.student_tokenizer.path": str(mats / "pig-clip-tokenizer"),
+            "export.output_dir": str(gui.base / "projects" / "api_out"),
+        }
+    )
     res = api("/save_settings", root, changes, view["settings"])
     assert res["ok"], res["message"]
 
@@ -81,8 +99,14 @@ def test_api_end_to_end(gui, token_file):
 
     # one stale field: changed on disk by the CLI after the page read it
     view = api("/open_project", root)
-    cli = subprocess.run([sys.executable, "-m", "gguf_trainer.cli", "set", "--project", root, "--steps", "30"],
-                         env=env, capture_output=True, text=True, timeout=60, check=False)
+    cli = subprocess.run(
+        [sys.executable, "-m", "gguf_trainer.cli", "set", "--project", root, "--steps", "30"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert cli.returncode == 0, cli.stderr
     res = api("/save_settings", root, {"train.steps": 25, "train.lr": 0.003}, view["settings"])
     assert not res["ok"] and res["conflicts"]["train.steps"]["disk"] == 30
@@ -92,8 +116,12 @@ def test_api_end_to_end(gui, token_file):
 
     started = api("/start", root, None, False)
     assert started["pid"] > 0
-    info = wait_for(lambda: (s := api("/status", root))["status"] in ("done", "failed", "interrupted") and s,
-                    240, "the run to end", every_s=1.0)
+    info = wait_for(
+        lambda: (s := api("/status", root))["status"] in ("done", "failed", "interrupted") and s,
+        240,
+        "the run to end",
+        every_s=1.0,
+    )
     assert info["status"] == "done", info["message"]
     assert info["mock"] is True and info["step"] == 30
 
@@ -102,8 +130,14 @@ def test_api_end_to_end(gui, token_file):
 
     job = api("/snapshot", root, "best", False)
     assert job["status"] in ("running", "done")
-    wait_for(lambda: ((api("/status", root).get("jobs") or {}).get("snapshot") or {}).get("status")
-             in ("done", "failed"), 120, "the snapshot job")
+    wait_for(
+        lambda: (
+            ((api("/status", root).get("jobs") or {}).get("snapshot") or {}).get("status")
+            in ("done", "failed")
+        ),
+        120,
+        "the snapshot job",
+    )
     snaps = api("/list_snapshots", root)
     assert len(snaps) == 1 and snaps[0]["checkpoint"] == "best" and snaps[0]["step"] <= 30
 

@@ -27,13 +27,19 @@ TABS = ("Setup", "Train", "Hardware", "Logs", "Output")
 @pytest.fixture(scope="module")
 def browser():
     if not Path(CHROMIUM).exists():
-        pytest.fail(f"Chromium not found at {CHROMIUM}: install it with `apt-get install -y chromium` "
-                    "(or point GGUF_TRAINER_CHROMIUM at a chromium binary)", pytrace=False)
+        pytest.fail(
+            f"Chromium not found at {CHROMIUM}: install it with `apt-get install -y chromium` "
+            "(or point GGUF_TRAINER_CHROMIUM at a chromium binary)",
+            pytrace=False,
+        )
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        pytest.fail("the playwright package is missing: pip install playwright (Chromium itself "
-                    "comes from apt: apt-get install -y chromium)", pytrace=False)
+        pytest.fail(
+            "the playwright package is missing: pip install playwright (Chromium itself "
+            "comes from apt: apt-get install -y chromium)",
+            pytrace=False,
+        )
 
     with sync_playwright() as pw:
         b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
@@ -94,8 +100,13 @@ def demo_root(gui) -> Path:
     from gguf_trainer.runner import control
 
     root = demo_project(gui.env, gui.base / "projects" / "demo_browser", steps=2000)
-    small = {"precompute.mock_teacher": True, "corpus.n_train": 96, "corpus.n_val": 16,
-             "precompute.shard_size": 32, "precompute.val_shard_size": 16}
+    small = {
+        "precompute.mock_teacher": True,
+        "corpus.n_train": 96,
+        "corpus.n_val": 16,
+        "precompute.shard_size": 32,
+        "precompute.val_shard_size": 16,
+    }
     assert control.update_settings(root, small, None).ok
     return root
 
@@ -136,7 +147,9 @@ def test_gui_run_stop_resume_copy_and_screenshots(page, gui, shots, demo_root):
     assert pg.locator("#btn-start").inner_text().strip() == "Resume"
     assert pg.locator("#btn-stop").is_disabled()
     pg.locator("#btn-start").click()
-    wait_for(lambda: "RUNNING" in pg.locator("#train-banner").inner_text(), 300, "the run to resume")
+    wait_for(
+        lambda: "RUNNING" in pg.locator("#train-banner").inner_text(), 300, "the run to resume"
+    )
     wait_for(lambda: (train_step(pg) or 0) > stopped_at, 300, "training to continue after resume")
 
     # planned steps, by state and not by speed: stop, plan two steps past the step the run
@@ -146,25 +159,35 @@ def test_gui_run_stop_resume_copy_and_screenshots(page, gui, shots, demo_root):
     target = int(control.status(root)["step"]) + 2
     steps_box(pg).fill(str(target))
     pg.locator("#btn-apply-steps").click()
-    wait_for(lambda: f"train.steps = {target}" in pg.locator("body").inner_text(), 60, "the steps note")
+    wait_for(
+        lambda: f"train.steps = {target}" in pg.locator("body").inner_text(), 60, "the steps note"
+    )
     pg.locator("#btn-start").click()
     wait_for(lambda: "DONE" in pg.locator("#train-banner").inner_text(), 900, "the run to finish")
     assert "stage-done" in pg.locator("#stage-eval").get_attribute("class")
     # one pair of numbers everywhere (issue 24: "5680 / 8000" beside "8000/8000")
-    wait_for(lambda: f"step {target} / {target}" in pg.locator("#train-banner").inner_text(), 60,
-             "the banner's step counts")
+    wait_for(
+        lambda: f"step {target} / {target}" in pg.locator("#train-banner").inner_text(),
+        60,
+        "the banner's step counts",
+    )
     assert f"{target}/{target} steps" in stage_text(pg, "train")
     assert f"{target} / {target}" in pg.locator("#train-metrics").inner_text()
     assert steps_box(pg).input_value() == str(target)
     assert "ETA" not in stage_text(pg, "train")  # the ETA is shown once, in the progress line
     pg.wait_for_timeout(1500)  # let the chart finish drawing
-    strokes = pg.locator("#cos-plot .mark-line path").evaluate_all("ps => ps.map(p => p.getAttribute('stroke'))")
+    strokes = pg.locator("#cos-plot .mark-line path").evaluate_all(
+        "ps => ps.map(p => p.getAttribute('stroke'))"
+    )
     assert len(strokes) == 2 and all(strokes), strokes  # train cos and val cos, each coloured
     # both are labelled: the legend is inside the chart's box, not cut off below it
     legend = pg.locator("#cos-plot .role-legend")
     assert "train cos" in legend.text_content() and "val cos" in legend.text_content()
-    assert legend.bounding_box()["y"] + legend.bounding_box()["height"] <= \
-        pg.locator("#cos-plot").bounding_box()["y"] + pg.locator("#cos-plot").bounding_box()["height"]
+    assert (
+        legend.bounding_box()["y"] + legend.bounding_box()["height"]
+        <= pg.locator("#cos-plot").bounding_box()["y"]
+        + pg.locator("#cos-plot").bounding_box()["height"]
+    )
     pg.screenshot(path=str(shots / "gui-train.png"), full_page=True)
 
     # Output: the ggk command, and Copy puts it on the clipboard
@@ -177,14 +200,21 @@ def test_gui_run_stop_resume_copy_and_screenshots(page, gui, shots, demo_root):
     pg.screenshot(path=str(shots / "gui-output.png"), full_page=True)
 
     tab(pg, "Logs")
-    wait_for(lambda: "launch" in pg.locator("#log-text textarea").input_value(), 30, "the pipeline log")
-    gap = "(() => { const t = document.querySelector('#log-text textarea'); " \
-          "return t.scrollHeight - t.scrollTop - t.clientHeight; })()"
+    wait_for(
+        lambda: "launch" in pg.locator("#log-text textarea").input_value(), 30, "the pipeline log"
+    )
+    gap = (
+        "(() => { const t = document.querySelector('#log-text textarea'); "
+        "return t.scrollHeight - t.scrollTop - t.clientHeight; })()"
+    )
     wait_for(lambda: pg.evaluate(gap) < 5, 10, "the log to show its end")
     pg.screenshot(path=str(shots / "gui-logs.png"), full_page=True)
     pg.locator("#log-which").get_by_text("Training progress").click()
-    wait_for(lambda: re.search(r"step \d+: loss", pg.locator("#log-text textarea").input_value()), 60,
-             "the training progress lines")
+    wait_for(
+        lambda: re.search(r"step \d+: loss", pg.locator("#log-text textarea").input_value()),
+        60,
+        "the training progress lines",
+    )
     tab(pg, "Hardware")
     pg.screenshot(path=str(shots / "gui-hardware.png"), full_page=True)
 
@@ -192,7 +222,9 @@ def test_gui_run_stop_resume_copy_and_screenshots(page, gui, shots, demo_root):
     tab(pg, "Setup")
     pg.locator("#hf-token input").fill(TOKEN)
     pg.locator("#btn-token").click()
-    wait_for(lambda: "token is stored" in pg.locator("#token-md").inner_text(), 30, "the token status")
+    wait_for(
+        lambda: "token is stored" in pg.locator("#token-md").inner_text(), 30, "the token status"
+    )
     token_file = Path(gui.env["HF_HOME"]) / "token"
     assert token_file.read_text() == TOKEN
     assert pg.locator("#hf-token input").input_value() == ""
@@ -221,7 +253,11 @@ def test_file_browser_and_field_errors(page, gui, demo_root):
     wait_for(lambda: str(root) in pg.locator("#header").inner_text(), 60, "the project to open")
     pg.locator("#browse-materials-student-path").click()  # a field far below the project box
     wait_for(lambda: pg.locator("#fb-entries").first.is_visible(), 60, "the file browser")
-    wait_for(lambda: "pig_clip-tiny-f16.gguf" in pg.locator("#fb-entries").inner_text(), 60, "the listing")
+    wait_for(
+        lambda: "pig_clip-tiny-f16.gguf" in pg.locator("#fb-entries").inner_text(),
+        60,
+        "the listing",
+    )
     # it opens in view, saying which field asked (issue 24: it opened by the project box)
     box = pg.locator("#file-browser").first.bounding_box()  # (Gradio repeats the id inside)
     assert 0 <= box["y"] < 1000 - 200 and 0 <= box["x"] < 1400, box
@@ -232,7 +268,9 @@ def test_file_browser_and_field_errors(page, gui, demo_root):
     folder = pg.locator("#fb-folder textarea, #fb-folder input").first
     folder.fill("/etc")
     folder.press("Enter")
-    wait_for(lambda: "outside the browse roots" in pg.locator("#fb-msg").inner_text(), 60, "the refusal")
+    wait_for(
+        lambda: "outside the browse roots" in pg.locator("#fb-msg").inner_text(), 60, "the refusal"
+    )
     assert pg.locator("#fb-entries input").count() == 0  # the old listing is gone, not left to pick
     assert "passwd" not in pg.locator("#fb-entries").inner_text()
     pg.locator("#file-browser").get_by_role("button", name="Close").click()
@@ -241,7 +279,9 @@ def test_file_browser_and_field_errors(page, gui, demo_root):
     # files were linked into real projects without a word)
     student_row = pg.locator("#materials-md tr", has_text="Student: pig_clip GGUF")
     assert "in the project folder" in student_row.inner_text()
-    pg.locator("#replace-path textarea, #replace-path input").first.fill(str(root / "README-none.gguf"))
+    pg.locator("#replace-path textarea, #replace-path input").first.fill(
+        str(root / "README-none.gguf")
+    )
     pg.locator("#btn-replace").click()
     wait_for(lambda: "does not exist" in pg.locator("body").inner_text(), 60, "the refused replace")
     assert no_error_badge(pg)
@@ -251,7 +291,9 @@ def test_file_browser_and_field_errors(page, gui, demo_root):
     had_checkpoints = (root / "checkpoints").is_dir()
     pg.get_by_text("Reset…", exact=True).first.click()
     pg.locator("#btn-reset").click()
-    wait_for(lambda: "deletes exactly" in pg.locator("#reset-plan").inner_text(), 30, "the reset plan")
+    wait_for(
+        lambda: "deletes exactly" in pg.locator("#reset-plan").inner_text(), 30, "the reset plan"
+    )
     assert ("checkpoints" in pg.locator("#reset-plan").inner_text()) == had_checkpoints
     pg.get_by_role("button", name="Cancel").click()
     assert (root / "checkpoints").is_dir() == had_checkpoints  # nothing deleted
@@ -260,9 +302,15 @@ def test_file_browser_and_field_errors(page, gui, demo_root):
     # the memory pre-flight of the saved settings, asked in a subprocess (the GUI has no torch)
     pg.locator("#btn-preflight").click()
     try:
-        wait_for(lambda: "Pre-flight: fits" in pg.locator("#preflight-md").inner_text(), 300, "the pre-flight")
+        wait_for(
+            lambda: "Pre-flight: fits" in pg.locator("#preflight-md").inner_text(),
+            300,
+            "the pre-flight",
+        )
     except AssertionError as e:  # say what the page showed instead
-        raise AssertionError(f"{e}; it shows {pg.locator('#preflight-md').inner_text()!r}") from None
+        raise AssertionError(
+            f"{e}; it shows {pg.locator('#preflight-md').inner_text()!r}"
+        ) from None
 
     # an invalid value is refused next to its field, nothing else is lost
     width = pg.locator("#f-train-width input")
@@ -283,10 +331,15 @@ def test_create_a_project_in_the_page(page, gui):
     pg.locator("#new-parent textarea, #new-parent input").first.fill(str(parent))
     pg.locator("#new-name textarea, #new-name input").first.fill("made_in_page")
     pg.locator("#btn-create").click()
-    wait_for(lambda: str(parent / "made_in_page") in pg.locator("#header").inner_text(), 60,
-             "the new project to open")
+    wait_for(
+        lambda: str(parent / "made_in_page") in pg.locator("#header").inner_text(),
+        60,
+        "the new project to open",
+    )
     assert (parent / "made_in_page" / "project.json").is_file()
     pg.locator("#btn-create").click()  # again: refused with the sentence, nothing overwritten
-    wait_for(lambda: "already holds a project" in pg.locator("body").inner_text(), 60, "the refusal")
+    wait_for(
+        lambda: "already holds a project" in pg.locator("body").inner_text(), 60, "the refusal"
+    )
     assert no_error_badge(pg)  # one warning toast, no red badge left on the Setup parts
     assert pg.errors == [], pg.errors

@@ -40,16 +40,33 @@ def test_gui_words_replace_the_cli_commands():
 def test_a_refused_field_is_marked_in_the_error_style():
     with gr.Blocks():
         fm = form.build()
-    marks = dict(zip(fm.fields, form.mark(fm, {"errors": {"train.width": "100 is not a multiple of 64"}},
-                                          "t5xxl_pixart")))
+    marks = dict(
+        zip(
+            fm.fields,
+            form.mark(
+                fm, {"errors": {"train.width": "100 is not a multiple of 64"}}, "t5xxl_pixart"
+            ),
+        )
+    )
     assert marks["train.width"]["elem_classes"] == ["field", "field-error"]
     assert marks["train.width"]["info"].startswith("⚠ 100 is not")
     assert marks["train.lr"]["elem_classes"] == ["field"]
 
 
 def test_the_banner_shows_words_never_a_dict():
-    info = {"status": "running", "pid": 5, "stage": "train", "stages": {}, "message": "x",
-            "jobs": {"snapshot": {"status": "running", "pid": 9, "progress": {"phase": "exporting",
-                                                                              "updated": 1.0}}}}
+    info = {
+        "status": "running",
+        "pid": 5,
+        "stage": "train",
+        "stages": {},
+        "message": "x",
+        "jobs": {
+            "snapshot": {
+                "status": "running",
+                "pid": 9,
+                "progress": {"phase": "exporting", "updated": 1.0},
+            }
+        },
+    }
     text = train_tab.banner_text(info)
     assert "Snapshot export running (pid 9): exporting" in text and "{" not in text

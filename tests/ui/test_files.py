@@ -72,7 +72,9 @@ def test_roots_are_project_parent_home_and_cli_roots_and_saved_ones(tree, monkey
     monkeypatch.setenv("GGUF_TRAINER_MATERIALS", str(tree["outside"]))
     files.save_roots([str(extra), "  ", str(extra)])
     roots = files.browse_roots(str(proj), [str(tree["tmp"] / "missing"), str(tree["root"])])
-    assert roots == [str(p.resolve()) for p in (proj, tree["root"], tree["home"], tree["outside"], extra)]
+    assert roots == [
+        str(p.resolve()) for p in (proj, tree["root"], tree["home"], tree["outside"], extra)
+    ]
     assert files.saved_roots() == [str(extra)]
     with pytest.raises(UserError, match="absolute"):
         files.save_roots(["relative/dir"])

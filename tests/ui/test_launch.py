@@ -40,7 +40,9 @@ def test_loopback_default_has_no_login_and_the_security_switches():
     said, kw = intercepted(LaunchOptions(port=_free_port(), open_browser=False))
     assert kw["server_name"] == "127.0.0.1" and kw["auth"] is None and kw["share"] is False
     assert kw["strict_cors"] is True and kw["ssr_mode"] is False and kw["run_history"] is False
-    assert kw["enable_monitoring"] is False and kw["allowed_paths"] == [] and kw["inbrowser"] is False
+    assert (
+        kw["enable_monitoring"] is False and kw["allowed_paths"] == [] and kw["inbrowser"] is False
+    )
     blocked = " ".join(kw["blocked_paths"])
     assert ".ssh" in blocked and "huggingface" in blocked
     assert said == []
@@ -70,8 +72,9 @@ def test_loopback_hosts_need_no_login(host):
 
 
 def test_explicit_auth_is_used_and_checked():
-    said, kw = intercepted(LaunchOptions(port=_free_port(), share=True, auth="ann:s3cret:x",
-                                         open_browser=False))
+    said, kw = intercepted(
+        LaunchOptions(port=_free_port(), share=True, auth="ann:s3cret:x", open_browser=False)
+    )
     assert kw["auth"] == ("ann", "s3cret:x") and said == []
     for bad in ("nopassword", ":pw", "user:"):
         with pytest.raises(UserError, match="user:password"):
@@ -85,7 +88,11 @@ def test_busy_port_is_one_sentence(capsys):
         port = s.getsockname()[1]
         with pytest.raises(UserError) as err:
             launch.check_port_free("127.0.0.1", port)
-        assert "\n" not in str(err.value) and f"port {port}" in str(err.value) and "--port" in str(err.value)
+        assert (
+            "\n" not in str(err.value)
+            and f"port {port}" in str(err.value)
+            and "--port" in str(err.value)
+        )
         assert f"by pid {os.getpid()}" in str(err.value)  # the live holder is named
         code = cli.main(["--no-browser", "--port", str(port)])
     assert code == 1
@@ -113,20 +120,46 @@ def test_a_port_left_in_time_wait_is_free_for_a_restart():
 def test_cli_flags_reach_the_launch(monkeypatch, tmp_path):
     seen = []
     monkeypatch.setattr(launch, "serve", lambda opts: seen.append(opts) or 0)
-    assert cli.main(["--no-browser", "--port", "9123", "--host", "0.0.0.0", "--share", "--auth", "a:b",
-                     "--root", str(tmp_path), "--root", "/srv"]) == 0
+    assert (
+        cli.main(
+            [
+                "--no-browser",
+                "--port",
+                "9123",
+                "--host",
+                "0.0.0.0",
+                "--share",
+                "--auth",
+                "a:b",
+                "--root",
+                str(tmp_path),
+                "--root",
+                "/srv",
+            ]
+        )
+        == 0
+    )
     o = seen[0]
     assert (o.port, o.host, o.share, o.auth, o.open_browser, o.roots) == (
-        9123, "0.0.0.0", True, "a:b", False, [str(tmp_path), "/srv"])
+        9123,
+        "0.0.0.0",
+        True,
+        "a:b",
+        False,
+        [str(tmp_path), "/srv"],
+    )
 
 
 def test_importing_and_building_the_gui_imports_no_torch():
-    code = ("import sys; from gguf_trainer.ui.app import build_app; build_app(); "
-            "import gguf_trainer.ui.launch, gguf_trainer.cli; "
-            "bad = [m for m in ('torch', 'transformers', 'datasets') if m in sys.modules]; "
-            "print(bad); sys.exit(1 if bad else 0)")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         check=False)
+    code = (
+        "import sys; from gguf_trainer.ui.app import build_app; build_app(); "
+        "import gguf_trainer.ui.launch, gguf_trainer.cli; "
+        "bad = [m for m in ('torch', 'transformers', 'datasets') if m in sys.modules]; "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
     assert res.returncode == 0, res.stdout + res.stderr
 
 
@@ -144,8 +177,10 @@ def test_gradios_share_lines_become_our_sentence(capsys):
     with launch.ours_for_gradios(opts):
         print("* Running on local URL:  http://127.0.0.1:8655")
         print("* To create a public link, set `share=True` in `launch()`.")
-        print("\nCould not create share link. Missing file: /x/frpc_linux_amd64_v0.3. \n\nPlease "
-              "check your internet connection. ... \n\n1. Download this file: https://cdn/frpc")
+        print(
+            "\nCould not create share link. Missing file: /x/frpc_linux_amd64_v0.3. \n\nPlease "
+            "check your internet connection. ... \n\n1. Download this file: https://cdn/frpc"
+        )
     out = capsys.readouterr().out
     assert "Running on local URL" in out and "share=True" not in out and "frpc" not in out
     assert "--share could not open a public link" in out and "http://127.0.0.1:8655/ only" in out

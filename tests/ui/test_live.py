@@ -25,7 +25,9 @@ def test_series_thins_to_max_points_and_keeps_the_first():
 def test_metrics_are_read_incrementally_and_restart_after_truncation(tmp_path):
     paths = ProjectPaths(tmp_path)
     (tmp_path / "project.json").write_text("{}")
-    write_rows(paths.metrics_jsonl, [{"step": s, "loss": 1.0 / s, "cos": 0.1 * s} for s in (1, 2, 3)])
+    write_rows(
+        paths.metrics_jsonl, [{"step": s, "loss": 1.0 / s, "cos": 0.1 * s} for s in (1, 2, 3)]
+    )
     cur = live.Cursor(project=str(tmp_path))
     assert live.read_new_metrics(cur, paths) is True
     offset = cur.metrics_offset
@@ -40,8 +42,15 @@ def test_metrics_are_read_incrementally_and_restart_after_truncation(tmp_path):
     assert cur.series["val_cos"].xs == [4] and cur.latest["loss"] == 0.2
     # a resume truncated the history back to step 2 and continued differently
     write_rows(paths.metrics_jsonl, [{"step": 1, "loss": 9.0}, {"step": 2, "loss": 8.0}], mode="w")
-    write_rows(paths.metrics_jsonl, [{"step": 3, "loss": 7.0}, {"step": 4, "loss": 6.0},
-                                     {"step": 5, "loss": 5.0}, {"step": 6, "loss": 4.0}])
+    write_rows(
+        paths.metrics_jsonl,
+        [
+            {"step": 3, "loss": 7.0},
+            {"step": 4, "loss": 6.0},
+            {"step": 5, "loss": 5.0},
+            {"step": 6, "loss": 4.0},
+        ],
+    )
     live.read_new_metrics(cur, paths)
     assert cur.series["loss"].xs == [1, 2, 3, 4, 5, 6] and cur.series["loss"].ys[0] == 9.0
     rows = live.chart_rows(cur, live.LOSS_SERIES, log10=True)

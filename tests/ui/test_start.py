@@ -42,7 +42,9 @@ def page(fm, root):
     return read, widgets
 
 
-def test_start_saves_unsaved_changes_then_starts_and_names_missing_materials(fm, tmp_path, launched):
+def test_start_saves_unsaved_changes_then_starts_and_names_missing_materials(
+    fm, tmp_path, launched
+):
     root = tmp_path / "p"
     create_project(root, "t5xxl_pixart")
     read, widgets = page(fm, root)
@@ -51,7 +53,10 @@ def test_start_saves_unsaved_changes_then_starts_and_names_missing_materials(fm,
     assert out.started and out.pid == 4242 and launched == [str(root)]
     assert control.read_settings(root).values["train"]["lr"] == 1e-3  # saved before the start
     label = fm.fields["train.lr"].meta["label"]
-    assert f"Saved your Setup changes: {label} (train.lr)." in out.message and out.saved.message == "Saved."
+    assert (
+        f"Saved your Setup changes: {label} (train.lr)." in out.message
+        and out.saved.message == "Saved."
+    )
     assert out.saved.read["values"]["train"]["lr"] == 1e-3  # the page now reads what it saved
     titles = " ".join(out.missing)
     assert "Student: pig_clip GGUF (missing)" in titles and "teacher" in titles.lower()
@@ -124,8 +129,13 @@ def test_start_on_a_finished_project_says_done_and_offers_more_steps(fm, tmp_pat
     root = tmp_path / "p"
     create_project(root, "t5xxl_pixart", overrides={"train.steps": 800})
     st = empty_state()
-    st.update(status="done", stage="eval", step=800, steps=800, stages={
-        "train": {"status": "done", "done": 800, "total": 800, "unit": "steps"}})
+    st.update(
+        status="done",
+        stage="eval",
+        step=800,
+        steps=800,
+        stages={"train": {"status": "done", "done": 800, "total": 800, "unit": "steps"}},
+    )
     atomic.write_json(root / "state.json", st)
     read, widgets = page(fm, root)
     out = train_tab.start_from_page(fm, str(root), read, list(widgets.values()))

@@ -46,7 +46,9 @@ def test_nothing_changed_sends_nothing_and_new_rows_are_sent(tick, tmp_path):
     with open(root / "metrics.jsonl", "a") as f:
         f.write(json.dumps({"step": 11, "loss": 0.05, "cos": 0.2}) + "\n")
     third = tick(str(root), cur, "pipeline", True, False)
-    frames = [v["value"] for v in third if isinstance(v, dict) and hasattr(v.get("value"), "columns")]
+    frames = [
+        v["value"] for v in third if isinstance(v, dict) and hasattr(v.get("value"), "columns")
+    ]
     assert frames and frames[0]["step"].max() == 11  # the new point reached the chart
     charts = [v for v in third if isinstance(v, dict) and "x_lim" in v]
     # the axis runs to the planned steps
@@ -64,8 +66,15 @@ def test_every_view_shows_the_same_step_counts(tick, tmp_path):
     root = tmp_path / "p"
     create_project(root, "t5xxl_pixart", overrides={"train.steps": 8000})
     st = empty_state()
-    st.update(status="done", stage="train", step=5680, steps=8000, stages={
-        "train": {"status": "done", "done": 8000, "total": 8000, "unit": "steps", "rate": 3.0}})
+    st.update(
+        status="done",
+        stage="train",
+        step=5680,
+        steps=8000,
+        stages={
+            "train": {"status": "done", "done": 8000, "total": 8000, "unit": "steps", "rate": 3.0}
+        },
+    )
     atomic.write_json(root / "state.json", st)
     cur = live.Cursor()
     out = tick(str(root), cur, "pipeline", True, False)
@@ -77,12 +86,29 @@ def test_every_view_shows_the_same_step_counts(tick, tmp_path):
     assert planned_box == "8000"
     update_settings(root, {"train.steps": 9000})  # Apply (or the CLI) while nothing runs
     out = tick(str(root), cur, "pipeline", True, False)
-    assert "step 8000 / 9000" in out[1] and "8000/9000 steps" in out[5 + list(train_tab.STAGES).index("train")]["value"]
+    assert (
+        "step 8000 / 9000" in out[1]
+        and "8000/9000 steps" in out[5 + list(train_tab.STAGES).index("train")]["value"]
+    )
     assert "| step | 8000 / 9000 |" in out[6 + n] and out[9 + n] == "9000"
 
-    running = {"status": "running", "pid": 7, "stage": "train", "project": str(root), "stages": {
-        "train": {"status": "running", "done": 120, "total": 9000, "unit": "steps", "rate": 0.5,
-                  "eta_s": 17760.0}}, "message": "running (pid 7): train 120/9000 steps, ETA 4h 56m"}
+    running = {
+        "status": "running",
+        "pid": 7,
+        "stage": "train",
+        "project": str(root),
+        "stages": {
+            "train": {
+                "status": "running",
+                "done": 120,
+                "total": 9000,
+                "unit": "steps",
+                "rate": 0.5,
+                "eta_s": 17760.0,
+            }
+        },
+        "message": "running (pid 7): train 120/9000 steps, ETA 4h 56m",
+    }
     ups = train_tab.render(live.Cursor(), running, False, False)
     text = " ".join(str(u.get("value", "")) if isinstance(u, dict) else str(u) for u in ups)
     assert text.count("ETA") == 1 and "120/9000 steps · 0.5 steps/s · ETA" in ups[4 + n]
@@ -99,9 +125,16 @@ def test_a_vanished_project_is_one_sentence(tick, tmp_path):
     assert "not a gguf-trainer project" in out[0] and all(is_skip(v) for v in out[1:])
 
 
-@pytest.mark.parametrize("status, label, says", [
-    ("interrupted", "Resume", "press **Resume**"), ("stalled", "Start / Resume", "**Kill** it"),
-    ("stopped", "Resume", "STOPPED"), ("idle", "Start", "IDLE"), ("done", "Start / Resume", "DONE")])
+@pytest.mark.parametrize(
+    "status, label, says",
+    [
+        ("interrupted", "Resume", "press **Resume**"),
+        ("stalled", "Start / Resume", "**Kill** it"),
+        ("stopped", "Resume", "STOPPED"),
+        ("idle", "Start", "IDLE"),
+        ("done", "Start / Resume", "DONE"),
+    ],
+)
 def test_run_states_read_as_such(tmp_path, status, label, says):
     from gguf_trainer.ui import train_tab
 
@@ -112,7 +145,11 @@ def test_run_states_read_as_such(tmp_path, status, label, says):
     ups = train_tab.render(live.Cursor(), info, False, False)
     start, stop, kill = ups[1], ups[2], ups[3]
     active = status == "stalled"
-    assert start["interactive"] is not active and stop["interactive"] is active and kill["interactive"] is active
+    assert (
+        start["interactive"] is not active
+        and stop["interactive"] is active
+        and kill["interactive"] is active
+    )
 
 
 def test_stopping_comes_from_status_not_from_the_request_file(tick, tmp_path):
@@ -121,9 +158,17 @@ def test_stopping_comes_from_status_not_from_the_request_file(tick, tmp_path):
     from gguf_trainer.paths import ProjectPaths
     from gguf_trainer.ui import train_tab
 
-    info = {"status": "running", "message": "training", "mock": False, "stages": {}, "stopping": True}
+    info = {
+        "status": "running",
+        "message": "training",
+        "mock": False,
+        "stages": {},
+        "stopping": True,
+    }
     ups = train_tab.render(live.Cursor(), info, False, False)
-    assert "STOPPING" in ups[0] and ups[2]["value"] == "Stopping…" and ups[2]["interactive"] is False
+    assert (
+        "STOPPING" in ups[0] and ups[2]["value"] == "Stopping…" and ups[2]["interactive"] is False
+    )
     ups = train_tab.render(live.Cursor(), {**info, "stopping": False}, False, False)
     assert "STOPPING" not in ups[0] and ups[2]["value"] == "Stop" and ups[2]["interactive"] is True
     root = tmp_path / "p"
@@ -139,13 +184,40 @@ def test_stopping_comes_from_status_not_from_the_request_file(tick, tmp_path):
 def test_a_launched_run_shows_a_line_per_rank_under_the_run():
     from gguf_trainer.ui import train_tab
 
-    ranks = [{"rank": 1, "host": "gpu-a", "pid": 4101, "status": "running", "stage": "train",
-              "done": 30, "total": 100, "unit": "steps", "rate": 1.5, "error": None},
-             {"rank": 2, "host": "gpu-b", "pid": 4202, "status": "waiting", "stage": None,
-              "done": None, "total": None, "unit": None, "rate": None, "error": None}]
-    info = {"status": "running", "message": "training", "mock": False, "stage": "train",
-            "stages": {"train": {"status": "running", "done": 30, "total": 100, "unit": "steps"}},
-            "ranks": ranks}
+    ranks = [
+        {
+            "rank": 1,
+            "host": "gpu-a",
+            "pid": 4101,
+            "status": "running",
+            "stage": "train",
+            "done": 30,
+            "total": 100,
+            "unit": "steps",
+            "rate": 1.5,
+            "error": None,
+        },
+        {
+            "rank": 2,
+            "host": "gpu-b",
+            "pid": 4202,
+            "status": "waiting",
+            "stage": None,
+            "done": None,
+            "total": None,
+            "unit": None,
+            "rate": None,
+            "error": None,
+        },
+    ]
+    info = {
+        "status": "running",
+        "message": "training",
+        "mock": False,
+        "stage": "train",
+        "stages": {"train": {"status": "running", "done": 30, "total": 100, "unit": "steps"}},
+        "ranks": ranks,
+    }
     prog = train_tab.render(live.Cursor(), info, False, False)[4 + len(train_tab.STAGES)]
     assert "rank 1 (pid 4101 on gpu-a): running train 30/100 steps, 1.50/s" in prog
     assert "rank 2 (pid 4202 on gpu-b): waiting" in prog

@@ -77,7 +77,9 @@ def test_reference_tensor_counts(kind, depth, count):
     small = AdapterConfig(**{**CFGS[kind].to_dict(), "width": HEAD_DIM, "depth": depth})
     assert len(build_adapter(small).state_dict()) == count
     per_block = 16 if kind in TOKEN else 28
-    top = {"seeded_resampler": 8, "resampler": 7, "token_aligned_vision": 10, "token_aligned": 8}[kind]
+    top = {"seeded_resampler": 8, "resampler": 7, "token_aligned_vision": 10, "token_aligned": 8}[
+        kind
+    ]
     assert per_block * depth + top == count
     big = AdapterConfig(**{**small.to_dict(), "width": 1024, "in_dim": 1024})
     assert len(engine_inventory(big)) == count  # shapes only, no width-1024 model built
@@ -217,7 +219,11 @@ def test_load_gguf_rebuilds_config_and_keeps_rng(kind, tmp_path):
 
 
 def _run(m, kind, hidden, g):
-    kw = {"vis": torch.randn(*hidden.shape[:2], VIS, generator=g)} if kind == "token_aligned_vision" else {}
+    kw = (
+        {"vis": torch.randn(*hidden.shape[:2], VIS, generator=g)}
+        if kind == "token_aligned_vision"
+        else {}
+    )
     if kind == "seeded_resampler":
         kw["seed_ids"] = torch.randint(0, VOCAB, (hidden.shape[0], QUERIES), generator=g)
     return m(hidden, **kw)
@@ -252,7 +258,9 @@ def test_start_output_with_a_linear_skip_is_that_map():
 
 WIDE = {  # a second geometry: more rows and wider matmuls than the tiny CFGS
     "resampler": AdapterConfig("resampler", 64, 512, 256, 2, num_queries=64),
-    "seeded_resampler": AdapterConfig("seeded_resampler", 64, 512, 256, 2, num_queries=64, seed_vocab=VOCAB),
+    "seeded_resampler": AdapterConfig(
+        "seeded_resampler", 64, 512, 256, 2, num_queries=64, seed_vocab=VOCAB
+    ),
     "token_aligned_vision": AdapterConfig("token_aligned_vision", 64, 512, 256, 2, vis_dim=VIS),
     "token_aligned": AdapterConfig("token_aligned", 64, 512, 256, 2),
     "layerwise": AdapterConfig("layerwise", 64, 512, 256, 2, taps=(4, 8, 12, 16, 20, 24, 28, 32)),
@@ -278,7 +286,9 @@ def _supervised_case(cfg, g, lengths):
         slots[-1] = 0
         rows = torch.arange(cfg.num_queries)[None, :] < slots[:, None]
         if cfg.kind == "seeded_resampler":
-            kw["seed_ids"] = torch.randint(0, cfg.seed_vocab, (b, cfg.num_queries), generator=g) * rows
+            kw["seed_ids"] = (
+                torch.randint(0, cfg.seed_vocab, (b, cfg.num_queries), generator=g) * rows
+            )
         else:
             rows = torch.ones_like(rows)
     return hidden, mask, kw, rows
@@ -305,8 +315,9 @@ def test_rows_forward_is_the_full_forward_on_those_rows_exactly(kind, cfgs):
     assert (got - full[rows]).abs().max().item() == 0.0
     # With several threads MKL may split a matmul's sum across threads when it has few rows,
     # so a gathered row can differ in the last bits (as it does between two batch sizes).
-    torch.testing.assert_close(m(hidden, mask, rows=rows, **kw), m(hidden, mask, **kw)[rows],
-                               rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(
+        m(hidden, mask, rows=rows, **kw), m(hidden, mask, **kw)[rows], rtol=1e-6, atol=1e-6
+    )
     # any row set, leading or not, gives those rows; a handful of rows may take a different
     # BLAS kernel (MKL splits the sum over threads for few rows), so these are compared closely
     odd = torch.rand(rows.shape, generator=g) < 0.3

@@ -160,25 +160,29 @@ def _fresh(code: str) -> subprocess.CompletedProcess:
 
 
 def test_cli_import_is_light():
-    r = _fresh("import sys, gguf_trainer.cli\n"
-               "heavy = [m for m in ('torch', 'transformers', 'datasets', 'gguf') if m in sys.modules]\n"
-               "assert not heavy, heavy")
+    r = _fresh(
+        "import sys, gguf_trainer.cli\n"
+        "heavy = [m for m in ('torch', 'transformers', 'datasets', 'gguf') if m in sys.modules]\n"
+        "assert not heavy, heavy"
+    )
     assert r.returncode == 0, r.stderr
 
 
 def test_status_json_is_light_in_a_fresh_interpreter(project, home):
-    r = _fresh("import sys, json, io, contextlib\n"
-               "from gguf_trainer import cli\n"
-               "buf = io.StringIO()\n"
-               "with contextlib.redirect_stdout(buf):\n"
-               f"    code = cli.main(['status', '--project', {str(project)!r}, '--json'])\n"
-               "assert code == 0, code\n"
-               "json.loads(buf.getvalue())\n"
-               "for argv in (['--help'], ['stop', '--project', " + repr(str(project)) + "],"
-               " ['kill', '--project', " + repr(str(project)) + "]):\n"
-               "    with contextlib.redirect_stdout(io.StringIO()):\n"
-               "        cli.main(argv)\n"
-               "assert 'torch' not in sys.modules and 'transformers' not in sys.modules\n")
+    r = _fresh(
+        "import sys, json, io, contextlib\n"
+        "from gguf_trainer import cli\n"
+        "buf = io.StringIO()\n"
+        "with contextlib.redirect_stdout(buf):\n"
+        f"    code = cli.main(['status', '--project', {str(project)!r}, '--json'])\n"
+        "assert code == 0, code\n"
+        "json.loads(buf.getvalue())\n"
+        "for argv in (['--help'], ['stop', '--project', " + repr(str(project)) + "],"
+        " ['kill', '--project', " + repr(str(project)) + "]):\n"
+        "    with contextlib.redirect_stdout(io.StringIO()):\n"
+        "        cli.main(argv)\n"
+        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules\n"
+    )
     assert r.returncode == 0, r.stderr
 
 

@@ -64,7 +64,9 @@ def one_sentence(err: str) -> None:
 
 # ---- projects and settings ----------------------------------------------------------------
 def test_new_project_and_open(tmp_path, capsys):
-    code, out, err = run_cli(capsys, "new", "--pack", "llada_image", tmp_path / "p", "--name", "mine")
+    code, out, err = run_cli(
+        capsys, "new", "--pack", "llada_image", tmp_path / "p", "--name", "mine"
+    )
     assert code == EXIT_OK, err
     assert "pig_mine" in out and "gguf-trainer run --project" in out
     view = control.open_project(tmp_path / "p")
@@ -72,12 +74,15 @@ def test_new_project_and_open(tmp_path, capsys):
     assert view.status["status"] == "idle"
 
 
-@pytest.mark.parametrize("argv", [
-    ["new", "--pack", "nope", "{d}"],
-    ["new", "--pack", PACK, "{d}", "--name", "../evil"],
-    ["new", "--pack", PACK, "{f}/sub"],  # a file where a folder should be
-    ["new", "--pack", PACK, "{f}"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["new", "--pack", "nope", "{d}"],
+        ["new", "--pack", PACK, "{d}", "--name", "../evil"],
+        ["new", "--pack", PACK, "{f}/sub"],  # a file where a folder should be
+        ["new", "--pack", PACK, "{f}"],
+    ],
+)
 def test_new_refuses_before_writing(tmp_path, capsys, argv):
     f = tmp_path / "afile"
     f.write_text("x")
@@ -111,12 +116,20 @@ def test_compare_and_set_keeps_fields_changed_on_disk(proj):
 
 def test_update_settings_reports_each_bad_field_and_writes_nothing(proj):
     before = (proj / "project.json").read_bytes()
-    res = control.update_settings(proj, {"train.lr": float("inf"), "train.width": 100,
-                                         "train.depth": 4, "train.wdith": 3},
-                                  control.read_settings(proj))
-    assert set(res.errors) == {"train.wdith"} and "did you mean train.width" in res.errors["train.wdith"]
-    res = control.update_settings(proj, {"train.lr": float("inf"), "train.width": 100,
-                                         "train.depth": 4}, control.read_settings(proj))
+    res = control.update_settings(
+        proj,
+        {"train.lr": float("inf"), "train.width": 100, "train.depth": 4, "train.wdith": 3},
+        control.read_settings(proj),
+    )
+    assert (
+        set(res.errors) == {"train.wdith"}
+        and "did you mean train.width" in res.errors["train.wdith"]
+    )
+    res = control.update_settings(
+        proj,
+        {"train.lr": float("inf"), "train.width": 100, "train.depth": 4},
+        control.read_settings(proj),
+    )
     assert set(res.errors) == {"train.lr", "train.width"} and not res.applied
     assert "finite number greater than 0 and at most 1" in res.errors["train.lr"]
     assert (proj / "project.json").read_bytes() == before
@@ -124,8 +137,9 @@ def test_update_settings_reports_each_bad_field_and_writes_nothing(proj):
 
 def test_a_live_run_refuses_changes_that_would_invalidate_it(proj, monkeypatch):
     monkeypatch.setattr(control, "_live_run", lambda paths: {"pid": 4242, "status": "running"})
-    res = control.update_settings(proj, {"train.lr": 1e-3, "train.steps": 900,
-                                         "export.copy_to": "/tmp/x"}, None)
+    res = control.update_settings(
+        proj, {"train.lr": 1e-3, "train.steps": 900, "export.copy_to": "/tmp/x"}, None
+    )
     assert set(res.applied) == {"train.steps", "export.copy_to"}
     assert "pid 4242" in res.refused["train.lr"] and "stop the run first" in res.refused["train.lr"]
 
@@ -139,8 +153,11 @@ def test_update_message_names_each_field_once(proj, monkeypatch):
     seen = control.read_settings(proj)
     control.set_steps(proj, "12k")
     conflict = control.update_settings(proj, {"train.steps": 5000}, seen)
-    for r, keys in ((res, ("train.width", "train.lr")), (refused, ("train.lr",)),
-                    (conflict, ("train.steps",))):
+    for r, keys in (
+        (res, ("train.width", "train.lr")),
+        (refused, ("train.lr",)),
+        (conflict, ("train.steps",)),
+    ):
         lines = r.message().splitlines()
         assert len(lines) == len(keys), r.message()
         for key, line in zip(sorted(keys), sorted(lines)):
@@ -186,7 +203,13 @@ def test_field_metadata_covers_every_setting():
         mats = [f for f in meta if f["key"].startswith("materials.")]
         assert {f["material"] for f in mats} == {m["id"] for m in pack["materials"]}
     lr = next(f for f in control.field_metadata(PACK) if f["key"] == "train.lr")
-    assert (lr["min"], lr["max"], lr["min_exclusive"], lr["type"], lr["live"]) == (0, 1.0, True, "float", False)
+    assert (lr["min"], lr["max"], lr["min_exclusive"], lr["type"], lr["live"]) == (
+        0,
+        1.0,
+        True,
+        "float",
+        False,
+    )
 
 
 def test_readme_settings_table_is_generated_from_the_schema():
@@ -198,24 +221,29 @@ def test_readme_settings_table_is_generated_from_the_schema():
         "README's settings table is stale; regenerate it with: python -c \"import pathlib; "
         "from gguf_trainer.project_schema import settings_table_markdown as t; p = pathlib.Path('README.md'); "
         "s = p.read_text(); a, b = '<!-- settings-table:begin -->', '<!-- settings-table:end -->'; "
-        "p.write_text(s.split(a)[0] + a + chr(10) + t() + chr(10) + b + s.split(b)[1])\"")
+        'p.write_text(s.split(a)[0] + a + chr(10) + t() + chr(10) + b + s.split(b)[1])"'
+    )
 
 
 # ---- class 1: physical bounds, validated before anything is invalidated -------------------
-@pytest.mark.parametrize("section,key,value,words", [
-    ("train", "lr", "Infinity", ["train.lr", "finite", "at most 1"]),
-    ("train", "lr", "NaN", ["train.lr", "finite"]),
-    ("train", "width", 1 << 30, ["train.width", "16384", "fits no card"]),
-    ("train", "depth", 0, ["train.depth", "from 1 to 64"]),
-    ("train", "batch_size", -3, ["train.batch_size", "from 1 to 65536"]),
-    ("train", "threads", 10**6, ["train.threads", "4096"]),
-    ("train", "steps", "123456789012345678901", ["steps", "100,000,000"]),
-    ("train", "weight_decay", True, ["train.weight_decay", "true", "finite number"]),
-    ("corpus", "n_train", 10**12, ["corpus.n_train", "10_000_000"]),
-    ("precompute", "gpu_mem_gib", 1e9, ["precompute.gpu_mem_gib", "4096"]),
-])
-def test_out_of_range_settings_are_one_sentence_and_nothing_moves(proj, capsys, section, key,
-                                                                   value, words):
+@pytest.mark.parametrize(
+    "section,key,value,words",
+    [
+        ("train", "lr", "Infinity", ["train.lr", "finite", "at most 1"]),
+        ("train", "lr", "NaN", ["train.lr", "finite"]),
+        ("train", "width", 1 << 30, ["train.width", "16384", "fits no card"]),
+        ("train", "depth", 0, ["train.depth", "from 1 to 64"]),
+        ("train", "batch_size", -3, ["train.batch_size", "from 1 to 65536"]),
+        ("train", "threads", 10**6, ["train.threads", "4096"]),
+        ("train", "steps", "123456789012345678901", ["steps", "100,000,000"]),
+        ("train", "weight_decay", True, ["train.weight_decay", "true", "finite number"]),
+        ("corpus", "n_train", 10**12, ["corpus.n_train", "10_000_000"]),
+        ("precompute", "gpu_mem_gib", 1e9, ["precompute.gpu_mem_gib", "4096"]),
+    ],
+)
+def test_out_of_range_settings_are_one_sentence_and_nothing_moves(
+    proj, capsys, section, key, value, words
+):
     paths = ProjectPaths(proj)
     (paths.checkpoints).mkdir()
     (paths.checkpoints / "last.pt").write_bytes(b"weights")  # a finished run's checkpoint
@@ -234,8 +262,10 @@ def test_out_of_range_settings_are_one_sentence_and_nothing_moves(proj, capsys, 
 
 
 # ---- class 9: numbers stay numbers ---------------------------------------------------------
-@pytest.mark.parametrize("text,stored", [("99999999", 99999999), ("12_345", 12345),
-                                         ("1.5k", 1500), ("100000000", 100000000)])
+@pytest.mark.parametrize(
+    "text,stored",
+    [("99999999", 99999999), ("12_345", 12345), ("1.5k", 1500), ("100000000", 100000000)],
+)
 def test_steps_are_stored_exactly(proj, capsys, text, stored):
     code, _, err = run_cli(capsys, "set", "--project", proj, "--steps", text)
     assert code == EXIT_OK, err
@@ -243,8 +273,9 @@ def test_steps_are_stored_exactly(proj, capsys, text, stored):
     assert f'"steps": {stored}' in (proj / "project.json").read_text()  # an int, not 1e8
 
 
-@pytest.mark.parametrize("text", ["123456789012345678901", "1e30", "0", "-5", "2.5", "nan",
-                                  "inf", "12 000", "0x10", ""])
+@pytest.mark.parametrize(
+    "text", ["123456789012345678901", "1e30", "0", "-5", "2.5", "nan", "inf", "12 000", "0x10", ""]
+)
 def test_bad_steps_are_refused_without_writing(proj, capsys, text):
     before = tree(proj)
     code, _, err = run_cli(capsys, "set", "--project", proj, "--steps", text)
@@ -264,7 +295,10 @@ def _export(proj: Path, path: Path, data: bytes = b"GGUF...adapter", kind: str =
 
 
 def test_reset_output_deletes_recorded_files_and_the_plan_is_exact(proj, tmp_path):
-    a, b = tmp_path / "out" / "pig_t5_adapter-f16.gguf", tmp_path / "copy" / "pig_t5_adapter-f16.gguf"
+    a, b = (
+        tmp_path / "out" / "pig_t5_adapter-f16.gguf",
+        tmp_path / "copy" / "pig_t5_adapter-f16.gguf",
+    )
     _export(proj, a)
     _export(proj, b, kind="copy")
     plan = control.reset_plan(proj, "output")
@@ -353,8 +387,12 @@ def test_reset_output_leaves_the_rank_files(proj):
 def test_after_reset_the_cleared_stages_are_not_done(proj, capsys):
     paths = ProjectPaths(proj)
     st = state.empty_state()
-    st.update(status="done", pid=1, pid_start_time=1.0, stages={
-        s: {"status": "done", "started": 1.0, "finished": 2.0} for s in state.STAGES})
+    st.update(
+        status="done",
+        pid=1,
+        pid_start_time=1.0,
+        stages={s: {"status": "done", "started": 1.0, "finished": 2.0} for s in state.STAGES},
+    )
     atomic.write_json(paths.state_json, st)
     paths.checkpoints.mkdir()
     control.reset(proj, "train")
@@ -371,18 +409,46 @@ def test_after_reset_the_cleared_stages_are_not_done(proj, capsys):
 GARBAGE = {
     "empty": b"",
     "not_json": b"{\x00\xff garbage",
-    "wrong_types": json.dumps({"status": 7, "pid": "me", "pid_start_time": [1], "stages": 5,
-                               "heartbeat": "soon", "exits": {"a": 1}, "files": [1, 2],
-                               "snapshots": "many", "stage": {"x": 1}, "error": 3}).encode(),
+    "wrong_types": json.dumps(
+        {
+            "status": 7,
+            "pid": "me",
+            "pid_start_time": [1],
+            "stages": 5,
+            "heartbeat": "soon",
+            "exits": {"a": 1},
+            "files": [1, 2],
+            "snapshots": "many",
+            "stage": {"x": 1},
+            "error": 3,
+        }
+    ).encode(),
     "list": b"[1, 2, 3]",
-    "stages_garbage": json.dumps({"status": "running", "pid": 1, "stages": {
-        "train": {"status": "flying", "done": "x", "total": None}, "eval": 3}}).encode(),
+    "stages_garbage": json.dumps(
+        {
+            "status": "running",
+            "pid": 1,
+            "stages": {"train": {"status": "flying", "done": "x", "total": None}, "eval": 3},
+        }
+    ).encode(),
     "deep": b"[" * 5000 + b"]" * 5000,
     "folder": None,
 }
-TOOL_FILES = ["state.json", "exit.json", "killed.json", "exports.json", "snapshots.json",
-              "eval.json", "snapshot-job.json", "pipeline.lock", "snapshot.lock", "metrics.jsonl",
-              "hashes.json", "stop.request", "pipeline.log"]
+TOOL_FILES = [
+    "state.json",
+    "exit.json",
+    "killed.json",
+    "exports.json",
+    "snapshots.json",
+    "eval.json",
+    "snapshot-job.json",
+    "pipeline.lock",
+    "snapshot.lock",
+    "metrics.jsonl",
+    "hashes.json",
+    "stop.request",
+    "pipeline.log",
+]
 
 
 def _plant(path: Path, content: bytes | None) -> None:
@@ -394,8 +460,9 @@ def _plant(path: Path, content: bytes | None) -> None:
 
 @pytest.mark.parametrize("name", TOOL_FILES)
 @pytest.mark.parametrize("content", list(GARBAGE))
-def test_status_and_the_control_api_answer_for_any_file_content(proj, capsys, monkeypatch,
-                                                               name, content):
+def test_status_and_the_control_api_answer_for_any_file_content(
+    proj, capsys, monkeypatch, name, content
+):
     from gguf_trainer.runner import supervisor
 
     _plant(proj / name, GARBAGE[content])
@@ -414,7 +481,13 @@ def test_status_and_the_control_api_answer_for_any_file_content(proj, capsys, mo
     assert isinstance(control.list_snapshots(proj), list)
     assert control.read_eval(proj) is None or isinstance(control.read_eval(proj), dict)
     assert isinstance(control.tail_log(proj, 0)[0], str)
-    assert control.snapshot_job(proj)["status"] in ("idle", "done", "failed", "stopped", "interrupted")
+    assert control.snapshot_job(proj)["status"] in (
+        "idle",
+        "done",
+        "failed",
+        "stopped",
+        "interrupted",
+    )
     assert isinstance(control.reset_plan(proj, "output").delete, list)
     assert tree(proj) == before
 
@@ -437,14 +510,17 @@ def test_auto_resume_answers_for_a_garbage_user_settings_file(proj, content):
 
 
 # ---- class 10 (argument half) --------------------------------------------------------------
-@pytest.mark.parametrize("argv", [
-    ["snapshot", "--project", "{p}", "--eval", "--device", "bogus"],
-    ["snapshot", "--project", "{p}", "--checkpoint", "best"],  # no checkpoint yet
-    ["start", "--project", "{p}", "--steps", "abc"],
-    ["run", "--project", "{p}", "--steps", "0"],
-    ["set", "--project", "{p}", "--steps", "1e999"],
-    ["reset", "--project", "{p}", "everything"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["snapshot", "--project", "{p}", "--eval", "--device", "bogus"],
+        ["snapshot", "--project", "{p}", "--checkpoint", "best"],  # no checkpoint yet
+        ["start", "--project", "{p}", "--steps", "abc"],
+        ["run", "--project", "{p}", "--steps", "0"],
+        ["set", "--project", "{p}", "--steps", "1e999"],
+        ["reset", "--project", "{p}", "everything"],
+    ],
+)
 def test_arguments_are_checked_before_any_file_is_written(proj, capsys, argv):
     before = tree(proj)
     code, _, err = run_cli(capsys, *[a.format(p=proj) for a in argv])
@@ -483,13 +559,19 @@ def test_results_name_real_paths_and_no_placeholders(proj, tmp_path):
     project = load_project(proj)
     project.final_gguf.parent.mkdir(parents=True, exist_ok=True)
     project.final_gguf.write_bytes(b"GGUF")
-    atomic.write_json(project.paths.eval_json, {"headline": "cos", "val_cos": 0.8,
-                                                "baseline": {"baseline_cos": 0.5}})
+    atomic.write_json(
+        project.paths.eval_json,
+        {"headline": "cos", "val_cos": 0.8, "baseline": {"baseline_cos": 0.5}},
+    )
     res = control.results(proj)
-    assert res["gguf"] == str(project.final_gguf) and "cos 0.8000 vs mean baseline 0.5000" in res["eval_line"]
+    assert (
+        res["gguf"] == str(project.final_gguf)
+        and "cos 0.8000 vs mean baseline 0.5000" in res["eval_line"]
+    )
     assert "<" not in res["ggk"] and ">" not in res["ggk"]
-    assert any(f"gguf-trainer link --project {proj} student PATH" in n
-               for n in res["notes"])  # no student set: said so, with the command that fixes it
+    assert any(
+        f"gguf-trainer link --project {proj} student PATH" in n for n in res["notes"]
+    )  # no student set: said so, with the command that fixes it
     text = control.results_text(proj)
     assert "adapter:" in text and "ggk:" in text
 
@@ -508,7 +590,7 @@ def test_tail_log_reads_only_new_whole_lines(proj):
         control.tail_log(proj, 0, log="../../etc/passwd")
 
 
-JOB_MODULE = '''
+JOB_MODULE = """
 import time
 from gguf_trainer.errors import UserError
 
@@ -526,15 +608,17 @@ def slow(folder, job):
     while True:
         job.update(tick=time.time())
         time.sleep(0.05)
-'''
+"""
 
 
 @pytest.fixture
 def job_module(tmp_path, monkeypatch):
     (tmp_path / "mod").mkdir()
     (tmp_path / "mod" / "jobmod_for_tests.py").write_text(JOB_MODULE)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-        [str(tmp_path / "mod"), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    monkeypatch.setenv(
+        "PYTHONPATH",
+        os.pathsep.join([str(tmp_path / "mod"), *filter(None, [os.environ.get("PYTHONPATH")])]),
+    )
     return "jobmod_for_tests"
 
 
@@ -588,12 +672,15 @@ def test_a_running_snapshot_job_shows_in_status_json_and_blocks_reset(proj, caps
 
 
 def test_control_imports_no_torch():
-    code = ("import sys, gguf_trainer.runner.control as c, gguf_trainer.runner.jobs, "
-            "gguf_trainer.safe_delete\n"
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in "
-            "('torch', 'transformers', 'gguf', 'numpy')))")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                       check=False)
+    code = (
+        "import sys, gguf_trainer.runner.control as c, gguf_trainer.runner.jobs, "
+        "gguf_trainer.safe_delete\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('torch', 'transformers', 'gguf', 'numpy')))"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
     assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
 
 
@@ -612,8 +699,9 @@ def test_read_metrics_follows_new_rows(proj):
 def test_a_companion_that_was_not_exported_is_left_out_with_a_note(tmp_path):
     from gguf_trainer.project import load_project
 
-    control.new_project(tmp_path / "l", "llada_image",
-                        overrides={"export.output_dir": str(tmp_path / "out")})
+    control.new_project(
+        tmp_path / "l", "llada_image", overrides={"export.output_dir": str(tmp_path / "out")}
+    )
     project = load_project(tmp_path / "l")
     project.final_gguf.parent.mkdir(parents=True)
     project.final_gguf.write_bytes(b"GGUF")
@@ -626,8 +714,10 @@ def test_a_companion_that_was_not_exported_is_left_out_with_a_note(tmp_path):
     assert not any("was not exported" in n for n in res["notes"])
 
 
-@pytest.mark.parametrize("case", ["project_json_folder", "project_is_a_file", "empty_json",
-                                  "not_an_object", "non_utf8", "deep"])
+@pytest.mark.parametrize(
+    "case",
+    ["project_json_folder", "project_is_a_file", "empty_json", "not_an_object", "non_utf8", "deep"],
+)
 def test_status_of_a_broken_project_is_one_sentence(tmp_path, capsys, case):
     root = tmp_path / "p"
     if case == "project_is_a_file":
@@ -638,8 +728,14 @@ def test_status_of_a_broken_project_is_one_sentence(tmp_path, capsys, case):
         if case == "project_json_folder":
             pj.mkdir()
         else:
-            pj.write_bytes({"empty_json": b"", "not_an_object": b"[1]", "non_utf8": b"\xff\xfe{",
-                            "deep": b"[" * 100000}[case])
+            pj.write_bytes(
+                {
+                    "empty_json": b"",
+                    "not_an_object": b"[1]",
+                    "non_utf8": b"\xff\xfe{",
+                    "deep": b"[" * 100000,
+                }[case]
+            )
     before = tree(tmp_path)
     code, out, err = run_cli(capsys, "status", "--project", root)
     # a file is no project at all: exit 2 like any other non-project (issue 20)
@@ -666,9 +762,13 @@ def test_start_names_a_missing_student_before_launching(proj, capsys, tiny_mater
     one_sentence(err)
     assert tree(proj) == before
     # ... and the named command does fix it
-    assert run_cli(capsys, "link", "--project", proj, "student", tiny_materials["student"])[0] == EXIT_OK
-    control.update_settings(proj, {"materials.student_tokenizer.path": str(tiny_materials["tokenizer"])},
-                            None)
+    assert (
+        run_cli(capsys, "link", "--project", proj, "student", tiny_materials["student"])[0]
+        == EXIT_OK
+    )
+    control.update_settings(
+        proj, {"materials.student_tokenizer.path": str(tiny_materials["tokenizer"])}, None
+    )
     code, _, err = run_cli(capsys, "start", "--project", proj)
     assert code == EXIT_USER and "gguf-trainer download --project" in err  # the teacher
     monkeypatch.setenv("GGUF_TRAINER_MOCK_TEACHER", "1")
@@ -676,9 +776,17 @@ def test_start_names_a_missing_student_before_launching(proj, capsys, tiny_mater
 
 
 def test_set_any_setting_from_the_cli(proj, capsys, tiny_materials):
-    code, out, err = run_cli(capsys, "set", "--project", proj, "train.lr=1e-4",
-                             f"materials.student.path={tiny_materials['student']}",
-                             "corpus.n_train=123456", "--steps", "30k")
+    code, out, err = run_cli(
+        capsys,
+        "set",
+        "--project",
+        proj,
+        "train.lr=1e-4",
+        f"materials.student.path={tiny_materials['student']}",
+        "corpus.n_train=123456",
+        "--steps",
+        "30k",
+    )
     assert code == EXIT_OK, err
     values = control.read_settings(proj).values
     assert values["train"]["lr"] == 1e-4 and values["corpus"]["n_train"] == 123456
@@ -686,14 +794,17 @@ def test_set_any_setting_from_the_cli(proj, capsys, tiny_materials):
     assert values["train"]["steps"] == 30000 and "train.lr = 0.0001" in out
 
 
-@pytest.mark.parametrize("argv,words", [
-    (["train.lr=Infinity"], ["train.lr", "finite"]),
-    (["train.width=100"], ["train.width", "multiple of 64"]),
-    (["train.wdith=128"], ["did you mean train.width"]),
-    (["corpus.n_train=123456789012345678901"], ["corpus.n_train", "10_000_000"]),
-    (["lr"], ["KEY=VALUE"]),
-    (["train.depth=4", "train.batch_size=true"], ["train.batch_size"]),
-])
+@pytest.mark.parametrize(
+    "argv,words",
+    [
+        (["train.lr=Infinity"], ["train.lr", "finite"]),
+        (["train.width=100"], ["train.width", "multiple of 64"]),
+        (["train.wdith=128"], ["did you mean train.width"]),
+        (["corpus.n_train=123456789012345678901"], ["corpus.n_train", "10_000_000"]),
+        (["lr"], ["KEY=VALUE"]),
+        (["train.depth=4", "train.batch_size=true"], ["train.batch_size"]),
+    ],
+)
 def test_set_refuses_bad_settings_without_writing(proj, capsys, argv, words):
     before = tree(proj)
     code, _, err = run_cli(capsys, "set", "--project", proj, *argv)
@@ -701,3 +812,36 @@ def test_set_refuses_bad_settings_without_writing(proj, capsys, argv, words):
     one_sentence(err)
     assert all(w in err for w in words), err
     assert tree(proj) == before
+
+
+def test_every_run_path_makes_one_preflight(proj, tmp_path, capsys, monkeypatch):
+    """`run`, a launched `run`, `start` and the GUI's start all go through
+    control.preflight_run (one sequence): its refusal is theirs, before anything is written."""
+    from gguf_trainer.ui import api
+
+    calls = []
+
+    def refuse(root, only=None, steps=None, launch=None):
+        calls.append((Path(root).resolve(), steps))
+        raise UserError("refused by the one pre-flight.")
+
+    monkeypatch.setattr(control, "preflight_run", refuse)
+    before = tree(proj)
+    for argv in (["run"], ["run", "--processes", "2", "--steps", "7"], ["start"]):
+        code, _, err = run_cli(capsys, *argv, "--project", proj)
+        assert code == EXIT_USER and "refused by the one pre-flight" in err, (argv, err)
+    with pytest.raises(UserError, match="one pre-flight"):
+        api.start(str(proj))
+    assert calls == [(proj.resolve(), None), (proj.resolve(), "7"), (proj.resolve(), None),
+                     (proj.resolve(), None)]
+    assert tree(proj) == before
+
+
+def test_preflight_run_checks_the_project_on_machine_rank_0_only(proj):
+    from gguf_trainer.runner.launch import Launch
+
+    with pytest.raises(UserError, match="materials.student.path is not set"):
+        control.preflight_run(proj, steps="12")
+    other = Launch(processes=1, num_machines=2, machine_rank=1, main_process_ip="127.0.0.1")
+    plan = control.preflight_run(proj, steps="12", launch=other)  # the project is machine 0's
+    assert plan.steps == 12 and not plan.launch.is_main_machine and plan.linked == []

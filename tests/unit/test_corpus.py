@@ -26,9 +26,23 @@ def settings(**corpus):
 
 def make_prompts(n=N_PROMPTS, seed=0):
     rng = random.Random(seed)
-    words = ["red", "fox", "lake", "castle", "neon", "rain", "photo", "sketch", "cat", "moon", "old"]
-    return [f"prompt {i}: " + " ".join(rng.choice(words) for _ in range(rng.randint(2, 9)))
-            for i in range(n)]
+    words = [
+        "red",
+        "fox",
+        "lake",
+        "castle",
+        "neon",
+        "rain",
+        "photo",
+        "sketch",
+        "cat",
+        "moon",
+        "old",
+    ]
+    return [
+        f"prompt {i}: " + " ".join(rng.choice(words) for _ in range(rng.randint(2, 9)))
+        for i in range(n)
+    ]
 
 
 def build_split(s, takes_images=False):
@@ -52,8 +66,9 @@ def test_whitespace_normalised_once_and_filters(tmp_path):
     lines = ["  short ", "exactly8", "a  long\tprompt   with   gaps", "x" * 31, "y" * 30]
     fillers = [f"filler {i:03d}" for i in range(20)]
     src = write_txt(tmp_path / "a.txt", lines + fillers)
-    train, val = build_split(settings(files=[src], n_val=2, n_train=100, min_chars=8, max_chars=30,
-                                      empty_frac=0.0))
+    train, val = build_split(
+        settings(files=[src], n_val=2, n_train=100, min_chars=8, max_chars=30, empty_frac=0.0)
+    )
     everything = train + val
     assert "a long prompt with gaps" in everything
     assert "exactly8" in everything and "y" * 30 in everything  # bounds are inclusive
@@ -80,8 +95,9 @@ def test_split_is_seeded_disjoint_and_sized(tmp_path):
     assert len(val) == N_VAL and len(train) == 200
     assert not set(train) & set(val)
     assert set(train) | set(val) <= set(make_prompts())
-    _, other_val = build_split(settings(files=[src], n_val=N_VAL, n_train=200,
-                                        empty_frac=0.0, seed=SEED + 1))
+    _, other_val = build_split(
+        settings(files=[src], n_val=N_VAL, n_train=200, empty_frac=0.0, seed=SEED + 1)
+    )
     assert other_val != val  # the seed matters
     # n_train larger than the pool: every prompt not in val goes to train
     train, val = build_split(settings(files=[src], n_val=N_VAL, n_train=10_000, empty_frac=0.0))
@@ -97,8 +113,9 @@ def test_empty_prompts_inserted_and_real_prompts_kept(tmp_path):
     assert len(real_train) == N_PROMPTS - N_VAL and len(real_val) == N_VAL
     assert train.count("") == round(len(real_train) * frac)
     assert val.count("") == round(N_VAL * frac)
-    no_empty_train, no_empty_val = build_split(settings(files=[src], n_val=N_VAL, n_train=1000,
-                                                        empty_frac=0.0))
+    no_empty_train, no_empty_val = build_split(
+        settings(files=[src], n_val=N_VAL, n_train=1000, empty_frac=0.0)
+    )
     assert set(real_train) == set(no_empty_train) and real_val == no_empty_val
     assert train.index("") < len(train) - 1 or train.count("") > 1  # not all appended at the end
 
@@ -112,8 +129,17 @@ def test_jsonl_source(tmp_path):
     assert sorted(train + val) == sorted(prompts)
 
 
-@pytest.mark.parametrize("bad", ['{"text": "ok"', '{"prompt": "x"}', '["x"]', '"just a string"',
-                                 '{"text": null}', '{"text": "x", "images": "a.png"}'])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        '{"text": "ok"',
+        '{"prompt": "x"}',
+        '["x"]',
+        '"just a string"',
+        '{"text": null}',
+        '{"text": "x", "images": "a.png"}',
+    ],
+)
 def test_bad_jsonl_line_is_skipped_and_counted(tmp_path, caplog, bad):
     path = tmp_path / "p.jsonl"
     good = [json.dumps({"text": p}) for p in make_prompts(20)]
@@ -147,16 +173,26 @@ def test_source_errors(tmp_path):
 def test_train_file_and_val_file_mode(tmp_path):
     train_src = write_txt(tmp_path / "train.txt", ["  a   b ", "", "c", "c"])
     val_src = write_txt(tmp_path / "val.txt", ["v  1", ""])
-    train, val = build_split(settings(train_file=train_src, val_file=val_src, files=["ignored.txt"]))
+    train, val = build_split(
+        settings(train_file=train_src, val_file=val_src, files=["ignored.txt"])
+    )
     # taken as they are: normalised, but no filter, dedup, shuffle or added empties
     assert train == ["a b", "", "c", "c"] and val == ["v 1", ""]
     with pytest.raises(UserError, match="both corpus.train_file and corpus.val_file"):
         build_split(settings(train_file=train_src))
 
 
-@pytest.mark.parametrize("prompts", [
-    ["a", "", "b c", ""], [""], ["", ""], [], ["only"], ["", "x", ""],
-])
+@pytest.mark.parametrize(
+    "prompts",
+    [
+        ["a", "", "b c", ""],
+        [""],
+        ["", ""],
+        [],
+        ["only"],
+        ["", "x", ""],
+    ],
+)
 def test_read_write_round_trip(tmp_path, prompts):
     path = tmp_path / "data" / "train.txt"
     write_prompts(path, prompts)
@@ -175,29 +211,73 @@ def _utf8(lines):
 
 # name -> (file bytes, suffix, the texts that must come out among the prompts, tally key)
 MEMBERS = {
-    "utf8_bom": (b"\xef\xbb\xbf" + _utf8(["caf\u00e9 au lait at dawn"] + GOOD), ".txt",
-                 ["caf\u00e9 au lait at dawn"], None),
-    "crlf": (_utf8(GOOD).replace(b"\n", b"\r\n") + _utf8(["windows line endings"]), ".txt",
-             ["windows line endings"], None),
-    "latin1_line": (_utf8(GOOD) + "cr\u00e8me br\u00fbl\u00e9e on a plate".encode("latin-1") + b"\n",
-                    ".txt", ["cr\u00e8me br\u00fbl\u00e9e on a plate"], "legacy"),
-    "cp1252_file": ("\n".join(["\u201csmart quotes\u201d \u2013 a dash"] + GOOD).encode("cp1252"), ".txt",
-                    ["\u201csmart quotes\u201d \u2013 a dash"], "legacy"),
-    "undefined_cp1252_byte": (_utf8(GOOD) + b"odd \x81 byte in a prompt\n", ".txt",
-                              ["odd byte in a prompt"], "legacy"),
-    "utf16_bom": ("\n".join(["\u00fcber cool k\u00f6nig"] + GOOD).encode("utf-16"), ".txt",
-                  ["\u00fcber cool k\u00f6nig"], None),
+    "utf8_bom": (
+        b"\xef\xbb\xbf" + _utf8(["caf\u00e9 au lait at dawn"] + GOOD),
+        ".txt",
+        ["caf\u00e9 au lait at dawn"],
+        None,
+    ),
+    "crlf": (
+        _utf8(GOOD).replace(b"\n", b"\r\n") + _utf8(["windows line endings"]),
+        ".txt",
+        ["windows line endings"],
+        None,
+    ),
+    "latin1_line": (
+        _utf8(GOOD) + "cr\u00e8me br\u00fbl\u00e9e on a plate".encode("latin-1") + b"\n",
+        ".txt",
+        ["cr\u00e8me br\u00fbl\u00e9e on a plate"],
+        "legacy",
+    ),
+    "cp1252_file": (
+        "\n".join(["\u201csmart quotes\u201d \u2013 a dash"] + GOOD).encode("cp1252"),
+        ".txt",
+        ["\u201csmart quotes\u201d \u2013 a dash"],
+        "legacy",
+    ),
+    "undefined_cp1252_byte": (
+        _utf8(GOOD) + b"odd \x81 byte in a prompt\n",
+        ".txt",
+        ["odd byte in a prompt"],
+        "legacy",
+    ),
+    "utf16_bom": (
+        "\n".join(["\u00fcber cool k\u00f6nig"] + GOOD).encode("utf-16"),
+        ".txt",
+        ["\u00fcber cool k\u00f6nig"],
+        None,
+    ),
     "nul_bytes": (_utf8(GOOD) + b"bin\x00ary\x00junk\n", ".txt", [], "binary"),
-    "control_chars": (_utf8(GOOD + ["bell\x07 and\x1b[31m escape and\x7f del"]), ".txt",
-                      ["bell and [31m escape and del"], "control"),  # "[" is kept: weight syntax
+    "control_chars": (
+        _utf8(GOOD + ["bell\x07 and\x1b[31m escape and\x7f del"]),
+        ".txt",
+        ["bell and [31m escape and del"],
+        "control",
+    ),  # "[" is kept: weight syntax
     "encoded_surrogate": (_utf8(GOOD) + b"half \xed\xa0\x80 emoji\n", ".txt", [], "legacy"),
-    "json_lone_surrogate": ("\n".join(json.dumps({"text": t}) for t in GOOD + ["lone \ud800 surrogate"])
-                            .encode("utf-8"), ".jsonl", ["lone surrogate"], "surrogates"),
-    "json_escaped_controls": ("\n".join(json.dumps({"text": t}) for t in GOOD + ["tab\there\u0000nul"])
-                              .encode("utf-8"), ".jsonl", ["tab here nul"], "control"),
-    "json_latin1": (b"\n".join([json.dumps({"text": t}).encode() for t in GOOD]
-                               + ['{"text": "na\u00efve caf\u00e9"}'.encode("latin-1")]), ".jsonl",
-                    ["na\u00efve caf\u00e9"], "legacy"),
+    "json_lone_surrogate": (
+        "\n".join(json.dumps({"text": t}) for t in GOOD + ["lone \ud800 surrogate"]).encode(
+            "utf-8"
+        ),
+        ".jsonl",
+        ["lone surrogate"],
+        "surrogates",
+    ),
+    "json_escaped_controls": (
+        "\n".join(json.dumps({"text": t}) for t in GOOD + ["tab\there\u0000nul"]).encode("utf-8"),
+        ".jsonl",
+        ["tab here nul"],
+        "control",
+    ),
+    "json_latin1": (
+        b"\n".join(
+            [json.dumps({"text": t}).encode() for t in GOOD]
+            + ['{"text": "na\u00efve caf\u00e9"}'.encode("latin-1")]
+        ),
+        ".jsonl",
+        ["na\u00efve caf\u00e9"],
+        "legacy",
+    ),
 }
 
 
@@ -206,7 +286,9 @@ def test_any_bytes_decode_or_skip_with_a_count(tmp_path, caplog, member):
     raw, suffix, wanted, key = MEMBERS[member]
     path = tmp_path / f"p{suffix}"
     path.write_bytes(raw)
-    train, val = corpus.build_split(settings(files=[str(path)], n_val=4, min_chars=1, empty_frac=0.0))
+    train, val = corpus.build_split(
+        settings(files=[str(path)], n_val=4, min_chars=1, empty_frac=0.0)
+    )
     texts = [s.text for s in train + val]
     assert set(GOOD) <= set(texts)  # every good prompt survives, untouched
     for w in wanted:
@@ -222,11 +304,17 @@ def test_any_bytes_decode_or_skip_with_a_count(tmp_path, caplog, member):
     assert [s.text for s in read_samples(out)] == [s.text for s in train]
 
 
-@pytest.mark.parametrize("raw, reason", [
-    (b"", None), (b"\n\n\n", None), (b"\x00\x01\x02\n" * 40, "NUL bytes"),
-    (b"\xff\xfe" + b"\x00" * 10, None), (bytes(range(256)) * 3, None),
-    (b"short\n" * 50, "min_chars"),
-])
+@pytest.mark.parametrize(
+    "raw, reason",
+    [
+        (b"", None),
+        (b"\n\n\n", None),
+        (b"\x00\x01\x02\n" * 40, "NUL bytes"),
+        (b"\xff\xfe" + b"\x00" * 10, None),
+        (bytes(range(256)) * 3, None),
+        (b"short\n" * 50, "min_chars"),
+    ],
+)
 def test_a_corpus_with_no_usable_prompts_is_refused_with_the_reason(tmp_path, raw, reason):
     path = tmp_path / "p.txt"
     path.write_bytes(raw)
@@ -257,8 +345,9 @@ except UserError as e:
     print("REFUSED", e)
 assert "torch" not in sys.modules and "transformers" not in sys.modules
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                         check=False)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
     assert out.returncode == 0, out.stderr
     assert "REFUSED" in out.stdout and "not a text file" in out.stdout and "NUL bytes" in out.stdout
 
@@ -280,10 +369,12 @@ def test_jsonl_images_are_checked_copied_and_round_trip(tmp_path, caplog):
     _png(imgs / "b.png", (0, 0, 255))
     (imgs / "broken.png").write_bytes(b"not an image")
     rows = [{"text": p} for p in make_prompts(20)]
-    rows += [{"text": "make it night", "images": ["imgs/a.png"]},
-             {"text": "blend them", "images": ["imgs/a.png", "imgs/b.png"]},
-             {"text": "missing", "images": ["imgs/nope.png"]},
-             {"text": "broken", "images": ["imgs/broken.png"]}]
+    rows += [
+        {"text": "make it night", "images": ["imgs/a.png"]},
+        {"text": "blend them", "images": ["imgs/a.png", "imgs/b.png"]},
+        {"text": "missing", "images": ["imgs/nope.png"]},
+        {"text": "broken", "images": ["imgs/broken.png"]},
+    ]
     src = tmp_path / "c.jsonl"
     src.write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
     s = settings(files=[str(src)], n_val=2, empty_frac=0.0)
@@ -294,7 +385,9 @@ def test_jsonl_images_are_checked_copied_and_round_trip(tmp_path, caplog):
     assert by_text["blend them"].images == ((imgs / "a.png").resolve(), (imgs / "b.png").resolve())
     # a text-only pack keeps the text and drops the images, counted
     t_train, t_val = corpus.build_split(s, takes_images=False)
-    assert all(not x.images for x in t_train + t_val) and "make it night" in [x.text for x in t_train + t_val]
+    assert all(not x.images for x in t_train + t_val) and "make it night" in [
+        x.text for x in t_train + t_val
+    ]
     # copies under data/images by content hash; records hold paths relative to data/
     data = tmp_path / "data"
     copied = corpus.copy_images(train + val, data / "images")
@@ -316,13 +409,21 @@ def test_an_image_the_engine_cannot_preprocess_is_refused(tmp_path, caplog):
     _png(tmp_path / "thin.png", size=(78, 592))
     _png(tmp_path / "fine.png", size=(78, 600))
     rows = [{"text": p} for p in make_prompts(20)]
-    rows += [{"text": "thin one", "images": ["thin.png"]}, {"text": "fine one", "images": ["fine.png"]}]
+    rows += [
+        {"text": "thin one", "images": ["thin.png"]},
+        {"text": "fine one", "images": ["fine.png"]},
+    ]
     src = tmp_path / "c.jsonl"
     src.write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
-    train, val = corpus.build_split(settings(files=[str(src)], n_val=2, empty_frac=0.0), takes_images=True)
+    train, val = corpus.build_split(
+        settings(files=[str(src)], n_val=2, empty_frac=0.0), takes_images=True
+    )
     texts = [x.text for x in train + val]
     assert "thin one" not in texts and "fine one" in texts
-    assert "1 samples with an image of a shape the engine's clip_preprocess throws on skipped" in caplog.text
+    assert (
+        "1 samples with an image of a shape the engine's clip_preprocess throws on skipped"
+        in caplog.text
+    )
 
 
 def test_fingerprint_covers_referenced_images(tmp_path):
@@ -333,6 +434,7 @@ def test_fingerprint_covers_referenced_images(tmp_path):
     before = corpus.fingerprint_inputs(s)
     assert "images" in before and before == corpus.fingerprint_inputs(s)
     import os
+
     st = img.stat()
     _png(img, (1, 2, 3))
     os.utime(img, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
@@ -344,12 +446,18 @@ def test_fingerprint_covers_referenced_images(tmp_path):
 def test_sample_record_format(tmp_path):
     path = tmp_path / "data" / "val.jsonl"
     (tmp_path / "data" / "images").mkdir(parents=True)
-    samples = [Sample("a cat", (tmp_path / "data" / "images" / "x.png",)), Sample(""),
-               Sample("caf\u00e9", extra={"template": "t2i"})]
+    samples = [
+        Sample("a cat", (tmp_path / "data" / "images" / "x.png",)),
+        Sample(""),
+        Sample("caf\u00e9", extra={"template": "t2i"}),
+    ]
     assert write_samples(path, samples) == 3
     lines = path.read_text(encoding="utf-8").splitlines()
-    assert [json.loads(x) for x in lines] == [{"text": "a cat", "images": ["images/x.png"]}, {"text": ""},
-                                              {"text": "caf\u00e9", "template": "t2i"}]
+    assert [json.loads(x) for x in lines] == [
+        {"text": "a cat", "images": ["images/x.png"]},
+        {"text": ""},
+        {"text": "caf\u00e9", "template": "t2i"},
+    ]
     back = read_samples(path)
     assert back == samples and back[2].extra == {"template": "t2i"} and back[1].index == 1
     path.write_text('{"text": "ok"}\nnot json\n', encoding="utf-8")
@@ -361,11 +469,15 @@ def test_more_than_nine_images_is_skipped_and_counted(tmp_path, caplog):
     for i in range(10):
         _png(tmp_path / f"{i}.png", (i * 20, 0, 0))
     rows = [{"text": p} for p in make_prompts(20)]
-    rows += [{"text": "nine images here", "images": [f"{i}.png" for i in range(9)]},
-             {"text": "ten images here", "images": [f"{i}.png" for i in range(10)]}]
+    rows += [
+        {"text": "nine images here", "images": [f"{i}.png" for i in range(9)]},
+        {"text": "ten images here", "images": [f"{i}.png" for i in range(10)]},
+    ]
     src = tmp_path / "c.jsonl"
     src.write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
-    train, val = corpus.build_split(settings(files=[str(src)], n_val=2, empty_frac=0.0), takes_images=True)
+    train, val = corpus.build_split(
+        settings(files=[str(src)], n_val=2, empty_frac=0.0), takes_images=True
+    )
     texts = [s.text for s in train + val]
     assert "nine images here" in texts and "ten images here" not in texts
     assert "1 samples with more than 9 images" in caplog.text

@@ -33,11 +33,15 @@ def _preset_repo_files(preset) -> dict[str, bytes]:
     rng = np.random.default_rng(0)
     if preset.fmt == "csv":  # VidProM_unique.csv: uuid, prompt, time, 6 NSFW scores
         rows = ["uuid,prompt,time,toxicity,obscene,identity_attack,insult,threat,sexual_explicit"]
-        rows += [f'{i},"{p}",2023-09-0{i + 1},0.1,0.0,0.0,0.0,0.0,0.0' for i, p in enumerate(PROMPTS)]
+        rows += [
+            f'{i},"{p}",2023-09-0{i + 1},0.1,0.0,0.0,0.0,0.0,0.0' for i, p in enumerate(PROMPTS)
+        ]
         return {"VidProM_unique.csv": ("\n".join(rows) + "\n").encode()}
-    other = {preset.column: PROMPTS,  # DiffusionDB's metadata has many columns beside the prompt
-             "image_name": [f"{i}.png" for i in range(5)],
-             "seed": rng.integers(0, 2**31, 5).tolist()}
+    other = {
+        preset.column: PROMPTS,  # DiffusionDB's metadata has many columns beside the prompt
+        "image_name": [f"{i}.png" for i in range(5)],
+        "seed": rng.integers(0, 2**31, 5).tolist(),
+    }
     path = preset.patterns[0].replace("*", "0000")
     return {path: _parquet(other), "README.md": b"card"}
 
@@ -45,15 +49,21 @@ def _preset_repo_files(preset) -> dict[str, bytes]:
 @pytest.mark.parametrize("pid", list(PRESETS))
 def test_each_preset_reads_its_column_from_the_hub(pid, hub_server, tmp_path):
     preset = PRESETS[pid]
-    hub_server.add_repo(preset.repo, _preset_repo_files(preset), repo_type="dataset",
-                        branches=("main", preset.revision))
+    hub_server.add_repo(
+        preset.repo,
+        _preset_repo_files(preset),
+        repo_type="dataset",
+        branches=("main", preset.revision),
+    )
     listing = hub.list_remote(preset.repo, "dataset", preset.patterns, preset.revision)
     assert set(listing.files) == set(_preset_repo_files(preset)) - {"README.md"}
     hub.fetch_listing(listing, tmp_path / pid)
     tally = Counter()
     assert list(prompt_presets.read_preset(tmp_path / pid, preset, tally)) == PROMPTS
     fp = prompt_presets.fingerprint(tmp_path / pid, preset)
-    assert fp["repo"] == preset.repo and fp["commit"] == listing.commit and all(fp["files"].values())
+    assert (
+        fp["repo"] == preset.repo and fp["commit"] == listing.commit and all(fp["files"].values())
+    )
 
 
 class _CountingFile(io.RawIOBase):
@@ -89,22 +99,32 @@ def test_parquet_reader_never_reads_the_other_columns():
 
 def test_malformed_csv_rows_and_empty_prompts_are_counted_and_skipped(tmp_path):
     path = tmp_path / "p.csv"
-    path.write_text('uuid,prompt,time\n1,"a good prompt",x\n2,"too",many,fields,here\n3,,x\n'
-                    '4,"another good one",x\n5\n', encoding="utf-8")
+    path.write_text(
+        'uuid,prompt,time\n1,"a good prompt",x\n2,"too",many,fields,here\n3,,x\n'
+        '4,"another good one",x\n5\n',
+        encoding="utf-8",
+    )
     tally = Counter()
     got = list(prompt_presets.iter_column(path, "prompt", "csv", tally))
     assert got == ["a good prompt", "another good one"]
     assert tally == Counter(bad_row=2, empty=1)
     with pytest.raises(UserError, match="no column 'Prompt'"):
-        list(prompt_presets.iter_column(io.BytesIO(_parquet({"text": ["x"]})), "Prompt", "parquet",
-                                        Counter()))
+        list(
+            prompt_presets.iter_column(
+                io.BytesIO(_parquet({"text": ["x"]})), "Prompt", "parquet", Counter()
+            )
+        )
 
 
 def test_mix_pools_follows_weights_and_redistributes_a_short_pool():
-    pools = {"files": [f"f{i}" for i in range(100)], "gustavosta": [f"g{i}" for i in range(100)],
-             "vidprom": [f"v{i}" for i in range(5)]}
-    out = prompt_presets.mix_pools(pools, {"files": 3, "gustavosta": 1, "vidprom": 1}, 80,
-                                   random.Random(0))
+    pools = {
+        "files": [f"f{i}" for i in range(100)],
+        "gustavosta": [f"g{i}" for i in range(100)],
+        "vidprom": [f"v{i}" for i in range(5)],
+    }
+    out = prompt_presets.mix_pools(
+        pools, {"files": 3, "gustavosta": 1, "vidprom": 1}, 80, random.Random(0)
+    )
     counts = Counter(p[0] for p in out)
     assert len(out) == len(set(out)) == 80
     assert counts["v"] == 5 and counts["f"] > 2.5 * counts["g"]  # vidprom gave all it had
@@ -135,9 +155,15 @@ def test_flickr_zip_and_csv_from_the_hub(hub_server, tmp_path):
     csv_rows = ["raw,sentids,split,filename,img_id"]
     csv_rows += [f"{_csv_captions(i)},x,train,{i}.jpg,{i}" for i in range(5)]
     csv_rows += ['"[]",x,train,5.jpg,5', f"{_csv_captions(6)},x,train,6.jpg,6"]  # 6.jpg: not in zip
-    hub_server.add_repo(preset.repo, {"flickr30k-images.zip": zbuf.getvalue(),
-                                      "flickr_annotations_30k.csv": "\n".join(csv_rows).encode(),
-                                      "flickr30k.py": b"# loader script"}, repo_type="dataset")
+    hub_server.add_repo(
+        preset.repo,
+        {
+            "flickr30k-images.zip": zbuf.getvalue(),
+            "flickr_annotations_30k.csv": "\n".join(csv_rows).encode(),
+            "flickr30k.py": b"# loader script",
+        },
+        repo_type="dataset",
+    )
     listing = hub.list_remote(preset.repo, "dataset", preset.patterns)
     hub.fetch_listing(listing, tmp_path / "flickr")
     tally = Counter()
@@ -154,9 +180,13 @@ def test_flickr_zip_and_csv_from_the_hub(hub_server, tmp_path):
 def test_coco_parquet_reads_captions_without_images_until_stored(tmp_path):
     images = [{"bytes": _img(c), "path": f"{c}.png"} for c in ("red", "green", "blue")]
     images.append({"bytes": b"garbage", "path": "bad.png"})
-    data = _parquet({"image": images,
-                     "sentences_raw": [["a red square"], ["a green square", "green"], [], ["bad"]]},
-                    row_group_size=2)
+    data = _parquet(
+        {
+            "image": images,
+            "sentences_raw": [["a red square"], ["a green square", "green"], [], ["bad"]],
+        },
+        row_group_size=2,
+    )
     (tmp_path / "coco" / "data").mkdir(parents=True)
     (tmp_path / "coco" / "data" / "train-00000.parquet").write_bytes(data)
     tally = Counter()
@@ -203,15 +233,28 @@ def test_corpus_mixes_a_downloaded_dataset_with_files_by_weight(hub_server, tmp_
     mine = tmp_path / "mine.txt"
     mine.write_text("\n".join(f"my own prompt number {i}" for i in range(300)) + "\n", "utf-8")
     root = tmp_path / "projects" / "p"
-    create_project(root, "t5xxl_pixart", overrides={
-        "corpus.presets": ["vidprom"], "corpus.files": [str(mine)], "corpus.n_train": 200,
-        "corpus.n_val": 40, "corpus.weights": {"files": 3, "vidprom": 1}})
-    with pytest.raises(UserError, match="not downloaded.*gguf-trainer download .* --id prompts_vidprom"):
+    create_project(
+        root,
+        "t5xxl_pixart",
+        overrides={
+            "corpus.presets": ["vidprom"],
+            "corpus.files": [str(mine)],
+            "corpus.n_train": 200,
+            "corpus.n_val": 40,
+            "corpus.weights": {"files": 3, "vidprom": 1},
+        },
+    )
+    with pytest.raises(
+        UserError, match="not downloaded.*gguf-trainer download .* --id prompts_vidprom"
+    ):
         corpus_sources.preset_pools(load_project(root))
     assert downloads.download_foreground(root, ["prompts_vidprom"], on_line=print) == 0
     project = load_project(root)
     pools = corpus_sources.preset_pools(project)
-    assert pools["vidprom"][:2] == [vidprom_prompt(0), vidprom_prompt(1)] and len(pools["vidprom"]) == 300
+    assert (
+        pools["vidprom"][:2] == [vidprom_prompt(0), vidprom_prompt(1)]
+        and len(pools["vidprom"]) == 300
+    )
     train, val = corpus.build_split(project.settings, preset_pools=pools)
     texts = [s.text for s in train + val if s.text]
     assert len(texts) == 240 and len(set(texts)) == 240
@@ -238,5 +281,7 @@ def test_project_image_sources_need_their_downloads_and_folders(tmp_path, monkey
     (pics / "x" / "b.png").write_bytes(_img("blue"))
     assert corpus_sources.fingerprint(load_project(root))["image_folders"] != before
     update_settings(root, {"corpus.image_presets": ["coco_captions"]})
-    with pytest.raises(UserError, match="COCO captions.* is not downloaded.*--id images_coco_captions"):
+    with pytest.raises(
+        UserError, match="COCO captions.* is not downloaded.*--id images_coco_captions"
+    ):
         corpus_sources.image_entries(load_project(root))

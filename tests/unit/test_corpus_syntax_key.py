@@ -30,11 +30,21 @@ class Report:
 @pytest.fixture
 def project(tmp_path):
     prompts = tmp_path / "prompts.txt"
-    lines = [f"prompt {i}: a (red:1.2) fox by the [old] lake" if i % 7 == 0 else f"prompt {i}: a cat"
-             for i in range(60)]
+    lines = [
+        f"prompt {i}: a (red:1.2) fox by the [old] lake" if i % 7 == 0 else f"prompt {i}: a cat"
+        for i in range(60)
+    ]
     prompts.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    proj = create_project(tmp_path / "p", "t5xxl_pixart", overrides={
-        "corpus.files": [str(prompts)], "corpus.n_train": 40, "corpus.n_val": 8, "corpus.min_chars": 1})
+    proj = create_project(
+        tmp_path / "p",
+        "t5xxl_pixart",
+        overrides={
+            "corpus.files": [str(prompts)],
+            "corpus.n_train": 40,
+            "corpus.n_val": 8,
+            "corpus.min_chars": 1,
+        },
+    )
     corpus.run_corpus(proj, Report())
     return load_project(proj.dir)
 

@@ -48,7 +48,9 @@ def test_status_goes_missing_partial_ready(t5):
     root, files = t5
     dest = root / "materials" / "t5-v1_1-xxl-encoder-bf16"
     assert _row(root, "teacher")["state"] == "missing"
-    assert _row(root, "student")["state"] == "missing" and "not set" in _row(root, "student")["error"]
+    assert (
+        _row(root, "student")["state"] == "missing" and "not set" in _row(root, "student")["error"]
+    )
     dest.mkdir(parents=True)
     (dest / "config.json").write_bytes(files["config.json"])
     row = _row(root, "teacher")
@@ -129,7 +131,8 @@ def test_link_refuses_incomplete_and_accepts_complete(t5, tmp_path):
     holder.mkdir()
     copy.rename(holder / "t5-v1_1-xxl-encoder-bf16")
     assert downloads.link_material(root, "teacher", holder)["path"] == str(
-        (holder / "t5-v1_1-xxl-encoder-bf16").resolve())
+        (holder / "t5-v1_1-xxl-encoder-bf16").resolve()
+    )
     pig_clip_header_gguf(holder / "pig_clip-f16.gguf")
     assert downloads.link_material(root, "student", holder)["path"].endswith("pig_clip-f16.gguf")
     with pytest.raises(UserError, match="does not exist"):
@@ -147,7 +150,10 @@ def test_link_found_picks_copies_and_the_f16_student(t5, tmp_path, monkeypatch):
     monkeypatch.setenv("GGUF_TRAINER_MATERIALS", str(shared))
     found = {d["id"]: d for d in downloads.link_found(root)}
     assert set(found) == {"student", "student_tokenizer"}  # no teacher copy anywhere
-    assert found["student"]["path"].endswith("pig_clip-f16.gguf") and "f16" in found["student"]["message"]
+    assert (
+        found["student"]["path"].endswith("pig_clip-f16.gguf")
+        and "f16" in found["student"]["message"]
+    )
     row = _row(root, "student_tokenizer")
     assert row["state"] == "ready" and row["source"] == f"linked from {shared.resolve()}"
     assert downloads.link_found(root) == []  # nothing left to link
@@ -164,10 +170,17 @@ def test_download_missing_never_links_the_demo_materials(t5, tmp_path):
     lines = []
     downloads.download_foreground(root, ["student", "student_tokenizer"], on_line=lines.append)
     assert not any("linked" in line and "not linked" not in line for line in lines), lines
-    assert f"student: not linked: {demo / 'materials' / 'pig_clip-tiny-f16.gguf'} is a tiny " \
+    assert (
+        f"student: not linked: {demo / 'materials' / 'pig_clip-tiny-f16.gguf'} is a tiny "
         "stand-in made by gguf-trainer (demo or test), not pig_clip" in lines
-    assert any(line.startswith(f"student_tokenizer: not linked: {demo / 'materials' / 'pig-clip-tokenizer'} "
-                               "is a tiny stand-in") for line in lines), lines
+    )
+    assert any(
+        line.startswith(
+            f"student_tokenizer: not linked: {demo / 'materials' / 'pig-clip-tokenizer'} "
+            "is a tiny stand-in"
+        )
+        for line in lines
+    ), lines
     tok = _row(root, "student_tokenizer")  # fetched from the Hub instead
     assert tok["state"] == "ready" and tok["source"] == "downloaded"
     assert load_project(root).material_path("student") is None
@@ -187,12 +200,17 @@ def test_the_tokenizer_must_match_the_student(t5, tmp_path, monkeypatch):
         folder.mkdir(parents=True)
         for name, data in pig_clip_tokenizer_files(hidden=hidden).items():
             (folder / name).write_bytes(data)
-    monkeypatch.setenv("GGUF_TRAINER_MATERIALS", os.pathsep.join([str(wrong.parent), str(right.parent)]))
+    monkeypatch.setenv(
+        "GGUF_TRAINER_MATERIALS", os.pathsep.join([str(wrong.parent), str(right.parent)])
+    )
     passed = {}
     (found,) = downloads.link_found(root, passed)
     assert found["id"] == "student_tokenizer" and found["path"] == str(right)
-    assert passed == {"student_tokenizer": [
-        f"{wrong} does not match the student: hidden_size 64 (the student has 1024)"]}
+    assert passed == {
+        "student_tokenizer": [
+            f"{wrong} does not match the student: hidden_size 64 (the student has 1024)"
+        ]
+    }
     assert _row(root, "student")["source"] == f"linked from {tmp_path.resolve()}"
     lines = downloads.format_statuses(downloads.material_statuses(root)).splitlines()
     assert f"linked from {tmp_path.resolve()}" in next(x for x in lines if x.startswith("student "))
@@ -223,7 +241,8 @@ def test_download_and_precompute_disk_preflight(t5, monkeypatch):
 
 
 def test_precompute_estimate_counts_the_written_corpus_and_refuses_before_the_teacher(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     """The default n_train (60 000) would ask ~26 GB for T5 shards; a corpus of 40 samples
     needs ~17 MB. The stage's check refuses before the teacher loads, with both numbers."""
     from types import SimpleNamespace
@@ -277,8 +296,15 @@ def test_a_download_that_stopped_receiving_shows_rate_zero(t5, monkeypatch):
     root, _ = t5
     dest = root / "materials" / "t5-v1_1-xxl-encoder-bf16"
     downloads.job_folder(dest).mkdir(parents=True)
-    progress = {"bytes_done": 5, "bytes_total": 10, "files_done": 0, "files_total": 6,
-                "rate_bps": 1000, "eta_s": 0.1, "updated": time.time()}
+    progress = {
+        "bytes_done": 5,
+        "bytes_total": 10,
+        "files_done": 0,
+        "files_total": 6,
+        "rate_bps": 1000,
+        "eta_s": 0.1,
+        "updated": time.time(),
+    }
     running = {"status": "running", "pid": 4242, "progress": progress, "error": None, "log": "x"}
     monkeypatch.setattr(material_status.jobs, "job_status", lambda folder, name: running)
     row = _row(root, "teacher")

@@ -291,8 +291,10 @@ def test_factorized_export_matches_engine_and_the_svd(tmp_path):
         got = loaded(hidden, **kw)[0].numpy()
     assert rel_err(got, ref) < RTOL
     gap = rel_err(ref, reference(full_path, hidden, kw))
-    print(f"factorized rank {RANK}: engine vs load_gguf {rel_err(got, ref):.2e}; "
-          f"gap to full export {gap:.3e}; SVD error {err:.3e}")
+    print(
+        f"factorized rank {RANK}: engine vs load_gguf {rel_err(got, ref):.2e}; "
+        f"gap to full export {gap:.3e}; SVD error {err:.3e}"
+    )
     assert 0 < gap
 
 

@@ -13,8 +13,12 @@ from gguf_trainer.packs import get_pack
 from gguf_trainer.project_schema import PrecomputeSettings
 
 TEACHER_GIB = 12.0  # the PixArt pack's T5-XXL need
-BIG_CARD = Hardware(has_cuda=True, gpu_total_gib=80, gpu_free_gib=78, cpu_total_gib=128, cpu_available_gib=100)
-SMALL_CARD = Hardware(has_cuda=True, gpu_total_gib=8, gpu_free_gib=7.5, cpu_total_gib=32, cpu_available_gib=24)
+BIG_CARD = Hardware(
+    has_cuda=True, gpu_total_gib=80, gpu_free_gib=78, cpu_total_gib=128, cpu_available_gib=100
+)
+SMALL_CARD = Hardware(
+    has_cuda=True, gpu_total_gib=8, gpu_free_gib=7.5, cpu_total_gib=32, cpu_available_gib=24
+)
 LAPTOP = Hardware(has_cuda=False, cpu_total_gib=16, cpu_available_gib=10)
 
 
@@ -29,7 +33,9 @@ def test_auto_mode_follows_the_hardware(hw, mode):
     if mode == "gpu":
         assert plan.gpu_gib == pytest.approx(78) and plan.notes == ()
     elif mode == "offload":  # an automatic fallback says why, with both numbers
-        assert "GiB" in plan.notes[0] and f"{hardware.gpu_need_gib(TEACHER_GIB):.1f}" in plan.notes[0]
+        assert (
+            "GiB" in plan.notes[0] and f"{hardware.gpu_need_gib(TEACHER_GIB):.1f}" in plan.notes[0]
+        )
         assert "weights stay in RAM" in plan.notes[0]
     else:  # no card at all: nothing to compare with, a plain fact for the log, no warning
         assert plan.notes == () and plan.info == ("no GPU: the teacher runs on the CPU in fp32",)
@@ -64,11 +70,14 @@ def test_mock_needs_no_memory():
     assert plan.mode == "mock" and preflight(TEACHER_GIB, plan, LAPTOP) == []
 
 
-@pytest.mark.parametrize("mode,hw,where,have", [
-    ("gpu", SMALL_CARD, "GPU memory", 7.5),
-    ("cpu", LAPTOP, "RAM", 10.0),
-    ("offload", Hardware(True, 8, 7.5, 16, 9), "RAM", 9.0),
-])
+@pytest.mark.parametrize(
+    "mode,hw,where,have",
+    [
+        ("gpu", SMALL_CARD, "GPU memory", 7.5),
+        ("cpu", LAPTOP, "RAM", 10.0),
+        ("offload", Hardware(True, 8, 7.5, 16, 9), "RAM", 9.0),
+    ],
+)
 def test_preflight_refuses_with_both_numbers(mode, hw, where, have):
     plan = plan_teacher(TEACHER_GIB, settings(teacher_mode=mode), hw)
     with pytest.raises(UserError) as err:
@@ -80,8 +89,9 @@ def test_preflight_refuses_with_both_numbers(mode, hw, where, have):
 
 
 LLADA = get_pack("llada_image")
-CARD_32_RAM_32 = Hardware(has_cuda=True, gpu_total_gib=32, gpu_free_gib=31.0, cpu_total_gib=32,
-                          cpu_available_gib=29.0)
+CARD_32_RAM_32 = Hardware(
+    has_cuda=True, gpu_total_gib=32, gpu_free_gib=31.0, cpu_total_gib=32, cpu_available_gib=29.0
+)
 
 
 def test_a_split_teacher_fits_card_plus_ram():
@@ -100,7 +110,9 @@ def test_a_split_teacher_fits_card_plus_ram():
 
 
 def test_a_split_teacher_too_big_for_both_is_refused_with_the_sum():
-    hw = Hardware(has_cuda=True, gpu_total_gib=8, gpu_free_gib=7.5, cpu_total_gib=32, cpu_available_gib=20)
+    hw = Hardware(
+        has_cuda=True, gpu_total_gib=8, gpu_free_gib=7.5, cpu_total_gib=32, cpu_available_gib=20
+    )
     plan = plan_teacher(34.0, settings(), hw, offload="split")
     with pytest.raises(UserError) as err:
         preflight(34.0, plan, hw)
@@ -117,10 +129,16 @@ def test_streamed_packs_keep_ram_alone(pack_id):
     """T5 and Qwen3-VL stream their blocks through the card: their weights live in RAM."""
     pack = get_pack(pack_id)
     assert pack.teacher_offload == "stream"
-    hw = Hardware(has_cuda=True, gpu_total_gib=8, gpu_free_gib=7.5, cpu_total_gib=16,
-                  cpu_available_gib=pack.teacher_memory_gib - 1)
-    plan = plan_teacher(pack.teacher_memory_gib, settings(teacher_mode="offload"), hw,
-                        offload=pack.teacher_offload)
+    hw = Hardware(
+        has_cuda=True,
+        gpu_total_gib=8,
+        gpu_free_gib=7.5,
+        cpu_total_gib=16,
+        cpu_available_gib=pack.teacher_memory_gib - 1,
+    )
+    plan = plan_teacher(
+        pack.teacher_memory_gib, settings(teacher_mode="offload"), hw, offload=pack.teacher_offload
+    )
     with pytest.raises(UserError, match="GiB of RAM but only"):
         preflight(pack.teacher_memory_gib, plan, hw)
 
@@ -158,8 +176,13 @@ def test_fused_adamw_steps_like_the_reference_loop():
     torch.manual_seed(0)
     params = [torch.nn.Parameter(torch.randn(17, 9)) for _ in range(3)]
     copies = [torch.nn.Parameter(p.detach().clone()) for p in params]
-    fused = torch.optim.AdamW(params, lr=1e-2, betas=(0.9, 0.95), weight_decay=0.01,
-                              **hardware.adamw_options(torch.device("cpu")))
+    fused = torch.optim.AdamW(
+        params,
+        lr=1e-2,
+        betas=(0.9, 0.95),
+        weight_decay=0.01,
+        **hardware.adamw_options(torch.device("cpu")),
+    )
     plain = torch.optim.AdamW(copies, lr=1e-2, betas=(0.9, 0.95), weight_decay=0.01, foreach=False)
     for _ in range(5):
         for group, opt in ((params, fused), (copies, plain)):
@@ -173,7 +196,9 @@ def test_fused_adamw_steps_like_the_reference_loop():
 def test_training_state_must_fit_the_machine():
     n = 3 * 2**30  # 3G parameters: 48 GiB of fp32 weight, gradient and AdamW moments
     with pytest.raises(UserError) as err:
-        hardware.check_training_fits(n, torch.device("cpu"), LAPTOP, "train.width 8192, train.depth 48")
+        hardware.check_training_fits(
+            n, torch.device("cpu"), LAPTOP, "train.width 8192, train.depth 48"
+        )
     msg = str(err.value)
     assert "48.0 GiB of RAM" in msg and "16.0 GiB" in msg and "train.width 8192" in msg
     hardware.check_training_fits(n, torch.device("cuda"), BIG_CARD, "w")  # 80 GiB card: fits

@@ -170,7 +170,13 @@ def test_bounds_agree_with_gguf_reader_on_whole_files(tmp_path, tiny_materials):
 def test_a_foreign_file_stays_a_report_not_an_error(tmp_path):
     """Well-formed but not an adapter: inspect reports it, the bounds do not refuse it."""
     path = tmp_path / "other.gguf"
-    path.write_bytes(padded(header(1, 1) + kv("general.name", STRING, gstr("llm"))
-                            + tinfo("token_embd.weight", [8, 2])) + b"\0" * 64)
+    path.write_bytes(
+        padded(
+            header(1, 1)
+            + kv("general.name", STRING, gstr("llm"))
+            + tinfo("token_embd.weight", [8, 2])
+        )
+        + b"\0" * 64
+    )
     view = read_adapter(path)
     assert view.kind is None and any("no adapter.* tensors" in p for p in view.problems)

@@ -252,7 +252,11 @@ STAGE_SETUPS = {
     # stage -> (prepare(disk, materials) -> project root, run kwargs, the stage that fills the disk)
     "corpus": (lambda d, m: _fresh(d, m, corpus_done=False), {}, "corpus"),
     "precompute": (lambda d, m: _fresh(d, m, corpus_done=True), {}, "precompute_val"),
-    "train": (lambda d, m: update_settings(d / "proj", {"train.steps": 18}).paths.root, {}, "train"),
+    "train": (
+        lambda d, m: update_settings(d / "proj", {"train.steps": 18}).paths.root,
+        {},
+        "train",
+    ),
     "export": (lambda d, m: d / "proj", {"only": ["export"], "force": True}, "export"),
     "eval": (lambda d, m: d / "proj", {"only": ["eval"], "force": True}, "eval"),
 }
@@ -262,8 +266,11 @@ def _protected_of(disk, root):
     files = tree_bytes(disk)
     rel = root.name + "/"
     keep = tuple(rel + p.removeprefix("proj/") for p in PROTECTED)
-    return {k: v for k, v in files.items()
-            if (k.startswith(keep) or k.endswith(".gguf")) and not k.endswith("verified.json")}
+    return {
+        k: v
+        for k, v in files.items()
+        if (k.startswith(keep) or k.endswith(".gguf")) and not k.endswith("verified.json")
+    }
 
 
 def _fill_when(monkeypatch, disk, kind: str, target: str) -> None:
@@ -342,8 +349,10 @@ def test_snapshot_on_a_full_or_read_only_disk(disk, fs):
 
     paths = ProjectPaths(disk / "proj")
     before = protected(disk)
-    with (full_disk(disk) if fs == "full" else read_only(disk),
-          pytest.raises(OSError) as e):  # a DiskError, or what the snapshot lock raises
+    with (
+        full_disk(disk) if fs == "full" else read_only(disk),
+        pytest.raises(OSError) as e,
+    ):  # a DiskError, or what the snapshot lock raises
         run_snapshot(paths.root, fresh=False)
     user = as_user_error(e.value, fallback=paths.root)  # what every edge (CLI, job, UI) shows
     assert user is not None

@@ -218,11 +218,14 @@ def test_in_project_paths_are_stored_relative_and_read_absolute(inside):
     proj = load_project(root)
     assert proj.material_path("student") == root / "materials" / "pig.gguf"
     assert proj.settings.corpus.files == [str(root / "materials" / "prompts.txt")]
-    assert control.read_settings(root).values["corpus"]["files"] == [str(root / "materials/prompts.txt")]
+    assert control.read_settings(root).values["corpus"]["files"] == [
+        str(root / "materials/prompts.txt")
+    ]
 
 
 def test_a_moved_project_continues_with_nothing_recomputed_and_never_touches_its_old_place(
-        inside, tmp_path, tiny_materials):
+    inside, tmp_path, tiny_materials
+):
     old = tmp_path / "old"
     shutil.copytree(inside, old, symlinks=True)
     new = tmp_path / "elsewhere" / "renamed"
@@ -280,8 +283,11 @@ def test_an_older_projects_absolute_export_records_in_a_copy_are_left_alone(insi
     shutil.copytree(inside, src, symlinks=True)
     ej = src / "proj" / "exports.json"
     files = json.loads(ej.read_text())["files"]
-    ej.write_text(json.dumps({"files": {str(places.recorded_path(k, src / "proj")): v
-                                        for k, v in files.items()}}))
+    ej.write_text(
+        json.dumps(
+            {"files": {str(places.recorded_path(k, src / "proj")): v for k, v in files.items()}}
+        )
+    )
     copy = tmp_path / "b" / "proj"
     copy.parent.mkdir()
     subprocess.run(["cp", "-a", str(src / "proj"), str(copy)], check=True)
@@ -299,21 +305,28 @@ def _legacy_corpus_fingerprint(settings) -> dict:
 
     files = {}
     for p in corpus.source_files(settings):
-        files[str(p)] = hashlib.sha256(Path(p).read_bytes()).hexdigest() if p.is_file() else "missing"
+        files[str(p)] = (
+            hashlib.sha256(Path(p).read_bytes()).hexdigest() if p.is_file() else "missing"
+        )
     return {"settings": settings.corpus.model_dump(mode="json"), "files": files}
 
 
 def _absolute_project_json(root) -> None:
     """project.json and exports.json as an older version wrote them: every path absolute."""
     pj = root / "project.json"
-    pj.write_text(json.dumps(places.from_stored_settings(json.loads(pj.read_text()), root), indent=2))
+    pj.write_text(
+        json.dumps(places.from_stored_settings(json.loads(pj.read_text()), root), indent=2)
+    )
     ej = root / "exports.json"
     files = json.loads(ej.read_text())["files"]
-    ej.write_text(json.dumps({"files": {str(places.recorded_path(k, root)): v for k, v in files.items()}}))
+    ej.write_text(
+        json.dumps({"files": {str(places.recorded_path(k, root)): v for k, v in files.items()}})
+    )
 
 
 def test_an_older_project_stays_done_is_rewritten_relative_then_travels(
-        tmp_path, tiny_materials, monkeypatch):
+    tmp_path, tiny_materials, monkeypatch
+):
     disk = tmp_path / "disk"
     root = disk / "proj"
     (root / "materials").mkdir(parents=True)
@@ -450,11 +463,14 @@ def test_shards_recorded_before_the_tokenizer_was_an_input_keep_standing(inside)
     assert now["student_tokenizer"]["files"] >= 2  # every file of the folder, by content
     older = {k: v for k, v in now.items() if k != "student_tokenizer"}
     assert PRECOMPUTE_VAL.inputs(project, upstream, older) == older  # same fingerprint as before
-    assert "student_tokenizer" in PRECOMPUTE_VAL.inputs(project, upstream, {**older, "shard_size": 9})
+    assert "student_tokenizer" in PRECOMPUTE_VAL.inputs(
+        project, upstream, {**older, "shard_size": 9}
+    )
 
 
 def test_a_copied_project_links_missing_materials_found_by_identity_then_names_link(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     """Copied to another machine: the recorded student and tokenizer paths do not exist
     there. The start links the pig_clip GGUF discovery finds (GGUF_TRAINER_MATERIALS), then
     names the tokenizer it found nowhere with the `link` command."""
@@ -470,9 +486,17 @@ def test_a_copied_project_links_missing_materials_found_by_identity_then_names_l
     monkeypatch.setenv("GGUF_TRAINER_MATERIALS", str(shared))
     gone = tmp_path / "the-other-machine"
     root = tmp_path / "copy" / "proj"
-    create_project(root, PACK, overrides={"precompute.mock_teacher": True, "materials": {
-        "student": {"path": str(gone / "pig_clip-f16.gguf")},
-        "student_tokenizer": {"path": str(gone / "tok")}}})
+    create_project(
+        root,
+        PACK,
+        overrides={
+            "precompute.mock_teacher": True,
+            "materials": {
+                "student": {"path": str(gone / "pig_clip-f16.gguf")},
+                "student_tokenizer": {"path": str(gone / "tok")},
+            },
+        },
+    )
     with pytest.raises(UserError) as info:
         control.preflight(root)
     msg = str(info.value)
@@ -489,21 +513,40 @@ def test_places_store_inside_relative_and_leave_outside_absolute(tmp_path):
     (real / "proj").mkdir(parents=True)
     (tmp_path / "link").symlink_to(real)
     root = tmp_path / "link" / "proj"  # a project reached through a linked folder
-    data = {"materials": {"student": {"path": str(real / "proj" / "m" / "s.gguf")},  # resolved
-                          "teacher": {"path": "/models/t5"}, "odd": {"path": 7}},
-            "corpus": {"files": [str(root / "p.txt"), "/data/q.txt", 3], "train_file": "",
-                       "val_file": "~/v.txt", "image_folders": [str(root / "imgs")]},
-            "export": {"output_dir": str(root / "output"), "copy_to": "/srv/ggk"}}
+    data = {
+        "materials": {
+            "student": {"path": str(real / "proj" / "m" / "s.gguf")},  # resolved
+            "teacher": {"path": "/models/t5"},
+            "odd": {"path": 7},
+        },
+        "corpus": {
+            "files": [str(root / "p.txt"), "/data/q.txt", 3],
+            "train_file": "",
+            "val_file": "~/v.txt",
+            "image_folders": [str(root / "imgs")],
+        },
+        "export": {"output_dir": str(root / "output"), "copy_to": "/srv/ggk"},
+    }
     stored = places.to_stored_settings(data, root)
     assert stored["materials"]["student"]["path"] == "m/s.gguf"
-    assert stored["materials"]["teacher"]["path"] == "/models/t5" and stored["materials"]["odd"]["path"] == 7
+    assert (
+        stored["materials"]["teacher"]["path"] == "/models/t5"
+        and stored["materials"]["odd"]["path"] == 7
+    )
     assert stored["corpus"]["files"] == ["p.txt", "/data/q.txt", 3]
-    assert stored["corpus"]["val_file"] == "~/v.txt" and stored["corpus"]["image_folders"] == ["imgs"]
+    assert stored["corpus"]["val_file"] == "~/v.txt" and stored["corpus"]["image_folders"] == [
+        "imgs"
+    ]
     assert stored["export"] == {"output_dir": "output", "copy_to": "/srv/ggk"}
     back = places.from_stored_settings(stored, root)
-    assert back["corpus"]["files"][0] == str(root / "p.txt") and back["export"]["output_dir"] == str(root / "output")
+    assert back["corpus"]["files"][0] == str(root / "p.txt") and back["export"][
+        "output_dir"
+    ] == str(root / "output")
     assert data["corpus"]["files"][0] == str(root / "p.txt")  # the input is not changed
-    for path, key in ((root.parent / "x.gguf", "../x.gguf"), (root / "out" / "x.gguf", "out/x.gguf"),
-                      (tmp_path / "x.gguf", str(tmp_path / "x.gguf"))):
+    for path, key in (
+        (root.parent / "x.gguf", "../x.gguf"),
+        (root / "out" / "x.gguf", "out/x.gguf"),
+        (tmp_path / "x.gguf", str(tmp_path / "x.gguf")),
+    ):
         assert places.record_key(path, root) == key
         assert places.recorded_path(key, root) == path

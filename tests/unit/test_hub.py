@@ -104,9 +104,15 @@ def test_partial_multi_shard_snapshot_is_not_ready_offline(tmp_path):
     check = check_folder(folder, PATTERNS)
     assert not check.is_complete and check.source == "index"
     assert check.missing == ["model-00002-of-00003.safetensors"]
-    (folder / "model-00002-of-00003.safetensors").write_bytes(files["model-00002-of-00003.safetensors"][:-10])
-    assert check_folder(folder, PATTERNS).missing == ["model-00002-of-00003.safetensors (cut short)"]
-    (folder / "model-00002-of-00003.safetensors").write_bytes(files["model-00002-of-00003.safetensors"])
+    (folder / "model-00002-of-00003.safetensors").write_bytes(
+        files["model-00002-of-00003.safetensors"][:-10]
+    )
+    assert check_folder(folder, PATTERNS).missing == [
+        "model-00002-of-00003.safetensors (cut short)"
+    ]
+    (folder / "model-00002-of-00003.safetensors").write_bytes(
+        files["model-00002-of-00003.safetensors"]
+    )
     assert check_folder(folder, PATTERNS).is_complete
     (folder / "model.safetensors.index.json").unlink()  # the shard names still say "of 3"
     (folder / "model-00003-of-00003.safetensors").unlink()
@@ -163,8 +169,9 @@ def test_student_discovery_prefers_f16_and_checks_the_magic(tmp_path):
     passed = []
     best, why = discovery.find_student([tmp_path], passed)
     assert best.name == "pig_clip-f16.gguf" and "f16" in why and "pig_clip-q4_k.gguf" in why
-    assert passed == [(f"{tmp_path / 'pig_clip-q8_0.gguf'} is not pig_clip: vocab 152000 "
-                       "(pig_clip has 151936)")]
+    assert passed == [
+        (f"{tmp_path / 'pig_clip-q8_0.gguf'} is not pig_clip: vocab 152000 (pig_clip has 151936)")
+    ]
     (tmp_path / "pig_clip-f16.gguf").unlink()
     best, why = discovery.find_student([tmp_path])
     assert best.name == "pig_clip-q4_k.gguf" and "largest" in why
@@ -199,15 +206,23 @@ def test_snapshot_discovery_checks_identity(tmp_path):
     (marked / "GGUF_TRAINER_TINY").write_text("demo")
     listing = other_repo / ".cache" / "gguf-trainer" / "listing.json"
     listing.parent.mkdir(parents=True)
-    listing.write_text(json.dumps({"repo": "someone/else", "files": {
-        n: {"size": len(d)} for n, d in files.items()}}))
+    listing.write_text(
+        json.dumps(
+            {"repo": "someone/else", "files": {n: {"size": len(d)} for n, d in files.items()}}
+        )
+    )
     passed = []
     roots = [tmp_path / "a", tmp_path / "b", tmp_path / "c"]
     assert discovery.find_snapshot(_Mat, roots, passed=passed) == good
-    assert passed == [f"{marked} is a tiny stand-in made by gguf-trainer (demo or test), not org/T",
-                      f"{other_repo} was downloaded from someone/else, not org/T"]
+    assert passed == [
+        f"{marked} is a tiny stand-in made by gguf-trainer (demo or test), not org/T",
+        f"{other_repo} was downloaded from someone/else, not org/T",
+    ]
     passed.clear()
-    assert discovery.find_snapshot(_Mat, roots[2:], expect={"hidden_size": 1024}, passed=passed) is None
+    assert (
+        discovery.find_snapshot(_Mat, roots[2:], expect={"hidden_size": 1024}, passed=passed)
+        is None
+    )
     assert passed == [f"{good} does not match the student: hidden_size None (the student has 1024)"]
     (good / "config.json").write_text('{"hidden_size": 1024}')
     assert discovery.find_snapshot(_Mat, roots[2:], expect={"hidden_size": 1024}) == good
@@ -243,8 +258,9 @@ def test_a_pattern_the_saved_listing_never_covered_is_not_complete(hub_server, t
     assert not grown.is_complete and grown.missing == ["tokenizer.json (not in the saved listing)"]
 
 
-def test_a_transfer_broken_mid_file_with_an_expired_url_is_asked_for_again(hub_server, tmp_path,
-                                                                          monkeypatch):
+def test_a_transfer_broken_mid_file_with_an_expired_url_is_asked_for_again(
+    hub_server, tmp_path, monkeypatch
+):
     monkeypatch.setattr(hub, "RETRY_WAITS_S", (0.0,))
     data = np.random.default_rng(1).bytes(12 * 1024 * 1024)  # > the client's 10 MiB chunk
     hub_server.add_repo("org/big", {"weights.bin": data})

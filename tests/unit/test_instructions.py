@@ -40,10 +40,16 @@ def _entries(n: int, corrupt: int = 0, uncaptioned: int = 0) -> list[ImageEntry]
     out = []
     for i in range(n):
         data = _png((i * 5 % 256, i * 11 % 256, i * 17 % 256))
-        caps = () if i < uncaptioned else (CAPTIONS[i % len(CAPTIONS)], CAPTIONS[(i + 1) % len(CAPTIONS)])
+        caps = (
+            ()
+            if i < uncaptioned
+            else (CAPTIONS[i % len(CAPTIONS)], CAPTIONS[(i + 1) % len(CAPTIONS)])
+        )
         out.append(ImageEntry("folder:pics", f"p{i}.png", caps, lambda d=data: d))
     for j in range(corrupt):
-        out.append(ImageEntry("folder:pics", f"bad{j}.png", (CAPTIONS[0],), lambda: b"\x89PNG not really"))
+        out.append(
+            ImageEntry("folder:pics", f"bad{j}.png", (CAPTIONS[0],), lambda: b"\x89PNG not really")
+        )
     return out
 
 
@@ -65,7 +71,9 @@ def test_every_pattern_appears_and_the_shares_follow_the_bands():
     assert any(t.startswith("remove the ") for t in texts)
     assert any(t.startswith("replace the ") for t in texts)
     assert any(t.startswith("change the background to ") for t in texts)
-    assert any(t.startswith(("make it ", "turn this into ", "restyle the image as ")) for t in texts)
+    assert any(
+        t.startswith(("make it ", "turn this into ", "restyle the image as ")) for t in texts
+    )
 
 
 def test_without_a_caption_only_caption_free_edits_are_made():
@@ -89,10 +97,16 @@ def test_two_image_instructions_use_subject_and_caption():
 
 def test_mix_from_counts_gives_the_reference_mix():
     mix = Mix.from_counts(86000, 1536)
-    assert (mix.image, mix.two_image, mix.text) == (REFERENCE["image"], REFERENCE["two_image"], REFERENCE["text"])
+    assert (mix.image, mix.two_image, mix.text) == (
+        REFERENCE["image"],
+        REFERENCE["two_image"],
+        REFERENCE["text"],
+    )
     assert (mix.val_image, mix.val_text) == (1024, 512)
     small = Mix.from_counts(86, 3)
-    assert small.image + small.two_image + small.text == 86 and small.val_image + small.val_text == 3
+    assert (
+        small.image + small.two_image + small.text == 86 and small.val_image + small.val_text == 3
+    )
 
 
 def _corpus(tmp_path, seed=5, **kw):
@@ -162,9 +176,16 @@ def test_the_corpus_stage_synthesizes_from_an_image_folder(tmp_path, monkeypatch
     own = tmp_path / "own.jsonl"  # the user's own edit sample rides along in train
     own.write_text(json.dumps({"text": "make the sky purple", "images": ["pics/p3.png"]}) + "\n")
     root = tmp_path / "projects" / "mf"
-    create_project(root, "qwen3vl_mageflow", overrides={
-        "corpus.image_folders": [str(pics)], "corpus.files": [str(prompts), str(own)],
-        "corpus.n_train": 43, "corpus.n_val": 3})
+    create_project(
+        root,
+        "qwen3vl_mageflow",
+        overrides={
+            "corpus.image_folders": [str(pics)],
+            "corpus.files": [str(prompts), str(own)],
+            "corpus.n_train": 43,
+            "corpus.n_val": 3,
+        },
+    )
     train, val = make_split(load_project(root))
     assert len(val) == 3 and sum(1 for s in val if s.images) == 2
     assert sum(1 for s in train if not s.images) == round(43 * 27 / 86)

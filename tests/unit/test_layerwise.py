@@ -38,8 +38,10 @@ def _randomized(cfg: AdapterConfig, seed: int = 3) -> torch.nn.Module:
     m = build_adapter(cfg)
     with torch.no_grad():
         for name, p in m.named_parameters():
-            p.copy_(torch.randn_like(p) * (0.3 if p.ndim > 1 else 0.1) + (1.0 if "ln_" in name and
-                                                                         name.endswith("weight") else 0.0))
+            p.copy_(
+                torch.randn_like(p) * (0.3 if p.ndim > 1 else 0.1)
+                + (1.0 if "ln_" in name and name.endswith("weight") else 0.0)
+            )
     return m.eval()
 
 
@@ -100,7 +102,7 @@ def test_engine_forward_matches_module_and_load_gguf(tmp_path):
     # the taps, in ascending order, are the D-wide column blocks of every row
     for k, (a, b) in enumerate(zip(tap_slices(got, 3), tap_slices(ref, 3))):
         assert a.shape == (11, D)
-        assert np.array_equal(b, ref[:, k * D: (k + 1) * D])
+        assert np.array_equal(b, ref[:, k * D : (k + 1) * D])
         assert np.allclose(a, b, rtol=1e-4, atol=1e-4)
 
 
@@ -170,18 +172,20 @@ def test_per_tap_figures_are_each_taps_block_of_the_dit_rows():
     mask = torch.ones(2, 5, dtype=torch.bool)
     mask[1, 4] = False
     sup = torch.tensor([2, 0])
-    batch = Batch(torch.zeros(2, 5, IN), mask, target, mask, None, sup, [(0, 0), (0, 1)], None, None)
+    batch = Batch(
+        torch.zeros(2, 5, IN), mask, target, mask, None, sup, [(0, 0), (0, 1)], None, None
+    )
     mu = torch.randn(3 * D, generator=g)
     stats = Stats(mu, torch.ones(3 * D), torch.ones(3 * D), 0)
 
     def predict(b):
         t0, _, t2 = b.target.chunk(3, -1)
-        return torch.cat([t0, mu[D:2 * D].expand_as(t0), -t2], -1)
+        return torch.cat([t0, mu[D : 2 * D].expand_as(t0), -t2], -1)
 
     res = score_taps([batch], predict, stats, TAPS, "cpu")
     assert res["taps"] == list(TAPS)
     assert res["cos"][0] == pytest.approx(1.0) and res["cos"][2] == pytest.approx(-1.0)
     assert res["cos"][1] == pytest.approx(res["baseline_cos"][1])
-    rows = torch.cat([target[0, 2:], target[1, :4]])[:, D:2 * D].double()
-    want = torch.nn.functional.cosine_similarity(rows, mu[D:2 * D].double()[None], dim=-1).mean()
+    rows = torch.cat([target[0, 2:], target[1, :4]])[:, D : 2 * D].double()
+    want = torch.nn.functional.cosine_similarity(rows, mu[D : 2 * D].double()[None], dim=-1).mean()
     assert res["baseline_cos"][1] == pytest.approx(float(want))

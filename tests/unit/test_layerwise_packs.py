@@ -200,11 +200,15 @@ def test_fibo2_captions_are_the_engines():
     assert fibo2_caption("") == NULL_CAPTION
     assert fibo2_caption("a sheep") == "a sheep"
     assert fibo2_caption("[1, 2]") == "[1, 2]"  # not an object: as typed
-    got = fibo2_caption('{"short_description": "a fox", "objects": [], "aesthetic_score": 7, '
-                        '"lighting": {"preference_score": 1, "kind": "soft"}, "context": ""}')
+    got = fibo2_caption(
+        '{"short_description": "a fox", "objects": [], "aesthetic_score": 7, '
+        '"lighting": {"preference_score": 1, "kind": "soft"}, "context": ""}'
+    )
     assert got == '{"short_description":"a fox","lighting":{"kind":"soft"}}'
-    assert fibo2_caption('{"short_description": "x", "text_render": []}') == \
-        '{"short_description":"x","text_render":[]}'
+    assert (
+        fibo2_caption('{"short_description": "x", "text_render": []}')
+        == '{"short_description":"x","text_render":[]}'
+    )
 
 
 def test_check_reads_a_layerwise_dump_and_reports_each_tap(tmp_path, tiny_materials, encode):
@@ -219,7 +223,9 @@ def test_check_reads_a_layerwise_dump_and_reports_each_tap(tmp_path, tiny_materi
 
     pack = get_pack("qwen3vl_flux3")
     student = load_student(tiny_materials["student"], tiny_materials["tokenizer"])
-    cfg = pack.adapter_config(type("T", (), {"width": 64, "depth": 1})(), student.hidden_size, out_dim=8 * 16)
+    cfg = pack.adapter_config(
+        type("T", (), {"width": 64, "depth": 1})(), student.hidden_size, out_dim=8 * 16
+    )
     torch.manual_seed(0)
     module = build_adapter(cfg)
     with torch.no_grad():
@@ -248,9 +254,11 @@ def test_check_reads_a_layerwise_dump_and_reports_each_tap(tmp_path, tiny_materi
     assert all(c > 0.99999 for c in res["per_tap"]["cos"])
     assert res["verdict"].startswith("n/a") and "per tap:  L4 1.0000" in format_check(res)
     spoiled = out.copy()
-    spoiled[:, 3 * 16:4 * 16] = -spoiled[:, 3 * 16:4 * 16]  # tap 16 negated
+    spoiled[:, 3 * 16 : 4 * 16] = -spoiled[:, 3 * 16 : 4 * 16]  # tap 16 negated
     spoiled.tofile(dump / "adapter_out.bin")
-    cos = run_check(adapter, tiny_materials["student"], dump, prompt, tiny_materials["tokenizer"])["per_tap"]["cos"]
+    cos = run_check(adapter, tiny_materials["student"], dump, prompt, tiny_materials["tokenizer"])[
+        "per_tap"
+    ]["cos"]
     assert cos[3] < -0.99 and all(c > 0.99999 for k, c in enumerate(cos) if k != 3)
 
 
@@ -275,9 +283,21 @@ def test_results_line_names_each_taps_cosine(tmp_path):
     root = tmp_path / "p"
     create_project(root, "qwen3vl_sefi")
     proj = load_project(root)
-    proj.paths.eval_json.write_text(_json.dumps({
-        "headline": "cos", "val_cos": 0.8, "baseline": {"baseline_cos": 0.5}, "health": "n/a: x",
-        "per_tap": {"taps": [9, 18, 27], "cos": [0.9, 0.8, 0.7], "baseline_cos": [0.6, 0.5, 0.4]}}))
+    proj.paths.eval_json.write_text(
+        _json.dumps(
+            {
+                "headline": "cos",
+                "val_cos": 0.8,
+                "baseline": {"baseline_cos": 0.5},
+                "health": "n/a: x",
+                "per_tap": {
+                    "taps": [9, 18, 27],
+                    "cos": [0.9, 0.8, 0.7],
+                    "baseline_cos": [0.6, 0.5, 0.4],
+                },
+            }
+        )
+    )
     line = describe_results(root)["eval_line"]
     assert line.endswith("per tap: L9 0.900 (0.600), L18 0.800 (0.500), L27 0.700 (0.400)")
 

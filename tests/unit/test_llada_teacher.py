@@ -199,7 +199,9 @@ def test_attn_mask_utils_stand_in_has_4x_semantics():
 
 
 def _ln(x, eps):
-    return (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, unbiased=False, keepdim=True) + eps)
+    return (x - x.mean(-1, keepdim=True)) / torch.sqrt(
+        x.var(-1, unbiased=False, keepdim=True) + eps
+    )
 
 
 def _rms(x, eps):
@@ -217,7 +219,9 @@ def test_queryformer_matches_torch_multihead_attention(snapshot):
     g = torch.Generator().manual_seed(0)
     enc = torch.randn(2, 7, c["hidden_size"], generator=g, dtype=torch.float64)
     mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3]).bool()
-    mha = torch.nn.MultiheadAttention(c["hidden_size"], c["num_attention_heads"], batch_first=True).double()
+    mha = torch.nn.MultiheadAttention(
+        c["hidden_size"], c["num_attention_heads"], batch_first=True
+    ).double()
     mha.load_state_dict({k.split("cross_attn.")[1]: v for k, v in sd.items() if "cross_attn." in k})
     eps = c["norm_eps"]
     q = _ln(sd["meta_queries"].expand(2, -1, -1), eps)
@@ -231,8 +235,15 @@ def test_queryformer_matches_torch_multihead_attention(snapshot):
     assert (got - want).abs().max().item() < 1e-10
 
 
-NON_DEFAULT_TP = {**TEXT_PROJECTION, "hidden_size": 48, "intermediate_size": 40, "num_attention_heads": 3,
-                  "num_hidden_layers": 3, "norm_eps": 0.25, "projection_dim": 24}
+NON_DEFAULT_TP = {
+    **TEXT_PROJECTION,
+    "hidden_size": 48,
+    "intermediate_size": 40,
+    "num_attention_heads": 3,
+    "num_hidden_layers": 3,
+    "norm_eps": 0.25,
+    "projection_dim": 24,
+}
 
 
 def _write_module(folder, config, layout, seed=0):
@@ -243,8 +254,10 @@ def _write_module(folder, config, layout, seed=0):
     (folder / "config.json").write_text(json.dumps(config))
     g = torch.Generator().manual_seed(seed)
     table = layout.tensors(read_config(folder, layout))
-    save_file({k: torch.randn(s, generator=g) * 0.3 for k, s in table.items()},
-              str(folder / "diffusion_pytorch_model.safetensors"))
+    save_file(
+        {k: torch.randn(s, generator=g) * 0.3 for k, s in table.items()},
+        str(folder / "diffusion_pytorch_model.safetensors"),
+    )
     return folder
 
 
@@ -255,7 +268,10 @@ def test_text_projection_matches_hand_computation(snapshot, tmp_path, which):
     if which == "shipped":
         folder, c = snapshot / "text_projection", TEXT_PROJECTION
     else:
-        folder, c = _write_module(tmp_path / "tp", NON_DEFAULT_TP, TEXT_PROJECTION_LAYOUT), NON_DEFAULT_TP
+        folder, c = (
+            _write_module(tmp_path / "tp", NON_DEFAULT_TP, TEXT_PROJECTION_LAYOUT),
+            NON_DEFAULT_TP,
+        )
     tp = load_module(TextProjection, folder).double()
     sd = tp.state_dict()
     assert len(tp.layers) == c["num_hidden_layers"] and not any("norm" in k for k in sd)
@@ -288,9 +304,12 @@ def test_text_projection_matches_hand_computation(snapshot, tmp_path, which):
 def test_layout_table_is_the_modules_state_dict():
     """One truth for the names: the header check's table (no torch) equals what the modules
     load, for the released sizes and for others."""
-    cases = ((QueryFormer, QUERYFORMER_LAYOUT, RELEASED_QF), (TextProjection, TEXT_PROJECTION_LAYOUT, RELEASED_TP),
-             (QueryFormer, QUERYFORMER_LAYOUT, {**QUERYFORMER, "num_hidden_layers": 3}),
-             (TextProjection, TEXT_PROJECTION_LAYOUT, NON_DEFAULT_TP))
+    cases = (
+        (QueryFormer, QUERYFORMER_LAYOUT, RELEASED_QF),
+        (TextProjection, TEXT_PROJECTION_LAYOUT, RELEASED_TP),
+        (QueryFormer, QUERYFORMER_LAYOUT, {**QUERYFORMER, "num_hidden_layers": 3}),
+        (TextProjection, TEXT_PROJECTION_LAYOUT, NON_DEFAULT_TP),
+    )
     for cls, layout, cfg in cases:
         args = {k: cfg[k] for k in (*layout.int_keys, "norm_eps")}
         with torch.device("meta"):
@@ -313,15 +332,24 @@ def test_released_sizes_match_the_published_file_sizes():
     assert "layers.5.self_attn.q_proj.weight" in tp and "layers.0.self_attn.q_norm.weight" not in tp
 
 
-@pytest.mark.parametrize("edit,match", [
-    ({"num_layers": 6}, r"keys \['num_layers'\] of an older gguf-trainer layout"),
-    ({"rms_norm_eps": 1e-6}, "older gguf-trainer layout"),
-    ({"qk_norm_affine": True}, r"keys \['qk_norm_affine'\] that gguf-trainer's LLaDAImageTextProjectionModel does not build"),
-    ({"_class_name": "TextProjection"}, "describes 'TextProjection', not the released LLaDAImageTextProjectionModel"),
-    ({"norm_eps": None}, r"lacks \['norm_eps'\]"),
-    ({"num_hidden_layers": True}, r"unusable values for \['num_hidden_layers'\]"),
-    ({"num_attention_heads": 5}, "not a multiple of num_attention_heads 5"),
-])
+@pytest.mark.parametrize(
+    "edit,match",
+    [
+        ({"num_layers": 6}, r"keys \['num_layers'\] of an older gguf-trainer layout"),
+        ({"rms_norm_eps": 1e-6}, "older gguf-trainer layout"),
+        (
+            {"qk_norm_affine": True},
+            r"keys \['qk_norm_affine'\] that gguf-trainer's LLaDAImageTextProjectionModel does not build",
+        ),
+        (
+            {"_class_name": "TextProjection"},
+            "describes 'TextProjection', not the released LLaDAImageTextProjectionModel",
+        ),
+        ({"norm_eps": None}, r"lacks \['norm_eps'\]"),
+        ({"num_hidden_layers": True}, r"unusable values for \['num_hidden_layers'\]"),
+        ({"num_attention_heads": 5}, "not a multiple of num_attention_heads 5"),
+    ],
+)
 def test_unknown_layouts_are_refused_not_guessed(tmp_path, edit, match):
     config = {**TEXT_PROJECTION, **edit}
     config = {k: v for k, v in config.items() if v is not None}
@@ -359,7 +387,7 @@ def test_strict_loading_names_missing_and_unexpected_keys(tmp_path, snapshot):
 
 def test_mask_keeps_text_from_the_queries_and_everyone_from_pads():
     _, pos, bias = attention_inputs(torch.tensor([[1, 1, 1], [1, 0, 0]]), 2, torch.float32)
-    allowed = (bias[:, 0] == 0)
+    allowed = bias[:, 0] == 0
     assert allowed.shape == (2, 5, 5)
     assert not allowed[:, :3, 3:].any()  # text rows never see the query columns
     assert allowed[0, 3:].all()  # queries see every real row, each other included
@@ -378,9 +406,14 @@ def test_text_rows_do_not_depend_on_the_queries(teacher):
     outs = []
     with torch.inference_mode():
         for seed in (0, 1):
-            q = torch.randn(1, teacher.num_queries, emb.shape[-1], generator=torch.Generator().manual_seed(seed))
-            outs.append(teacher.backbone(inputs_embeds=torch.cat([emb, q], 1), attention_mask=bias,
-                                         position_ids=pos).last_hidden_state)
+            q = torch.randn(
+                1, teacher.num_queries, emb.shape[-1], generator=torch.Generator().manual_seed(seed)
+            )
+            outs.append(
+                teacher.backbone(
+                    inputs_embeds=torch.cat([emb, q], 1), attention_mask=bias, position_ids=pos
+                ).last_hidden_state
+            )
     n = ids.shape[1]
     assert torch.equal(outs[0][:, :n], outs[1][:, :n])
     assert not torch.allclose(outs[0][:, n:], outs[1][:, n:])
@@ -391,8 +424,10 @@ def test_batched_equals_per_prompt(teacher):
     single = torch.cat([teacher.encode([p]) for p in PROMPTS])
     delta = (batched - single).abs().max().item()
     scale = single.abs().max().item()
-    print(f"batched vs per-prompt: max |delta| {delta:.3g} on rows of max |x| {scale:.3g} "
-          f"({delta / scale:.3g} relative)")
+    print(
+        f"batched vs per-prompt: max |delta| {delta:.3g} on rows of max |x| {scale:.3g} "
+        f"({delta / scale:.3g} relative)"
+    )
     assert batched.shape == (3, 256, 2560) and batched.dtype == torch.float32
     assert delta <= 1e-6 * scale
     assert (single[0] - single[2]).abs().max() > 1e-3  # the rows do depend on the prompt
@@ -483,7 +518,10 @@ def test_sigvq_companion_names_dtypes_count_and_rebuild(tmp_path, snapshot):
         arr = np.asarray(t.data).reshape(tuple(want[name].shape))
         assert np.array_equal(arr, want[name].to(torch.float16).numpy())
     assert str(reader.get_field("general.name").contents()) == "pig_llada_sigvq-f16"
-    assert {f for f in reader.fields if not f.startswith("GGUF.")} == {"general.architecture", "general.name"}
+    assert {f for f in reader.fields if not f.startswith("GGUF.")} == {
+        "general.architecture",
+        "general.name",
+    }
     assert not write_sigvq_gguf(src, dest)["rebuilt"]  # not older than its source: kept
     later = dest.stat().st_mtime + 10
     os.utime(src, (later, later))
@@ -515,9 +553,14 @@ def _fake_project(tmp_path, teacher=None, sigvq=None, mock=False, export_sigvq=T
 
     paths = {"teacher": teacher, "sigvq": sigvq}
     return SimpleNamespace(
-        pack=PACK, dir=tmp_path / "proj", material_path=lambda mid: paths.get(mid),
-        settings=SimpleNamespace(precompute=SimpleNamespace(mock_teacher=mock),
-                                 export=SimpleNamespace(export_sigvq=export_sigvq)))
+        pack=PACK,
+        dir=tmp_path / "proj",
+        material_path=lambda mid: paths.get(mid),
+        settings=SimpleNamespace(
+            precompute=SimpleNamespace(mock_teacher=mock),
+            export=SimpleNamespace(export_sigvq=export_sigvq),
+        ),
+    )
 
 
 def test_project_trust_functions(llada_env, snapshot, tmp_path):
@@ -539,7 +582,9 @@ def test_export_without_sigvq_says_so_and_command_leaves_llm_vision_out(tmp_path
         assert PACK.write_companions(_fake_project(tmp_path), adapter) == []
     assert "no SigVQ companion" in caplog.text and "leaves --llm_vision out" in caplog.text
     cmd = PACK.engine_command(student="pig_clip-q8_0.gguf", adapter=str(adapter))
-    assert "--llm_vision" not in cmd and "--ref-image" not in cmd and f"--llm-adapter {adapter}" in cmd
+    assert (
+        "--llm_vision" not in cmd and "--ref-image" not in cmd and f"--llm-adapter {adapter}" in cmd
+    )
     assert "--llm_vision <pig_llada_sigvq-f16.gguf>" in PACK.engine_command()  # the template view
 
 
@@ -549,7 +594,10 @@ def test_export_writes_and_names_the_companion(tmp_path, snapshot):
     (written,) = PACK.write_companions(_fake_project(tmp_path, sigvq=snapshot), adapter)
     assert written == tmp_path / "pig_llada_sigvq-f16.gguf" and written.is_file()
     assert f"--llm_vision {written} --ref-image" in PACK.engine_command(adapter=str(adapter))
-    assert PACK.write_companions(_fake_project(tmp_path, sigvq=snapshot, export_sigvq=False), adapter) == []
+    assert (
+        PACK.write_companions(_fake_project(tmp_path, sigvq=snapshot, export_sigvq=False), adapter)
+        == []
+    )
 
 
 def test_health_line_reads_the_shared_verdicts():
@@ -560,7 +608,9 @@ def test_health_line_reads_the_shared_verdicts():
     assert "0.965" in PACK.health_line({"cos_centered": 0.95, "trained_steps": 20000})
 
 
-def test_trust_remote_code_flag_confirms_the_projects_teacher(llada_env, snapshot, tmp_path, capsys):
+def test_trust_remote_code_flag_confirms_the_projects_teacher(
+    llada_env, snapshot, tmp_path, capsys
+):
     from gguf_trainer.cli import build_parser
     from gguf_trainer.project import create_project
 
@@ -568,7 +618,11 @@ def test_trust_remote_code_flag_confirms_the_projects_teacher(llada_env, snapsho
     proj = tmp_path / "proj"
     create_project(proj, "llada_image", overrides={"materials": {"teacher": {"path": str(root)}}})
     for cmd in ("run", "start", "download"):
-        assert build_parser().parse_args([cmd, "--project", str(proj), "--trust-remote-code"]).trust_remote_code
+        assert (
+            build_parser()
+            .parse_args([cmd, "--project", str(proj), "--trust-remote-code"])
+            .trust_remote_code
+        )
     assert trust.trust_status(root)["reason"] == "never"
     line = control.confirm_trust(proj)
     assert line.startswith(f"trusted the teacher code in {root}") and "3 .py files" in line
@@ -583,14 +637,17 @@ def test_cuda_resident_and_offloaded_match_the_cpu_rows(snapshot, teacher):
     resident = load_llada_teacher(snapshot, format_prompt=PACK.format_prompt, device="cuda:0")
     dmap = plan_backbone(snapshot, [(0, 150_000), ("cpu", 64 * GIB)])
     assert "cpu" in dmap.values()
-    offloaded = load_llada_teacher(snapshot, format_prompt=PACK.format_prompt, device="cuda:0",
-                                   device_map=dmap)
+    offloaded = load_llada_teacher(
+        snapshot, format_prompt=PACK.format_prompt, device="cuda:0", device_map=dmap
+    )
     a, b = resident.encode(PROMPTS), offloaded.encode(PROMPTS)
 
     def cos(x, y):
         return F.cosine_similarity(x.flatten(1), y.flatten(1)).min().item()
 
-    print(f"cuda bf16 vs cpu fp32: min cos {cos(a, cpu):.5f}; offloaded vs resident {cos(b, a):.6f}")
+    print(
+        f"cuda bf16 vs cpu fp32: min cos {cos(a, cpu):.5f}; offloaded vs resident {cos(b, a):.6f}"
+    )
     assert cos(a, cpu) > 0.99 and cos(b, a) > 0.9999
     resident.close()
     offloaded.close()
@@ -607,8 +664,15 @@ def _old_layout_copy(src, dest):
 
     root = shutil.copytree(src, dest)
     tp = root / "text_projection"
-    old = {"_class_name": "TextProjection", "hidden_size": 64, "intermediate_size": 128,
-           "num_attention_heads": 4, "rms_norm_eps": 1e-6, "num_layers": 2, "projection_dim": 2560}
+    old = {
+        "_class_name": "TextProjection",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "rms_norm_eps": 1e-6,
+        "num_layers": 2,
+        "projection_dim": 2560,
+    }
     (tp / "config.json").write_text(json.dumps(old))
     state = {}
     for i in range(2):
@@ -627,21 +691,28 @@ def _old_layout_copy(src, dest):
 
 def test_header_check_passes_the_released_layout(snapshot):
     summary = PACK.check_teacher({"teacher": snapshot})
-    assert summary.startswith("LLaDA-Image teacher: text encoder hidden 64 (3 layers, 2 weight file(s)), "
-                              "QueryFormer 1 block(s) x 256 queries, TextProjection 2 layer(s) -> 2560")
+    assert summary.startswith(
+        "LLaDA-Image teacher: text encoder hidden 64 (3 layers, 2 weight file(s)), "
+        "QueryFormer 1 block(s) x 256 queries, TextProjection 2 layer(s) -> 2560"
+    )
     # sharded, as released
     assert (snapshot / "text_encoder" / "model.safetensors.index.json").is_file()
 
 
-def test_old_key_names_are_refused_in_milliseconds_without_the_remote_code(llada_env, snapshot, monkeypatch):
+def test_old_key_names_are_refused_in_milliseconds_without_the_remote_code(
+    llada_env, snapshot, monkeypatch
+):
     import sys
     import time
 
     import transformers.dynamic_module_utils as dmu
 
     root, _ = _old_layout_copy(snapshot, llada_env / "old_layout")
-    monkeypatch.setattr(dmu, "get_class_from_dynamic_module",
-                        lambda *a, **k: pytest.fail("remote code imported by the header check"))
+    monkeypatch.setattr(
+        dmu,
+        "get_class_from_dynamic_module",
+        lambda *a, **k: pytest.fail("remote code imported by the header check"),
+    )
     before = {m for m in sys.modules if "llada2uni" in m}
     t0 = time.perf_counter()
     with pytest.raises(UserError) as err:
@@ -659,11 +730,18 @@ def test_old_key_names_are_refused_in_milliseconds_without_the_remote_code(llada
         PACK.teacher_gib({"teacher": root}, "cpu")  # the pre-flight refuses before anything loads
     msg = str(err.value)
     weights = root / "text_projection" / "diffusion_pytorch_model.safetensors"
-    assert msg.startswith(f"{weights} does not match its config.json (the released layout): missing "
-                          "[layers.0.self_attn.k_proj.bias,") and "(16 in all)" in msg
+    assert (
+        msg.startswith(
+            f"{weights} does not match its config.json (the released layout): missing "
+            "[layers.0.self_attn.k_proj.bias,"
+        )
+        and "(16 in all)" in msg
+    )
     assert "unexpected [layers.0.attn.k_norm.weight," in msg and "(20 in all)" in msg
     # ... and so does the load, before the trust check or the backbone
-    plan = __import__("types").SimpleNamespace(mode="cpu", placement="sequential", gpu_gib=0.0, cpu_gib=8.0)
+    plan = __import__("types").SimpleNamespace(
+        mode="cpu", placement="sequential", gpu_gib=0.0, cpu_gib=8.0
+    )
     with pytest.raises(UserError, match="does not match its config.json"):
         PACK.load_teacher({"teacher": root}, plan, torch.device("cpu"))
 
@@ -685,20 +763,33 @@ def _broken(snapshot, dest, how):
         _write_module(root / "queryformer", {**QUERYFORMER, "num_queries": 64}, QUERYFORMER_LAYOUT)
     elif how == "width":
         shutil.rmtree(root / "text_projection")
-        _write_module(root / "text_projection", {**TEXT_PROJECTION, "projection_dim": 32}, TEXT_PROJECTION_LAYOUT)
+        _write_module(
+            root / "text_projection",
+            {**TEXT_PROJECTION, "projection_dim": 32},
+            TEXT_PROJECTION_LAYOUT,
+        )
     elif how == "no_code":
         (te / "modeling_llada2uni_moe.py").unlink()
     return root
 
 
-@pytest.mark.parametrize("how,match", [
-    ("cut_shard", r"model-00002-of-00002\.safetensors is cut short"),
-    ("missing_shard", r"model-00001-of-00002\.safetensors is missing \(model\.safetensors\.index\.json names it"),
-    ("hidden_mismatch", r"queryformer/config\.json has hidden_size 64 but .*text_encoder/config\.json has 128"),
-    ("queries", r"num_queries 64; this pack's targets are 256 rows"),
-    ("width", r"projection_dim 32; this pack's targets are 2560 wide"),
-    ("no_code", r"modeling_llada2uni_moe\.py is missing \(named by auto_map"),
-])
+@pytest.mark.parametrize(
+    "how,match",
+    [
+        ("cut_shard", r"model-00002-of-00002\.safetensors is cut short"),
+        (
+            "missing_shard",
+            r"model-00001-of-00002\.safetensors is missing \(model\.safetensors\.index\.json names it",
+        ),
+        (
+            "hidden_mismatch",
+            r"queryformer/config\.json has hidden_size 64 but .*text_encoder/config\.json has 128",
+        ),
+        ("queries", r"num_queries 64; this pack's targets are 256 rows"),
+        ("width", r"projection_dim 32; this pack's targets are 2560 wide"),
+        ("no_code", r"modeling_llada2uni_moe\.py is missing \(named by auto_map"),
+    ],
+)
 def test_header_check_names_the_file_and_the_reason(llada_env, snapshot, how, match):
     root = _broken(snapshot, llada_env / f"broken_{how}", how)
     with pytest.raises(UserError, match=match) as err:
@@ -706,7 +797,9 @@ def test_header_check_names_the_file_and_the_reason(llada_env, snapshot, how, ma
     assert str(root) in str(err.value) and "\n" not in str(err.value)
 
 
-def test_materials_shows_a_broken_teacher_as_failed_with_the_sentence(llada_env, snapshot, tmp_path):
+def test_materials_shows_a_broken_teacher_as_failed_with_the_sentence(
+    llada_env, snapshot, tmp_path
+):
     """`gguf-trainer materials` and the GUI's Materials (the same rows): linked, every file
     present, refused by the header check: `failed` with the sentence, not `ready`."""
     from gguf_trainer.project import create_project
@@ -721,6 +814,8 @@ def test_materials_shows_a_broken_teacher_as_failed_with_the_sentence(llada_env,
     assert "text_projection/config.json uses keys ['num_layers', 'rms_norm_eps']" in row["error"]
     gui = next(m for m in api.materials(str(proj))["materials"] if m["id"] == "teacher")
     assert gui["state"] == "failed" and gui["error"] == row["error"]
-    assert "failed" in downloads.format_statuses([row]) and row["error"] in downloads.format_statuses([row])
+    assert "failed" in downloads.format_statuses([row]) and row[
+        "error"
+    ] in downloads.format_statuses([row])
     good = downloads.link_material(proj, "teacher", snapshot)
     assert good["state"] == "ready" and good["verified"] and "LLaDA-Image teacher:" in good["note"]

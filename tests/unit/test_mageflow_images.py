@@ -55,7 +55,10 @@ def test_target_sizes_by_hand(hw, want, tokens):
 ])
 def test_the_scaled_sides_follow_the_engines_double_floor(hw, want, float32_gave):
     beta = np.float32(384) / np.float32(max(hw))
-    assert tuple(max(32, int(np.floor(np.float32(s) * beta / np.float32(32))) * 32) for s in hw) == float32_gave
+    assert (
+        tuple(max(32, int(np.floor(np.float32(s) * beta / np.float32(32))) * 32) for s in hw)
+        == float32_gave
+    )
     assert target_size(*hw) == want
     assert vision_tokens(*hw) == want[0] // 32 * want[1] // 32
 
@@ -130,8 +133,14 @@ def test_patch_rows_match_the_qwen2vl_image_processor():
 
     x = np.random.default_rng(3).standard_normal((3, 64, 96)).astype(np.float32)
     proc = Qwen2VLImageProcessorPil(patch_size=16, merge_size=2, temporal_patch_size=2)
-    ref = proc(images=[x], do_resize=False, do_rescale=False, do_normalize=False, return_tensors="np",
-               input_data_format="channels_first")
+    ref = proc(
+        images=[x],
+        do_resize=False,
+        do_rescale=False,
+        do_normalize=False,
+        return_tensors="np",
+        input_data_format="channels_first",
+    )
     rows, grid = patchify(x)
     assert grid == (1, 4, 6) and ref["image_grid_thw"].tolist() == [[1, 4, 6]]
     assert rows.shape == (24, 3 * 2 * 16 * 16)

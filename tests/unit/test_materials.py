@@ -79,7 +79,11 @@ def test_weights_are_identified_by_name_and_size_not_read(tmp_path, monkeypatch)
     assert folder_identity(root) == before
     read = []
     real = materials.files_sha256
-    monkeypatch.setattr(materials, "files_sha256", lambda paths, cache=None: read.extend(paths) or real(paths, cache))
+    monkeypatch.setattr(
+        materials,
+        "files_sha256",
+        lambda paths, cache=None: read.extend(paths) or real(paths, cache),
+    )
     folder_identity(root)
     assert all(p.suffix != ".safetensors" for p in read)
 
@@ -93,7 +97,9 @@ def _project(tmp_path, pack_id="t5xxl_pixart", **settings):
         ref = st.materials.get(mid)
         return Path(ref.path) if ref and ref.path else None
 
-    return SimpleNamespace(settings=st, pack=get_pack(pack_id), paths=paths, material_path=material_path)
+    return SimpleNamespace(
+        settings=st, pack=get_pack(pack_id), paths=paths, material_path=material_path
+    )
 
 
 def test_teacher_identity_uses_the_record_only_when_the_teacher_is_gone(tmp_path):
@@ -104,7 +110,9 @@ def test_teacher_identity_uses_the_record_only_when_the_teacher_is_gone(tmp_path
     assert teacher_identity(proj, recorded={"snapshot": "old"}) == ident  # present: the files win
     gone = _project(tmp_path, materials={"teacher": {"path": str(tmp_path / "gone")}})
     assert teacher_identity(gone, recorded=ident) == ident
-    with pytest.raises(UserError, match="gone does not exist.*gguf-trainer download --project .* --id teacher"):
+    with pytest.raises(
+        UserError, match="gone does not exist.*gguf-trainer download --project .* --id teacher"
+    ):
         teacher_identity(gone)
     with pytest.raises(UserError):  # a mock record never stands in for a real teacher
         teacher_identity(gone, recorded={"mock": "t5xxl_pixart", "version": 1})

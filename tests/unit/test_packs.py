@@ -57,7 +57,9 @@ def _inputs(pack, gen):
     mask[1, 3:] = False  # right padding on the second sample
     seed_ids = None
     if pack.seed_vocab:
-        seed_ids = torch.tensor([t5_like_ids(p, pack.num_queries, pack.seed_vocab) for p in PROMPTS])
+        seed_ids = torch.tensor(
+            [t5_like_ids(p, pack.num_queries, pack.seed_vocab) for p in PROMPTS]
+        )
     return hidden, mask, seed_ids
 
 
@@ -107,10 +109,12 @@ def test_describe_is_json_serialisable(pack_id):
 def test_llada_format_prompt():
     pack = get_pack("llada_image")
     assert pack.format_prompt(" a cat ") == (
-        "<role>HUMAN</role> Generate an image: a cat\n<role>ASSISTANT</role>\n<IMAGE1>")
+        "<role>HUMAN</role> Generate an image: a cat\n<role>ASSISTANT</role>\n<IMAGE1>"
+    )
     for empty in ("", "   "):
         assert pack.format_prompt(empty) == (
-            "<role>HUMAN</role> Generate an image.\n<role>ASSISTANT</role>\n<IMAGE1>")
+            "<role>HUMAN</role> Generate an image.\n<role>ASSISTANT</role>\n<IMAGE1>"
+        )
 
 
 def test_t5_format_prompt_is_raw():
@@ -122,7 +126,7 @@ def test_mageflow_prefix_token_counts(tokenizer):
     assert len(t2i) == 34 and len(edit) == 64
     pack = get_pack("qwen3vl_mageflow")
     (full,) = _ids(pack, tokenizer, ["a cat"])
-    assert full[:34] == t2i and full[-len(suffix):] == suffix  # the prefix tokenizes alone
+    assert full[:34] == t2i and full[-len(suffix) :] == suffix  # the prefix tokenizes alone
 
 
 # ----------------------------------------------------------------- mock teachers
@@ -189,7 +193,9 @@ def test_mock_is_deterministic_and_prompt_dependent(tokenizer, pack_id):
     n = min(first.shape[0], second.shape[0])
     assert not torch.allclose(first[:n], second[:n], atol=1e-3)
     # a prompt differing in one word changes the rows too
-    (c,) = _mock(pack_id).targets(_samples([PROMPTS[0] + " extra"]), _ids(pack, tokenizer, [PROMPTS[0] + " extra"]))
+    (c,) = _mock(pack_id).targets(
+        _samples([PROMPTS[0] + " extra"]), _ids(pack, tokenizer, [PROMPTS[0] + " extra"])
+    )
     n = min(first.shape[0], c.rows.shape[0])
     assert not torch.allclose(first[:n], c.rows[:n], atol=1e-3)
 
@@ -207,11 +213,17 @@ def test_pixart_window_is_one_setting_read_by_the_pack(tmp_path):
     update_settings(proj.dir, {"precompute.t5_window": 300})
     sigma = load_project(proj.dir).pack
     assert (sigma.num_queries, sigma.max_len_teacher) == (300, 300)
-    assert sigma.shard_contract != registered.shard_contract and "300-slot" in sigma.export_kv["adapter.target"]
+    assert (
+        sigma.shard_contract != registered.shard_contract
+        and "300-slot" in sigma.export_kv["adapter.target"]
+    )
     assert sigma.adapter_config(TrainSettings(width=64, depth=1), in_dim=64).num_queries == 300
     assert registered.num_queries == 120  # the registered pack is not changed by a project
     with pytest.raises(ValueError, match="120 or 300"):
         PrecomputeSettings(t5_window=200)
-    meta = {pid: {f["key"]: f for f in field_metadata(pid)}["precompute.t5_window"] for pid in pack_ids()}
+    meta = {
+        pid: {f["key"]: f for f in field_metadata(pid)}["precompute.t5_window"]
+        for pid in pack_ids()
+    }
     assert meta["t5xxl_pixart"]["choices"] == [120, 300] and not meta["t5xxl_pixart"].get("hidden")
     assert all(m.get("hidden") for pid, m in meta.items() if pid != "t5xxl_pixart")

@@ -33,7 +33,9 @@ def test_parse_steps_accepts(value, expected):
     assert got == expected and type(got) is int
 
 
-@pytest.mark.parametrize("value", [0, -5, "1.5", "abc", True, False, "", "k", None, 2.5, "-3k", "0k"])
+@pytest.mark.parametrize(
+    "value", [0, -5, "1.5", "abc", True, False, "", "k", None, 2.5, "-3k", "0k"]
+)
 def test_parse_steps_rejects_with_one_sentence(value):
     with pytest.raises(UserError) as info:
         parse_steps(value)
@@ -58,7 +60,8 @@ def _write_raw(root, data: dict) -> None:
 
 def test_every_bad_field_is_reported_at_once(tmp_path):
     bad = {
-        "pack": "t5xxl_pixart", "name": "pig_t5_adapter",
+        "pack": "t5xxl_pixart",
+        "name": "pig_t5_adapter",
         "train": {"width": 100, "steps": "abc", "bogus": 1},
         "corpus": {"n_val": 0},
         "precompute": {"teacher_mode": "fast"},
@@ -69,8 +72,14 @@ def test_every_bad_field_is_reported_at_once(tmp_path):
         load_project(tmp_path / "p")
     head, *lines = str(info.value).splitlines()
     assert "6 bad settings" in head and "project.json" in head
-    fields = ["train.width", "train.steps", "train.bogus", "corpus.n_val", "precompute.teacher_mode",
-              "hf_token"]
+    fields = [
+        "train.width",
+        "train.steps",
+        "train.bogus",
+        "corpus.n_val",
+        "precompute.teacher_mode",
+        "hf_token",
+    ]
     assert len(lines) == len(fields)
     for field in fields:
         (line,) = [ln for ln in lines if ln.strip().startswith(field + ":")]
@@ -120,11 +129,14 @@ def test_invalid_json_is_a_user_error(tmp_path):
 # ----------------------------------------------------------------- naming and paths
 
 
-@pytest.mark.parametrize("pack_id, expected", [
-    ("llada_image", "pig_llada_adapter"),
-    ("qwen3vl_mageflow", "pig_qwen3vl_4b_adapter"),
-    ("t5xxl_pixart", "pig_t5_adapter"),
-])
+@pytest.mark.parametrize(
+    "pack_id, expected",
+    [
+        ("llada_image", "pig_llada_adapter"),
+        ("qwen3vl_mageflow", "pig_qwen3vl_4b_adapter"),
+        ("t5xxl_pixart", "pig_t5_adapter"),
+    ],
+)
 def test_default_names(tmp_path, pack_id, expected):
     proj = create_project(tmp_path / "p", pack_id)
     assert proj.settings.name == expected
@@ -149,16 +161,19 @@ def test_output_paths_default_to_the_projects_parent(tmp_path):
 
 def test_output_paths_with_output_dir_and_a_name_without_adapter(tmp_path):
     out = tmp_path / "exports"
-    proj = create_project(tmp_path / "p", "t5xxl_pixart", name="pig_custom",
-                          overrides={"export.output_dir": str(out)})
+    proj = create_project(
+        tmp_path / "p", "t5xxl_pixart", name="pig_custom", overrides={"export.output_dir": str(out)}
+    )
     assert proj.output_dir == out.resolve()
     assert proj.final_gguf == out.resolve() / "pig_custom-f16.gguf"
     assert proj.snapshot_gguf(7) == out.resolve() / "pig_custom-step7-f16.gguf"
     assert proj.companion_gguf("sigvq") == out.resolve() / "pig_custom_sigvq-f16.gguf"
 
 
-@pytest.mark.parametrize("name", ["pig_a/b", "../pig_x", "pig_..x", "pig_a\\..", ".pig_x", "pig x",
-                                  "/abs", "pig_" + "x" * 100])
+@pytest.mark.parametrize(
+    "name",
+    ["pig_a/b", "../pig_x", "pig_..x", "pig_a\\..", ".pig_x", "pig x", "/abs", "pig_" + "x" * 100],
+)
 def test_bad_names_refused(name):
     with pytest.raises(UserError, match="name"):
         validate_settings({"pack": "t5xxl_pixart", "name": name})
@@ -196,11 +211,14 @@ def test_update_settings_applies_dotted_changes(tmp_path):
     assert disk["train"]["steps"] == 40000 and disk["corpus"]["files"] == ["a.txt"]
 
 
-@pytest.mark.parametrize("changes", [
-    {"train.steps": 0},
-    {"train.lr": 1e-3, "train.width": 100},  # one good, one bad: neither is written
-    {"train.nope": 3},
-])
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"train.steps": 0},
+        {"train.lr": 1e-3, "train.width": 100},  # one good, one bad: neither is written
+        {"train.nope": 3},
+    ],
+)
 def test_update_settings_writes_nothing_when_a_value_is_bad(tmp_path, changes):
     create_project(tmp_path / "p", "t5xxl_pixart")
     pj = tmp_path / "p" / "project.json"
@@ -241,8 +259,13 @@ def test_read_steps_survives_non_finite_steps(tmp_path):
 
 
 def test_material_path_relative_to_project(tmp_path):
-    proj = create_project(tmp_path / "p", "t5xxl_pixart", overrides={
-        "materials": {"student": {"path": "m/s.gguf"}, "teacher": {"path": str(tmp_path / "t")}}})
+    proj = create_project(
+        tmp_path / "p",
+        "t5xxl_pixart",
+        overrides={
+            "materials": {"student": {"path": "m/s.gguf"}, "teacher": {"path": str(tmp_path / "t")}}
+        },
+    )
     assert proj.material_path("student") == proj.dir / "m" / "s.gguf"
     assert proj.material_path("teacher") == tmp_path / "t"
     assert proj.material_path("student_tokenizer") is None
@@ -254,33 +277,77 @@ def test_material_path_relative_to_project(tmp_path):
 # budgets and student_dtype are left out on purpose: here 0/"auto" = chosen for the device.
 REFERENCE_DEFAULTS = {
     "auto_resume": True,
-    "corpus.n_train": 60000, "corpus.n_val": 1024, "corpus.empty_frac": 0.01, "corpus.min_chars": 8,
-    "corpus.max_chars": 1200, "corpus.seed": 8, "corpus.train_file": "", "corpus.val_file": "",
-    "precompute.device": "auto", "precompute.placement": "sequential", "precompute.shard_size": 1024,
-    "precompute.val_shard_size": 512, "precompute.teacher_mode": "auto",
-    "precompute.gpu_mem_gib": 0, "precompute.cpu_mem_gib": 0,
-    "train.device": "auto", "train.width": 1024, "train.depth": 6, "train.steps": 20000,
-    "train.batch_size": 32, "train.lr": 2e-4, "train.warmup": 1000, "train.weight_decay": 0.01,
-    "train.grad_clip": 1.0, "train.cos_weight": 0.5, "train.sigma_floor": 0.03,
-    "train.grad_checkpoint": "auto", "train.log_every": 25, "train.val_every": 500,
-    "train.save_every": 250, "train.seed": 42,
-    "export.output_dir": "", "export.copy_to": "", "export.export_sigvq": True, "export.run_eval": True,
+    "corpus.n_train": 60000,
+    "corpus.n_val": 1024,
+    "corpus.empty_frac": 0.01,
+    "corpus.min_chars": 8,
+    "corpus.max_chars": 1200,
+    "corpus.seed": 8,
+    "corpus.train_file": "",
+    "corpus.val_file": "",
+    "precompute.device": "auto",
+    "precompute.placement": "sequential",
+    "precompute.shard_size": 1024,
+    "precompute.val_shard_size": 512,
+    "precompute.teacher_mode": "auto",
+    "precompute.gpu_mem_gib": 0,
+    "precompute.cpu_mem_gib": 0,
+    "train.device": "auto",
+    "train.width": 1024,
+    "train.depth": 6,
+    "train.steps": 20000,
+    "train.batch_size": 32,
+    "train.lr": 2e-4,
+    "train.warmup": 1000,
+    "train.weight_decay": 0.01,
+    "train.grad_clip": 1.0,
+    "train.cos_weight": 0.5,
+    "train.sigma_floor": 0.03,
+    "train.grad_checkpoint": "auto",
+    "train.log_every": 25,
+    "train.val_every": 500,
+    "train.save_every": 250,
+    "train.seed": 42,
+    "export.output_dir": "",
+    "export.copy_to": "",
+    "export.export_sigvq": True,
+    "export.run_eval": True,
 }
 # anchor-trainer.md §2.2, the per-pack overrides (llada_image has none).
 REFERENCE_PACK_OVERRIDES = {
     "llada_image": {},
     # n_train / n_val: the trainer5 mix (56k + 3k two-image + 27k text; val 1024 + 512) as totals
-    "qwen3vl_mageflow": {"corpus.empty_frac": 0.015, "corpus.n_train": 86000, "corpus.n_val": 1536,
-                         "precompute.shard_size": 512,
-                         "precompute.val_shard_size": 256, "train.width": 1024, "train.depth": 4,
-                         "train.steps": 20000, "train.batch_size": 32, "export.export_sigvq": False,
-                         "precompute.teacher_batch": 0, "precompute.tok_budget": 0,
-                         "precompute.student_batch": 0, "precompute.student_tok_budget": 0},
-    "t5xxl_pixart": {"corpus.n_train": 120000, "corpus.n_val": 2048, "precompute.shard_size": 1024,
-                     "precompute.val_shard_size": 512, "precompute.teacher_batch": 0,
-                     "precompute.tok_budget": 0, "precompute.student_batch": 0, "train.width": 1024,
-                     "train.depth": 6, "train.steps": 20000, "train.batch_size": 32,
-                     "train.sigma_floor": 0.03, "export.export_sigvq": False},
+    "qwen3vl_mageflow": {
+        "corpus.empty_frac": 0.015,
+        "corpus.n_train": 86000,
+        "corpus.n_val": 1536,
+        "precompute.shard_size": 512,
+        "precompute.val_shard_size": 256,
+        "train.width": 1024,
+        "train.depth": 4,
+        "train.steps": 20000,
+        "train.batch_size": 32,
+        "export.export_sigvq": False,
+        "precompute.teacher_batch": 0,
+        "precompute.tok_budget": 0,
+        "precompute.student_batch": 0,
+        "precompute.student_tok_budget": 0,
+    },
+    "t5xxl_pixart": {
+        "corpus.n_train": 120000,
+        "corpus.n_val": 2048,
+        "precompute.shard_size": 1024,
+        "precompute.val_shard_size": 512,
+        "precompute.teacher_batch": 0,
+        "precompute.tok_budget": 0,
+        "precompute.student_batch": 0,
+        "train.width": 1024,
+        "train.depth": 6,
+        "train.steps": 20000,
+        "train.batch_size": 32,
+        "train.sigma_floor": 0.03,
+        "export.export_sigvq": False,
+    },
 }
 
 
@@ -301,7 +368,10 @@ def test_per_pack_defaults_match_the_reference(tmp_path, pack_id):
 
 
 def test_overrides_win_over_pack_defaults(tmp_path):
-    proj = create_project(tmp_path / "p", "qwen3vl_mageflow",
-                          overrides={"train.depth": 2, "precompute.shard_size": 64})
+    proj = create_project(
+        tmp_path / "p",
+        "qwen3vl_mageflow",
+        overrides={"train.depth": 2, "precompute.shard_size": 64},
+    )
     assert proj.settings.train.depth == 2 and proj.settings.precompute.shard_size == 64
     assert proj.settings.corpus.empty_frac == 0.015  # other pack defaults stay

@@ -68,11 +68,17 @@ def test_a_tokenizer_with_other_counts_is_refused_naming_the_template():
 
 def test_splice_positions_are_70_then_plus_1_n_6(qwen_tokenizer_dir):
     assert qwen3vl.splice_starts([144], PACK.teacher_template()) == [70]
-    assert qwen3vl.splice_starts([12, 30, 4], PACK.teacher_template()) == [70, 70 + 1 + 12 + 6, 70 + 1 + 12 + 6 + 1 + 30 + 6]
+    assert qwen3vl.splice_starts([12, 30, 4], PACK.teacher_template()) == [
+        70,
+        70 + 1 + 12 + 6,
+        70 + 1 + 12 + 6 + 1 + 30 + 6,
+    ]
     tok = load_tokenizer(qwen_tokenizer_dir)
     counts = [12, 30]
-    ids = tokenize(tok, [PACK.student_text(Sample("put the cat from Image 1 into Image 2", ("a", "b")),
-                                           counts)])[0]
+    ids = tokenize(
+        tok,
+        [PACK.student_text(Sample("put the cat from Image 1 into Image 2", ("a", "b")), counts)],
+    )[0]
     assert image_runs(ids, qwen3vl.IMAGE_PAD_ID) == [(70, 12), (89, 30)]
     qwen3vl.check_splices(ids, counts, PACK.teacher_template())
     with pytest.raises(UserError, match="not at row 70"):
@@ -83,7 +89,11 @@ def test_vision_rows_are_the_raw_merger_output(teacher, snapshot, pictures):
     from transformers import Qwen3VLModel
 
     rows = teacher.vision(pictures)
-    assert [tuple(r.shape) for r in rows] == [(vision_tokens(100, 150), HIDDEN), (4, HIDDEN), (54, HIDDEN)]
+    assert [tuple(r.shape) for r in rows] == [
+        (vision_tokens(100, 150), HIDDEN),
+        (4, HIDDEN),
+        (54, HIDDEN),
+    ]
     ref = Qwen3VLModel.from_pretrained(str(snapshot), dtype=torch.float32).eval()
     for path, got in zip(pictures, rows):
         px, grid = patchify(preprocess_image(path))
@@ -108,7 +118,10 @@ def test_targets_are_the_final_norm_states_with_images_spliced(teacher, snapshot
     edit = Sample("put the square from Image 1 into Image 2", tuple(pictures[:2]))
     text = Sample("a red fox in the snow")
     ids = [_ids(tok, edit, [r.shape[0] for r in rows]), _ids(tok, text)]
-    segs = [[VisionSegment(s, r) for (s, _), r in zip(image_runs(ids[0], qwen3vl.IMAGE_PAD_ID), rows)], []]
+    segs = [
+        [VisionSegment(s, r) for (s, _), r in zip(image_runs(ids[0], qwen3vl.IMAGE_PAD_ID), rows)],
+        [],
+    ]
     out = teacher.targets([edit, text], ids, segs)
     assert [o.sup_start for o in out] == [64, 34]
     assert [tuple(o.rows.shape) for o in out] == [(len(ids[0]), HIDDEN), (len(ids[1]), HIDDEN)]
@@ -126,7 +139,9 @@ def test_targets_are_the_final_norm_states_with_images_spliced(teacher, snapshot
     alone = teacher.targets([text], [ids[1]], [[]])[0].rows
     assert torch.allclose(alone, out[1].rows, atol=1e-5)
     # the image rows matter
-    other = teacher.targets([edit], [ids[0]], [[VisionSegment(s.start, torch.zeros_like(s.rows)) for s in segs[0]]])
+    other = teacher.targets(
+        [edit], [ids[0]], [[VisionSegment(s.start, torch.zeros_like(s.rows)) for s in segs[0]]]
+    )
     assert not torch.allclose(other[0].rows[70:], out[0].rows[70:], atol=1e-3)
 
 
@@ -154,8 +169,13 @@ def test_snapshot_checks_from_headers(snapshot, tmp_path):
     with pytest.raises(UserError, match="cut short|not a complete"):
         qwen3vl.check_snapshot(bad)
     with pytest.raises(UserError, match="needs a CUDA device"):
-        qwen3vl.load_qwen3vl_teacher(snapshot, "cpu", "gpu", student_pieces=PACK.student_pieces,
-                                     template=PACK.teacher_template())
+        qwen3vl.load_qwen3vl_teacher(
+            snapshot,
+            "cpu",
+            "gpu",
+            student_pieces=PACK.student_pieces,
+            template=PACK.teacher_template(),
+        )
 
 
 def test_the_ridge_fit_recovers_a_known_linear_map(snapshot):
@@ -195,8 +215,9 @@ def test_offload_placement_streams_the_text_stack_and_keeps_the_rows(teacher, sn
     qwen3vl.place(model, torch.device("cpu"), "offload")
     assert model.language_model.layers[0].mlp.up_proj.weight.device.type == "meta"
     assert model.language_model.embed_tokens.weight.device.type == "cpu"
-    streamed = qwen3vl.Qwen3VLTeacher(model, teacher.tokenizer, "cpu", "offload", PACK.student_pieces,
-                                       PACK.teacher_template())
+    streamed = qwen3vl.Qwen3VLTeacher(
+        model, teacher.tokenizer, "cpu", "offload", PACK.student_pieces, PACK.teacher_template()
+    )
     rows = teacher.vision(pictures[:1])
     sample = Sample("make it night", tuple(pictures[:1]))
     ids = _ids(teacher.tokenizer, sample, [rows[0].shape[0]])
@@ -236,13 +257,19 @@ def test_a_snapshot_whose_tokenizer_breaks_the_template_is_refused_at_load(snaps
     tok["added_tokens"] = [t for t in tok["added_tokens"] if t["content"] != "<|im_start|>"]
     (bad / "tokenizer.json").write_text(json.dumps(tok), encoding="utf-8")
     cfg = json.loads((bad / "tokenizer_config.json").read_text(encoding="utf-8"))
-    cfg["added_tokens_decoder"] = {k: v for k, v in cfg.get("added_tokens_decoder", {}).items()
-                                   if v["content"] != "<|im_start|>"}
-    cfg["additional_special_tokens"] = [t for t in cfg.get("additional_special_tokens", []) if t != "<|im_start|>"]
+    cfg["added_tokens_decoder"] = {
+        k: v
+        for k, v in cfg.get("added_tokens_decoder", {}).items()
+        if v["content"] != "<|im_start|>"
+    }
+    cfg["additional_special_tokens"] = [
+        t for t in cfg.get("additional_special_tokens", []) if t != "<|im_start|>"
+    ]
     (bad / "tokenizer_config.json").write_text(json.dumps(cfg), encoding="utf-8")
     with pytest.raises(UserError, match="MageFlow edit prefix is [0-9]+ tokens .* hard-codes 64"):
-        qwen3vl.load_qwen3vl_teacher(bad, "cpu", "cpu", student_pieces=PACK.student_pieces,
-                                     template=PACK.teacher_template())
+        qwen3vl.load_qwen3vl_teacher(
+            bad, "cpu", "cpu", student_pieces=PACK.student_pieces, template=PACK.teacher_template()
+        )
 
 
 def test_every_copy_of_the_tiny_snapshot_is_the_same_bytes(snapshot, tmp_path):

@@ -146,7 +146,9 @@ def test_load_stats_equals_numpy(tmp_path):
     assert stats.n == rows.shape[0] == sum(int(Shard(f).t["target_len"].sum()) for f in files)
     np.testing.assert_allclose(stats.mu.numpy(), rows.mean(0), rtol=1e-6)
     np.testing.assert_allclose(stats.sigma.numpy(), rows.std(0), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(stats.sigma_f.numpy(), np.maximum(rows.std(0), floor), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        stats.sigma_f.numpy(), np.maximum(rows.std(0), floor), rtol=1e-5, atol=1e-6
+    )
     assert stats.sigma[:2].max() < floor and torch.all(stats.sigma_f[:2] == torch.tensor(floor))
     assert stats.n_floored == 2
     assert stats.mu.dtype == stats.sigma.dtype == stats.sigma_f.dtype == torch.float32
@@ -191,7 +193,9 @@ def test_stream_every_sample_once_per_epoch(files):
     assert epochs[0] != epochs[1] != epochs[2]  # reshuffled every epoch
 
 
-@pytest.mark.parametrize("cut", [1, 2, 3, 6, BATCHES_PER_EPOCH, BATCHES_PER_EPOCH + 4, 2 * BATCHES_PER_EPOCH - 1])
+@pytest.mark.parametrize(
+    "cut", [1, 2, 3, 6, BATCHES_PER_EPOCH, BATCHES_PER_EPOCH + 4, 2 * BATCHES_PER_EPOCH - 1]
+)
 def test_stream_resume_from_pos_is_exact(files, cut):
     total = 2 * BATCHES_PER_EPOCH + 3
     whole, _ = run_stream(files, total)
@@ -234,8 +238,8 @@ def test_collate_pads_correctly(tmp_path, kind):
     rows = [4, 0, 2]
     s_off = np.concatenate([[0], np.cumsum(tensors["student_len"].numpy())])
     t_off = np.concatenate([[0], np.cumsum(tensors["target_len"].numpy())])
-    students = [tensors["student_rows"][s_off[i]: s_off[i + 1]] for i in rows]
-    targets = [tensors["target_rows"][t_off[i]: t_off[i + 1]] for i in rows]
+    students = [tensors["student_rows"][s_off[i] : s_off[i + 1]] for i in rows]
+    targets = [tensors["target_rows"][t_off[i] : t_off[i + 1]] for i in rows]
     fixed = WINDOW + 2 if kind == "seeded" else 0
     batch = collate(shard, rows, file_index=9, fixed_rows=fixed)
     s_len = max(int(tensors["student_len"][i]) for i in rows)
@@ -274,8 +278,10 @@ def test_iter_batches_visits_every_sample_once_in_order(files):
     assert [s for b in batches for s in b.samples] == expected
     assert [len(b.samples) for b in batches] == [3, 3, 1, 3, 2, 3, 3, 3]  # never across shards
     first = Shard(files[0])
-    np.testing.assert_array_equal(batches[0].target[0, : int(first.t["target_len"][0])].numpy(),
-                                  first.target(0).float().numpy())
+    np.testing.assert_array_equal(
+        batches[0].target[0, : int(first.t["target_len"][0])].numpy(),
+        first.target(0).float().numpy(),
+    )
 
 
 # ----------------------------------------------------------------- vision rows
@@ -283,7 +289,9 @@ def test_iter_batches_visits_every_sample_once_in_order(files):
 VIS_DIM = 7
 
 
-def vision_shard(n: int, seed: int) -> tuple[dict[str, torch.Tensor], list[list[tuple[int, torch.Tensor]]]]:
+def vision_shard(
+    n: int, seed: int
+) -> tuple[dict[str, torch.Tensor], list[list[tuple[int, torch.Tensor]]]]:
     """A token-aligned shard with images: sample k has k % 3 images (0 = text-only), each a
     run of raw rows at increasing positions. Returns the tensors and, per sample, (pos, row)."""
     t = shard_tensors(n, seed, "token")
@@ -311,14 +319,19 @@ def test_vision_rows_collate_to_dense_vis_and_mask(tmp_path):
     shard = Shard(path)
     rows = [5, 0, 4, 3]  # 2, 0, 1, 0 images
     batch = collate(shard, rows, 0)
-    assert batch.vis.shape == (4, batch.hidden.shape[1], VIS_DIM) and batch.vis.dtype == torch.float32
+    assert (
+        batch.vis.shape == (4, batch.hidden.shape[1], VIS_DIM) and batch.vis.dtype == torch.float32
+    )
     want = torch.zeros_like(batch.vis)
     mask = torch.zeros(batch.vis.shape[:2], dtype=torch.bool)
     for b, i in enumerate(rows):
         for p, r in truth[i]:
             want[b, p], mask[b, p] = r.float(), True
     assert torch.equal(batch.vis, want) and torch.equal(batch.vis_mask, mask)
-    assert mask.sum() == sum(len(truth[i]) for i in rows) > 0 and not (batch.vis_mask & ~batch.mask).any()
+    assert (
+        mask.sum() == sum(len(truth[i]) for i in rows) > 0
+        and not (batch.vis_mask & ~batch.mask).any()
+    )
     moved = batch.to("cpu")
     assert torch.equal(moved.vis, batch.vis) and torch.equal(moved.vis_mask, batch.vis_mask)
     text_only = collate(shard, [0, 3, 6], 0)  # no image in the batch: vis None, mask all False

@@ -69,7 +69,9 @@ def test_seeds_follow_the_engines_unigram_not_sentencepiece(sp):
     assert tok.seed_ids("") == [meta, 1] + [0] * 118 and sp.encode("") == []
     assert tok.pieces("猫猫") == [meta, 2, 2] and sp.encode("猫猫") == [meta, 2]
     assert tok.pieces("ｆｕｌｌ") == [meta, 2, 2, 2, 2] != sp.encode("ｆｕｌｌ")
-    assert tok.pieces("a (red:1.2) fox") == tok.pieces("a ") + tok.pieces("red") + tok.pieces(" fox")
+    assert tok.pieces("a (red:1.2) fox") == tok.pieces("a ") + tok.pieces("red") + tok.pieces(
+        " fox"
+    )
     assert tok.pieces(" lead") == [meta] + tok.pieces("lead")  # a leading space is its own "▁"
     # a trailing one is dropped
     assert tok.pieces("lead  ") == tok.pieces("lead") == sp.encode("lead")
@@ -92,7 +94,9 @@ def test_batched_targets_equal_the_per_prompt_full_window(teacher):
         assert got.rows.shape == (t5.real_length(window), TINY_T5_CONFIG["d_model"]) == ref.shape
         assert got.seed_ids == window
         worst = max(worst, (got.rows - ref).abs().max().item() / ref.abs().max().item())
-    print(f"batched vs per-prompt full window (fp32 CPU, {len(PROMPTS)} mixed lengths): max |Δ| / max |ref| = {worst:.3g}")
+    print(
+        f"batched vs per-prompt full window (fp32 CPU, {len(PROMPTS)} mixed lengths): max |Δ| / max |ref| = {worst:.3g}"
+    )
     assert worst <= 1e-6
     assert teacher.lengths(PROMPTS) == [r.rows.shape[0] for r in rows]
     assert teacher.n_truncated >= 1  # the 30× castle prompt is over 120 slots
@@ -108,11 +112,14 @@ def test_targets_take_sample_records(teacher):
 
 
 def test_check_snapshot_reads_headers_only_and_finds_every_tensor():
-    code = ("import sys; from gguf_trainer.teachers import t5; from gguf_trainer.teachers.t5_tiny import DEMO_DIR;"
-            "r = t5.check_snapshot(DEMO_DIR); print(r.summary());"
-            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'weights were loaded'")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                         check=False)
+    code = (
+        "import sys; from gguf_trainer.teachers import t5; from gguf_trainer.teachers.t5_tiny import DEMO_DIR;"
+        "r = t5.check_snapshot(DEMO_DIR); print(r.summary());"
+        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'weights were loaded'"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
     assert out.returncode == 0, out.stderr
     report = t5.check_snapshot(DEMO_DIR)
     assert report.n_tensors == len(t5.expected_encoder_tensors(TINY_T5_CONFIG)) == 2 + 1 + 2 * 9
@@ -132,9 +139,16 @@ def test_snapshot_with_a_missing_or_cut_weight_shard(snapshot):
     with pytest.raises(UserError, match="cut short.*download did not finish"):
         t5.check_snapshot(snapshot)
     weights.rename(snapshot / "model-00002-of-00002.safetensors")
-    (snapshot / t5.WEIGHTS_INDEX).write_text(json.dumps(
-        {"weight_map": {"shared.weight": "model-00001-of-00002.safetensors",
-                        "encoder.final_layer_norm.weight": "model-00002-of-00002.safetensors"}}))
+    (snapshot / t5.WEIGHTS_INDEX).write_text(
+        json.dumps(
+            {
+                "weight_map": {
+                    "shared.weight": "model-00001-of-00002.safetensors",
+                    "encoder.final_layer_norm.weight": "model-00002-of-00002.safetensors",
+                }
+            }
+        )
+    )
     with pytest.raises(UserError, match="model-00001-of-00002.safetensors is missing"):
         t5.check_snapshot(snapshot)
     (snapshot / t5.WEIGHTS_INDEX).unlink()
@@ -145,7 +159,10 @@ def test_snapshot_with_a_missing_or_cut_weight_shard(snapshot):
 def test_snapshot_whose_weights_do_not_match_its_config(snapshot):
     config = json.loads((snapshot / "config.json").read_text())
     (snapshot / "config.json").write_text(json.dumps({**config, "d_ff": 96}))
-    with pytest.raises(UserError, match=r"DenseReluDense.wi_0.weight has shape \[128, 64\] but config.json implies \[96, 64\]"):
+    with pytest.raises(
+        UserError,
+        match=r"DenseReluDense.wi_0.weight has shape \[128, 64\] but config.json implies \[96, 64\]",
+    ):
         t5.check_snapshot(snapshot)
     (snapshot / "config.json").write_text(json.dumps({**config, "num_layers": 3}))
     with pytest.raises(UserError, match="lack 9 encoder tensor"):
@@ -203,21 +220,36 @@ def test_gpu_benchmark_script_runs_quick(capsys):
     spec.loader.exec_module(bench)
     result = bench.main(["--quick", "--prompts", "32"])
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == result
-    assert result["modes"]["gpu"]["real_rows"] == sum(map(bench.real_len, bench.prompt_windows(
-        32, bench.TINY["vocab_size"], bench.random.Random(bench.SEED))))
+    assert result["modes"]["gpu"]["real_rows"] == sum(
+        map(
+            bench.real_len,
+            bench.prompt_windows(32, bench.TINY["vocab_size"], bench.random.Random(bench.SEED)),
+        )
+    )
     assert result["batched_vs_single"]["max_rel"] <= 1e-6  # fp32 on the CPU; bf16 is read on a GPU
 
 
 def test_ram_preflight_before_any_weight_loads():
     need = t5.encoder_gib(t5.check_snapshot(DEMO_DIR).n_params, "cpu")
-    with pytest.raises(UserError, match=r"needs 0\.0 GiB of RAM in teacher mode cpu \(fp32 on the CPU\)"):
+    with pytest.raises(
+        UserError, match=r"needs 0\.0 GiB of RAM in teacher mode cpu \(fp32 on the CPU\)"
+    ):
         t5.load_t5_teacher(DEMO_DIR, "cpu", "cpu", ram_limit_gib=need / 2)
 
 
 # ----------------------------------------------------------------- the pack's hooks and numbers
 
-XXL_CONFIG = {"model_type": "t5", "d_model": 4096, "d_kv": 64, "num_heads": 64, "d_ff": 10240, "num_layers": 24,
-              "vocab_size": 32128, "feed_forward_proj": "gated-gelu", "relative_attention_num_buckets": 32}
+XXL_CONFIG = {
+    "model_type": "t5",
+    "d_model": 4096,
+    "d_kv": 64,
+    "num_heads": 64,
+    "d_ff": 10240,
+    "num_layers": 24,
+    "vocab_size": 32128,
+    "feed_forward_proj": "gated-gelu",
+    "relative_attention_num_buckets": 32,
+}
 
 
 @pytest.fixture(scope="module")
@@ -230,7 +262,11 @@ def xxl_snapshot(tmp_path_factory):
     table, offset = {}, 0
     for name, shape in t5.expected_encoder_tensors(XXL_CONFIG).items():
         size = 2 * int(torch.Size(shape).numel())
-        table[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + size]}
+        table[name] = {
+            "dtype": "BF16",
+            "shape": list(shape),
+            "data_offsets": [offset, offset + size],
+        }
         offset += size
     header = json.dumps(table).encode()
     with open(root / "model.safetensors", "wb") as f:
@@ -244,27 +280,44 @@ def test_check_of_a_full_size_snapshot_reads_only_headers(xxl_snapshot):
 
     pack = get_pack("t5xxl_pixart")
     summary = pack.check_teacher({"teacher": xxl_snapshot})
-    assert summary.startswith("T5 encoder: 24 blocks, d_model 4096, 4.76B parameters (BF16, 8.87 GiB)"), summary
+    assert summary.startswith(
+        "T5 encoder: 24 blocks, d_model 4096, 4.76B parameters (BF16, 8.87 GiB)"
+    ), summary
     # the planner's figure: the pack's declared need matches the header's, bf16 with a card, fp32
     # without
-    assert pack.teacher_gib({"teacher": xxl_snapshot}, "cuda") == pytest.approx(pack.teacher_memory_gib, abs=0.05)
+    assert pack.teacher_gib({"teacher": xxl_snapshot}, "cuda") == pytest.approx(
+        pack.teacher_memory_gib, abs=0.05
+    )
     assert pack.teacher_gib({"teacher": xxl_snapshot}, "cpu") == pytest.approx(2 * 8.87, abs=0.01)
 
 
-CARD_24 = Hardware(has_cuda=True, gpu_total_gib=24, gpu_free_gib=23, cpu_total_gib=64, cpu_available_gib=48)
-CARD_6 = Hardware(has_cuda=True, gpu_total_gib=6, gpu_free_gib=5.5, cpu_total_gib=32, cpu_available_gib=20)
-CARD_6_SMALL_RAM = Hardware(has_cuda=True, gpu_total_gib=6, gpu_free_gib=5.5, cpu_total_gib=16, cpu_available_gib=8)
+CARD_24 = Hardware(
+    has_cuda=True, gpu_total_gib=24, gpu_free_gib=23, cpu_total_gib=64, cpu_available_gib=48
+)
+CARD_6 = Hardware(
+    has_cuda=True, gpu_total_gib=6, gpu_free_gib=5.5, cpu_total_gib=32, cpu_available_gib=20
+)
+CARD_6_SMALL_RAM = Hardware(
+    has_cuda=True, gpu_total_gib=6, gpu_free_gib=5.5, cpu_total_gib=16, cpu_available_gib=8
+)
 NO_CARD = Hardware(has_cuda=False, cpu_total_gib=32, cpu_available_gib=24)
 NO_CARD_SMALL_RAM = Hardware(has_cuda=False, cpu_total_gib=16, cpu_available_gib=12)
 
 
-@pytest.mark.parametrize("machine,mode,refusal", [
-    (CARD_24, "gpu", None),  # 8.9 GiB of weights + headroom fits a 24 GiB card: resident
-    (CARD_6, "offload", None),  # a 6 GiB card streams the blocks; the weights sit in 20 GiB of RAM
-    (CARD_6_SMALL_RAM, "offload", r"needs 8\.9 GiB of RAM but only 8\.0 GiB"),
-    (NO_CARD, "cpu", None),  # fp32 on the CPU: 17.7 GiB of 24
-    (NO_CARD_SMALL_RAM, "cpu", r"needs 17\.7 GiB of RAM but only 12\.0 GiB"),
-])
+@pytest.mark.parametrize(
+    "machine,mode,refusal",
+    [
+        (CARD_24, "gpu", None),  # 8.9 GiB of weights + headroom fits a 24 GiB card: resident
+        (
+            CARD_6,
+            "offload",
+            None,
+        ),  # a 6 GiB card streams the blocks; the weights sit in 20 GiB of RAM
+        (CARD_6_SMALL_RAM, "offload", r"needs 8\.9 GiB of RAM but only 8\.0 GiB"),
+        (NO_CARD, "cpu", None),  # fp32 on the CPU: 17.7 GiB of 24
+        (NO_CARD_SMALL_RAM, "cpu", r"needs 17\.7 GiB of RAM but only 12\.0 GiB"),
+    ],
+)
 def test_mode_and_preflight_with_this_packs_numbers(xxl_snapshot, machine, mode, refusal):
     from gguf_trainer.hardware import gpu_need_gib, plan_teacher, preflight
     from gguf_trainer.packs import get_pack
@@ -298,8 +351,12 @@ def test_health_line_waits_for_2k_steps_and_names_the_reference():
     pack = get_pack("t5xxl_pixart")
     early = pack.health_line({"cos": 0.41, "trained_steps": 40})
     assert early.startswith("too early to judge at 40 steps") and "0.827 at 12.5k steps" in early
-    assert pack.health_line({"cos": 0.55, "trained_steps": 2500}).startswith("broken: cos 0.5500 < 0.6")
-    assert "seed or tokenizer path is broken" in pack.health_line({"cos": 0.55, "trained_steps": 2500})
+    assert pack.health_line({"cos": 0.55, "trained_steps": 2500}).startswith(
+        "broken: cos 0.5500 < 0.6"
+    )
+    assert "seed or tokenizer path is broken" in pack.health_line(
+        {"cos": 0.55, "trained_steps": 2500}
+    )
     assert pack.health_line({"cos": 0.82, "trained_steps": 12500}).startswith("healthy")
     assert pack.health_line({"cos": 0.83, "trained_steps": 100}).startswith("healthy")
     assert any("f16 or q8_0" in n and "0.09" in n for n in pack.engine_notes)
@@ -310,7 +367,9 @@ def test_demo_materials_are_the_shipped_tiny_snapshot(tmp_path):
 
     files = get_pack("t5xxl_pixart").demo_materials(tmp_path)
     assert set(files) == {"teacher"}
-    assert (files["teacher"] / "spiece.model").read_bytes() == (DEMO_DIR / "spiece.model").read_bytes()
+    assert (files["teacher"] / "spiece.model").read_bytes() == (
+        DEMO_DIR / "spiece.model"
+    ).read_bytes()
     assert t5.check_snapshot(files["teacher"]).n_tensors == 21
 
 
@@ -321,9 +380,17 @@ def test_material_status_checks_the_teacher_from_its_headers(tmp_path, snapshot,
     from gguf_trainer.runner.material_status import material_statuses
 
     root = tmp_path / "proj"
-    create_project(root, "t5xxl_pixart", overrides={"materials": {
-        "teacher": {"path": str(snapshot)}, "student": {"path": str(tiny_materials["student"])},
-        "student_tokenizer": {"path": str(tiny_materials["tokenizer"])}}})
+    create_project(
+        root,
+        "t5xxl_pixart",
+        overrides={
+            "materials": {
+                "teacher": {"path": str(snapshot)},
+                "student": {"path": str(tiny_materials["student"])},
+                "student_tokenizer": {"path": str(tiny_materials["tokenizer"])},
+            }
+        },
+    )
     teacher = next(r for r in material_statuses(root) if r["id"] == "teacher")
     assert teacher["state"] == "ready" and teacher["verified"] is True, teacher
     assert teacher["note"].startswith("T5 encoder: 2 blocks, d_model 64"), teacher

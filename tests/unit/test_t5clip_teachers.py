@@ -56,8 +56,10 @@ def test_chroma_targets_are_the_unmasked_window_at_the_slots_the_dit_reads():
             n = min(t5.real_length(ids) + CHROMA_T5_MASK_PAD, 512)
             with torch.no_grad():
                 ref = model(input_ids=torch.tensor([ids])).last_hidden_state[0, :n]  # no mask
-                masked = model(input_ids=torch.tensor([ids]),
-                               attention_mask=torch.tensor([[int(i != 0) for i in ids]])).last_hidden_state[0, :n]
+                masked = model(
+                    input_ids=torch.tensor([ids]),
+                    attention_mask=torch.tensor([[int(i != 0) for i in ids]]),
+                ).last_hidden_state[0, :n]
             assert got.rows.shape == ref.shape
             torch.testing.assert_close(got.rows, ref, rtol=1e-5, atol=1e-5)
             if n < 512:  # the mask mode is visible in the rows: pads are keys here
@@ -76,8 +78,10 @@ def test_the_tiny_umt5_has_the_real_vocabulary_shape(umt5_root):
     assert report.config["model_type"] == "umt5" and report.spm_pieces == UMT5_VOCAB
     # UMT5 has a relative position bias in every block (T5 v1.1: block 0 only)
     names = t5.expected_encoder_tensors(report.config)
-    assert all(f"encoder.block.{i}.layer.0.SelfAttention.relative_attention_bias.weight" in names
-               for i in range(TINY_UMT5_CONFIG["num_layers"]))
+    assert all(
+        f"encoder.block.{i}.layer.0.SelfAttention.relative_attention_bias.weight" in names
+        for i in range(TINY_UMT5_CONFIG["num_layers"])
+    )
     pack = get_pack("umt5xxl_wan")
     assert "256384" in pack.check_teacher({"teacher": umt5_root})
     assert 0 < pack.teacher_gib({"teacher": umt5_root}, "cpu") < 0.1
@@ -95,8 +99,10 @@ def test_wan_targets_are_the_masked_umt5_real_slots(umt5_root):
             n = t5.real_length(ids)
             ids_seen |= set(ids)
             with torch.no_grad():
-                ref = model(input_ids=torch.tensor([ids]),
-                            attention_mask=torch.tensor([[int(i != 0) for i in ids]])).last_hidden_state[0, :n]
+                ref = model(
+                    input_ids=torch.tensor([ids]),
+                    attention_mask=torch.tensor([[int(i != 0) for i in ids]]),
+                ).last_hidden_state[0, :n]
             assert got.rows.shape == ref.shape == (n, TINY_UMT5_CONFIG["d_model"])
             torch.testing.assert_close(got.rows, ref, rtol=1e-5, atol=1e-5)
         assert max(ids_seen) < UMT5_VOCAB and max(ids_seen) > 65535  # rows far into the table
@@ -112,5 +118,7 @@ def test_packs_say_what_they_train_for_and_have_no_reference():
     assert "--chroma-enable-t5-mask" in chroma.hints["train"]
     assert wan.seed_vocab == UMT5_VOCAB and chroma.seed_vocab == 32128
     for pack in (chroma, wan):
-        assert pack.health_line({"cos": 0.9, "trained_steps": 99999}).startswith("n/a: no reference run")
+        assert pack.health_line({"cos": 0.9, "trained_steps": 99999}).startswith(
+            "n/a: no reference run"
+        )
     assert "-M vid_gen" in wan.engine_command() and "--llm-adapter" in chroma.engine_command()

@@ -46,13 +46,17 @@ def test_llada_weighted_prompt_is_chunked_with_the_space_its_own_chunk(tok, enc)
     ids = pack.student_ids(enc, Sample("(a cat in a hat:1.2)"))
     assert [c for p in pack.student_pieces(Sample("(a cat in a hat:1.2)")) for c in chunks(p)] == [
         LLADA_HUMAN, " ", "a cat in a hat", LLADA_TAIL]
-    assert ids == hf(tok, LLADA_HUMAN) + hf(tok, " ") + hf(tok, "a cat in a hat") + hf(tok, LLADA_TAIL)
+    assert ids == hf(tok, LLADA_HUMAN) + hf(tok, " ") + hf(tok, "a cat in a hat") + hf(
+        tok, LLADA_TAIL
+    )
     assert ids != hf(tok, LLADA_HUMAN + " a cat in a hat" + LLADA_TAIL)
 
 
 def test_llada_teacher_reads_the_weighted_prompts_words_without_brackets():
     pack = get_pack("llada_image")
-    assert pack.format_prompt("(a cat:1.2) in [rain]") == LLADA_HUMAN + " a cat in rain" + LLADA_TAIL
+    assert (
+        pack.format_prompt("(a cat:1.2) in [rain]") == LLADA_HUMAN + " a cat in rain" + LLADA_TAIL
+    )
 
 
 def test_llada_empty_prompt_is_the_engines_single_piece(enc, tok):
@@ -67,7 +71,8 @@ def test_pixart_student_reads_the_raw_chunks_and_empty_is_the_qwen_pad(tok, enc)
     pack = get_pack("t5xxl_pixart")
     assert pack.student_ids(enc, Sample("")) == [151643]
     assert pack.student_ids(enc, Sample("an (important) word")) == (
-        hf(tok, "an ") + hf(tok, "important") + hf(tok, " word"))
+        hf(tok, "an ") + hf(tok, "important") + hf(tok, " word")
+    )
 
 
 def test_mageflow_edit_pieces_keep_image_runs_where_the_engine_splices(tok, enc):
@@ -77,7 +82,11 @@ def test_mageflow_edit_pieces_keep_image_runs_where_the_engine_splices(tok, enc)
     runs = [i for i, t in enumerate(ids) if t == SPECIAL_IDS["<|image_pad|>"]]
     assert runs[0] == 70 and runs[6] == 70 + 6 + 1 + 6  # 64 + 6, then 1 + n + 6 later
     assert len(runs) == 10
-    assert len(hf(tok, pack.student_text(Sample("")))) == len(pack.student_ids(enc, Sample(""))) == 34 + 5
+    assert (
+        len(hf(tok, pack.student_text(Sample(""))))
+        == len(pack.student_ids(enc, Sample("")))
+        == 34 + 5
+    )
 
 
 def test_the_engines_bpe_does_not_nfc_normalise(tok, enc):
@@ -120,6 +129,8 @@ def test_precompute_and_check_use_the_rule(tiny_materials):
 
     Ctx.teacher = Teacher()
     samples, _, _ = precompute.tokenize_samples(Ctx, [Sample("a sheep in sunglasses.")], 0)
-    assert samples[0].ids == student_ids(engine_bpe(student.tokenizer).encode,
-                                         Ctx.pack.student_pieces(Sample("a sheep in sunglasses.")))
+    assert samples[0].ids == student_ids(
+        engine_bpe(student.tokenizer).encode,
+        Ctx.pack.student_pieces(Sample("a sheep in sunglasses.")),
+    )
     assert len(samples[0].ids) == 30

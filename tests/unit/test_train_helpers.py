@@ -32,7 +32,9 @@ def _check_batches(lengths, batches, max_batch, max_tokens):
         assert cost <= max_tokens or len(b) == 1, (b, cost)
 
 
-@pytest.mark.parametrize("max_batch, max_tokens", [(16, 4096), (256, 65536), (4, 100), (1, 10), (64, 50)])
+@pytest.mark.parametrize(
+    "max_batch, max_tokens", [(16, 4096), (256, 65536), (4, 100), (1, 10), (64, 50)]
+)
 def test_budget_batches_heavy_tail(max_batch, max_tokens):
     rng = np.random.default_rng(SEED)
     lengths = np.clip(rng.lognormal(3.5, 1.0, 700), 5, 512).astype(int).tolist()
@@ -66,22 +68,38 @@ def test_budget_batches_greedy_fill_is_tight():
         nxt_len = lengths[nxt[0]]
         real = sum(lengths[i] for i in b) + nxt_len
         padding = (len(b) + 1) * nxt_len - real
-        assert (len(b) == max_batch or (len(b) + 1) * nxt_len > max_tokens
-                or (padding > PAD_SLACK_TOKENS and real < MIN_BATCH_EFFICIENCY * (len(b) + 1) * nxt_len))
+        assert (
+            len(b) == max_batch
+            or (len(b) + 1) * nxt_len > max_tokens
+            or (padding > PAD_SLACK_TOKENS and real < MIN_BATCH_EFFICIENCY * (len(b) + 1) * nxt_len)
+        )
 
 
 def test_choose_budgets_cpu_auto_and_given():
     auto = choose_budgets(PrecomputeSettings(), torch.device("cpu"))
     assert (auto.teacher_batch, auto.tok_budget, auto.student_batch, auto.student_tok_budget) == (
-        16, 4096, 32, 8192)
-    given = choose_budgets(PrecomputeSettings(teacher_batch=3, student_tok_budget=999), torch.device("cpu"))
-    assert (given.teacher_batch, given.tok_budget, given.student_batch, given.student_tok_budget) == (
-        3, 4096, 32, 999)
+        16,
+        4096,
+        32,
+        8192,
+    )
+    given = choose_budgets(
+        PrecomputeSettings(teacher_batch=3, student_tok_budget=999), torch.device("cpu")
+    )
+    assert (
+        given.teacher_batch,
+        given.tok_budget,
+        given.student_batch,
+        given.student_tok_budget,
+    ) == (3, 4096, 32, 999)
 
 
 def _card_budgets(monkeypatch, total_memory):
-    monkeypatch.setattr(torch.cuda, "get_device_properties",
-                        lambda device: SimpleNamespace(total_memory=total_memory))
+    monkeypatch.setattr(
+        torch.cuda,
+        "get_device_properties",
+        lambda device: SimpleNamespace(total_memory=total_memory),
+    )
     return choose_budgets(PrecomputeSettings(), torch.device("cuda"))
 
 
@@ -155,7 +173,7 @@ def test_lr_matches_reference_everywhere():
     got = np.array([lr_at(s, STEPS, WARMUP, LR) for s in range(STEPS + 50)])
     want = np.array([reference_lr(s) for s in range(STEPS + 50)])
     np.testing.assert_allclose(got, want, rtol=1e-12)
-    assert np.all(np.diff(got[WARMUP:STEPS + 1]) <= 1e-18)  # never rises after the peak
+    assert np.all(np.diff(got[WARMUP : STEPS + 1]) <= 1e-18)  # never rises after the peak
     assert got[WARMUP:].min() == pytest.approx(0.1 * LR, rel=1e-12)  # the floor, never below
 
 
@@ -184,8 +202,15 @@ def make_case(seed=SEED):
     row_mask[0, 3:] = False
     row_mask[2, 1:] = False
     target[~row_mask] = 0.0  # padding rows, as collate leaves them
-    batch = Batch(hidden=torch.zeros(B, 2, 4), mask=torch.ones(B, 2, dtype=torch.bool), target=target,
-                  row_mask=row_mask, seed_ids=None, sup_start=None, samples=[])
+    batch = Batch(
+        hidden=torch.zeros(B, 2, 4),
+        mask=torch.ones(B, 2, dtype=torch.bool),
+        target=target,
+        row_mask=row_mask,
+        seed_ids=None,
+        sup_start=None,
+        samples=[],
+    )
     return batch, stats, g
 
 
@@ -200,7 +225,7 @@ def numpy_loss(pred, batch, stats, standardized, cos_weight):
         err = p - t
     else:
         err = (p - t) / sf
-    mse = (err ** 2).mean()
+    mse = (err**2).mean()
     cos = ((p * t).sum(1) / (np.linalg.norm(p, axis=1) * np.linalg.norm(t, axis=1))).mean()
     return mse + cos_weight * (1 - cos), mse, cos
 
@@ -211,7 +236,9 @@ def test_loss_is_zero_at_the_target(standardized):
     pred = (batch.target - stats.mu) / stats.sigma_f if standardized else batch.target.clone()
     loss, parts = compute_loss(pred, batch, stats, standardized, COS_WEIGHT)
     assert float(loss) == pytest.approx(0.0, abs=1e-5)
-    assert parts["mse"] == pytest.approx(0.0, abs=1e-8) and parts["cos"] == pytest.approx(1.0, abs=1e-5)
+    assert parts["mse"] == pytest.approx(0.0, abs=1e-8) and parts["cos"] == pytest.approx(
+        1.0, abs=1e-5
+    )
 
 
 @pytest.mark.parametrize("standardized", [False, True])
@@ -223,7 +250,9 @@ def test_loss_matches_independent_computation(standardized):
     loss, parts = compute_loss(pred, batch, stats, standardized, COS_WEIGHT)
     want, mse, cos = numpy_loss(pred, batch, stats, standardized, COS_WEIGHT)
     assert float(loss) == pytest.approx(want, rel=1e-5)
-    assert parts["mse"] == pytest.approx(mse, rel=1e-5) and parts["cos"] == pytest.approx(cos, rel=1e-5)
+    assert parts["mse"] == pytest.approx(mse, rel=1e-5) and parts["cos"] == pytest.approx(
+        cos, rel=1e-5
+    )
 
 
 def test_mse_is_whitened_by_sigma_f():
@@ -257,9 +286,13 @@ def test_loss_on_the_supervised_rows_alone_is_the_padded_loss(standardized):
     batch, stats, g = make_case()
     pred = torch.randn(B, R, D, generator=g) * 2.0 + (0.0 if standardized else stats.mu)
     loss, parts = compute_loss(pred, batch, stats, standardized, COS_WEIGHT)
-    rows_loss, rows_parts = compute_loss(pred[batch.row_mask], batch, stats, standardized, COS_WEIGHT)
+    rows_loss, rows_parts = compute_loss(
+        pred[batch.row_mask], batch, stats, standardized, COS_WEIGHT
+    )
     want, _, _ = numpy_loss(pred, batch, stats, standardized, COS_WEIGHT)
-    assert float(rows_loss) == pytest.approx(want, rel=1e-5) and float(loss) == pytest.approx(want, rel=1e-5)
+    assert float(rows_loss) == pytest.approx(want, rel=1e-5) and float(loss) == pytest.approx(
+        want, rel=1e-5
+    )
     assert rows_parts["mse"] == pytest.approx(parts["mse"], rel=1e-6)
     assert rows_parts["cos"] == pytest.approx(parts["cos"], rel=1e-6)
 

@@ -74,7 +74,17 @@ def test_vision_proj_file_is_fitted_once_per_inputs(tmp_path):
 
 
 def test_image_runs_and_splices():
-    ids = [5, IMAGE_PAD_ID, IMAGE_PAD_ID, 7, IMAGE_PAD_ID, 9, IMAGE_PAD_ID, IMAGE_PAD_ID, IMAGE_PAD_ID]
+    ids = [
+        5,
+        IMAGE_PAD_ID,
+        IMAGE_PAD_ID,
+        7,
+        IMAGE_PAD_ID,
+        9,
+        IMAGE_PAD_ID,
+        IMAGE_PAD_ID,
+        IMAGE_PAD_ID,
+    ]
     runs = vision.image_runs(ids, IMAGE_PAD_ID)
     assert runs == [(1, 2), (4, 1), (6, 3)]
     raw = [torch.randn(n, VIS) for _, n in runs]
@@ -86,8 +96,16 @@ def test_image_runs_and_splices():
         vision.splices(runs, raw[:2], w, 0)
 
 
-@pytest.mark.parametrize("hw, want", [((64, 96), (64, 96)), ((50, 70), (64, 64)), ((10, 10), (32, 32)),
-                                      ((800, 600), (384, 288)), ((1000, 100), (384, 32))])
+@pytest.mark.parametrize(
+    "hw, want",
+    [
+        ((64, 96), (64, 96)),
+        ((50, 70), (64, 64)),
+        ((10, 10), (32, 32)),
+        ((800, 600), (384, 288)),
+        ((1000, 100), (384, 32)),
+    ],
+)
 def test_target_size(hw, want):
     assert target_size(*hw) == want
 
@@ -105,7 +123,9 @@ def test_preprocess_is_nearest_crop_and_clip_normalised(tmp_path):
     Image.new("RGB", (40, 40), (255, 0, 0)).save(flat)
     y = preprocess_image(flat)
     assert y.shape == (3, 32, 32)
-    assert np.allclose(y[0], (1.0 - 0.48145466) / 0.26862954) and np.allclose(y[1], -0.4578275 / 0.26130258)
+    assert np.allclose(y[0], (1.0 - 0.48145466) / 0.26862954) and np.allclose(
+        y[1], -0.4578275 / 0.26130258
+    )
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +140,10 @@ def test_mageflow_edit_template_positions(tokenizer, tmp_path):
     assert len(tokenize(tokenizer, [EDIT_PREFIX])[0]) == EDIT_START == 64
     runs = vision.image_runs(ids, pack.image_pad_id)
     # the engine's splice index: 64 + 6 for image 1, then 1 + n_prev + 6 later
-    assert runs == [(EDIT_START + IMAGE_HEADER_TOKENS, 6), (EDIT_START + 2 * IMAGE_HEADER_TOKENS + 7, 4)]
+    assert runs == [
+        (EDIT_START + IMAGE_HEADER_TOKENS, 6),
+        (EDIT_START + 2 * IMAGE_HEADER_TOKENS + 7, 4),
+    ]
     assert ids[runs[0][0] - 1] == 151652 and ids[runs[0][0] + 6] == 151653  # vision_start / _end
     (text_only,) = tokenize(tokenizer, [pack.student_text(Sample("make it night"))])
     assert vision.image_runs(text_only, pack.image_pad_id) == []

@@ -38,7 +38,9 @@ def test_download_fetches_the_encoder_and_spiece_only_and_checks_them(hub_server
     lines = []
     assert downloads.download_foreground(root, ["teacher"], on_line=lines.append) == 0, lines
     dest = load_project(root).material_path("teacher")
-    got = {str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file() and ".cache" not in p.parts}
+    got = {
+        str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file() and ".cache" not in p.parts
+    }
     assert got == set(files), got  # nothing of the pipeline beyond the text encoder
     summary = get_pack("umt5xxl_wan").check_teacher({"teacher": dest})
     assert "tokenizer 256384 pieces" in summary and any(summary in line for line in lines)

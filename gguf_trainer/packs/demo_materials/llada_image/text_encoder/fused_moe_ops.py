@@ -11,13 +11,17 @@ from torch import nn
 class FusedExperts(nn.Module):
     def __init__(self, num_experts, hidden_size, intermediate_size):
         super().__init__()
-        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size))
+        self.gate_up_proj = nn.Parameter(
+            torch.empty(num_experts, 2 * intermediate_size, hidden_size)
+        )
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
 
     def forward(self, x, expert_ids, expert_weights):
         """x (N, H), expert_ids / expert_weights (N, k) -> (N, H)."""
         if torch.is_grad_enabled():
-            raise RuntimeError("fused MoE experts support inference only; run under torch.no_grad()")
+            raise RuntimeError(
+                "fused MoE experts support inference only; run under torch.no_grad()"
+            )
         out = torch.zeros_like(x)
         for e in range(self.gate_up_proj.shape[0]):
             rows, slot = (expert_ids == e).nonzero(as_tuple=True)

@@ -27,7 +27,9 @@ from .fused_moe_ops import FusedExperts
 def _default_rope_init(config, device=None):
     """The file's own "default" RoPE: 1 / theta^(arange(0, rd, 2) / rd), rd = partial dims."""
     rd = int(config.head_dim * config.partial_rotary_factor)
-    inv = 1.0 / (config.rope_theta ** (torch.arange(0, rd, 2, dtype=torch.int64).float().to(device) / rd))
+    inv = 1.0 / (
+        config.rope_theta ** (torch.arange(0, rd, 2, dtype=torch.int64).float().to(device) / rd)
+    )
     return inv, 1.0
 
 
@@ -58,7 +60,9 @@ class LLaDA2MoeRotaryEmbedding(nn.Module):
     def forward(self, x, position_ids):
         freqs = position_ids[:, :, None].float() * self.inv_freq.float()[None, None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
-        return (emb.cos() * self.attention_scaling).to(x.dtype), (emb.sin() * self.attention_scaling).to(x.dtype)
+        return (emb.cos() * self.attention_scaling).to(x.dtype), (
+            emb.sin() * self.attention_scaling
+        ).to(x.dtype)
 
 
 def _rotate_half(x):
@@ -76,8 +80,11 @@ def _apply_rope(x, cos, sin):
 class LLaDA2MoeAttention(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.heads, self.kv_heads, self.head_dim = (config.num_attention_heads,
-                                                    config.num_key_value_heads, config.head_dim)
+        self.heads, self.kv_heads, self.head_dim = (
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.head_dim,
+        )
         qkv = (self.heads + 2 * self.kv_heads) * self.head_dim
         self.query_key_value = nn.Linear(config.hidden_size, qkv, bias=False)
         self.query_layernorm = LLaDA2MoeRMSNorm(self.head_dim, config.rms_norm_eps)
@@ -92,8 +99,13 @@ class LLaDA2MoeAttention(nn.Module):
         k = _apply_rope(self.key_layernorm(k).transpose(1, 2), cos, sin)
         v = v.transpose(1, 2)
         rep = self.heads // self.kv_heads
-        out = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1),
-                                             attn_mask=attention_mask, is_causal=False)
+        out = F.scaled_dot_product_attention(
+            q,
+            k.repeat_interleave(rep, 1),
+            v.repeat_interleave(rep, 1),
+            attn_mask=attention_mask,
+            is_causal=False,
+        )
         return self.dense(out.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -122,7 +134,11 @@ class LLaDA2MoeGate(nn.Module):
         c = self.config
         scores = torch.sigmoid(F.linear(x.float(), self.weight.float()))  # (N, E)
         choice = scores + self.expert_bias.float()
-        groups = choice.view(x.shape[0], c.n_group, -1).topk(min(2, c.num_experts // c.n_group), dim=-1)[0].sum(-1)
+        groups = (
+            choice.view(x.shape[0], c.n_group, -1)
+            .topk(min(2, c.num_experts // c.n_group), dim=-1)[0]
+            .sum(-1)
+        )
         keep = torch.zeros_like(groups).scatter_(1, groups.topk(c.topk_group, dim=-1)[1], 1.0)
         keep = keep.repeat_interleave(c.num_experts // c.n_group, dim=1).bool()
         ids = choice.masked_fill(~keep, float("-inf")).topk(c.num_experts_per_tok, dim=-1)[1]
@@ -134,9 +150,12 @@ class LLaDA2MoeSparseMoeBlock(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.gate = LLaDA2MoeGate(config)
-        self.experts = FusedExperts(config.num_experts, config.hidden_size, config.moe_intermediate_size)
-        self.shared_experts = LLaDA2MoeMLP(config.hidden_size,
-                                           config.moe_intermediate_size * config.num_shared_experts)
+        self.experts = FusedExperts(
+            config.num_experts, config.hidden_size, config.moe_intermediate_size
+        )
+        self.shared_experts = LLaDA2MoeMLP(
+            config.hidden_size, config.moe_intermediate_size * config.num_shared_experts
+        )
 
     def forward(self, x):
         shape = x.shape
@@ -152,8 +171,11 @@ class LLaDA2MoeDecoderLayer(nn.Module):
         self.attention = LLaDA2MoeAttention(config)
         self.post_attention_layernorm = LLaDA2MoeRMSNorm(config.hidden_size, config.rms_norm_eps)
         dense = layer_idx < config.first_k_dense_replace
-        self.mlp = (LLaDA2MoeMLP(config.hidden_size, config.intermediate_size) if dense
-                    else LLaDA2MoeSparseMoeBlock(config))
+        self.mlp = (
+            LLaDA2MoeMLP(config.hidden_size, config.intermediate_size)
+            if dense
+            else LLaDA2MoeSparseMoeBlock(config)
+        )
 
     def forward(self, x, cos, sin, attention_mask):
         x = x + self.attention(self.input_layernorm(x), cos, sin, attention_mask)
@@ -175,7 +197,9 @@ class LLaDA2MoeModel(LLaDA2MoePreTrainedModel):
     def __init__(self, config):
         super().__init__(config)
         self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(LLaDA2MoeDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            LLaDA2MoeDecoderLayer(config, i) for i in range(config.num_hidden_layers)
+        )
         self.norm = LLaDA2MoeRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = LLaDA2MoeRotaryEmbedding(config)
         self.post_init()
@@ -183,7 +207,9 @@ class LLaDA2MoeModel(LLaDA2MoePreTrainedModel):
     def get_input_embeddings(self):
         return self.word_embeddings
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, **kwargs):
+    def forward(
+        self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, **kwargs
+    ):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids or inputs_embeds")
         x = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds
@@ -192,7 +218,9 @@ class LLaDA2MoeModel(LLaDA2MoePreTrainedModel):
             position_ids = torch.arange(t, device=x.device).unsqueeze(0).expand(b, -1)
         if attention_mask is not None and attention_mask.dim() == 2:
             # the original's 2-D path: causal + padding, or nothing for an all-ones mask
-            attention_mask = _prepare_4d_causal_attention_mask_for_sdpa(attention_mask, (b, t), x, 0)
+            attention_mask = _prepare_4d_causal_attention_mask_for_sdpa(
+                attention_mask, (b, t), x, 0
+            )
         cos, sin = self.rotary_emb(x, position_ids)
         for layer in self.layers:
             x = layer(x, cos, sin, attention_mask)
@@ -218,7 +246,9 @@ class LLaDA2MoeModelLM(LLaDA2MoePreTrainedModel):
     def get_input_embeddings(self):
         return self.model.language_model.word_embeddings
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, **kwargs):
+    def forward(
+        self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, **kwargs
+    ):
         out = self.model.language_model(input_ids, attention_mask, position_ids, inputs_embeds)
         logits = self.lm_head(out.last_hidden_state)
         # 5.x renamed it: TypeError
