@@ -51,31 +51,55 @@ def evaluate_gguf(project, gguf: Path, which: str = "best", device: str | torch.
     def gguf_predict(b):
         return forward(gguf_model, b).float()
 
-    res_ckpt = score_batches(iter_batches(val_files, batch_size, fixed), ckpt_predict, stats, pack.centered, device,
-                     ref_predict=gguf_predict)
-    res_gguf = score_batches(iter_batches(val_files, batch_size, fixed), gguf_predict, stats, pack.centered, device)
+    res_ckpt = score_batches(
+        iter_batches(val_files, batch_size, fixed),
+        ckpt_predict,
+        stats,
+        pack.centered,
+        device,
+        ref_predict=gguf_predict,
+    )
+    res_gguf = score_batches(
+        iter_batches(val_files, batch_size, fixed), gguf_predict, stats, pack.centered, device
+    )
     baseline = {k: v for k, v in res_gguf.items() if k.startswith("baseline_")}
     strip = lambda r: {k: v for k, v in r.items() if not k.startswith("baseline_")}
     record = {
-        "pack": pack.id, "kind": pack.adapter_kind, "gguf": str(gguf), "checkpoint": which,
-        "trained_steps": int(ck["step"]), "planned_steps": int(ck["planned_steps"]),
-        "headline": pack.headline, "val_cos": res_gguf[pack.headline],
+        "pack": pack.id,
+        "kind": pack.adapter_kind,
+        "gguf": str(gguf),
+        "checkpoint": which,
+        "trained_steps": int(ck["step"]),
+        "planned_steps": int(ck["planned_steps"]),
+        "headline": pack.headline,
+        "val_cos": res_gguf[pack.headline],
         "metrics": strip(res_gguf),
         "checkpoint_metrics": {**strip(res_ckpt), "val_cos": res_ckpt[pack.headline]},
-        "roundtrip_cos": res_ckpt["roundtrip_cos"], "baseline": baseline,
+        "roundtrip_cos": res_ckpt["roundtrip_cos"],
+        "baseline": baseline,
         "beats_baseline": res_gguf[pack.headline] > baseline.get(f"baseline_{pack.headline}", -1.0),
-        "mock": bool(ck.get("mock")), "time": time.time(),
+        "mock": bool(ck.get("mock")),
+        "time": time.time(),
     }
     if gguf_model.config.taps:  # layerwise: each tap's figures beside the whole stack's
-        record["per_tap"] = score_taps(iter_batches(val_files, batch_size, fixed), gguf_predict, stats,
-                                       gguf_model.config.taps, device)
+        record["per_tap"] = score_taps(
+            iter_batches(val_files, batch_size, fixed),
+            gguf_predict,
+            stats,
+            gguf_model.config.taps,
+            device,
+        )
     if record["mock"]:
         record["note"] = MOCK_NOTE
     else:  # real teacher: healthy / weak / broken against the pack's reference figures
-        record["health"] = pack.health_line({**record["metrics"], "trained_steps": record["trained_steps"]})
+        record["health"] = pack.health_line(
+            {**record["metrics"], "trained_steps": record["trained_steps"]}
+        )
         teacher = project.material_path("teacher")
         if record["health"] and teacher is not None and (teacher / TINY_MARKER).exists():
-            record["health"] = "n/a: a tiny demo teacher; the reference figures are for the real teacher"
+            record["health"] = (
+                "n/a: a tiny demo teacher; the reference figures are for the real teacher"
+            )
         if pack.reference:
             # the recipe's published run, to compare with
             record["reference"] = dict(pack.reference)
@@ -83,11 +107,19 @@ def evaluate_gguf(project, gguf: Path, which: str = "best", device: str | torch.
 
 
 def run_eval(project, report) -> None:
-    record = evaluate_gguf(project, project.final_gguf, BEST, hardware.resolve_device(project.settings.train.device))
+    record = evaluate_gguf(
+        project, project.final_gguf, BEST, hardware.resolve_device(project.settings.train.device)
+    )
     atomic.write_json(project.paths.eval_json, finite(record))
-    log.info("eval: %s %.4f (checkpoint %.4f, roundtrip %.6f, mean baseline %s)%s", record["headline"],
-             record["val_cos"], record["checkpoint_metrics"]["val_cos"], record["roundtrip_cos"],
-             record["baseline"].get(f"baseline_{record['headline']}"), " [MOCK]" if record["mock"] else "")
+    log.info(
+        "eval: %s %.4f (checkpoint %.4f, roundtrip %.6f, mean baseline %s)%s",
+        record["headline"],
+        record["val_cos"],
+        record["checkpoint_metrics"]["val_cos"],
+        record["roundtrip_cos"],
+        record["baseline"].get(f"baseline_{record['headline']}"),
+        " [MOCK]" if record["mock"] else "",
+    )
     if record.get("per_tap"):
         log.info("eval: %s", format_taps(record["per_tap"]))
     if record.get("health"):
@@ -97,14 +129,21 @@ def run_eval(project, report) -> None:
 
 def format_taps(per_tap: dict) -> str:
     """One line: each tap's cosine against its mean baseline, in stack order."""
+
     def f(x):
         return "n/a" if x is None else f"{x:.4f}"
+
     return "per tap cos (mean baseline): " + ", ".join(
-        f"L{t} {f(c)} ({f(b)})" for t, c, b in zip(per_tap["taps"], per_tap["cos"], per_tap["baseline_cos"]))
+        f"L{t} {f(c)} ({f(b)})"
+        for t, c, b in zip(per_tap["taps"], per_tap["cos"], per_tap["baseline_cos"])
+    )
 
 
 class EvalStage(Stage):
     name = "eval"
+
+    def skipped_because(self, project) -> str | None:
+        return None if project.settings.export.run_eval else "export.run_eval is off"
 
     def is_done(self, project, run) -> bool:
         gguf, ev = project.final_gguf, project.paths.eval_json

@@ -39,7 +39,7 @@ from .materials import (
 from .paths import VERIFIED_JSON
 from .qwen_bpe import engine_bpe
 from .samples import count_samples, iter_samples
-from .stage_list import Stage, Stopped
+from .stage_list import Stage, Stopped, shard_stage
 
 log = logging.getLogger(__name__)
 
@@ -95,8 +95,15 @@ class Context:
         self.budgets = self.plan.budgets
         # The project's frozen map (fitted when the fingerprint was taken): image rows reach
         # the student through it, exactly as the engine splices them.
-        self.vision_proj = vision.load_vision_proj(project.paths.vision_proj) if pack.vis_dim else None
-        log.info("precompute: teacher mode %s on %s, budgets %s", self.plan.mode, self.device, self.budgets)
+        self.vision_proj = (
+            vision.load_vision_proj(project.paths.vision_proj) if pack.vis_dim else None
+        )
+        log.info(
+            "precompute: teacher mode %s on %s, budgets %s",
+            self.plan.mode,
+            self.device,
+            self.budgets,
+        )
 
     def close(self) -> None:
         """Free the teacher's and the student's memory (the stage that opened them calls this)."""
@@ -122,14 +129,24 @@ def _student_rows(ctx: Context, samples: list[_Sample]) -> list[torch.Tensor]:
 
     out: list[torch.Tensor | None] = [None] * len(samples)
     b = ctx.budgets
-    for batch in hardware.budget_batches([len(s.ids) for s in samples], b.student_batch, b.student_tok_budget):
+    for batch in hardware.budget_batches(
+        [len(s.ids) for s in samples], b.student_batch, b.student_tok_budget
+    ):
         ids, keep = pad_batch([samples[i].ids for i in batch])
         keep, pos = _template_pads(ctx.pack.padding, [samples[i].ids for i in batch], keep)
-        splices = [(j, seg.start, seg.rows.float() @ ctx.vision_proj.T)
-                   for j, i in enumerate(batch) for seg in samples[i].vision or ()]
+        splices = [
+            (j, seg.start, seg.rows.float() @ ctx.vision_proj.T)
+            for j, i in enumerate(batch)
+            for seg in samples[i].vision or ()
+        ]
         with torch.no_grad():
-            h = ctx.student.hidden(ids.to(ctx.device), keep.to(ctx.device), splices=splices,
-                                   position_ids=pos).float().cpu()
+            h = (
+                ctx.student.hidden(
+                    ids.to(ctx.device), keep.to(ctx.device), splices=splices, position_ids=pos
+                )
+                .float()
+                .cpu()
+            )
         for j, i in enumerate(batch):
             out[i] = h[j, : len(samples[i].ids)].to(torch.bfloat16)
     return out
@@ -143,14 +160,16 @@ def _template_pads(padding, id_lists, keep: torch.Tensor):
     keep = keep.clone()
     pos = torch.arange(keep.shape[1]).repeat(len(id_lists), 1)
     for j, ids in enumerate(id_lists):
-        keep[j, padding.real_length(ids):] = False
+        keep[j, padding.real_length(ids) :] = False
         at = padding.positions(ids)
         if at is not None:
             pos[j, : len(at)] = torch.tensor(at)
     return keep, pos
 
 
-def _teacher_rows(ctx: Context, samples: list[_Sample], lengths: list[int], report, on_batch) -> list:
+def _teacher_rows(
+    ctx: Context, samples: list[_Sample], lengths: list[int], report, on_batch
+) -> list:
     out: list = [None] * len(samples)
     b = ctx.budgets
     batches = hardware.budget_batches(lengths, b.teacher_batch, b.tok_budget)
@@ -159,16 +178,18 @@ def _teacher_rows(ctx: Context, samples: list[_Sample], lengths: list[int], repo
             raise Stopped()
         with torch.no_grad():
             vis = [samples[i].vision or [] for i in batch] if ctx.vision_proj is not None else None
-            rows = ctx.teacher.targets([samples[i].sample for i in batch], [samples[i].ids for i in batch],
-                                       vis)
+            rows = ctx.teacher.targets(
+                [samples[i].sample for i in batch], [samples[i].ids for i in batch], vis
+            )
         for i, r in zip(batch, rows):
             out[i] = r
         on_batch((k + 1) / len(batches))
     return out
 
 
-def build_shard(ctx: Context, samples: list[_Sample], report, on_batch,
-                lengths: list[int] | None = None) -> dict[str, torch.Tensor]:
+def build_shard(
+    ctx: Context, samples: list[_Sample], report, on_batch, lengths: list[int] | None = None
+) -> dict[str, torch.Tensor]:
     if lengths is None:
         lengths = ctx.teacher.lengths([s.sample for s in samples], [s.ids for s in samples])
     targets = _teacher_rows(ctx, samples, lengths, report, on_batch)
@@ -199,12 +220,15 @@ def build_shard(ctx: Context, samples: list[_Sample], report, on_batch,
 def _vision_tensors(samples: list[_Sample], vis_dim: int) -> dict[str, torch.Tensor]:
     """Raw vision rows of every image (bf16), the token position of each row, rows per sample."""
     segs = [seg for s in samples for seg in s.vision or ()]
-    rows = (torch.cat([seg.rows.float() for seg in segs]) if segs
-            else torch.zeros(0, vis_dim))
+    rows = torch.cat([seg.rows.float() for seg in segs]) if segs else torch.zeros(0, vis_dim)
     pos = [p for seg in segs for p in range(seg.start, seg.start + seg.rows.shape[0])]
-    return {"vis_rows": rows.to(torch.bfloat16), "vis_pos": torch.tensor(pos, dtype=torch.int32),
-            "vis_len": torch.tensor([sum(seg.rows.shape[0] for seg in s.vision or ()) for s in samples],
-                                    dtype=torch.int32)}
+    return {
+        "vis_rows": rows.to(torch.bfloat16),
+        "vis_pos": torch.tensor(pos, dtype=torch.int32),
+        "vis_len": torch.tensor(
+            [sum(seg.rows.shape[0] for seg in s.vision or ()) for s in samples], dtype=torch.int32
+        ),
+    }
 
 
 def _vision_rows(ctx: Context, records: list) -> list[list[torch.Tensor]]:
@@ -215,7 +239,7 @@ def _vision_rows(ctx: Context, records: list) -> list[list[torch.Tensor]]:
         rows = list(ctx.teacher.vision([p for r in records for p in r.images]))
     out, at = [], 0
     for r in records:
-        out.append(rows[at: at + len(r.images)])
+        out.append(rows[at : at + len(r.images)])
         at += len(r.images)
     return out
 
@@ -233,20 +257,29 @@ def _segments(pack, ids: list[int], rows: list[torch.Tensor]):
     return [VisionSegment(start, r) for (start, _), r in zip(runs, rows)]
 
 
-def tokenize_samples(ctx: Context, records: list, start: int) -> tuple[list[_Sample], list[int], dict]:
+def tokenize_samples(
+    ctx: Context, records: list, start: int
+) -> tuple[list[_Sample], list[int], dict]:
     """The samples within both length limits, their teacher lengths, and the drop counts."""
     pack = ctx.pack
     raw = _vision_rows(ctx, records)
     encode = engine_bpe(ctx.student.tokenizer).encode  # the engine's ids, piece by piece
     ids = [pack.student_ids(encode, r, [v.shape[0] for v in rows]) for r, rows in zip(records, raw)]
     segments = [_segments(pack, t, rows) for t, rows in zip(ids, raw)]
-    within = [_Sample(start + k, r, t, seg) for k, (r, t, seg) in enumerate(zip(records, ids, segments))
-              if len(t) <= pack.max_len_student and seg is not None]
+    within = [
+        _Sample(start + k, r, t, seg)
+        for k, (r, t, seg) in enumerate(zip(records, ids, segments))
+        if len(t) <= pack.max_len_student and seg is not None
+    ]
     n_spelled = sum(1 for seg in segments if seg is None)
     if n_spelled:
-        log.warning("precompute: dropped %d samples whose text spells the image token itself", n_spelled)
+        log.warning(
+            "precompute: dropped %d samples whose text spells the image token itself", n_spelled
+        )
     dropped = {"student": len(records) - len(within) - n_spelled, "teacher": 0}
-    lengths = ctx.teacher.lengths([s.sample for s in within], [s.ids for s in within]) if within else []
+    lengths = (
+        ctx.teacher.lengths([s.sample for s in within], [s.ids for s in within]) if within else []
+    )
     keep = [(s, n) for s, n in zip(within, lengths) if n <= pack.max_len_teacher]
     dropped["teacher"] = len(within) - len(keep)
     return [s for s, _ in keep], [n for _, n in keep], dropped
@@ -256,8 +289,14 @@ def _log_dropped(split: str, k: int, dropped: dict, pack) -> None:
     for side, limit in (("student", pack.max_len_student), ("teacher", pack.max_len_teacher)):
         if dropped[side]:
             # never truncate: a cut sequence on one side no longer matches the other side's rows
-            log.warning("precompute[%s] shard %05d: dropped %d samples longer than %d %s tokens",
-                        split, k, dropped[side], limit, side)
+            log.warning(
+                "precompute[%s] shard %05d: dropped %d samples longer than %d %s tokens",
+                split,
+                k,
+                dropped[side],
+                limit,
+                side,
+            )
 
 
 def samples_file(project, split: str) -> Path:
@@ -288,14 +327,20 @@ def run_precompute(project, report, split: str, cache: dict, fingerprint: str) -
     n_shards = max(1, math.ceil(n_samples / size))
     folder = project.paths.shard_dir(split)
     folder.mkdir(parents=True, exist_ok=True)
-    meta = {"fingerprint": fingerprint, "contract": project.pack.shard_contract,
-            "mock": str(project.settings.precompute.mock_teacher).lower(), "pack": project.pack.id}
-    count = lambda: sum(1 for k in range(n_shards) if (folder / shards.shard_name(split, k)).exists())
+    meta = {
+        "fingerprint": fingerprint,
+        "contract": project.pack.shard_contract,
+        "mock": str(project.settings.precompute.mock_teacher).lower(),
+        "pack": project.pack.id,
+    }
+    count = lambda: sum(
+        1 for k in range(n_shards) if (folder / shards.shard_name(split, k)).exists()
+    )
     done = count()
     report.progress(done, n_shards, "shards")
     if done < n_shards:
         _disk_preflight(project, split)
-    n_ranks = distributed.stage_ranks(project, f"precompute_{split}")  # shard k -> rank k mod N
+    n_ranks = distributed.stage_ranks(project, shard_stage(split))  # shard k -> rank k mod N
     for k in range(n_shards):
         path = folder / shards.shard_name(split, k)
         if path.exists() or not distributed.owns(k, n_ranks):
@@ -311,17 +356,30 @@ def run_precompute(project, report, split: str, cache: dict, fingerprint: str) -
         samples, lengths, dropped = tokenize_samples(ctx, records, k * size)
         _log_dropped(split, k, dropped, ctx.pack)
         if not samples:
-            raise UserError(f"every sample of {split} shard {k} is longer than {ctx.pack.max_len_student} "
-                            f"student or {ctx.pack.max_len_teacher} teacher tokens; lower corpus.max_chars.")
-        tensors = build_shard(ctx, samples, report,
-                              lambda frac, _done=done: report.progress(_done + frac, n_shards, "shards"),
-                              lengths)
+            raise UserError(
+                f"every sample of {split} shard {k} is longer than {ctx.pack.max_len_student} "
+                f"student or {ctx.pack.max_len_teacher} teacher tokens; lower corpus.max_chars."
+            )
+        tensors = build_shard(
+            ctx,
+            samples,
+            report,
+            lambda frac, _done=done: report.progress(_done + frac, n_shards, "shards"),
+            lengths,
+        )
         shards.write_shard(path, tensors, meta)
         done += 1
         rate = len(samples) / max(time.monotonic() - t0, 1e-9)
         report.progress(done, n_shards, "shards", prompts_per_s=round(rate, 2))
-        log.info("precompute[%s] shard %05d: %d prompts in %.1fs (%.1f p/s), %d shards left",
-                 split, k, len(samples), time.monotonic() - t0, rate, n_shards - done)
+        log.info(
+            "precompute[%s] shard %05d: %d prompts in %.1fs (%.1f p/s), %d shards left",
+            split,
+            k,
+            len(samples),
+            time.monotonic() - t0,
+            rate,
+            n_shards - done,
+        )
 
 
 def _disk_preflight(project, split: str) -> None:
@@ -332,8 +390,12 @@ def _disk_preflight(project, split: str) -> None:
 
     need = precompute_need_bytes(project)
     if need:
-        log.info("precompute[%s]: the shards still to write need ~%s (~%s per sample)", split, gb(need),
-                 gb(project.pack.bytes_per_sample))
+        log.info(
+            "precompute[%s]: the shards still to write need ~%s (~%s per sample)",
+            split,
+            gb(need),
+            gb(project.pack.bytes_per_sample),
+        )
     tight = check_precompute_disk(project)
     if tight:
         log.warning("precompute: %s", tight)
@@ -359,8 +421,10 @@ def _unverified(folder: Path, record: dict):
 def split_whole(project, split: str, fingerprint: str) -> bool:
     """Every shard of `split` is whole and current (looks only: verify_split repairs)."""
     folder = project.paths.shard_dir(split)
-    return not any(shards.verify_shard(path, fingerprint)
-                   for path, _ in _unverified(folder, _verified_record(folder)))
+    return not any(
+        shards.verify_shard(path, fingerprint)
+        for path, _ in _unverified(folder, _verified_record(folder))
+    )
 
 
 def verify_split(project, split: str, fingerprint: str) -> None:
@@ -389,10 +453,11 @@ class PrecomputeStage(Stage):
     """One split's shards. Shards resume one by one; only whole, current shards count."""
 
     shares = (CACHE_KEY,)
+    distributed = True  # every rank computes the shards k mod N it owns
 
     def __init__(self, split: str):
         self.split = split
-        self.name = f"precompute_{split}"
+        self.name = shard_stage(split)
 
     def inputs(self, project, upstream, recorded):
         st, pack = project.settings, project.pack
@@ -403,15 +468,22 @@ class PrecomputeStage(Stage):
             "corpus": upstream["corpus"],
             "student_sha256": student_sha,
             "teacher": teacher,
-            "contract": pack.shard_contract, "mock": st.precompute.mock_teacher,
+            "contract": pack.shard_contract,
+            "mock": st.precompute.mock_teacher,
             "student_dtype": st.precompute.student_dtype,
             "vision_proj": vision.ensure_for_project(project, student_sha, teacher),
-            "max_len_student": pack.max_len_student, "max_len_teacher": pack.max_len_teacher,
-            "split": self.split, "shard_size": shard_size(project, self.split),
+            "max_len_student": pack.max_len_student,
+            "max_len_teacher": pack.max_len_teacher,
+            "split": self.split,
+            "shard_size": shard_size(project, self.split),
         }
         # The tokenizer's identity: shards recorded before it was part of the fingerprint
         # (no key, all else equal) keep standing; any rebuild records it.
-        if not recorded or "student_tokenizer" in recorded or recorded != json.loads(json.dumps(fp)):
+        if (
+            not recorded
+            or "student_tokenizer" in recorded
+            or recorded != json.loads(json.dumps(fp))
+        ):
             fp["student_tokenizer"] = tokenizer_identity(project, recorded.get("student_tokenizer"))
         return fp
 
@@ -427,19 +499,25 @@ class PrecomputeStage(Stage):
         not fit is refused before any shard or checkpoint is touched. Shards that cannot fit
         on the disk are refused first, before the teacher loads (counted from the corpus on
         disk; without one, run_precompute checks once the corpus is written)."""
-        if CACHE_KEY not in run.cache and all(samples_file(project, s).is_file() for s in ("train", "val")):
+        if CACHE_KEY not in run.cache and all(
+            samples_file(project, s).is_file() for s in ("train", "val")
+        ):
             _disk_preflight(project, self.split)
         context(project, run.cache)
 
     def tidy(self, project, run) -> None:
         if self.folder(project.paths).is_dir():
-            verify_split(project, self.split, run.fingerprint)  # drops truncated/corrupt/stale shards
+            verify_split(
+                project, self.split, run.fingerprint
+            )  # drops truncated/corrupt/stale shards
 
     def is_done(self, project, run) -> bool:
         if not samples_file(project, self.split).is_file():
             return False
         n = len(shards.shard_files(self.folder(project.paths)))
-        return n >= expected_shards(project, self.split) and split_whole(project, self.split, run.fingerprint)
+        return n >= expected_shards(project, self.split) and split_whole(
+            project, self.split, run.fingerprint
+        )
 
     def run(self, project, report, run) -> str:
         try:
@@ -450,8 +528,11 @@ class PrecomputeStage(Stage):
         # Launched: every rank waits here for the others' shards; one stopped rank stops the run.
         stopped = distributed.any_true(stopped)
         if distributed.world().is_distributed:  # the bar counts every rank's shards
-            report.progress(len(shards.shard_files(self.folder(project.paths))),
-                            expected_shards(project, self.split), "shards")
+            report.progress(
+                len(shards.shard_files(self.folder(project.paths))),
+                expected_shards(project, self.split),
+                "shards",
+            )
         return "stopped" if stopped else "done"
 
 

@@ -15,15 +15,43 @@ from .paths import tool_files_in
 
 log = logging.getLogger(__name__)
 
-STAGES: tuple[str, ...] = ("corpus", "precompute_val", "precompute_train", "train", "export", "eval")
+STAGES: tuple[str, ...] = (
+    "corpus",
+    "precompute_val",
+    "precompute_train",
+    "train",
+    "export",
+    "eval",
+)
 
 STAGE_TITLES: dict[str, str] = {
-    "corpus": "Corpus", "precompute_val": "Precompute val", "precompute_train": "Precompute train",
-    "train": "Train", "export": "Export", "eval": "Evaluate",
+    "corpus": "Corpus",
+    "precompute_val": "Precompute val",
+    "precompute_train": "Precompute train",
+    "train": "Train",
+    "export": "Export",
+    "eval": "Evaluate",
 }
 
+# The stages by role, for the torch-free clients (the runner names no stage itself; what
+# the stage objects declare — distributed, own_ranks_only, skipped_because — is read there).
+SHARD_STAGES: tuple[str, ...] = ("precompute_val", "precompute_train")  # student + teacher
+TRAINING = "train"  # checkpoints, train.steps, snapshots, the rank files
+EXPORTING = "export"  # writes the adapter GGUF from best.pt
+EVALUATING = "eval"  # runs the exported GGUF on the val shards
+
 # Stages whose outputs are rebuilt by `--force` even when they are done.
-FORCEABLE: tuple[str, ...] = ("export", "eval")
+FORCEABLE: tuple[str, ...] = (EXPORTING, EVALUATING)
+
+
+def shard_stage(split: str) -> str:
+    """The stage that writes `split`'s shards ("val" or "train")."""
+    return f"precompute_{split}"
+
+
+def stages_from(name: str) -> tuple[str, ...]:
+    """`name` and every stage after it (what redoing `name` redoes)."""
+    return STAGES[STAGES.index(name) :]
 
 
 def stage_title(name: str) -> str:
@@ -67,6 +95,14 @@ class Stage:
     manifest_first: bool = False
     # keys of RunContext.cache this stage uses (kept open while needed)
     shares: tuple[str, ...] = ()
+    # Launched on several ranks: rank 0 announces every stage; the followers run the
+    # distributed ones with it (the stage's run shares out the work) and wait out the rest.
+    distributed: bool = False
+    own_ranks_only: bool = False  # only the first N ranks (its `processes` setting) run it
+
+    def skipped_because(self, project) -> str | None:
+        """Why the settings turn this stage off (the status detail), or None: it runs."""
+        return None
 
     @property
     def title(self) -> str:
@@ -108,13 +144,19 @@ class Stage:
             rel = Path(folder).relative_to(paths.root).as_posix()
             verdict = empty_owned(folder, paths.root, tool_files_in(rel) or ())
             if verdict.foreign:
-                log.warning("%s holds %s, which gguf-trainer did not write: it and the folder "
-                            "are kept, only the %s stage's own files there were deleted.",
-                            folder, verdict.foreign, self.name)
+                log.warning(
+                    "%s holds %s, which gguf-trainer did not write: it and the folder "
+                    "are kept, only the %s stage's own files there were deleted.",
+                    folder,
+                    verdict.foreign,
+                    self.name,
+                )
             if verdict.reason:
-                raise UserError(f"{folder} {verdict.reason.removesuffix('; left alone')}, so the "
-                                f"{self.name} stage cannot be redone there; move it away and "
-                                "start again.")
+                raise UserError(
+                    f"{folder} {verdict.reason.removesuffix('; left alone')}, so the "
+                    f"{self.name} stage cannot be redone there; move it away and "
+                    "start again."
+                )
 
     def __repr__(self) -> str:
         return f"<stage {self.name}>"

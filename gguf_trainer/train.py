@@ -26,7 +26,6 @@ from pathlib import Path
 import torch
 
 from . import distributed, hardware, safe_delete
-from .adapters import TOKEN_ALIGNED_KINDS
 from .checkpoints import (
     TrainProgress,
     checkpoint_path,
@@ -41,7 +40,7 @@ from .jsonvals import finite
 from .paths import BEST, CHECKPOINTS_DIR, LAST, STALE_PREFIX, tool_files_in
 from .project import read_steps
 from .scoring import forward_rows, validate
-from .shards import Batch, ShardStream, Stats, StreamPos, dims, linear_fit, load_stats, shard_files
+from .shards import Batch, ShardStream, Stats, StreamPos, dims, load_stats, shard_files
 from .stage_list import Stage
 from .vision import load_vision_proj
 
@@ -93,16 +92,6 @@ def build_model(pack, cfg, seed: int, stats: Stats, vision_proj=None, skip=None)
     if vision_proj is not None:
         set_vision_proj(model, vision_proj)
     return model
-
-
-SKIP_START = "mean"  # token-aligned skip at step 0: "mean" (zero) or "ridge" (linear fit); see README
-
-
-def _skip_start(pack, cfg, train_files: list[Path], stats: Stats):
-    """The ridge start of a token-aligned skip (when SKIP_START says so), else None."""
-    if SKIP_START != "ridge" or cfg.kind not in TOKEN_ALIGNED_KINDS:
-        return None
-    return linear_fit(train_files, stats if pack.standardized else None)
 
 
 def train_step(model, opt, params: list, batch: Batch, stats: Stats, standardized: bool,
@@ -169,8 +158,10 @@ def _resume(folder: Path, model, opt, steps: int) -> TrainProgress:
     return TrainProgress(ck["step"], StreamPos(**ck["stream"]), ck["best_val_cos"])
 
 
-def run_train(project, report, train_fp: str) -> str:
-    """Train to `train.steps`; returns "done" or "stopped"."""
+def run_train(project, report, train_fp: str, skip=None) -> str:
+    """Train to `train.steps`; returns "done" or "stopped". `skip` is a token-aligned skip's
+    start map (build_model); the stage never passes one (zero + mean measured better, README
+    "Training and evaluation"): benchmarks/bench_skip_start.py passes the ridge fit."""
     from .adapters import trainable_parameters
 
     s, pack, paths = project.settings.train, project.pack, project.paths
@@ -181,7 +172,7 @@ def run_train(project, report, train_fp: str) -> str:
     stats = load_stats(train_files, s.sigma_floor)
     cfg = pack.adapter_config(s, **dims(train_files[0]))  # the adapter's dims come from the shards
     proj = load_vision_proj(paths.vision_proj) if cfg.vis_dim else None
-    model = build_model(pack, cfg, s.seed, stats, proj, _skip_start(pack, cfg, train_files, stats)).to(device)
+    model = build_model(pack, cfg, s.seed, stats, proj, skip).to(device)
     stats = _stats_to(stats, device)
     if hardware.use_grad_checkpointing(s.grad_checkpoint, device):
         _enable_grad_checkpointing(model)
@@ -307,6 +298,8 @@ def move_checkpoints_aside(paths) -> Path | None:
 
 class TrainStage(Stage):
     name = "train"
+    distributed = True  # train.processes ranks share each global batch
+    own_ranks_only = True  # the other ranks take no part in its collectives
     manifest_first = True  # checkpoints resume: the manifest names the inputs from the first step
 
     def inputs(self, project, upstream, recorded):

@@ -39,10 +39,12 @@ from gguf_trainer.runner.views import (
     ProjectView,
     ResetPlan,
     ResetResult,
+    RunPlan,
     SettingsRead,
     StepsResult,
     UpdateResult,
 )
+from gguf_trainer.stage_list import EVALUATING, EXPORTING, SHARD_STAGES, TRAINING, stages_from
 
 PathLike = str | os.PathLike
 LOGS = ("pipeline", "snapshot", "download")
@@ -184,15 +186,19 @@ def set_steps(root: PathLike, steps: Any, wait_s: float = 0.0) -> StepsResult:
     live = supervisor.is_active(info)
     picked = live and _wait_steps_seen(paths, value, wait_s)
     log_every = project.load_project(paths.root).settings.train.log_every
-    if live and info.get("stage") in (None, "corpus", "precompute_val", "precompute_train", "train"):
-        hint = ("the running pipeline picked it up" if picked else
-                f"the running pipeline picks it up within {log_every} steps (log_every)")
+    if live and info.get("stage") not in stages_from(TRAINING)[1:]:  # not past training yet
+        hint = (
+            "the running pipeline picked it up"
+            if picked
+            else f"the running pipeline picks it up within {log_every} steps (log_every)"
+        )
     elif live:
         hint = "training has already ended in this run; start again to train further"
     else:
         hint = f"`gguf-trainer start --project {paths.root}` continues from the last checkpoint"
-    return StepsResult(steps=value, live=live, picked_up=picked,
-                       message=f"train.steps = {value}; {hint}")
+    return StepsResult(
+        steps=value, live=live, picked_up=picked, message=f"train.steps = {value}; {hint}"
+    )
 
 
 def field_metadata(pack_id: str | None = None) -> list[dict]:
@@ -247,8 +253,12 @@ def untrusted_code(root: PathLike) -> list[dict]:
     out = []
     for m in material_statuses(root):
         path = m.get("path")
-        if m.get("kind") == "hf_snapshot" and m.get("state") == "ready" and path \
-                and Path(path).is_dir():
+        if (
+            m.get("kind") == "hf_snapshot"
+            and m.get("state") == "ready"
+            and path
+            and Path(path).is_dir()
+        ):
             st = trust.trust_status(path)
             if not st["trusted"]:
                 out.append({**st, "title": m.get("title") or m["id"]})
@@ -285,28 +295,36 @@ def confirm_trust(root: PathLike) -> str:
     proj = project.load_project(_paths(root).root)
     st = materials.confirm_project_trust(proj)
     if st is None:
-        return (f"--trust-remote-code: nothing to trust ({proj.pack.title} runs no teacher code "
-                "of its own here, or its teacher is not downloaded yet)")
-    return (f"trusted the teacher code in {st['path']} ({len(st['files'])} .py files, sha256 "
-            f"{st['code_hash'][:12]}); a change to it will ask again")
+        return (
+            f"--trust-remote-code: nothing to trust ({proj.pack.title} runs no teacher code "
+            "of its own here, or its teacher is not downloaded yet)"
+        )
+    return (
+        f"trusted the teacher code in {st['path']} ({len(st['files'])} .py files, sha256 "
+        f"{st['code_hash'][:12]}); a change to it will ask again"
+    )
 
 
 # ---- runs -----------------------------------------------------------------------------
-def start(root: PathLike, only: list[str] | None = None, force: bool = False,
-          steps: Any = None, launch=None) -> int:
+def start(
+    root: PathLike,
+    only: list[str] | None = None,
+    force: bool = False,
+    steps: Any = None,
+    launch=None,
+) -> int:
     """Launch the pipeline detached; returns the pipeline's pid once it holds the lock.
     `steps` (optional) is stored first. Refused (UserError) while it runs, when
     project.json is broken, when another project in the same output folder has the same
     name, or when the materials are missing (with the path tried and the fix)."""
-    from gguf_trainer.project_schema import parse_steps
-
     paths = _paths(root)
-    steps = None if steps is None else parse_steps(steps)  # every check before any write
-    preflight(paths.root, only=only)
-    launch = resolve_launch(paths.root, launch)
+    plan = preflight_run(paths.root, only, steps, launch)  # every check before any write
+    steps, launch = plan.steps, plan.launch
     if not launch.is_main_machine:
-        raise UserError("start runs machine rank 0 (it holds the project); on the other "
-                        "machines use `gguf-trainer run` with the same flags.")
+        raise UserError(
+            "start runs machine rank 0 (it holds the project); on the other "
+            "machines use `gguf-trainer run` with the same flags."
+        )
     if steps is not None:
         _set_steps_idle(paths, steps)
     # Several machines: rank 0 starts only once every machine has joined the rendezvous.
@@ -315,6 +333,21 @@ def start(root: PathLike, only: list[str] | None = None, force: bool = False,
 
 
 JOIN_WAIT_S = 600.0  # how long `start` on machine 0 waits for the other machines
+
+
+def preflight_run(root: PathLike, only: list[str] | None = None, steps: Any = None,
+                  launch=None) -> RunPlan:
+    """The pre-flight sequence of every run — `run` (alone or launched), `start`, the GUI's
+    Start — in one order: the steps parsed, the launch resolved (flags, processes, capacity),
+    then on the machine that holds the project (machine rank 0) `preflight`'s project checks.
+    Writes nothing but the material links and a stale stop request cleared; the caller then
+    stores the steps and starts."""
+    from gguf_trainer.project_schema import parse_steps
+
+    steps = None if steps is None else parse_steps(steps)
+    launch = resolve_launch(root, launch)
+    linked = preflight(root, only=only) if launch.is_main_machine else []
+    return RunPlan(steps=steps, launch=launch, linked=linked)
 
 
 def resolve_launch(root: PathLike, launch=None):
@@ -337,7 +370,7 @@ def export(root: PathLike, evaluate: bool = True) -> int:
     """Re-export (and re-evaluate) from best.pt in a detached pipeline: `start --only export
     eval --force`. Works after the teacher folder was deleted (fingerprints come from the
     recorded manifests). Returns the pid."""
-    return start(root, only=["export", "eval"] if evaluate else ["export"], force=True)
+    return start(root, only=[EXPORTING, EVALUATING] if evaluate else [EXPORTING], force=True)
 
 
 def read_metrics(root: PathLike, offset: int = 0) -> tuple[list[dict], int]:
@@ -380,11 +413,11 @@ def _check_materials(proj, only: list[str] | None) -> list[str]:
     finds; what is still missing is named with the `link` command. Torch-free."""
     from gguf_trainer import project
 
-    pre = ("precompute_val", "precompute_train")
-    if only and not any(s in pre for s in only):
+    if only and not any(s in SHARD_STAGES for s in only):
         return []
-    done = all((proj.paths.shard_dir(split) / "manifest.json").is_file() for split in
-               ("val", "train"))
+    done = all(
+        (proj.paths.shard_dir(split) / "manifest.json").is_file() for split in ("val", "train")
+    )
     if done:  # a resume or a re-export: the pipeline decides what it needs
         return []
     try:
@@ -477,7 +510,9 @@ def results_text(root: PathLike) -> str:
     if r.get("gguf"):
         lines.append(f"adapter:   {r['gguf']}")
     if r.get("eval_json"):
-        lines.append(f"eval:      {r['eval_json']}" + (f"  ({r['eval_line']})" if r.get("eval_line") else ""))
+        lines.append(
+            f"eval:      {r['eval_json']}" + (f"  ({r['eval_line']})" if r.get("eval_line") else "")
+        )
     if r.get("ggk"):
         lines.append(f"ggk:       {r['ggk']}")
     lines += [f"note:      {n}" for n in r.get("notes") or []]
@@ -525,12 +560,22 @@ def list_snapshots(root: PathLike) -> list[dict]:
     data = _read_json_quiet(paths.snapshots_json, paths.root)
     items = data.get("snapshots") if isinstance(data, dict) else None
     root = paths.root.resolve()  # recorded relative to the project's parent (places.py)
-    return [{**e, "path": str(places.recorded_path(e["path"], root))} if isinstance(e.get("path"), str)
-            else e for e in items or [] if isinstance(e, dict)]
+    return [
+        {**e, "path": str(places.recorded_path(e["path"], root))}
+        if isinstance(e.get("path"), str)
+        else e
+        for e in items or []
+        if isinstance(e, dict)
+    ]
 
 
-def request_snapshot(root: PathLike, checkpoint: str = "last", evaluate: bool = False,
-                     fresh: bool = True, device: str | None = None) -> dict:
+def request_snapshot(
+    root: PathLike,
+    checkpoint: str = "last",
+    evaluate: bool = False,
+    fresh: bool = True,
+    device: str | None = None,
+) -> dict:
     """Start a snapshot export as a DETACHED job (the caller loads no torch) and return its
     job state ({"status": "running", "pid", ...}); follow it in status(root)["jobs"]
     ["snapshot"] or `snapshot_job(root)`. Arguments, the checkpoint's existence and a
@@ -555,9 +600,12 @@ def start_verify(root: PathLike, repair: bool = False) -> dict:
 
     paths = _paths(root)
     if not paths.exists():
-        raise NoProjectError(f"{paths.root} is not a gguf-trainer project (no project.json); check the path.")
-    return jobs.start_job(paths.root, "verify", "gguf_trainer.runner.verify:job_main",
-                          {"repair": bool(repair)})
+        raise NoProjectError(
+            f"{paths.root} is not a gguf-trainer project (no project.json); check the path."
+        )
+    return jobs.start_job(
+        paths.root, "verify", "gguf_trainer.runner.verify:job_main", {"repair": bool(repair)}
+    )
 
 
 def verify_job(root: PathLike) -> dict:
@@ -574,8 +622,9 @@ def wait_snapshot(root: PathLike, timeout_s: float | None = None) -> dict:
     return jobs.wait(_paths(root).root, "snapshot", timeout_s)
 
 
-def tail_log(root: PathLike, offset: int = 0, log: str = "pipeline",
-             max_bytes: int = TAIL_MAX_BYTES) -> tuple[str, int]:
+def tail_log(
+    root: PathLike, offset: int = 0, log: str = "pipeline", max_bytes: int = TAIL_MAX_BYTES
+) -> tuple[str, int]:
     """New text of a log from byte `offset`: (text, new_offset). Reads at most max_bytes
     (from the end if more is new); a log that shrank (rotated, deleted) restarts at 0.
     `log`: pipeline | snapshot | download. Only whole lines are returned."""
@@ -587,8 +636,9 @@ def tail_log(root: PathLike, offset: int = 0, log: str = "pipeline",
 
 
 # ---- helpers (also used by the CLI) ----------------------------------------------------
-def read_tail(path: Path, offset: int, max_bytes: int = TAIL_MAX_BYTES,
-              inside: PathLike | None = None) -> tuple[str, int]:
+def read_tail(
+    path: Path, offset: int, max_bytes: int = TAIL_MAX_BYTES, inside: PathLike | None = None
+) -> tuple[str, int]:
     """Incremental reader of any text log (see tail_log). With `inside` (the project) a log
     that leads outside it is UnsafeProjectFile, never read (project_file)."""
     try:
@@ -596,15 +646,20 @@ def read_tail(path: Path, offset: int, max_bytes: int = TAIL_MAX_BYTES,
     except (TypeError, ValueError):
         offset = 0
     try:
-        with (open(path, "rb") if inside is None else project_file.open_file(inside, path)) as f:
+        with open(path, "rb") if inside is None else project_file.open_file(inside, path) as f:
             size = os.fstat(f.fileno()).st_size
             if offset > size:
                 offset = 0
             start_at = max(offset, size - max_bytes)
             f.seek(start_at)
             data = f.read(size - start_at)
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError,
-            project_file.NotAFile):  # a folder or FIFO in its place: nothing to show
+    except (
+        FileNotFoundError,
+        IsADirectoryError,
+        NotADirectoryError,
+        PermissionError,
+        project_file.NotAFile,
+    ):  # a folder or FIFO in its place: nothing to show
         return "", 0 if offset == 0 else offset
     end = data.rfind(b"\n") + 1  # a line still being written waits for the next call
     return data[:end].decode("utf-8", errors="replace"), start_at + end
@@ -614,8 +669,7 @@ def check_folder_arg(root: Any, what: str = "the project folder") -> Path:
     """A folder path as a client sent it (the GUI API takes any JSON): text or a path, not
     empty, no NUL byte; else one sentence, never a TypeError from deep inside."""
     if not isinstance(root, str | os.PathLike) or isinstance(root, bytes):
-        raise UserError(f"{what} must be a path (text), not {type(root).__name__} "
-                        f"{quote(root)}.")
+        raise UserError(f"{what} must be a path (text), not {type(root).__name__} {quote(root)}.")
     text = os.fspath(root)
     if not isinstance(text, str) or not text.strip():
         raise UserError(f"{what} is empty; give the folder's path.")

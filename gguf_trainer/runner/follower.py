@@ -64,18 +64,18 @@ def _follow(paths, w) -> int:
                 report.close(msg["end"])
                 return EXIT_OK
             name = msg["stage"]
-            if name not in ranks.DISTRIBUTED_STAGES:
+            stage = objs[name]
+            if not stage.distributed:
                 continue
             ranks.stage_groups(name)
             project = load_project(paths.root)  # rank 0 may have recorded run settings
             hardware.pin_threads(distributed.rank_threads(project.settings.train.threads))
-            if name == "train":
-                run.release(keep=set())  # the teacher is not needed any more
-                if w.rank >= distributed.stage_ranks(project, "train"):
-                    continue
+            run.release(keep=set(stage.shares))  # e.g. the teacher, once no stage needs it
+            if stage.own_ranks_only and w.rank >= distributed.stage_ranks(project, name):
+                continue
             run.fingerprint = msg["fingerprint"]
             report.begin_stage(name)
-            outcome = objs[name].run(project, report, run)
+            outcome = stage.run(project, report, run)
             report.end_stage(name, outcome)
     except Exception as e:  # the rank's sentence goes to its file; rank 0 ends the run
         user = e if isinstance(e, UserError) else as_user_error(e, fallback=paths.root)

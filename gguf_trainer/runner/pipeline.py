@@ -33,7 +33,7 @@ from gguf_trainer.jsonvals import jsonable
 from gguf_trainer.paths import ProjectPaths
 from gguf_trainer.runner import lock, processes
 from gguf_trainer.runner.state import Report, StateWriter
-from gguf_trainer.stage_list import STAGES
+from gguf_trainer.stage_list import SHARD_STAGES, STAGES
 
 log = logging.getLogger("gguf_trainer.pipeline")
 
@@ -59,7 +59,7 @@ def _default_run(paths: ProjectPaths, report: Report, only: list[str] | None, fo
             log.warning("shard %s is %s: recomputing it, then resuming", e.path.name, e.reason)
             e.discard()
             if only:
-                only = [s for s in STAGES if s in only or s.startswith("precompute_")]
+                only = [s for s in STAGES if s in only or s in SHARD_STAGES]
     return run_stages(paths, report, only, force)  # corrupt again: a failing disk, say so
 
 

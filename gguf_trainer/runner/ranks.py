@@ -44,16 +44,16 @@ HEARTBEAT_S = 2.0  # how often a follower rewrites its rank file while it waits 
 RANK_STALE_S = 120.0  # a follower on another host with an older heartbeat is dead
 STARTUP_GRACE_S = 300.0  # a follower may take this long to write its first rank file
 WATCH_S = 0.5  # rank 0 looks at its followers this often
-DISTRIBUTED_STAGES = ("precompute_val", "precompute_train", "train")
 
 
 # ---------------------------------------------------------------- lead / follow
 
-def lead(stage: str, fingerprint: str | None) -> None:
-    """Rank 0 tells the followers which stage runs now (every stage, in order)."""
+def lead(stage: str, fingerprint: str | None, distributed: bool) -> None:
+    """Rank 0 tells the followers which stage runs now (every stage, in order); a
+    `distributed` one (Stage.distributed) gets its groups."""
     if world().is_distributed:
         broadcast_object({"stage": stage, "fingerprint": fingerprint})
-        if stage in DISTRIBUTED_STAGES:
+        if distributed:
             stage_groups(stage)
 
 

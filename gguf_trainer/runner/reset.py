@@ -30,14 +30,13 @@ from .. import atomic, places, safe_delete
 from ..errors import UserError, quote
 from ..jsonvals import number
 from ..paths import TOOL_FILES, ProjectPaths
+from ..stage_list import EXPORTING, SHARD_STAGES, STAGES, TRAINING, stages_from
 from . import lock
 
 TARGETS = ("corpus", "shards", "train", "output")
 CLEARS = {  # stages whose outputs a reset removes (shown "pending" afterwards)
-    "corpus": ("corpus", "precompute_val", "precompute_train", "train", "export", "eval"),
-    "shards": ("precompute_val", "precompute_train", "train", "export", "eval"),
-    "train": ("train", "export", "eval"),
-    "output": ("export",),
+    "corpus": STAGES, "shards": stages_from(SHARD_STAGES[0]), "train": stages_from(TRAINING),
+    "output": (EXPORTING,),
 }
 
 
@@ -125,8 +124,10 @@ def _blocked(paths: ProjectPaths, target: str) -> str | None:
 
     pid = lock.probe(paths)
     if pid is not None:
-        return (f"the pipeline is running (pid {pid}); stop it first with "
-                f"gguf-trainer stop --project {paths.root}")
+        return (
+            f"the pipeline is running (pid {pid}); stop it first with "
+            f"gguf-trainer stop --project {paths.root}"
+        )
     if jobs.is_running(paths.root, "snapshot"):
         return f"a snapshot export is running; wait for it before resetting {target}"
     return None
@@ -164,8 +165,12 @@ def plan(paths: ProjectPaths, target: str) -> dict:
     """The dry run: {target, delete: [paths], keep: [{path, reason}], blocked}."""
     _check_target(target)
     todo, kept = _decide(paths, target)
-    return {"target": target, "delete": [str(p) for p, _h, _a in todo], "keep": kept,
-            "blocked": _blocked(paths, target)}
+    return {
+        "target": target,
+        "delete": [str(p) for p, _h, _a in todo],
+        "keep": kept,
+        "blocked": _blocked(paths, target),
+    }
 
 
 def reset(paths: ProjectPaths, target: str) -> dict:
@@ -207,7 +212,7 @@ def _mark_pending(paths: ProjectPaths, stages: tuple[str, ...]) -> None:
     if state.get("status") == "done":
         state["status"] = "stopped"  # the run's outputs are gone: it is no longer done
         state["error"] = None
-    if "train" in stages:
+    if TRAINING in stages:
         state.pop("ranks", None)  # gathered from the rank files this reset deleted
     state["reset"] = {"time": time.time(), "stages": list(stages)}
     try:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from .. import atomic, locks
 from ..errors import UserError, quote
+from ..stage_list import TRAINING
 from . import jobs, lock
 from .status import read_state
 
@@ -56,7 +57,7 @@ def check_args(root, checkpoint: str, evaluate: bool, fresh: bool, device: str |
             raise UserError(f"--device {e}.") from None
     project = load_project(root)
     paths = project.paths
-    training = lock.probe(paths) is not None and (read_state(paths) or {}).get("stage") == "train"
+    training = lock.probe(paths) is not None and (read_state(paths) or {}).get("stage") == TRAINING
     ck = paths.checkpoints / f"{checkpoint}.pt"
     if not ck.is_file() and not (fresh and training and checkpoint == "last"):
         raise UserError(f"there is no {checkpoint}.pt checkpoint yet in {paths.checkpoints}; "
@@ -96,23 +97,37 @@ def _snapshot(project, checkpoint, evaluate, fresh, device, timeout_s, job) -> d
 
     paths = project.paths
     state = read_state(paths) or {}
-    is_training = lock.probe(paths) is not None and state.get("stage") == "train"
+    is_training = lock.probe(paths) is not None and state.get("stage") == TRAINING
     if fresh and is_training:
         if job is not None:
             job.update(phase="asking the trainer to save")
         if not _request_fresh(paths, timeout_s):
-            log.warning("the trainer did not answer the snapshot request; using the checkpoint on disk")
+            log.warning(
+                "the trainer did not answer the snapshot request; using the checkpoint on disk"
+            )
     ck_path = checkpoint_path(paths.checkpoints, checkpoint)
     if not ck_path.exists():
-        raise UserError(f"there is no {checkpoint}.pt checkpoint yet; train first or wait for the first save.")
+        raise UserError(
+            f"there is no {checkpoint}.pt checkpoint yet; train first or wait for the first save."
+        )
     if job is not None:
         job.update(phase="exporting")
     ck = load_checkpoint(ck_path)
     info = export_checkpoint(project, checkpoint, project.snapshot_gguf, is_snapshot=True, ck=ck)
-    entry = {"id": f"step{info['step']}-{checkpoint}", "step": info["step"],
-             "planned_steps": info["planned_steps"], "checkpoint": checkpoint, "val_cos": info["val_cos"],
-             "best_val_cos": info["best_val_cos"], "path": info["path"], "size": info["bytes"],
-             "time": time.time(), "while_training": is_training, "mock": info["mock"], "eval": None}
+    entry = {
+        "id": f"step{info['step']}-{checkpoint}",
+        "step": info["step"],
+        "planned_steps": info["planned_steps"],
+        "checkpoint": checkpoint,
+        "val_cos": info["val_cos"],
+        "best_val_cos": info["best_val_cos"],
+        "path": info["path"],
+        "size": info["bytes"],
+        "time": time.time(),
+        "while_training": is_training,
+        "mock": info["mock"],
+        "eval": None,
+    }
     try:
         from ..safe_delete import sha256_file
 
@@ -123,7 +138,9 @@ def _snapshot(project, checkpoint, evaluate, fresh, device, timeout_s, job) -> d
         if job is not None:
             job.update(phase="evaluating")
         dev = device or ("cpu" if lock.probe(paths) is not None else project.settings.train.device)
-        ev = evaluate_gguf(project, paths.root / info["path"], checkpoint, resolve_device(dev), ck=ck)
+        ev = evaluate_gguf(
+            project, paths.root / info["path"], checkpoint, resolve_device(dev), ck=ck
+        )
         entry["eval"] = {k: v for k, v in ev["metrics"].items() if isinstance(v, float)}
         entry["eval"]["headline"] = ev["val_cos"]
     record_snapshot(project, entry)
@@ -134,8 +151,10 @@ def describe(entry: dict) -> str:
     ev = entry.get("eval") if isinstance(entry.get("eval"), dict) else None
     score = ev.get("headline") if ev else entry.get("val_cos")
     score = round(score, 4) if isinstance(score, (int, float)) else None
-    return (f"snapshot written: {entry.get('path')} (step {entry.get('step')}/"
-            f"{entry.get('planned_steps')}, {entry.get('checkpoint')}.pt, score {score})")
+    return (
+        f"snapshot written: {entry.get('path')} (step {entry.get('step')}/"
+        f"{entry.get('planned_steps')}, {entry.get('checkpoint')}.pt, score {score})"
+    )
 
 
 def run_snapshot_cli(root, checkpoint="last", evaluate=False, fresh=True, device=None) -> int:

@@ -169,14 +169,20 @@ def heal_manifests(project, objs, inputs: dict[str, dict]) -> list[str]:
     (hours of GPU work are not redone for a 1 KB file); returns the stages healed."""
     healed = []
     for stage in objs:
-        if stage.name in inputs and read_manifest(project.paths, stage) is None \
-                and _clear_place(stage.folder(project.paths) / MANIFEST_JSON) \
-                and _vouched(project, objs, inputs, stage):
+        if (
+            stage.name in inputs
+            and read_manifest(project.paths, stage) is None
+            and _clear_place(stage.folder(project.paths) / MANIFEST_JSON)
+            and _vouched(project, objs, inputs, stage)
+        ):
             write_manifest(project.paths, stage, inputs[stage.name], complete=True, healed=True)
             healed.append(stage.name)
     if healed:
-        log.warning("rebuilt the missing or damaged manifest of %s from the fingerprints their "
-                    "shards and checkpoints record; nothing is redone", " and ".join(healed))
+        log.warning(
+            "rebuilt the missing or damaged manifest of %s from the fingerprints their "
+            "shards and checkpoints record; nothing is redone",
+            " and ".join(healed),
+        )
     return healed
 
 
@@ -199,7 +205,12 @@ def stale_stages(project, objs, inputs: dict[str, dict]) -> dict[str, str]:
         man = read_manifest(project.paths, stage)
         if man is None:
             folder = stage.folder(project.paths)
-            if stage.manifest_first and folder is not None and folder.is_dir() and any(folder.iterdir()):
+            if (
+                stage.manifest_first
+                and folder is not None
+                and folder.is_dir()
+                and any(folder.iterdir())
+            ):
                 stale[stage.name] = "outputs without a manifest"
             continue
         if man.get("fingerprint") != digest(inputs[stage.name]):
@@ -239,7 +250,11 @@ def is_done(project, stage: Stage, inputs: dict[str, dict], run: RunContext) -> 
     repaired (Stage.tidy: the one place they are, the predicates only look) and judged."""
     if stage.name in inputs:
         man = read_manifest(project.paths, stage)
-        if man is None or man.get("fingerprint") != digest(inputs[stage.name]) or not man.get("complete"):
+        if (
+            man is None
+            or man.get("fingerprint") != digest(inputs[stage.name])
+            or not man.get("complete")
+        ):
             return False
     stage.tidy(project, run.for_stage(stage))
     return stage.is_done(project, run)
@@ -288,7 +303,9 @@ def run_stages(paths: ProjectPaths, report, only=None, force: bool = False) -> s
     hardware.pin_threads(distributed.rank_threads(project.settings.train.threads))
     hardware.apply_determinism(hardware.resolve_device(project.settings.train.device))
     if project.settings.precompute.mock_teacher:
-        log.warning("MOCK teacher: synthetic targets, a smoke test of the machinery, never a usable adapter")
+        log.warning(
+            "MOCK teacher: synthetic targets, a smoke test of the machinery, never a usable adapter"
+        )
     report.fields(mock=project.settings.precompute.mock_teacher)
     objs = stage_objects()
     plan = _plan(objs, only)
@@ -311,15 +328,16 @@ def _loop(project, objs, plan, inputs, report, run: RunContext) -> str:
         outcome = _visit(project, stage, inputs, report, run)
         if outcome == "stopped":
             return "stopped"
-        run.release(keep={k for s in plan[i + 1:] for k in getattr(s, "shares", ())})
+        run.release(keep={k for s in plan[i + 1 :] for k in getattr(s, "shares", ())})
     return "done"
 
 
 def _visit(project, stage: Stage, inputs, report, run: RunContext) -> str:
     """Skip the stage (done, or turned off) or run it; reports either way."""
-    if stage.name == "eval" and not project.settings.export.run_eval:
+    off = stage.skipped_because(project)
+    if off:
         report.begin_stage(stage.name)
-        report.end_stage(stage.name, "skipped", skipped=True, detail="export.run_eval is off")
+        report.end_stage(stage.name, "skipped", skipped=True, detail=off)
         return "done"
     forced = run.force and stage.name in FORCEABLE
     if not forced and is_done(project, stage, inputs, run):
@@ -343,7 +361,9 @@ def _run_one(project, stage: Stage, inputs: dict, report, run: RunContext) -> st
         write_manifest(paths, stage, inputs[stage.name], complete=stage.manifest_first)
     from . import ranks
 
-    ranks.lead(stage.name, run.fingerprints.get(stage.name))  # launched: ranks join
+    ranks.lead(
+        stage.name, run.fingerprints.get(stage.name), stage.distributed
+    )  # launched: ranks join
     try:
         outcome = stage.run(project, report, run.for_stage(stage))
     except Stopped:

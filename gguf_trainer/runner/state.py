@@ -59,12 +59,11 @@ from typing import Any
 from gguf_trainer import atomic, locks, project_file
 from gguf_trainer.jsonvals import jsonable
 from gguf_trainer.paths import ProjectPaths
+from gguf_trainer.stage_list import STAGES  # noqa: F401  (display order, re-exported)
 
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
-# Display order; must equal gguf_trainer.runner.stages.STAGES (clients may not import that).
-STAGES = ("corpus", "precompute_val", "precompute_train", "train", "export", "eval")
 RUN_STATUSES = ("running", "stopped", "failed", "done")
 STAGE_STATUSES = ("pending", "running", "done", "skipped", "stopped", "failed")
 TOP_LEVEL_FIELDS = ("step", "steps", "val_cos", "best_val_cos", "mock")

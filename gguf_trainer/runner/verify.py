@@ -23,6 +23,7 @@ from .. import shards
 from ..checkpoints import checkpoint_path, load_checkpoint
 from ..errors import UserError
 from ..paths import BEST, LAST, ProjectPaths
+from ..stage_list import shard_stage
 from . import lock, pipeline
 
 log = logging.getLogger(__name__)
@@ -65,8 +66,14 @@ def verify_project(root, repair: bool = False) -> dict:
     """The report; with `repair`, damaged shards are deleted and recomputed first-hand."""
     paths = ProjectPaths(Path(root))
     if not paths.exists():
-        raise UserError(f"{paths.root} is not a gguf-trainer project (no project.json); check the path.")
-    report = {"shards": check_shards(paths), "checkpoints": check_checkpoints(paths), "repaired": []}
+        raise UserError(
+            f"{paths.root} is not a gguf-trainer project (no project.json); check the path."
+        )
+    report = {
+        "shards": check_shards(paths),
+        "checkpoints": check_checkpoints(paths),
+        "repaired": [],
+    }
     damaged = [(s, name) for s in SPLITS for name in report["shards"][s]["damaged"]]
     if repair and damaged:
         holder = lock.probe(paths)
@@ -74,16 +81,21 @@ def verify_project(root, repair: bool = False) -> dict:
             raise UserError(f"the pipeline is running (pid {holder}); stop it, then repair.")
         for split, name in damaged:
             (paths.shard_dir(split) / name).unlink()
-            log.warning("verify: shard %s/%s is %s; recomputing it", split, name,
-                        report["shards"][split]["damaged"][name])
-        only = [f"precompute_{s}" for s in SPLITS if any(d[0] == s for d in damaged)]
+            log.warning(
+                "verify: shard %s/%s is %s; recomputing it",
+                split,
+                name,
+                report["shards"][split]["damaged"][name],
+            )
+        only = [shard_stage(s) for s in SPLITS if any(d[0] == s for d in damaged)]
         code = pipeline.run_foreground(paths, only=only)
         if code != 0:
             raise UserError(f"recomputing the damaged shards failed; see {paths.pipeline_log}.")
         report["repaired"] = [f"{s}/{n}" for s, n in damaged]
         report["shards"] = check_shards(paths)
-    report["ok"] = (not any(report["shards"][s]["damaged"] for s in SPLITS)
-                    and all(v == "ok" for v in report["checkpoints"].values()))
+    report["ok"] = not any(report["shards"][s]["damaged"] for s in SPLITS) and all(
+        v == "ok" for v in report["checkpoints"].values()
+    )
     return report
 
 
@@ -99,9 +111,12 @@ def describe(report: dict, root) -> list[str]:
     if report["repaired"]:
         lines.append(f"recomputed: {', '.join(report['repaired'])}")
     if any(report["shards"][s]["damaged"] for s in SPLITS):
-        lines.append(f"recompute the damaged shards with: gguf-trainer verify --project {root} --repair")
-    lines.append("verified: every shard and checkpoint is whole" if report["ok"]
-                 else "damage found (above)")
+        lines.append(
+            f"recompute the damaged shards with: gguf-trainer verify --project {root} --repair"
+        )
+    lines.append(
+        "verified: every shard and checkpoint is whole" if report["ok"] else "damage found (above)"
+    )
     return lines
 
 

@@ -73,6 +73,16 @@ class UpdateResult:
 
 
 @dataclass
+class RunPlan:
+    """What `preflight_run` checked and resolved for a run: the planned steps to store (None:
+    unchanged), the launch (runner.launch.Launch), a line per material it linked."""
+
+    steps: int | None
+    launch: object
+    linked: list[str] = field(default_factory=list)
+
+
+@dataclass
 class StepsResult:
     """`set_steps`: the stored count, whether a live run picks it up, and one sentence."""
 

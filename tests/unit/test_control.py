@@ -219,7 +219,8 @@ def test_readme_settings_table_is_generated_from_the_schema():
     table = readme.split(begin, 1)[1].split(end, 1)[0].strip()
     assert table == settings_table_markdown(), (
         "README's settings table is stale; regenerate it with: python -c \"import pathlib; "
-        "from gguf_trainer.project_schema import settings_table_markdown as t; p = pathlib.Path('README.md'); "
+        "from gguf_trainer.project_schema import settings_table_markdown as t; p = "
+        "pathlib.Path('README.md'); "
         "s = p.read_text(); a, b = '<!-- settings-table:begin -->', '<!-- settings-table:end -->'; "
         'p.write_text(s.split(a)[0] + a + chr(10) + t() + chr(10) + b + s.split(b)[1])"'
     )
@@ -832,8 +833,12 @@ def test_every_run_path_makes_one_preflight(proj, tmp_path, capsys, monkeypatch)
         assert code == EXIT_USER and "refused by the one pre-flight" in err, (argv, err)
     with pytest.raises(UserError, match="one pre-flight"):
         api.start(str(proj))
-    assert calls == [(proj.resolve(), None), (proj.resolve(), "7"), (proj.resolve(), None),
-                     (proj.resolve(), None)]
+    assert calls == [
+        (proj.resolve(), None),
+        (proj.resolve(), "7"),
+        (proj.resolve(), None),
+        (proj.resolve(), None),
+    ]
     assert tree(proj) == before
 
 

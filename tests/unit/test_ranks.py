@@ -43,7 +43,7 @@ def test_alone_without_the_launchers_environment(monkeypatch):
         monkeypatch.delenv(k, raising=False)
     assert distributed.world() == World()
     assert distributed.any_true(True) and not distributed.any_true(False)
-    ranks.lead("train", "abc")  # no-ops alone
+    ranks.lead("train", "abc", True)  # no-ops alone
     ranks.lead_end("done")
 
 
@@ -153,3 +153,24 @@ def test_the_watch_names_a_dead_or_failed_rank(tmp_path, monkeypatch):
     assert "rank 2 never reported" in watch.dead_rank()
     watch._publish()
     assert [r["rank"] for r in watch.writer.state["ranks"]] == [1]
+
+
+def test_the_stages_declare_how_ranks_run_them():
+    """The runner reads these declarations (it names no stage): precompute runs on every
+    rank (shard k -> rank k mod N), train only on its train.processes ranks, the rest on
+    rank 0 alone; eval says when the settings turn it off."""
+    from gguf_trainer.project_schema import validate_settings
+    from gguf_trainer.runner.stages import stage_objects
+
+    objs = stage_objects()
+    assert {s.name: (s.distributed, s.own_ranks_only) for s in objs} == {
+        "corpus": (False, False), "precompute_val": (True, False),
+        "precompute_train": (True, False), "train": (True, True), "export": (False, False),
+        "eval": (False, False)}
+
+    class Proj:
+        settings = validate_settings({"pack": "t5xxl_pixart", "export": {"run_eval": False}})
+
+    assert [s.skipped_because(Proj) for s in objs] == [None] * 5 + ["export.run_eval is off"]
+    Proj.settings = validate_settings({"pack": "t5xxl_pixart"})
+    assert not any(s.skipped_because(Proj) for s in objs)
