@@ -7,6 +7,11 @@ it), so only a
 cold cache pays the build. The template code is not retyped: every registered pack's
 `engine_template` names the lines of the pinned source that build its template, and those lines
 are cut into snippets.inc and compiled into the driver (with LLMEmbedder::tokenize, TOKENIZE_LINES).
+A family whose conditioner builds the template in a file of its own (Fibo 2.0: fibo2.hpp's
+Fibo2Conditioner) cites that file: its "members" (the helpers the template calls), "lines" (the
+statement that builds `prompt`) and "call" (its encode_prompt call, whose arguments are the
+template's prompt range, start row and max length) are cut into fibo2_*.inc and compiled into
+probe.cpp's Fibo2Probe.
 
     python tests/engine/engine_build.py       # builds (or finds) the driver, prints its path and times
 """
@@ -28,6 +33,8 @@ SDIST = "ggk-0.9.7.tar.gz"
 SDIST_SHA256 = "f733df77aa1695576b220f0ad1cddd184773e89e6a5a5b78009cd814bcf48fe7"
 ENGINE = "ggk-0.9.7/vendor/engine"
 CONDITIONER = "diffusion/src/conditioning/conditioner.hpp"
+FIBO2 = "diffusion/src/conditioning/fibo2.hpp"
+FIBO2_STRUCT = "struct Fibo2Conditioner"
 TOKENIZE_LINES = (2551, 2623)  # LLMEmbedder::tokenize: template pieces, prompt chunks, padding
 HERE = Path(__file__).resolve().parent
 DRIVER_SOURCES = ("CMakeLists.txt", "probe.cpp", "vocab_shim.cpp", "adapter_probe.cpp")
@@ -102,14 +109,36 @@ def llm_embedder_lines(engine: Path) -> tuple[int, int]:
     return first + 1, last
 
 
+def struct_lines(engine: Path, file: str, head: str) -> tuple[int, int]:
+    """The lines (1-based) of the struct that starts with `head` in a file of the pinned source."""
+    lines = (engine / file).read_text(encoding="utf-8").splitlines()
+    first = next(i for i, t in enumerate(lines) if t.startswith(head))
+    last = next(i for i in range(first, len(lines)) if lines[i] == "};")
+    return first + 1, last + 1
+
+
+def template_ranges(t: dict) -> list[tuple[int, int]]:
+    """Every line range an engine_template cites: its members, its lines, its call."""
+    return [tuple(r) for r in t.get("members", ())] + [tuple(t["lines"])] + (
+        [tuple(t["call"])] if "call" in t else [])
+
+
 def unsupported(engine: Path, pack) -> str | None:
     """Why the driver cannot compile this pack's engine_template, or None."""
     t = pack.engine_template
+    if t["file"] == FIBO2:
+        lo, hi = struct_lines(engine, FIBO2, FIBO2_STRUCT)
+        ranges = template_ranges(t)
+        if "call" not in t or not all(lo <= a <= b <= hi for a, b in ranges):
+            return (f"{pack.id}: its engine_template cites {FIBO2}:{ranges}, not members, the prompt "
+                    f"line and the encode_prompt call of Fibo2Conditioner ({FIBO2}:{lo}-{hi})")
+        return None
     lo, hi = llm_embedder_lines(engine)
     if t["file"] != CONDITIONER or not (lo <= t["lines"][0] <= t["lines"][1] <= hi):
         return (f"{pack.id}: its engine_template {t['file']}:{t['lines'][0]}-{t['lines'][1]} is not a "
                 f"branch of LLMEmbedder::get_learned_condition ({CONDITIONER}:{lo}-{hi}), the code the "
-                "driver compiles; give the tier a driver command for that conditioner")
+                f"driver compiles (or Fibo2Conditioner in {FIBO2}); give the tier a driver command "
+                "for that conditioner")
     return None
 
 
@@ -120,10 +149,11 @@ def _write_if_changed(path: Path, text: str) -> None:
 
 
 def write_snippets(engine: Path, folder: Path, failed: dict[str, str]) -> list:
-    """tokenize_member.inc and snippets.inc, cut from the pinned conditioner.hpp; the packs whose
-    template lies elsewhere, or whose lines did not compile in the driver (`failed`: pack id ->
-    compiler error), are left out and listed in unsupported.txt (their tier tests fail with it).
-    Returns the packs compiled in, with their snippet's line range."""
+    """tokenize_member.inc and snippets.inc, cut from the pinned conditioner.hpp, and the
+    fibo2_*.inc of the pack citing fibo2.hpp; the packs whose template lies elsewhere, or whose
+    lines did not compile in the driver (`failed`: pack id -> compiler error), are left out and
+    listed in unsupported.txt (their tier tests fail with it). Returns the packs compiled in, with
+    their file and cited line ranges."""
     folder.mkdir(parents=True, exist_ok=True)
     first, last = TOKENIZE_LINES
     body = source_lines(engine, CONDITIONER, first, last)
@@ -131,17 +161,30 @@ def write_snippets(engine: Path, folder: Path, failed: dict[str, str]) -> list:
         raise EngineBuildError(f"{CONDITIONER}:{first}-{last} is not LLMEmbedder::tokenize")
     _write_if_changed(folder / "tokenize_member.inc", f'#line {first} "{CONDITIONER}"\n' + "\n".join(body) + "\n")
     out, skipped, kept = [], [], []
+    fibo2 = {"fibo2_pack.inc": "", "fibo2_members.inc": "", "fibo2_body.inc": ""}
     for pack in packs_with_templates():
         why = unsupported(engine, pack) or failed.get(pack.id)
+        t = pack.engine_template
+        if not why and t["file"] == FIBO2 and fibo2["fibo2_pack.inc"]:
+            why = f"{pack.id}: another pack already cites {FIBO2}; the driver has one Fibo2Probe"
         if why:
             skipped.append(f"{pack.id}\t{why}")
             continue
-        t = pack.engine_template
+        kept.append((pack.id, t["file"], template_ranges(t)))
+        if t["file"] == FIBO2:
+            def cut(a, b):
+                return f'#line {a} "{FIBO2}"\n' + "\n".join(source_lines(engine, FIBO2, a, b)) + "\n"
+
+            fibo2["fibo2_pack.inc"] = f'#define FIBO2_PACK "{pack.id}"\n#define FIBO2_VERSION {t["version"]}\n'
+            fibo2["fibo2_members.inc"] = "".join(cut(a, b) for a, b in t["members"])
+            fibo2["fibo2_body.inc"] = cut(*t["lines"]) + cut(*t["call"])
+            continue
         a, b = t["lines"]
-        kept.append((pack.id, a, b))
         out.append(f"if (pack == \"{pack.id}\") {{\n    version = {t['version']};\n"
                    f"#line {a} \"{t['file']}\"\n" + "\n".join(source_lines(engine, t["file"], a, b)) + "\n}")
     _write_if_changed(folder / "snippets.inc", "\n".join(out) + "\n")
+    for name, text in fibo2.items():
+        _write_if_changed(folder / name, text)
     _write_if_changed(folder / "unsupported.txt", "".join(s.replace("\n", " ") + "\n" for s in skipped))
     return kept
 
@@ -153,7 +196,7 @@ def unsupported_packs() -> dict[str, str]:
     return dict(line.split("\t", 1) for line in lines if "\t" in line)
 
 
-_ERROR = re.compile(r"conditioner\.hpp:(\d+):\d+: error: (.*)")
+_ERROR = re.compile(r"(diffusion/src/conditioning/\w+\.hpp):(\d+):\d+: error: (.*)")
 
 
 def build(jobs: int = 2, log=print) -> Path:
@@ -185,8 +228,9 @@ def build(jobs: int = 2, log=print) -> Path:
                              check=False, capture_output=True, text=True)
         if res.returncode == 0:
             break
-        errors = [(int(m.group(1)), m.group(2)) for m in _ERROR.finditer(res.stdout + res.stderr)]
-        blamed = {pid: msg for line, msg in errors for pid, a, b in kept if a <= line <= b}
+        errors = [(m.group(1), int(m.group(2)), m.group(3)) for m in _ERROR.finditer(res.stdout + res.stderr)]
+        blamed = {pid: msg for file, line, msg in errors for pid, f, ranges in kept
+                  if f == file and any(a <= line <= b for a, b in ranges)}
         if not blamed:
             raise EngineBuildError("the engine driver did not build:\n" + res.stdout[-6000:] + res.stderr[-6000:])
         for pid, msg in blamed.items():

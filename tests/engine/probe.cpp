@@ -9,7 +9,8 @@
 //   t5json PATH                    writes the engine's T5 tokenizer.json (its pieces and scores)
 //   tmpl PACK HEX N H1 W1 ...      the pack's template code cut from conditioner.hpp (snippets.inc),
 //                                  with N reference images of H×W pixels, then LLMEmbedder::tokenize:
-//                                  "start S | ids | idx:n ... | h_bar:w_bar ..." or "throw MESSAGE"
+//                                  "start S | ids | idx:n ... | h_bar:w_bar ..." or "throw MESSAGE";
+//                                  the pack citing fibo2.hpp runs Fibo2Probe instead (text only)
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "core/util.h"
+#include "json.hpp"
 #include "model.h"
 #include "tokenizers/qwen2_tokenizer.h"
 #include "tokenizers/t5_unigram_tokenizer.h"
@@ -147,6 +149,53 @@ struct Embedder {
     }
 };
 
+#include "fibo2_pack.inc"  // FIBO2_PACK, FIBO2_VERSION: the pack citing fibo2.hpp, if any
+#ifdef FIBO2_PACK
+// Fibo2Conditioner's template (fibo2.hpp): its members (format_prompt and the helpers it calls,
+// the constants its encode_prompt call reads), then the statement that builds `prompt` and that
+// call, all cut at the lines the pack cites. The call lands on this encode_prompt, which runs
+// LLMEmbedder::tokenize with the arguments the engine passes and prints what `tmpl` prints.
+struct Fibo2Probe : Embedder {
+#include "fibo2_members.inc"
+
+    std::string encode_prompt(int,
+                              const std::string prompt,
+                              const std::pair<int, int>& prompt_attn_range,
+                              int min_length,
+                              int,
+                              const std::vector<std::pair<int, sd::Tensor<float>>>& image_embeds,
+                              const std::set<int>&,
+                              int prompt_template_encode_start_idx,
+                              bool spell_quotes                                   = false,
+                              int max_length                                      = 100000000,
+                              const std::vector<LLM::LLMImageExtra>*              = nullptr,
+                              const std::string& prompt_suffix                    = "") {
+        auto tokens_weights_mask = tokenize(prompt, prompt_attn_range, min_length, max_length, spell_quotes, prompt_suffix);
+        std::string out = "start " + std::to_string(prompt_template_encode_start_idx) + " | " +
+                          ids_text(std::get<0>(tokens_weights_mask)) + " |";
+        for (auto& e : image_embeds) {
+            out += " " + std::to_string(e.first) + ":" + std::to_string(e.second.shape()[1]);
+        }
+        return out + " |";
+    }
+
+    std::string run(const Params& p) {
+        version = FIBO2_VERSION;
+        // the locals of Fibo2Conditioner::get_learned_condition (fibo2.hpp 211-229); the driver
+        // runs its text-only path: the reference-image loop needs the vision tower
+        int n_threads         = 1;
+        const int image_count = p.ref_images != nullptr ? static_cast<int>(p.ref_images->size()) : 0;
+        if (image_count > 0) {
+            throw std::runtime_error("the driver runs Fibo2Conditioner's text-only path");
+        }
+        std::vector<std::pair<int, sd::Tensor<float>>> image_embeds;
+        std::vector<LLM::LLMImageExtra> image_extras;
+#include "fibo2_body.inc"  // std::string prompt = ...; auto states = encode_prompt(...);
+        return states;
+    }
+};
+#endif
+
 int main() {
     Qwen2Tokenizer qwen;
     T5UniGramTokenizer t5;
@@ -221,7 +270,12 @@ int main() {
                 Params p;
                 p.text       = unhex(h);
                 p.ref_images = n ? &images : nullptr;
-                std::cout << embedder.run(pack, p) << "\n";
+#ifdef FIBO2_PACK
+                if (pack == FIBO2_PACK) {
+                    std::cout << Fibo2Probe().run(p) << "\n";
+                } else
+#endif
+                    std::cout << embedder.run(pack, p) << "\n";
             } else {
                 std::cout << "error unknown command " << cmd << "\n";
             }

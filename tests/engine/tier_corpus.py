@@ -1,7 +1,9 @@
 """The engine tier's fixed corpus: 560 prompts and 100 image sizes, the same on every run (a seeded
 generator), covering what a tokenizer or parser port gets wrong: plain prompts, trailing
 punctuation, the empty prompt, weight syntax, escapes, BREAK, NFC/NFD, full-width text, CJK,
-emoji, stray specials and long prompts over every window (T5 120/300, the student's 512)."""
+emoji, stray specials, long prompts over every window (T5 120/300, the student's 512) and JSON
+captions (Fibo 2.0 cleans and re-dumps a JSON object: empties, scores, structured / short forms,
+numbers nlohmann writes its own way, what its parser refuses)."""
 
 from __future__ import annotations
 
@@ -22,11 +24,29 @@ WEIGHTED = ("(a cat in a hat:1.2)", "a (red:1.3) fox", "[blurry] castle", "((mas
             "(unbalanced", "smiley :) face", "ratio 16:9) wide", "(a:1.2.3)", "(x:-1.5) [y]", "()", "[[dim]]",
             "a (((house:1.3)) [on] a (hill:0.5), sun, (((sky))).", "\\\\ backslash", "(nested (deep:2):0.5)")
 
+CAPTIONS = (
+    ('{"short_description":"a red fox","objects":[],"lighting":{"conditions":"dawn","aesthetic_score":5},'
+    '"aesthetic_score":7.5,"preference_score":0.25}'),
+    '{"structured_caption":{"short_description":"a cat","text_render":[]},"edit_instruction":"make it night"}',
+    '{"short_description":"x","text_render":[]}', '{"short_description":"","text_render":["",[]]}',
+    '{"structured_caption":null}', '{"structured_caption":[]}', '{"structured_caption":"plain words"}',
+    '{"structured_caption":[1,"",{}]}', '{"structured_caption":0}', '{"a":NaN}', '{"a":-Infinity}',
+    '[1, 2, 3]', '"quoted"', '{}', '{"edit_instruction":"only"}', '{"a":1}{"b":2}', '{"x":1E400}',
+    '{"objects":[{"description":"","shape":null},{"description":"a hat","tags":["",[]]}],"n":1.0}',
+    ('{"big":1e20,"e15":1e15,"e16":1e16,"p":1234567890123456.0,"small":1e-05,"s4":0.0001,"neg":-0.0,'
+    '"z":0,"f":false,"t":true,"r":123456789.125,"tiny":5e-324,"third":0.3333333333333333}'),
+    '{"huge":12345678901234567890123,"u64":18446744073709551615,"i64":-9223372036854775808,"m":-0}',
+    '{"short_description":"猫 café","emoji":"🐑","esc":"\\u00e9\\n\\t\\"q\\" \\/","ctl":"\\u0001\\u007f"}',
+    '{"lone":"\\ud800"}', '{"pair":"\\ud83d\\ude00"}', '{"dup":1,"k":2,"dup":3}',
+    ' {"padded": "ws"}\n', '\ufeff{"bom":"yes"}', '{"nested":{"deep":{"deeper":{}}},"keep":[[],[0]]}',
+    '{"aesthetic_score":3,"preference_score":2}', '{"lighting":{"preference_score":1},"style_medium":"oil"}',
+)
+
 
 def prompts(n: int = 560, seed: int = 17) -> list[str]:
     rng = random.Random(seed)
     out: list[str] = ["", " ", "a", ".", "a sheep in sunglasses.", "a sheep in sunglasses", "(a cat in a hat:1.2)"]
-    out += list(WEIGHTED) + list(ODD)
+    out += list(WEIGHTED) + list(ODD) + list(CAPTIONS)
 
     def words(k: int) -> str:
         return " ".join(rng.choice(WORDS) for _ in range(k))

@@ -211,6 +211,24 @@ def test_fibo2_captions_are_the_engines():
     )
 
 
+def test_fibo2_captions_parse_and_dump_as_nlohmann_does():
+    """What the engine's format_prompt gave for these (tests/engine, fibo2.hpp 88-151): a
+    non-object structured caption that is empty is "{}", NaN / Infinity / numbers past a double /
+    lone surrogates are no JSON (the text as typed), a BOM is skipped, an integer past uint64 is a
+    double, and doubles are written as nlohmann writes them (exponent from 10^15 up)."""
+    from gguf_trainer.packs.qwen3vl_fibo2 import fibo2_caption
+
+    assert fibo2_caption('{"structured_caption":null}') == "{}"
+    assert fibo2_caption('{"structured_caption":[]}') == "{}"
+    for text in ('{"a":NaN}', '{"x":1E400}', '{"lone":"\\ud800"}'):
+        assert fibo2_caption(text) == text
+    assert fibo2_caption('\ufeff{"bom":"yes"}') == '{"bom":"yes"}'
+    assert fibo2_caption('{"huge":12345678901234567890123,"u64":18446744073709551615,"m":-0}') == (
+        '{"huge":1.2345678901234568e+22,"u64":18446744073709551615,"m":0}')
+    assert fibo2_caption('{"e15":1e15,"p":1234567890123456.0,"e14":1e14,"s":1e-05,"n":-0.0}') == (
+        '{"e15":1e+15,"p":1.234567890123456e+15,"e14":100000000000000.0,"s":1e-05,"n":-0.0}')
+
+
 def test_check_reads_a_layerwise_dump_and_reports_each_tap(tmp_path, tiny_materials, encode):
     """`gguf-trainer check` on a FLUX.3 dump (the whole padded template, n * D per row): the
     engine_reference run of the file matches, and a spoiled tap shows in its own figure only."""
