@@ -374,7 +374,8 @@ def main(argv: list[str] | None = None) -> dict:
         f"({training['pack']}, {training['step_ms']} ms/step, {training['shard_mb']} MB shards)"
     )
     print(
-        f"mfu (train FLOP/s / matmul FLOP/s): {result['mfu']:.3f} ({training['train_gflop_per_s']} / "
+        f"mfu (train FLOP/s / matmul FLOP/s): {result['mfu']:.3f} ({training['train_gflop_per_s']} "
+        "/ "
         f"{training['matmul_gflop_per_s']} GFLOP/s)"
     )
     print(

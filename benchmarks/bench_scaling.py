@@ -150,7 +150,8 @@ def main() -> None:
         ):
             ratios = [m / o for o, m in pairs]
             line = (
-                f"{name}: {args.processes} processes x 1 thread ÷ 1 x 1 = {statistics.median(ratios):.2f} "
+                f"{name}: {args.processes} processes x 1 thread ÷ 1 x 1 = "
+                f"{statistics.median(ratios):.2f} "
                 f"(spread {min(ratios):.2f}..{max(ratios):.2f}; "
                 + ", ".join(f"{o:.1f} -> {m:.1f} {unit}" for o, m in pairs)
                 + ")"

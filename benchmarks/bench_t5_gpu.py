@@ -203,7 +203,8 @@ def main(argv=None) -> dict:
     n_params = sum(p.numel() for p in model.parameters())
     print(
         f"built a T5 encoder of {n_params / 1e9:.3f}B params ({dtype}) on {device} in "
-        f"{time.perf_counter() - t0:.1f}s; {args.prompts} prompts, mean {sum(map(real_len, windows)) / len(windows):.1f} "
+        f"{time.perf_counter() - t0:.1f}s; {args.prompts} prompts, mean "
+        f"{sum(map(real_len, windows)) / len(windows):.1f} "
         "real slots",
         flush=True,
     )

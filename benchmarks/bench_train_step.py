@@ -249,7 +249,8 @@ def main(argv=None) -> list[dict]:
         res = measure(shape, cfg, device)
         results.append(res)
         print(
-            f"{shape:>7}: {res['params_m']:7.2f}M params  project {res['step_s_project'] * 1e3:8.1f} ms  "
+            f"{shape:>7}: {res['params_m']:7.2f}M params  project "
+            f"{res['step_s_project'] * 1e3:8.1f} ms  "
             f"plain {res['step_s_plain'] * 1e3:8.1f} ms  ratio {res['ratio']:.3f} "
             f"(rounds {res['ratio_min']:.3f}..{res['ratio_max']:.3f})"
         )

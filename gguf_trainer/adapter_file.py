@@ -412,7 +412,8 @@ def _check_names(view: AdapterView, rest: dict) -> None:
             _refuse(
                 view,
                 f"tensor {name} contains {hit!r}, which the engine's name conversion or "
-                "student detector also matches; rename it (adapter tensors use blocks.N, not layers.N).",
+                "student detector also matches; rename it (adapter tensors use blocks.N, not "
+                "layers.N).",
             )
     n_other = sum(1 for n in view.tensors if _rest_name(n) is None)
     if n_other and rest:
@@ -453,13 +454,15 @@ def _check_geometry(view: AdapterView, rest: dict) -> None:
     if view.width is not None and view.width % HEAD_DIM != 0:
         _refuse(
             view,
-            f"width {view.width} is not a multiple of {HEAD_DIM} (head_dim is fixed at {HEAD_DIM}); "
+            f"width {view.width} is not a multiple of {HEAD_DIM} (head_dim is fixed at "
+            f"{HEAD_DIM}); "
             "retrain with a width such as 1024.",
         )
     if view.depth is None:
         _refuse(
             view,
-            "the file has no adapter.blocks.N tensors; the engine then expects 6 blocks and refuses it.",
+            "the file has no adapter.blocks.N tensors; the engine then expects 6 blocks and "
+            "refuses it.",
         )
     vp, vi = _ne(rest, "vision_proj.weight", 0), _ne(rest, "vis_in.weight", 0)
     if vp is not None and vi is not None and vp != vi:
@@ -476,7 +479,8 @@ def _check_geometry(view: AdapterView, rest: dict) -> None:
     ):
         _refuse(
             view,
-            f"out_dim {view.out_dim} is not a multiple of the layer_map length {view.n_out_layers}, "
+            f"out_dim {view.out_dim} is not a multiple of the layer_map length "
+            f"{view.n_out_layers}, "
             "so the output cannot be n_layers x teacher_dim.",
         )
 
@@ -654,8 +658,10 @@ def format_report(view: AdapterView) -> str:
     lines = [
         f"{view.path}",
         f"  engine detects : {_kind_line(view)}",
-        f"  geometry       : in={g.in_dim} out={g.out_dim} width={g.width} depth={g.depth} heads={g.heads} "
-        f"queries={g.num_queries} t5_vocab={g.t5_vocab} embed_rank={g.embed_rank} vis_dim={g.vis_dim} "
+        f"  geometry       : in={g.in_dim} out={g.out_dim} width={g.width} depth={g.depth} "
+        f"heads={g.heads} "
+        f"queries={g.num_queries} t5_vocab={g.t5_vocab} embed_rank={g.embed_rank} "
+        f"vis_dim={g.vis_dim} "
         f"mlp={g.mlp_hidden}" + (f" layers={g.n_out_layers}" if g.has_layer_map else ""),
         f"  tensors        : {len(view.tensors)} ("
         + ", ".join(f"{n} {t}" for t, n in sorted(types.items()))

@@ -255,7 +255,8 @@ def run_check(
             raise UserError(
                 f"the dump's {QWEN_HIDDEN} has {engine_states.shape[0]} student rows but this "
                 f"prompt is {hidden.shape[0]} student tokens; pass the exact --prompt the "
-                "engine ran (with CFG on, dump with --cfg-scale 1: the empty negative is written last)."
+                "engine ran (with CFG on, dump with --cfg-scale 1: the empty negative is written "
+                "last)."
             )
         student_cos = compare(hidden, engine_states)["cos"]
     return {
@@ -286,7 +287,8 @@ def _verdict(pack_id: str, figures: dict, ref: str) -> str:
     engine vs this tool on one file), not a verdict on the adapter's quality."""
     if pack_id == "t5xxl_pixart" and ref == "adapter_out.bin":
         return (
-            f"port check (the engine's run of this adapter vs this tool's): cos {figures['cos']:.6f}; "
+            "port check (the engine's run of this adapter vs this tool's): cos "
+            f"{figures['cos']:.6f}; "
             "near 1 means the engine reads the file as trained, not that the adapter is good "
             "(judge quality by eval's val cos)"
         )
@@ -309,7 +311,8 @@ def format_check(res: dict) -> str:
             ),
             (
                 f"cosine {res['cos']:.6f}   centred cosine {res['cos_centered']:.6f}   "
-                f"rel_mse {res['rel_mse']:.6g}   worst centred row {res['worst_row_cos_centered']:.4f}"
+                f"rel_mse {res['rel_mse']:.6g}   worst centred row "
+                f"{res['worst_row_cos_centered']:.4f}"
             ),
             *student,
             *(

@@ -57,10 +57,12 @@ REASONS = {
     "binary": "lines with NUL bytes (binary data, or UTF-16 without a BOM) skipped",
     "surrogates": "prompts with lone surrogates removed",
     "control": "prompts with control characters replaced by spaces",
-    "bad_json": "lines not a JSON object with a \"text\" string skipped",
+    "bad_json": 'lines not a JSON object with a "text" string skipped',
     "bad_images": "samples with a missing or unreadable image skipped",
-    "engine_size": ("samples with an image of a shape the engine's clip_preprocess throws on skipped "
-                    "(crop or resize it by a pixel)"),
+    "engine_size": (
+        "samples with an image of a shape the engine's clip_preprocess throws on skipped "
+        "(crop or resize it by a pixel)"
+    ),
     "images_ignored": "samples whose images this pack ignores (it takes text only)",
     "too_many_images": "samples with more than 9 images (the engine's limit) skipped",
     "length": "prompts outside corpus.min_chars..max_chars",
@@ -127,7 +129,9 @@ def _read_bytes(path: Path) -> bytes:
     try:
         return path.read_bytes()
     except OSError as e:
-        raise UserError(f"prompt file {path} cannot be read ({e.strerror}); check the file.") from None
+        raise UserError(
+            f"prompt file {path} cannot be read ({e.strerror}); check the file."
+        ) from None
 
 
 def _is_binary_line(line: bytes) -> bool:
@@ -149,10 +153,12 @@ def _refuse_binary(path: Path, raw: bytes) -> None:
     lines = [line for line in raw.split(b"\n") if line.strip()]
     bad = sum(1 for line in lines if _is_binary_line(line))
     if lines and bad * 2 > len(lines):
-        raise UserError(f"prompt file {path} is not a text file ({bad} of {len(lines)} lines are "
-                        "binary: NUL bytes, control bytes or bytes no text encoding reads), so it "
-                        "gives no usable prompts; choose a text file with one prompt per line "
-                        "under Corpus.")
+        raise UserError(
+            f"prompt file {path} is not a text file ({bad} of {len(lines)} lines are "
+            "binary: NUL bytes, control bytes or bytes no text encoding reads), so it "
+            "gives no usable prompts; choose a text file with one prompt per line "
+            "under Corpus."
+        )
 
 
 def _jsonl_sample(line: str, base: Path, tally: Counter) -> Sample | None:
@@ -161,8 +167,12 @@ def _jsonl_sample(line: str, base: Path, tally: Counter) -> Sample | None:
     except json.JSONDecodeError:
         rec = None
     images = rec.get("images", []) if isinstance(rec, dict) else None
-    if (not isinstance(rec, dict) or not isinstance(rec.get("text"), str)
-            or not isinstance(images, list) or not all(isinstance(p, str) and p for p in images)):
+    if (
+        not isinstance(rec, dict)
+        or not isinstance(rec.get("text"), str)
+        or not isinstance(images, list)
+        or not all(isinstance(p, str) and p for p in images)
+    ):
         tally["bad_json"] += 1
         return None
     text = clean_text(rec["text"], tally)
@@ -175,8 +185,10 @@ def read_source(path: Path, tally: Counter | None = None) -> list[Sample]:
     tally = Counter() if tally is None else tally
     suffix = path.suffix.lower()
     if suffix not in (".txt", ".jsonl"):
-        raise UserError(f"{path} is neither .txt (one prompt per line) nor .jsonl (a \"text\" field "
-                        "per line); convert it or remove it from Corpus.")
+        raise UserError(
+            f'{path} is neither .txt (one prompt per line) nor .jsonl (a "text" field '
+            "per line); convert it or remove it from Corpus."
+        )
     raw = _read_bytes(path)
     _refuse_binary(path, raw)
     lines = decode_lines(raw, tally)
@@ -248,21 +260,30 @@ def legacy_same_content(recorded: dict | None, fp: dict) -> bool:
     old_settings, old_files = recorded.get("settings"), recorded["files"]
     if not isinstance(old_settings, dict) or "images" in recorded or "images" in fp:
         return False  # image references were recorded by path: not comparable, rebuilt
-    pairs = ([old_settings.get("train_file"), old_settings.get("val_file")]
-             if old_settings.get("train_file") or old_settings.get("val_file")
-             else list(old_settings.get("files") or []))
+    pairs = (
+        [old_settings.get("train_file"), old_settings.get("val_file")]
+        if old_settings.get("train_file") or old_settings.get("val_file")
+        else list(old_settings.get("files") or [])
+    )
     hashes = [old_files.get(str(Path(p).expanduser())) for p in pairs if isinstance(p, str)]
     now = [f if f == "missing" else f["sha256"] for f in fp["files"]]
     old_sources = recorded.get("sources")
     if isinstance(old_sources, dict) and isinstance(old_sources.get("image_folders"), dict):
-        old_sources = {**old_sources, "image_folders": [
-            old_sources["image_folders"].get(f) for f in old_settings.get("image_folders") or []]}
+        old_sources = {
+            **old_sources,
+            "image_folders": [
+                old_sources["image_folders"].get(f) for f in old_settings.get("image_folders") or []
+            ],
+        }
     same = {k: v for k, v in fp.items() if k not in ("files", "settings", "prompt_syntax")}
     was = {k: v for k, v in recorded.items() if k not in ("files", "settings", "prompt_syntax")}
     if old_sources is not None:
         was["sources"] = old_sources
-    return (hashes == now and placeless(old_settings) == fp["settings"]
-            and json.loads(json.dumps(was)) == json.loads(json.dumps(same)))
+    return (
+        hashes == now
+        and placeless(old_settings) == fp["settings"]
+        and json.loads(json.dumps(was)) == json.loads(json.dumps(same))
+    )
 
 
 def _with_empties(samples: list[Sample], frac: float, rng: random.Random) -> list[Sample]:
@@ -305,8 +326,9 @@ def _usable(path: Path, takes_images: bool, tally: Counter, image_size=target_si
     return out
 
 
-def _check_images(samples: list[Sample], takes_images: bool, tally: Counter,
-                  image_size=target_size) -> list[Sample]:
+def _check_images(
+    samples: list[Sample], takes_images: bool, tally: Counter, image_size=target_size
+) -> list[Sample]:
     out = []
     for s in samples:
         if s.images and not takes_images:
@@ -327,14 +349,19 @@ def _check_images(samples: list[Sample], takes_images: bool, tally: Counter,
 
 def _refuse_few(n: int, need: int, n_lines: int, tally: Counter) -> UserError:
     why = _describe(tally)
-    return UserError(f"only {n} usable prompts after filtering (of {n_lines} source lines"
-                     f"{': ' + why if why else ''}); need more than {need - 1}: add prompt files, "
-                     "fix their text or lower corpus.n_val / corpus.min_chars.")
+    return UserError(
+        f"only {n} usable prompts after filtering (of {n_lines} source lines"
+        f"{': ' + why if why else ''}); need more than {need - 1}: add prompt files, "
+        "fix their text or lower corpus.n_val / corpus.min_chars."
+    )
 
 
-def build_split(settings, takes_images: bool = False,
-                preset_pools: dict[str, list[str]] | None = None,
-                image_size=target_size) -> tuple[list[Sample], list[Sample]]:
+def build_split(
+    settings,
+    takes_images: bool = False,
+    preset_pools: dict[str, list[str]] | None = None,
+    image_size=target_size,
+) -> tuple[list[Sample], list[Sample]]:
     """(train, val) samples. UserError when the sources give too few usable prompts.
     `image_size`: the pack's reference-image size rule (the shapes the engine refuses).
     `preset_pools`: the prompts of the selected public datasets (corpus_sources.preset_pools),
@@ -344,17 +371,23 @@ def build_split(settings, takes_images: bool = False,
     if c.train_file or c.val_file:
         if not (c.train_file and c.val_file):
             raise UserError("set both corpus.train_file and corpus.val_file, or neither.")
-        train, val = (_usable(Path(f).expanduser(), takes_images, tally, image_size)
-                      for f in (c.train_file, c.val_file))
+        train, val = (
+            _usable(Path(f).expanduser(), takes_images, tally, image_size)
+            for f in (c.train_file, c.val_file)
+        )
         for name, split in (("train_file", train), ("val_file", val)):
             if not split:
-                raise UserError(f"corpus.{name} has no usable prompts"
-                                f"{' (' + _describe(tally) + ')' if tally else ''}; fix the file.")
+                raise UserError(
+                    f"corpus.{name} has no usable prompts"
+                    f"{' (' + _describe(tally) + ')' if tally else ''}; fix the file."
+                )
         return train, val
     if not c.files and not preset_pools:
-        raise UserError("the corpus has no prompt sources; add .txt/.jsonl files under Corpus "
-                        "(corpus.files), pick prompt datasets (corpus.presets) or set "
-                        "corpus.train_file and corpus.val_file.")
+        raise UserError(
+            "the corpus has no prompt sources; add .txt/.jsonl files under Corpus "
+            "(corpus.files), pick prompt datasets (corpus.presets) or set "
+            "corpus.train_file and corpus.val_file."
+        )
     seen: set = set()
     pools: dict[str, list[Sample]] = {"files": []} if c.files else {}
     n_lines = 0
@@ -397,9 +430,11 @@ def build_split(settings, takes_images: bool = False,
     else:
         pool = pools["files"]
         rng.shuffle(pool)
-    val, train = pool[: c.n_val], pool[c.n_val: c.n_val + c.n_train]
+    val, train = pool[: c.n_val], pool[c.n_val : c.n_val + c.n_train]
     if len(train) < c.n_train:
-        log.warning("corpus: %d train prompts available, fewer than n_train=%d", len(train), c.n_train)
+        log.warning(
+            "corpus: %d train prompts available, fewer than n_train=%d", len(train), c.n_train
+        )
     return _with_empties(train, c.empty_frac, rng), _with_empties(val, c.empty_frac, rng)
 
 
@@ -416,8 +451,9 @@ def copy_images(samples: list[Sample], folder: Path) -> list[Sample]:
         for p in s.images:
             if p not in done:
                 digest = hashlib.sha256(p.read_bytes()).hexdigest()[:24]
-                dest = folder / (digest + (p.suffix.lower() if p.suffix.lower() in IMAGE_SUFFIXES
-                                           else ".img"))
+                dest = folder / (
+                    digest + (p.suffix.lower() if p.suffix.lower() in IMAGE_SUFFIXES else ".img")
+                )
                 if not dest.exists():
                     with atomic.atomic_path(dest) as tmp:
                         shutil.copyfile(p, tmp)
@@ -439,8 +475,12 @@ def make_split(project) -> tuple[list[Sample], list[Sample]]:
     c = project.settings.corpus
     if project.pack.vis_dim and (c.image_presets or c.image_folders):
         return _image_split(project, pools)
-    return build_split(project.settings, takes_images=project.pack.vis_dim > 0, preset_pools=pools,
-                       image_size=project.pack.image_size if project.pack.vis_dim else target_size)
+    return build_split(
+        project.settings,
+        takes_images=project.pack.vis_dim > 0,
+        preset_pools=pools,
+        image_size=project.pack.image_size if project.pack.vis_dim else target_size,
+    )
 
 
 def _image_split(project, pools) -> tuple[list[Sample], list[Sample]]:
@@ -470,14 +510,23 @@ def _image_split(project, pools) -> tuple[list[Sample], list[Sample]]:
             seen.add(t.lower())
             kept.append(t)
     entries = image_entries(project, tally)
-    train, val, made = build_image_corpus(entries, kept, Mix.from_counts(c.n_train, c.n_val),
-                                          project.paths.data_images, c.seed, c.empty_frac)
+    train, val, made = build_image_corpus(
+        entries,
+        kept,
+        Mix.from_counts(c.n_train, c.n_val),
+        project.paths.data_images,
+        c.seed,
+        c.empty_frac,
+    )
     if own:
         train = train + own
         random.Random(c.seed).shuffle(train)
     tally.update(made)
-    log.info("corpus: image sources: %s%s", describe_tally(tally),
-             f"; {len(own)} edit samples from the prompt files" if own else "")
+    log.info(
+        "corpus: image sources: %s%s",
+        describe_tally(tally),
+        f"; {len(own)} edit samples from the prompt files" if own else "",
+    )
     return train, val
 
 
@@ -488,8 +537,13 @@ def run_corpus(project, report, split: tuple[list[Sample], list[Sample]] | None 
     write_samples(paths.samples("train"), copy_images(train, paths.data_images))
     n_empty = sum(1 for s in train if not s.text)
     n_img = sum(1 for s in train + val if s.images)
-    log.info("corpus: %d train samples (%d empty), %d val samples, %d with images",
-             len(train), n_empty, len(val), n_img)
+    log.info(
+        "corpus: %d train samples (%d empty), %d val samples, %d with images",
+        len(train),
+        n_empty,
+        len(val),
+        n_img,
+    )
     report.progress(1, 1, "files", prompts=len(train) + len(val))
 
 
@@ -506,10 +560,15 @@ def _syntax_key(fp: dict, recorded: dict | None) -> int:
     prompt_syntax), and the log says what changed."""
     old = (recorded or {}).get("prompt_syntax")
     same_inputs = recorded is not None and (
-        {k: v for k, v in recorded.items() if k != "prompt_syntax"} == json.loads(json.dumps(fp)))
+        {k: v for k, v in recorded.items() if k != "prompt_syntax"} == json.loads(json.dumps(fp))
+    )
     if same_inputs and old != RULE_VERSION:
-        log.warning("corpus: rebuilt with its shards: the prompt rule changed (version %s -> %d: %s)",
-                    old or "unrecorded", RULE_VERSION, RULE_CHANGES[RULE_VERSION])
+        log.warning(
+            "corpus: rebuilt with its shards: the prompt rule changed (version %s -> %d: %s)",
+            old or "unrecorded",
+            RULE_VERSION,
+            RULE_CHANGES[RULE_VERSION],
+        )
     return RULE_VERSION
 
 

@@ -61,7 +61,8 @@ def prepare_demo(
         proj = load_project(root)
         if proj.settings.pack != pack.id:
             raise UserError(
-                f"{root} holds a {proj.settings.pack} project; pick another --dir for the {pack.id} demo."
+                f"{root} holds a {proj.settings.pack} project; pick another --dir for the "
+                f"{pack.id} demo."
             )
         if steps:
             update_settings(root, {"train.steps": steps})

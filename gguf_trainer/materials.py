@@ -159,7 +159,8 @@ def teacher_paths(project) -> dict[str, Path]:
         elif m.required:
             tried = f"{path} does not exist" if path else f"materials.{m.id}.path is not set"
             raise UserError(
-                f"the {m.title} for {project.pack.title} is missing ({tried}); {_fix_for(m, project.paths.root)}, "
+                f"the {m.title} for {project.pack.title} is missing ({tried}); "
+                f"{_fix_for(m, project.paths.root)}, "
                 "or turn on precompute.mock_teacher."
             )
     return out

@@ -83,8 +83,10 @@ class LLaDAImagePack(TrainerPack):
         "export.export_sigvq": True,
     }
     hints = {
-        "train": "Reference: val centred cosine 0.965 / rel_mse 0.0024 (RTX 5090, ~55 min of training).",
-        "eval": "Judge by val centred cosine and rel_mse; >= 0.96 is healthy, ~0.87 means a broken-RoPE teacher.",
+        "train": "Reference: val centred cosine 0.965 / rel_mse 0.0024 (RTX 5090, ~55 min of "
+                 "training).",
+        "eval": "Judge by val centred cosine and rel_mse; >= 0.96 is healthy, ~0.87 means a "
+                "broken-RoPE teacher.",
     }
     teacher_memory_gib = 34.0
     teacher_offload = "split"  # offload = an accelerate device map: the card's budget, then RAM
@@ -208,7 +210,8 @@ class LLaDAImagePack(TrainerPack):
         source = source_in(project.material_path("sigvq"))
         if source is None:
             logging.getLogger(__name__).info(
-                "export: no SigVQ companion (%s is not downloaded); the ggk command leaves --llm_vision "
+                "export: no SigVQ companion (%s is not downloaded); the ggk command leaves "
+                "--llm_vision "
                 "out: text-to-image works, editing needs the sigvq material",
                 SOURCE,
             )

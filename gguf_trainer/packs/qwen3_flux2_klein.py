@@ -69,7 +69,8 @@ class Flux2KleinPack(LayerwisePack):
         "eval": "Judge by cos and the per-tap cosines against their mean baselines.",
     }
     engine_command_template = (
-        "ggk --diffusion-model <flux2-klein-4b DiT .gguf> --vae pig_flux2_vae_fp32-f16.gguf --llm {student} "
+        "ggk --diffusion-model <flux2-klein-4b DiT .gguf> --vae pig_flux2_vae_fp32-f16.gguf --llm "
+        "{student} "
         '--llm-adapter {adapter} -p "a sheep in sunglasses" --cfg-scale 1 --steps 4 -o out.png'
     )
     export_kv = {

@@ -62,7 +62,8 @@ class OvisImagePack(QwenTokenAlignedPack):
             "hf_snapshot",
             size_gb=4.1,
             hint="the Qwen3 text encoder folder of AIDC-AI/Ovis-Image-7B (transformers "
-            "Qwen3, ~2 B parameters, ~4 GB bf16) with tokenizer.json, tokenizer_config.json, vocab.json "
+            "Qwen3, ~2 B parameters, ~4 GB bf16) with tokenizer.json, tokenizer_config.json, "
+            "vocab.json "
             "and merges.txt beside its config.json",
         ),
     )

@@ -79,7 +79,10 @@ class ChromaT5Pack(PixArtT5Pack):
             "the adapter is trained for the default mask mode: do not pass --chroma-enable-t5-mask "
             "or --chroma-disable-dit-mask"
         ),
-        "run pig_clip at f16 or q8_0 in the engine: a 4-bit student loses ~0.09 cosine before the adapter runs",
+        (
+            "run pig_clip at f16 or q8_0 in the engine: a 4-bit student loses ~0.09 cosine "
+            "before the adapter runs"
+        ),
     )
     # the T5-XXL encoder itself (engine-contract §3.3: without --llm-adapter ggk runs --t5xxl)
     engine_teacher_args = "--t5xxl t5xxl_fp16.safetensors"
@@ -90,7 +93,8 @@ class ChromaT5Pack(PixArtT5Pack):
     )
     export_kv = {
         "adapter.qwen_hidden_source": "final_norm",
-        "adapter.target": "t5_v1_1_xxl encoder last_hidden_state over the unmasked 512-slot window; "
+        "adapter.target": "t5_v1_1_xxl encoder last_hidden_state over the unmasked 512-slot "
+                          "window; "
         "the real slots and the first pad (Chroma's default mask mode)",
         "adapter.teacher": "callgg/t5-v1_1-xxl-encoder-bf16",
         "adapter.engine_mask_mode": ENGINE_DEFAULTS,

@@ -70,8 +70,10 @@ class PixArtT5Pack(TrainerPack):
         "corpus.n_train": {"help": "training prompts; the reference recipe used ~117k-120k"},
     }
     hints = {
-        "train": "Reference: val cos 0.827 at 12.5k steps on 117k prompts; runs plateau at 0.80-0.83.",
-        "eval": "Judge by cos over the real slots and rel_mse; cos_eos isolates the EOS slot. Under ~0.6 "
+        "train": "Reference: val cos 0.827 at 12.5k steps on 117k prompts; runs plateau at "
+                 "0.80-0.83.",
+        "eval": "Judge by cos over the real slots and rel_mse; cos_eos isolates the EOS slot. "
+                "Under ~0.6 "
         "means the seed or tokenizer path is broken.",
     }
     # 4.76B parameters in bf16 (8.87 GiB, the snapshot's own header says the same); the planner
@@ -90,12 +92,16 @@ class PixArtT5Pack(TrainerPack):
         "plateau of both reference runs": "0.80-0.83 (the 0.6B student is the ceiling)",
     }
     engine_notes = (
-        "run pig_clip at f16 or q8_0 in the engine: a 4-bit student loses ~0.09 cosine before the adapter runs",
+        (
+            "run pig_clip at f16 or q8_0 in the engine: a 4-bit student loses ~0.09 cosine "
+            "before the adapter runs"
+        ),
     )
     # the T5-XXL encoder itself (engine-contract §3.3: without --llm-adapter ggk runs --t5xxl)
     engine_teacher_args = "--t5xxl t5xxl_fp16.safetensors"
     engine_command_template = (
-        "ggk diffuser engine -- --diffusion-model pixart-nvfp4.gguf --vae pig_pixart_vae_fp16-f16.gguf "
+        "ggk diffuser engine -- --diffusion-model pixart-nvfp4.gguf --vae "
+        "pig_pixart_vae_fp16-f16.gguf "
         '--llm {student} --llm-adapter {adapter} -p "close-up portrait of a young lady" '
         "--diffusion-fa -s 42 -o out.png"
     )

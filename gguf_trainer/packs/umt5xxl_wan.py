@@ -91,7 +91,10 @@ class WanUMT5Pack(PixArtT5Pack):
     # 5.68B parameters in bf16; the planner adds its activation headroom for a resident teacher.
     teacher_memory_gib = 10.6
     engine_notes = (
-        "run pig_clip at f16 or q8_0 in the engine: a 4-bit student loses ~0.09 cosine before the adapter runs",
+        (
+            "run pig_clip at f16 or q8_0 in the engine: a 4-bit student loses ~0.09 cosine "
+            "before the adapter runs"
+        ),
     )
     # the UMT5-XXL encoder itself (without --llm-adapter ggk runs --t5xxl in UMT5 mode for Wan);
     # not PixArt's T5 v1.1 file, which this class would otherwise inherit

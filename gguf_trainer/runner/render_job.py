@@ -242,5 +242,8 @@ def _figures(project, prompt: str, out: Path, plan: render.RenderPlan) -> tuple[
         return None, f"no cosine: {e}"
     return (
         got,
-        "check: the adapter in PyTorch vs the engine's adapter dump (ggk writes no teacher dump here)",
+        (
+            "check: the adapter in PyTorch vs the engine's adapter dump "
+            "(ggk writes no teacher dump here)"
+        ),
     )

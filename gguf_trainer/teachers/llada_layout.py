@@ -284,9 +284,12 @@ class SnapshotReport:
         qf, tp = self.queryformer, self.text_projection
         layers = f"{self.te_layers} layers, " if self.te_layers else ""
         return (
-            f"LLaDA-Image teacher: text encoder hidden {self.hidden_size} ({layers}{self.te_shards} "
-            f"weight file(s)), QueryFormer {qf['num_hidden_layers']} block(s) x {qf['num_queries']} "
-            f"queries, TextProjection {tp['num_hidden_layers']} layer(s) -> {tp['projection_dim']}; "
+            f"LLaDA-Image teacher: text encoder hidden {self.hidden_size} "
+            f"({layers}{self.te_shards} "
+            f"weight file(s)), QueryFormer {qf['num_hidden_layers']} block(s) x "
+            f"{qf['num_queries']} "
+            f"queries, TextProjection {tp['num_hidden_layers']} layer(s) -> "
+            f"{tp['projection_dim']}; "
             f"{self.weight_bytes / 1024**3:.2f} GiB of stored weights"
         )
 

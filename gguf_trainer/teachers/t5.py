@@ -107,7 +107,8 @@ def _load_spm(path: Path):
         ) from None
     if proc.pad_id() != PAD_ID or proc.eos_id() != EOS_ID:
         raise UserError(
-            f"{path} is not a T5 tokenizer (pad id {proc.pad_id()}, eos id {proc.eos_id()}; T5 uses "
+            f"{path} is not a T5 tokenizer (pad id {proc.pad_id()}, eos id {proc.eos_id()}; T5 "
+            "uses "
             f"pad {PAD_ID} and eos {EOS_ID}); point materials.teacher.path at a T5 v1.1 snapshot."
         )
     return proc
@@ -244,7 +245,8 @@ def _weight_files(root: Path) -> list[str]:
         for name in names:
             if not (root / name).is_file():
                 raise UserError(
-                    f"{root / name} is missing: {WEIGHTS_INDEX} names it as a shard of the T5 weights; "
+                    f"{root / name} is missing: {WEIGHTS_INDEX} names it as a shard of the T5 "
+                    "weights; "
                     "run the download again (it resumes) or copy the shard there."
                 )
         return names
@@ -274,7 +276,8 @@ def read_config(root: Path) -> dict:
     if config.get("model_type") not in ENCODER_TYPES or missing:
         raise UserError(
             f"{path} does not describe a T5 encoder (model_type {config.get('model_type')!r}"
-            f"{', missing ' + ', '.join(missing) if missing else ''}); point materials.teacher.path "
+            f"{', missing ' + ', '.join(missing) if missing else ''}); point "
+            "materials.teacher.path "
             "at the callgg/t5-v1_1-xxl-encoder-bf16 snapshot."
         )
     return config
@@ -289,7 +292,8 @@ def check_snapshot(
     root = Path(root)
     if not root.is_dir():
         raise UserError(
-            f"the T5 teacher snapshot {root} does not exist; download it or set materials.teacher.path."
+            f"the T5 teacher snapshot {root} does not exist; download it or set "
+            "materials.teacher.path."
         )
     config = read_config(root)
     spiece = Path(spiece) if spiece else root / SPIECE
@@ -297,7 +301,8 @@ def check_snapshot(
     if sp.get_piece_size() > min(vocab_limit, int(config["vocab_size"])):
         raise UserError(
             f"{spiece} has {sp.get_piece_size()} pieces but the encoder embeds "
-            f"{config['vocab_size']} (seed table {vocab_limit}); the tokenizer and weights do not match."
+            f"{config['vocab_size']} (seed table {vocab_limit}); the tokenizer and weights do not "
+            "match."
         )
     files = _weight_files(root)
     found: dict[str, tuple[tuple[int, ...], str, str]] = {}
@@ -317,7 +322,8 @@ def check_snapshot(
     if wrong:
         n, got, want = wrong[0]
         raise UserError(
-            f"{root / found[n][2]}: {n} has shape {list(got)} but config.json implies {list(want)}; "
+            f"{root / found[n][2]}: {n} has shape {list(got)} but config.json implies "
+            f"{list(want)}; "
             "the weights and config.json come from different models: download the snapshot again."
         )
     sizes = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8}

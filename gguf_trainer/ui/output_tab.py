@@ -136,7 +136,8 @@ def _eval_md(project: str, pack: dict | None) -> str:
         head,
         (
             f"headline **{ev.get('headline')} = {common.fmt(ev.get('val_cos'))}**, {beats}"
-            f"trained {common.fmt(ev.get('trained_steps'))} of {common.fmt(ev.get('planned_steps'))} "
+            f"trained {common.fmt(ev.get('trained_steps'))} of "
+            f"{common.fmt(ev.get('planned_steps'))} "
             f"steps; evaluated {common.fmt_time(ev.get('time'))}"
         ),
         common.md_table(["metric", "value", "mean baseline"], rows),

@@ -72,7 +72,8 @@ def to_markdown(v: dict) -> str:
         f"**Pre-flight: fits.** Teacher mode **{v['mode']}** on `{v['device']}` "
         f"(teacher ≈ {v['teacher_gib']:.1f} GiB; GPU limit {v['gpu_gib']:.1f} GiB, RAM limit "
         f"{v['cpu_gib']:.1f} GiB). Budgets: teacher batch {b['teacher_batch']}, "
-        f"{b['tok_budget']} tokens; student batch {b['student_batch']}, {b['student_tok_budget']} tokens."
+        f"{b['tok_budget']} tokens; student batch {b['student_batch']}, {b['student_tok_budget']} "
+        "tokens."
     )
     for w in v.get("warnings") or []:
         text += f"\n\n⚠ {w}"

@@ -54,7 +54,8 @@ def test_demo_trains_against_the_tiny_real_teacher(demo):
     ev = json.loads((root / "eval.json").read_text())
     base = ev["baseline"]["baseline_cos_centered"]
     print(
-        f"demo eval: cos_centered {ev['val_cos']:.4f} vs mean baseline {base:.4f}; health {ev['health']}"
+        f"demo eval: cos_centered {ev['val_cos']:.4f} vs mean baseline {base:.4f}; health "
+        f"{ev['health']}"
     )
     assert not ev["mock"] and ev["headline"] == "cos_centered"
     assert ev["beats_baseline"] and ev["val_cos"] > base + 0.05
@@ -111,7 +112,8 @@ def test_check_against_an_independent_forward_and_a_wrong_dump(demo, tmp_path):
     (good / "tokens.txt").write_text("\n".join(map(str, ids)) + "\n")
     res = run_check(gguf_path, student_gguf, good, PROMPT, tok)
     print(
-        f"check vs independent forward: centred {res['cos_centered']:.7f}, rel_mse {res['rel_mse']:.3g}"
+        f"check vs independent forward: centred {res['cos_centered']:.7f}, rel_mse "
+        f"{res['rel_mse']:.3g}"
     )
     assert res["cos_centered"] >= 0.9999 and res["verdict"].startswith("healthy")
     rng = np.random.default_rng(0)

@@ -38,7 +38,8 @@ def test_demo_trains_against_the_tiny_real_teacher(demo):
     ev = json.loads(proj.paths.eval_json.read_text())
     base = ev["baseline"]["baseline_cos"]
     print(
-        f"demo --pack t5xxl_pixart --steps 40 (tiny real T5): val cos {ev['val_cos']:.4f} vs mean baseline {base:.4f}"
+        f"demo --pack t5xxl_pixart --steps 40 (tiny real T5): val cos {ev['val_cos']:.4f} vs mean "
+        f"baseline {base:.4f}"
     )
     assert ev["mock"] is False and "note" not in ev
     assert ev["val_cos"] > base + 0.05  # learned the teacher beyond the per-dimension mean

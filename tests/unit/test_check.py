@@ -63,9 +63,13 @@ def llada_case(tmp_path_factory, student):
 
 def test_matching_dump_is_healthy(llada_case, tiny_materials):
     root, adapter, _ = llada_case
-    res = run_check(adapter, tiny_materials["student"], root / "dump", PROMPT, tiny_materials["tokenizer"])
-    print(f"check vs independent forward: cos {res['cos']:.7f} centred {res['cos_centered']:.7f} "
-          f"rel_mse {res['rel_mse']:.3g}")
+    res = run_check(
+        adapter, tiny_materials["student"], root / "dump", PROMPT, tiny_materials["tokenizer"]
+    )
+    print(
+        f"check vs independent forward: cos {res['cos']:.7f} centred {res['cos_centered']:.7f} "
+        f"rel_mse {res['rel_mse']:.3g}"
+    )
     assert res["pack"] == "llada_image" and res["rows"] == 256 and res["tokens_checked"]
     assert res["cos_centered"] >= 0.9999 and res["cos"] >= 0.9999 and res["rel_mse"] < 1e-4
     assert res["verdict"].startswith("healthy")
@@ -119,11 +123,19 @@ def test_pixart_counts_only_real_slots(tmp_path, student, tiny_materials):
     ref = _engine_dump(tmp_path / "dump", adapter, student, "t5xxl_pixart", PROMPT, seeds)
     ref[4:] = 1e3  # pad slots: the DiT masks them, so the check must too
     ref.tofile(tmp_path / "dump" / "adapter_out.bin")
-    res = run_check(adapter, tiny_materials["student"], tmp_path / "dump", PROMPT, tiny_materials["tokenizer"])
+    res = run_check(
+        adapter, tiny_materials["student"], tmp_path / "dump", PROMPT, tiny_materials["tokenizer"]
+    )
     assert res["pack"] == "t5xxl_pixart" and res["rows"] == 4 and res["cos"] >= 0.9999
     (tmp_path / "dump" / "t5_ids.txt").unlink()
     with pytest.raises(UserError, match="needs the engine's seed ids"):
-        run_check(adapter, tiny_materials["student"], tmp_path / "dump", PROMPT, tiny_materials["tokenizer"])
+        run_check(
+            adapter,
+            tiny_materials["student"],
+            tmp_path / "dump",
+            PROMPT,
+            tiny_materials["tokenizer"],
+        )
 
 
 def _pixart_case(tmp_path, student, prompt=PROMPT):
@@ -178,10 +190,37 @@ def test_cli_check_command(llada_case, tiny_materials, capsys):
     from gguf_trainer.cli import main
 
     root, adapter, _ = llada_case
-    code = main(["check", "--adapter", str(adapter), "--student", str(tiny_materials["student"]),
-                 "--dump", str(root / "dump"), "--prompt", PROMPT,
-                 "--tokenizer", str(tiny_materials["tokenizer"]), "--json"])
+    code = main(
+        [
+            "check",
+            "--adapter",
+            str(adapter),
+            "--student",
+            str(tiny_materials["student"]),
+            "--dump",
+            str(root / "dump"),
+            "--prompt",
+            PROMPT,
+            "--tokenizer",
+            str(tiny_materials["tokenizer"]),
+            "--json",
+        ]
+    )
     assert code == 0 and json.loads(capsys.readouterr().out)["verdict"].startswith("healthy")
-    assert main(["check", "--adapter", str(adapter), "--student", str(tiny_materials["student"]),
-                 "--dump", str(root / "nothing"), "--prompt", PROMPT]) == 1
+    assert (
+        main(
+            [
+                "check",
+                "--adapter",
+                str(adapter),
+                "--student",
+                str(tiny_materials["student"]),
+                "--dump",
+                str(root / "nothing"),
+                "--prompt",
+                PROMPT,
+            ]
+        )
+        == 1
+    )
     assert "does not exist" in capsys.readouterr().err

@@ -145,7 +145,8 @@ def test_fold_emits_teacher_scale_rows(tmp_path):
         err = rel_err(rounded(folded)(hidden)[0].numpy(), ref)
     coarse = rel_err(ref, teacher_scale)
     print(
-        f"fold: engine vs folded f16-rounded torch rel err {err:.2e}; vs sigma_f*out+mu {coarse:.2e}"
+        f"fold: engine vs folded f16-rounded torch rel err {err:.2e}; vs sigma_f*out+mu "
+        f"{coarse:.2e}"
     )
     assert err < RTOL
     assert coarse < 5e-3  # only the f16 rounding of the folded weights separates them

@@ -172,7 +172,8 @@ def test_teacher_runs_with_the_config_table(teacher):
 
 
 def test_unrepairable_table_is_refused(llada_env, snapshot):
-    root = _edited_copy(snapshot, llada_env / "bad_rope", "return inv, 1.0", 'return inv * float("nan"), 1.0')
+    root = _edited_copy(snapshot, llada_env / "bad_rope", "return inv, 1.0", 'return inv * '
+                                                                             'float("nan"), 1.0')
     trust.confirm_trust(root)
     with pytest.raises(UserError, match=r"RoPE table .*inv_freq is unusable") as err:
         load_llada_teacher(root, format_prompt=PACK.format_prompt)
@@ -339,7 +340,10 @@ def test_released_sizes_match_the_published_file_sizes():
         ({"rms_norm_eps": 1e-6}, "older gguf-trainer layout"),
         (
             {"qk_norm_affine": True},
-            r"keys \['qk_norm_affine'\] that gguf-trainer's LLaDAImageTextProjectionModel does not build",
+            (
+                r"keys \['qk_norm_affine'\] that gguf-trainer's LLaDAImageTextProjectionModel "
+                r"does not build"
+            ),
         ),
         (
             {"_class_name": "TextProjection"},
@@ -779,7 +783,10 @@ def _broken(snapshot, dest, how):
         ("cut_shard", r"model-00002-of-00002\.safetensors is cut short"),
         (
             "missing_shard",
-            r"model-00001-of-00002\.safetensors is missing \(model\.safetensors\.index\.json names it",
+            (
+                r"model-00001-of-00002\.safetensors is missing "
+                r"\(model\.safetensors\.index\.json names it"
+            ),
         ),
         (
             "hidden_mismatch",

@@ -95,7 +95,8 @@ def test_batched_targets_equal_the_per_prompt_full_window(teacher):
         assert got.seed_ids == window
         worst = max(worst, (got.rows - ref).abs().max().item() / ref.abs().max().item())
     print(
-        f"batched vs per-prompt full window (fp32 CPU, {len(PROMPTS)} mixed lengths): max |Δ| / max |ref| = {worst:.3g}"
+        f"batched vs per-prompt full window (fp32 CPU, {len(PROMPTS)} mixed lengths): max |Δ| / "
+        f"max |ref| = {worst:.3g}"
     )
     assert worst <= 1e-6
     assert teacher.lengths(PROMPTS) == [r.rows.shape[0] for r in rows]
@@ -113,9 +114,11 @@ def test_targets_take_sample_records(teacher):
 
 def test_check_snapshot_reads_headers_only_and_finds_every_tensor():
     code = (
-        "import sys; from gguf_trainer.teachers import t5; from gguf_trainer.teachers.t5_tiny import DEMO_DIR;"
+        "import sys; from gguf_trainer.teachers import t5; from gguf_trainer.teachers.t5_tiny "
+        "import DEMO_DIR;"
         "r = t5.check_snapshot(DEMO_DIR); print(r.summary());"
-        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'weights were loaded'"
+        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'weights were "
+        "loaded'"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False

@@ -23,24 +23,37 @@ from gguf_trainer.tiny.qwen_taps import HIDDEN, write_tiny_tap_teacher
 PROMPTS = ("a sheep in sunglasses", "a (red:1.3) fox, [blurry] background", "", " \t\n", "x " * 300)
 ASSISTANT = "<|im_end|>\n<|im_start|>assistant\n"
 # conditioner.hpp 3591 (Ovis-Image's fixed user text)
-OVIS_TEXT = ("<|im_start|>user\nDescribe the image by detailing the color, quantity, text, shape, size, "
-             "texture, spatial relationships of the objects and background:")
+OVIS_TEXT = (
+    "<|im_start|>user\nDescribe the image by detailing the color, quantity, text, shape, size, "
+    "texture, spatial relationships of the objects and background:"
+)
 QI21_SYSTEM = "<|im_start|>system\nComprehend and analyze the provided prompt.<|im_end|>\n"  # 3079
-BOOGU_T2I = ("You are a helpful assistant that generates high-quality images based on user instructions. "
-             "The instructions are as follows.")  # 3240-3241
-BOOGU_EDIT = ("Describe the key features of the input image (color, shape, size, texture, objects, "
-              "background), then explain how the user's text instruction should alter or modify the image. "
-              "Generate a new image that meets the user's requirements while maintaining consistency with "
-              "the original input where appropriate.")  # 3242-3243
+BOOGU_T2I = (
+    "You are a helpful assistant that generates high-quality images based on user instructions. "
+    "The instructions are as follows."
+)  # 3240-3241
+BOOGU_EDIT = (
+    "Describe the key features of the input image (color, shape, size, texture, objects, "
+    "background), then explain how the user's text instruction should alter or modify the image. "
+    "Generate a new image that meets the user's requirements while maintaining consistency with "
+    "the original input where appropriate."
+)  # 3242-3243
 LINGBOT_PREFIX = (  # 2973-2983
-    "<|im_start|>system\nGiven a user input that may include a text prompt alone, a text prompt with an "
-    "image reference, or a text prompt with a video reference or a video reference alone, generate an "
-    "\"Enhanced prompt\" that provides detailed visual descriptions suitable for video generation. "
-    "Evaluate the level of detail in the user's input: if it is simple, enrich it by adding specifics "
+    "<|im_start|>system\nGiven a user input that may include a text prompt alone, a text prompt "
+    "with an "
+    "image reference, or a text prompt with a video reference or a video reference alone, generate "
+    "an "
+    '"Enhanced prompt" that provides detailed visual descriptions suitable for video generation. '
+    "Evaluate the level of detail in the user's input: if it is simple, enrich it by adding "
+    "specifics "
     "about colors, shapes, sizes, textures, lighting, motion dynamics, camera movement, temporal "
-    "progression, and spatial relationships to create vivid, concrete, and temporally coherent scenes "
-    "to create vivid and concrete scenes. Please generate only the enhanced description for the prompt "
-    "below and avoid including any additional commentary or evaluations:<|im_end|>\n<|im_start|>user\n")
+    "progression, and spatial relationships to create vivid, concrete, and temporally coherent "
+    "scenes "
+    "to create vivid and concrete scenes. Please generate only the enhanced description for the "
+    "prompt "
+    "below and avoid including any additional commentary or "
+    "evaluations:<|im_end|>\n<|im_start|>user\n"
+)
 
 
 @pytest.fixture(scope="module")
@@ -53,16 +66,28 @@ def _pieces(pid, text):
     if pid == "qwen3_zimage":  # 3435-3441: prefix | parsed prompt range | tail
         return [Piece("<|im_start|>user\n"), Piece(text, prompt=True), Piece(ASSISTANT)]
     if pid == "qwen3_ovis":  # 3591-3596: the range is " " + prompt
-        return [Piece(OVIS_TEXT), Piece(" " + text, prompt=True),
-                Piece(ASSISTANT + "<think>\n\n</think>\n\n")]
+        return [
+            Piece(OVIS_TEXT),
+            Piece(" " + text, prompt=True),
+            Piece(ASSISTANT + "<think>\n\n</think>\n\n"),
+        ]
     if pid == "qwen3vl_minimax_h3":  # 2950-2951: the raw prompt, range {0, 0}: one unparsed piece
         return [Piece(text)]
     if pid == "qwen3vl_qwen_image_2_1":  # 3079-3152 without references; "" -> " " (3148-3149)
-        return [Piece(QI21_SYSTEM + "<|im_start|>user\n"), Piece(text or " ", prompt=True), Piece(ASSISTANT)]
-    if pid == "qwen3vl_boogu":  # 3284-3291: blank text takes the edit system prompt; no assistant turn
+        return [
+            Piece(QI21_SYSTEM + "<|im_start|>user\n"),
+            Piece(text or " ", prompt=True),
+            Piece(ASSISTANT),
+        ]
+    if (
+        pid == "qwen3vl_boogu"
+    ):  # 3284-3291: blank text takes the edit system prompt; no assistant turn
         system = BOOGU_EDIT if not text.strip(" \t\r\n") else BOOGU_T2I
-        return [Piece("<|im_start|>system\n" + system + "<|im_end|>\n<|im_start|>user\n"),
-                Piece(text, prompt=True), Piece("<|im_end|>\n")]
+        return [
+            Piece("<|im_start|>system\n" + system + "<|im_end|>\n<|im_start|>user\n"),
+            Piece(text, prompt=True),
+            Piece("<|im_end|>\n"),
+        ]
     if pid == "qwen3vl_lingbot":  # 2972-3049 without images: range {0, 0}, one piece
         return [Piece(LINGBOT_PREFIX + text + ASSISTANT)]
     raise KeyError(pid)
@@ -70,9 +95,14 @@ def _pieces(pid, text):
 
 # pack -> (start, min_length, teacher taps, out_dim at the real teacher); Qwen Image 2.1's tap is
 # the snapshot's last layer (None here)
-ENGINE = {"qwen3_zimage": (0, 0, (35,), 2560), "qwen3_ovis": (28, 284, (), 2048),
-          "qwen3vl_minimax_h3": (0, 0, (50,), 5120), "qwen3vl_qwen_image_2_1": (14, 0, None, 4096),
-          "qwen3vl_boogu": (0, 0, (), 4096), "qwen3vl_lingbot": (140, 0, (), 2560)}
+ENGINE = {
+    "qwen3_zimage": (0, 0, (35,), 2560),
+    "qwen3_ovis": (28, 284, (), 2048),
+    "qwen3vl_minimax_h3": (0, 0, (50,), 5120),
+    "qwen3vl_qwen_image_2_1": (14, 0, None, 4096),
+    "qwen3vl_boogu": (0, 0, (), 4096),
+    "qwen3vl_lingbot": (140, 0, (), 2560),
+}
 VISION = {"qwen3vl_boogu": 4096}  # the packs that train edits: vis_dim (the main merger's width)
 
 
@@ -80,9 +110,13 @@ VISION = {"qwen3vl_boogu": 4096}  # the packs that train edits: vis_dim (the mai
 def test_template_start_and_pads_are_the_engines(pid, encode):
     pack = get_pack(pid)
     start, min_length, taps, out_dim = ENGINE[pid]
-    kind = "token_aligned_vision" if pid in VISION else "token_aligned"  # edits: vision_proj + vis_in
+    kind = (
+        "token_aligned_vision" if pid in VISION else "token_aligned"
+    )  # edits: vision_proj + vis_in
     assert pid in pack_ids() and pack.adapter_kind == kind and pack.taps == ()
-    assert (pack.tap_last_layer if taps is None else pack.teacher_taps == taps) and pack.out_dim == out_dim
+    assert (
+        pack.tap_last_layer if taps is None else pack.teacher_taps == taps
+    ) and pack.out_dim == out_dim
     assert pack.padding.min_length == min_length and pack.padding.multiple == 0
     cfg = pack.adapter_config(type("T", (), {"width": 128, "depth": 2})(), 1024)
     assert cfg.kind == kind and cfg.taps == () and cfg.vis_dim == VISION.get(pid, 0)
@@ -104,28 +138,35 @@ def test_template_start_and_pads_are_the_engines(pid, encode):
     if pid == "qwen3vl_minimax_h3":  # weight syntax is text on an unparsed range
         assert pack.student_ids(encode, Sample("(red:1.3)")) == encode("(red:1.3)")
         assert pack.student_ids(encode, Sample("")) == []  # nothing to encode, as in the engine
-        assert pack.defaults["corpus.empty_frac"] == 0 and pack.demo_settings["corpus.empty_frac"] == 0
+        assert (
+            pack.defaults["corpus.empty_frac"] == 0 and pack.demo_settings["corpus.empty_frac"] == 0
+        )
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny")
-    return {"qwen3": write_tiny_tap_teacher(root / "qwen3", "qwen3", 36),
-            "qwen3_vl": write_tiny_tap_teacher(root / "qwen3_vl", "qwen3_vl", 51)}
+    return {
+        "qwen3": write_tiny_tap_teacher(root / "qwen3", "qwen3", 36),
+        "qwen3_vl": write_tiny_tap_teacher(root / "qwen3_vl", "qwen3_vl", 51),
+    }
 
 
 def _hf_states(teacher, ids):
     x = torch.tensor([ids])
     with torch.no_grad():
-        return teacher.text(input_ids=x, attention_mask=torch.ones_like(x),
-                            output_hidden_states=True).hidden_states
+        return teacher.text(
+            input_ids=x, attention_mask=torch.ones_like(x), output_hidden_states=True
+        ).hidden_states
 
 
 @pytest.mark.parametrize("pid", list(ENGINE))
 def test_the_teacher_rows_are_what_the_dit_reads(pid, tiny, encode):
     pack = get_pack(pid)
     root = tiny[pack.teacher_arch]
-    layout = pack.tap_layout(36 if pack.teacher_arch == "qwen3" else 51)  # the tiny snapshot's depth
+    layout = pack.tap_layout(
+        36 if pack.teacher_arch == "qwen3" else 51
+    )  # the tiny snapshot's depth
     teacher = load_tap_teacher(root, "cpu", pack.student_pieces, layout, family=pack.family)
     s = Sample("a sheep in sunglasses")
     ids = pack.student_ids(encode, s)
@@ -141,7 +182,9 @@ def test_the_teacher_rows_are_what_the_dit_reads(pid, tiny, encode):
     assert torch.allclose(got.rows[:n], want[0], atol=1e-5)
     if pid == "qwen3_zimage":  # layer 35 of 36 = transformers' hidden_states[-2]
         assert torch.allclose(got.rows[:n], hs[-2][0], atol=1e-5)
-    if pid == "qwen3_ovis":  # pads on the right are rows the adapter reads; the real rows never see them
+    if (
+        pid == "qwen3_ovis"
+    ):  # pads on the right are rows the adapter reads; the real rows never see them
         assert len(ids) == 284 and n < 284
 
 
@@ -151,7 +194,6 @@ def test_a_teacher_too_shallow_for_the_tap_is_refused(tmp_path):
     with pytest.raises(UserError, match="20 decoder layers but the family taps layer 35"):
         pack.check_teacher({"teacher": root})
     assert "final norm" in get_pack("qwen3_ovis").check_teacher({"teacher": root})
-
 
 
 def test_the_preflight_reads_the_linked_snapshot(tiny, tmp_path):
