@@ -471,7 +471,7 @@ class PrecomputeStage(Stage):
             "contract": pack.shard_contract,
             "mock": st.precompute.mock_teacher,
             "student_dtype": st.precompute.student_dtype,
-            "vision_proj": vision.ensure_for_project(project, student_sha, teacher),
+            "vision_proj": vision.project_vision_sha(project, student_sha, teacher),
             "max_len_student": pack.max_len_student,
             "max_len_teacher": pack.max_len_teacher,
             "split": self.split,
@@ -486,6 +486,15 @@ class PrecomputeStage(Stage):
         ):
             fp["student_tokenizer"] = tokenizer_identity(project, recorded.get("student_tokenizer"))
         return fp
+
+    def make_inputs(self, project, recorded) -> None:
+        """Fit the vision projection (vision packs) once per student and teacher: its sha256
+        is one of this stage's inputs, which `inputs` then reads."""
+        if not project.pack.vis_dim:
+            return
+        recorded = recorded or {}
+        vision.ensure_for_project(project, student_identity(project, recorded.get("student_sha256")),
+                                  teacher_identity(project, recorded.get("teacher")))
 
     def folder(self, paths):
         return paths.shard_dir(self.split)

@@ -66,6 +66,7 @@ class Stage:
     """What each stage module exposes (one instance, `STAGE`; precompute has one per split).
 
     The loop in `gguf_trainer.runner.stages` calls, in this order:
+      make_inputs(project, recorded)   make what the inputs name and are made (a fitted map)
       inputs(project, upstream, recorded) -> dict | None
           what the stage's outputs are made from (its fingerprint); `upstream` maps earlier
           stage names to their fingerprints, `recorded` is the inputs this stage's manifest
@@ -125,6 +126,11 @@ class Stage:
 
     def tidy(self, project, run) -> None:
         return None
+
+    def make_inputs(self, project, recorded: dict | None) -> None:
+        """Make the inputs that are themselves made (precompute: the vision projection fitted
+        from the student and the teacher); the loop calls it just before `inputs`."""
+        return
 
     def is_done(self, project, run) -> bool:
         raise NotImplementedError

@@ -84,16 +84,26 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(str(tuple(w.shape)).encode() + w.numpy().tobytes()).hexdigest()
 
 
-def ensure_vision_proj(path: Path, inputs: dict,
-                       load_tables: Callable[[], tuple[torch.Tensor, torch.Tensor]]) -> str:
-    """sha256 of the vision_proj map at `path`, fitting it first unless it was already
-    fitted from exactly `inputs` (student file, teacher, method): once per project."""
+def fitted_sha(path: Path, inputs: dict) -> str | None:
+    """sha256 of the vision_proj map at `path` when it was fitted from exactly `inputs`
+    (student file, teacher, method), else None. Looks only: ensure_vision_proj fits."""
     inputs = {**inputs, "method": METHOD, "lambda_rel": LAMBDA_REL}
     if path.is_file() and read_inputs(path) == json.loads(json.dumps(inputs)):
         try:
             return _sha256(path)
         except UserError:
-            pass  # metadata readable but tensor damaged: refit
+            return None  # metadata readable but tensor damaged: to refit
+    return None
+
+
+def ensure_vision_proj(path: Path, inputs: dict,
+                       load_tables: Callable[[], tuple[torch.Tensor, torch.Tensor]]) -> str:
+    """sha256 of the vision_proj map at `path`, fitting it first unless it was already
+    fitted from exactly `inputs` (student file, teacher, method): once per project."""
+    sha = fitted_sha(path, inputs)
+    if sha is not None:
+        return sha
+    inputs = {**inputs, "method": METHOD, "lambda_rel": LAMBDA_REL}
     teacher_table, student_table = load_tables()
     weight, fit = fit_vision_proj(teacher_table.float(), student_table.float())
     log.info("vision_proj: ridge fit over %d shared ids, %d -> %d: cos mean %.4f, p5 %.4f, "
@@ -166,3 +176,12 @@ def ensure_for_project(project, student_sha256: str, teacher: dict) -> str | Non
 
     inputs = {"student_sha256": student_sha256, "teacher": teacher}
     return ensure_vision_proj(project.paths.vision_proj, inputs, tables)
+
+
+def project_vision_sha(project, student_sha256: str, teacher: dict) -> str | None:
+    """The sha256 ensure_for_project would return, read without fitting (None: no vision,
+    or not fitted from these materials yet)."""
+    if not project.pack.vis_dim:
+        return None
+    inputs = {"student_sha256": student_sha256, "teacher": teacher}
+    return fitted_sha(project.paths.vision_proj, inputs)

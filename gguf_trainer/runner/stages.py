@@ -126,6 +126,7 @@ def stage_inputs(project, objs: tuple[Stage, ...] | None = None) -> dict[str, di
     for stage in objs:
         man = read_manifest(project.paths, stage) or {}
         recorded = man.get("inputs") if isinstance(man.get("inputs"), dict) else None
+        stage.make_inputs(project, recorded)  # fits what the inputs read (inputs only look)
         got = stage.inputs(project, dict(upstream), recorded)
         if got is not None:
             inputs[stage.name] = got

@@ -73,6 +73,20 @@ def test_vision_proj_file_is_fitted_once_per_inputs(tmp_path):
     assert vision.ensure_vision_proj(path, inputs, load) == sha and len(calls) == 3
 
 
+def test_fitted_sha_only_looks(tmp_path):
+    """What precompute's `inputs` reads: the fitted map's sha256 or None; never fits."""
+    g = torch.Generator().manual_seed(3)
+    tables = (torch.randn(64, VIS, generator=g), torch.randn(64, IN, generator=g))
+    path = tmp_path / "vision_proj.safetensors"
+    inputs = {"student_sha256": "a", "teacher": {"mock": "x"}}
+    assert vision.fitted_sha(path, inputs) is None and not path.exists()
+    sha = vision.ensure_vision_proj(path, inputs, lambda: tables)
+    before = path.read_bytes()
+    assert vision.fitted_sha(path, inputs) == sha
+    assert vision.fitted_sha(path, {**inputs, "student_sha256": "b"}) is None
+    assert path.read_bytes() == before  # a stale map is left for ensure_vision_proj to refit
+
+
 def test_image_runs_and_splices():
     ids = [
         5,
