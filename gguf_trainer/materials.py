@@ -199,7 +199,6 @@ def teacher_identity(project, recorded: dict | None = None) -> dict:
         folders = teacher_paths(project)
     except UserError:
         if recorded and "mock" not in recorded:  # a real teacher's record, not the mock's
-            log.info("the teacher files are missing; using the identity recorded with the shards")
             return recorded
         raise
     if not folders:
@@ -215,12 +214,39 @@ def teacher_identity(project, recorded: dict | None = None) -> dict:
     return ident["teacher"] if list(ident) == ["teacher"] else ident
 
 
+def _student_gone(project) -> bool:
+    gguf = project.material_path("student")
+    return gguf is None or not gguf.is_file()
+
+
+def _tokenizer_gone(project) -> bool:
+    tok = project.material_path("student_tokenizer")
+    return tok is None or not (tok / "tokenizer.json").is_file()
+
+
+def recorded_stand_ins(project, recorded: dict | None) -> list[str]:
+    """The materials that are gone and stood in for by the identities `recorded` (a
+    precompute manifest's inputs) holds, as the identity functions use them; the stage
+    loop's side (Stage.make_inputs) says so in the log, the identities stay silent."""
+    recorded = recorded or {}
+    out = []
+    if _student_gone(project) and recorded.get("student_sha256"):
+        out.append("the student GGUF")
+    if _tokenizer_gone(project) and recorded.get("student_tokenizer"):
+        out.append("the student tokenizer")
+    teacher = recorded.get("teacher")
+    if not project.settings.precompute.mock_teacher and teacher and "mock" not in teacher:
+        try:
+            teacher_paths(project)
+        except UserError:
+            out.append("the teacher files")
+    return out
+
+
 def tokenizer_identity(project, recorded: dict | None = None) -> dict:
     """What identifies the student tokenizer (its ids are in every shard): every file of its
     folder by content (folder_identity), or the recorded identity when the folder is gone."""
-    tok = project.material_path("student_tokenizer")
-    if (tok is None or not (tok / "tokenizer.json").is_file()) and recorded:
-        log.info("the student tokenizer is missing; using the identity recorded with the shards")
+    if _tokenizer_gone(project) and recorded:
         return recorded
     _gguf, tok = student_paths(project)
     return folder_identity(tok, project.paths.hashes_json)
@@ -228,9 +254,7 @@ def tokenizer_identity(project, recorded: dict | None = None) -> dict:
 
 def student_identity(project, recorded: str | None = None) -> str:
     """sha256 of the student GGUF (cached), or the recorded one when the file is gone."""
-    gguf = project.material_path("student")
-    if (gguf is None or not gguf.is_file()) and recorded:
-        log.info("the student GGUF is missing; using the hash recorded with the shards")
+    if _student_gone(project) and recorded:
         return recorded
     gguf, _tok = student_paths(project)
     return file_sha256(gguf, project.paths.hashes_json)

@@ -30,6 +30,7 @@ from . import atomic, distributed, hardware, shards, vision
 from .adapters import TOKEN_ALIGNED_KINDS
 from .errors import UserError
 from .materials import (
+    recorded_stand_ins,
     student_identity,
     student_paths,
     teacher_identity,
@@ -489,7 +490,12 @@ class PrecomputeStage(Stage):
 
     def make_inputs(self, project, recorded) -> None:
         """Fit the vision projection (vision packs) once per student and teacher: its sha256
-        is one of this stage's inputs, which `inputs` then reads."""
+        is one of this stage's inputs, which `inputs` then reads. Says which missing
+        materials the identities recorded with the shards stand in for."""
+        gone = recorded_stand_ins(project, recorded)
+        if gone:
+            log.info("%s: missing; using the identity recorded with the %s shards",
+                     ", ".join(gone), self.split)
         if not project.pack.vis_dim:
             return
         recorded = recorded or {}

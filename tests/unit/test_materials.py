@@ -118,6 +118,24 @@ def test_teacher_identity_uses_the_record_only_when_the_teacher_is_gone(tmp_path
         teacher_identity(gone, recorded={"mock": "t5xxl_pixart", "version": 1})
 
 
+def test_identities_stand_in_silently_and_stand_ins_are_named(tmp_path, caplog):
+    """The identities are read by a predicate (Stage.inputs): no log line from them; the
+    loop's make_inputs names what the record stands in for, from recorded_stand_ins."""
+    root = _snapshot(tmp_path / "t")
+    proj = _project(tmp_path, materials={"teacher": {"path": str(root)}})
+    ident = teacher_identity(proj)
+    gone = _project(tmp_path, materials={"teacher": {"path": str(tmp_path / "gone")},
+                                         "student": {"path": str(tmp_path / "gone.gguf")}})
+    caplog.set_level("DEBUG")
+    assert teacher_identity(gone, recorded=ident) == ident
+    assert materials.student_identity(gone, recorded="abc") == "abc"
+    assert not caplog.records
+    assert materials.recorded_stand_ins(gone, {"teacher": ident, "student_sha256": "abc"}) == [
+        "the student GGUF", "the teacher files"]
+    assert materials.recorded_stand_ins(proj, {"teacher": ident}) == []  # present: none
+    assert materials.recorded_stand_ins(gone, {"teacher": {"mock": "x"}}) == []
+
+
 def test_missing_student_names_the_path_and_the_fix(tmp_path):
     proj = _project(tmp_path, materials={"student": {"path": str(tmp_path / "nope.gguf")}})
     with pytest.raises(UserError, match=r"nope.gguf does not exist.*materials.student.path"):
