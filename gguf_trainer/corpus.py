@@ -553,23 +553,14 @@ def run_corpus(project, report, split: tuple[list[Sample], list[Sample]] | None 
 SPLIT_KEY = "corpus_split"  # the split `check` built, reused by `run` in the same pipeline run
 
 
-def _syntax_key(fp: dict, recorded: dict | None) -> int:
-    """The prompt rule's version for the corpus fingerprint (prompt_syntax.RULE_VERSION: what a
-    stored prompt is and how its ids are made). A corpus recorded under another version (or
-    before versions were recorded) is redone with everything built on it (`status` names
-    prompt_syntax), and the log says what changed."""
-    old = (recorded or {}).get("prompt_syntax")
+def _rule_changed(fp: dict, recorded: dict | None) -> bool:
+    """The corpus was recorded under another prompt rule (prompt_syntax.RULE_VERSION: what a
+    stored prompt is and how its ids are made), or before versions were recorded, with all
+    its other inputs the same: only the rule makes it (and what is built on it) redone."""
     same_inputs = recorded is not None and (
         {k: v for k, v in recorded.items() if k != "prompt_syntax"} == json.loads(json.dumps(fp))
     )
-    if same_inputs and old != RULE_VERSION:
-        log.warning(
-            "corpus: rebuilt with its shards: the prompt rule changed (version %s -> %d: %s)",
-            old or "unrecorded",
-            RULE_VERSION,
-            RULE_CHANGES[RULE_VERSION],
-        )
-    return RULE_VERSION
+    return same_inputs and recorded.get("prompt_syntax") != RULE_VERSION
 
 
 class CorpusStage(Stage):
@@ -578,6 +569,25 @@ class CorpusStage(Stage):
     shares = (SPLIT_KEY,)
 
     def inputs(self, project, upstream, recorded):
+        # The prompt rule's version is an input: another one redoes the corpus and all
+        # built on it (`status` names prompt_syntax; make_inputs says what changed).
+        return {**self._content(project, recorded), "prompt_syntax": RULE_VERSION}
+
+    def make_inputs(self, project, recorded) -> None:
+        """Nothing to make; says in the log why a changed prompt rule redoes the corpus."""
+        if recorded is None or recorded.get("prompt_syntax") == RULE_VERSION:
+            return  # the usual case: no second look at the sources
+        if _rule_changed(self._content(project, recorded), recorded):
+            log.warning(
+                "corpus: rebuilt with its shards: the prompt rule changed (version %s -> %d: %s)",
+                recorded.get("prompt_syntax") or "unrecorded",
+                RULE_VERSION,
+                RULE_CHANGES[RULE_VERSION],
+            )
+
+    @staticmethod
+    def _content(project, recorded) -> dict:
+        """The corpus inputs but the prompt rule's version."""
         fp = fingerprint_inputs(project.settings)
         c = project.settings.corpus
         if c.presets or c.image_presets or c.image_folders:  # absent key: old corpora stay valid
@@ -589,7 +599,6 @@ class CorpusStage(Stage):
             # record (its digest names every shard and checkpoint built on it) until the
             # corpus is rebuilt for a real change, which records the content form.
             fp = {k: v for k, v in recorded.items() if k != "prompt_syntax"}
-        fp["prompt_syntax"] = _syntax_key(fp, recorded)
         return fp
 
     def folder(self, paths):

@@ -70,3 +70,7 @@ def test_a_corpus_of_another_rule_is_redone_and_status_and_log_say_why(project, 
     assert stale["corpus"] == "corpus inputs changed (prompt_syntax)", stale
     assert f"the prompt rule changed (version {recorded or 'unrecorded'} -> 2" in caplog.text
     assert "weight syntax is now kept" in caplog.text
+    caplog.clear()  # the predicate itself only looks: the loop's make_inputs said it
+    with caplog.at_level(logging.DEBUG):
+        assert corpus.STAGE.inputs(project, {}, old) == now["corpus"]
+    assert not caplog.records
