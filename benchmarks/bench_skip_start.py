@@ -41,14 +41,21 @@ def measure(root: Path, mode: str, corpus: Path, student: Path, tok: Path, steps
     from gguf_trainer.stage_list import STAGES
     from gguf_trainer.vision import load_vision_proj
 
-    overrides = {**demo_overrides("qwen3vl_mageflow", corpus, steps),
-                 "materials": {"student": {"path": str(student)}, "student_tokenizer": {"path": str(tok)}},
-                 "export.output_dir": str(root / "out")}
+    overrides = {
+        **demo_overrides("qwen3vl_mageflow", corpus, steps),
+        "materials": {"student": {"path": str(student)}, "student_tokenizer": {"path": str(tok)}},
+        "export.output_dir": str(root / "out"),
+    }
     create_project(root, "qwen3vl_mageflow", overrides=overrides)
-    assert run_pipeline(root, only=list(STAGES[:STAGES.index("train")])) == "done"  # corpus, shards
+    assert (
+        run_pipeline(root, only=list(STAGES[: STAGES.index("train")])) == "done"
+    )  # corpus, shards
     proj = load_project(root)
     s = proj.settings.train
-    files, val = shard_files(proj.paths.shard_dir("train")), shard_files(proj.paths.shard_dir("val"))
+    files, val = (
+        shard_files(proj.paths.shard_dir("train")),
+        shard_files(proj.paths.shard_dir("val")),
+    )
     stats = load_stats(files, s.sigma_floor)
     cfg = proj.pack.adapter_config(s, **dims(files[0]))
     assert cfg.kind in TOKEN_ALIGNED_KINDS, cfg.kind
@@ -66,14 +73,19 @@ def measure(root: Path, mode: str, corpus: Path, student: Path, tok: Path, steps
         report.close_metrics()
         writer.close("done")
     assert run_pipeline(root) == "done"  # train is done: export and eval
-    model = train.build_model(proj.pack, cfg, s.seed, stats, load_vision_proj(proj.paths.vision_proj),
-                              skip)
+    model = train.build_model(
+        proj.pack, cfg, s.seed, stats, load_vision_proj(proj.paths.vision_proj), skip
+    )
     step0 = validate(model, val, proj.pack, stats, s.batch_size, torch.device("cpu"))
     ev = json.loads(proj.paths.eval_json.read_text())
-    return {"step0": {k: round(step0[k], 4) for k in ("val_cos", "cos_vis", "cos_txt")},
-            f"step{steps}": {"val_cos": round(ev["val_cos"], 4),
-                             **{k: round(ev["metrics"][k], 4) for k in ("cos_vis", "cos_txt")}},
-            "baseline_cos": round(ev["baseline"]["baseline_cos"], 4)}
+    return {
+        "step0": {k: round(step0[k], 4) for k in ("val_cos", "cos_vis", "cos_txt")},
+        f"step{steps}": {
+            "val_cos": round(ev["val_cos"], 4),
+            **{k: round(ev["metrics"][k], 4) for k in ("cos_vis", "cos_txt")},
+        },
+        "baseline_cos": round(ev["baseline"]["baseline_cos"], 4),
+    }
 
 
 def main() -> None:
@@ -95,7 +107,10 @@ def main() -> None:
     student = write_tiny_student(mat / "pig_clip-tiny-f16.gguf")
     tok = write_tiny_tokenizer_dir(mat / "tok", tiny_qwen3_config())
     corpus = write_demo_corpus(mat, demo_prompts(210))
-    res = {mode: measure(args.dir / mode, mode, corpus, student, tok, args.steps) for mode in ("mean", "ridge")}
+    res = {
+        mode: measure(args.dir / mode, mode, corpus, student, tok, args.steps)
+        for mode in ("mean", "ridge")
+    }
     print(json.dumps(res))
 
 

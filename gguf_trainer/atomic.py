@@ -147,7 +147,8 @@ def _depth(obj: Any) -> int:
         if isinstance(node, dict | list):
             deepest = max(deepest, d)
             if d <= MAX_JSON_DEPTH:
-                stack.extend((v, d + 1) for v in (node.values() if isinstance(node, dict) else node))
+                children = node.values() if isinstance(node, dict) else node
+                stack.extend((v, d + 1) for v in children)
     return deepest
 
 

@@ -507,7 +507,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     def trust_arg(p):
         p.add_argument("--trust-remote-code", action="store_true",
-                       help="trust the teacher snapshot's own Python code (asked once per snapshot)")
+                       help="trust the teacher snapshot's own Python code "
+                            "(asked once per snapshot)")
 
     p = command("new", cmd_new, "create a project folder for a pack", project=False)
     p.add_argument("--pack", required=True, metavar="ID", help=f"trainer pack: {_pack_list()}")

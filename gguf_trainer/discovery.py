@@ -104,7 +104,8 @@ def snapshot_problem(material, folder: Path, expect: dict | None = None) -> str 
     matches: no stand-in marker, our saved listing (if any) names the material's repo, and
     config.json holds every `expect` key with that value."""
     if (folder / TINY_MARKER).exists():
-        return f"{folder} is a tiny stand-in made by gguf-trainer (demo or test), not {material.repo}"
+        return (f"{folder} is a tiny stand-in made by gguf-trainer (demo or test), "
+                f"not {material.repo}")
     try:
         saved = json.loads((folder / MANIFEST_DIR / LISTING_JSON).read_text("utf-8"))
     except FileNotFoundError:

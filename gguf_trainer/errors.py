@@ -69,7 +69,8 @@ OS_ERROR_SENTENCES = {
     errno.ENOTDIR: "part of the path {path} is a file where a folder is needed; move that file "
     "away or choose another folder",
     errno.EISDIR: "{path} is a folder where a file is needed; move it away or choose another path",
-    errno.EEXIST: "{path} already exists and is not a folder; move it away or choose another folder",
+    errno.EEXIST: ("{path} already exists and is not a folder; "
+                   "move it away or choose another folder"),
     errno.ELOOP: "{path} goes through a symbolic link loop; fix the link or choose another path",
     errno.EIO: "the disk reported an I/O error on {path}; check the disk and run the command again",
     errno.ENOENT: "{path} does not exist; check the path and run the command again",

@@ -114,7 +114,8 @@ def token_status() -> str:
         stored = False
     env = bool(os.environ.get("HF_TOKEN"))
     if stored:
-        return "A Hugging Face token is stored." + (" (HF_TOKEN is also set and wins.)" if env else "")
+        also = " (HF_TOKEN is also set and wins.)" if env else ""
+        return "A Hugging Face token is stored." + also
     return (
         "HF_TOKEN is set in the environment."
         if env

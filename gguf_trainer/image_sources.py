@@ -198,7 +198,8 @@ def store_image(entry: ImageEntry, images_dir: Path, tally: Counter) -> StoredIm
 
 
 def split_and_store(entries: list[ImageEntry], n_val: int, images_dir: Path, seed: int,
-                    tally: Counter, n_train: int | None = None) -> tuple[list[StoredImage], list[StoredImage]]:
+                    tally: Counter, n_train: int | None = None,
+                    ) -> tuple[list[StoredImage], list[StoredImage]]:
     """Shuffle (seeded), store val first, then train; a train picture whose content is a val
     picture is dropped (counted `same_as_val`), so val images never appear in train."""
     order = list(entries)

@@ -129,7 +129,8 @@ class RowMetrics:
             assert sel.shape == head.shape and sel.dtype == torch.bool, (name, sel.shape)
             self._add(f"cos_{name}", head[sel])
             if mu is not None:  # the baseline's headline: a centred mean prediction is the zero row
-                self._add(f"baseline_cos_{name}", (torch.zeros_like(head) if self.is_centered else base_cos)[sel])
+                base = torch.zeros_like(head) if self.is_centered else base_cos
+                self._add(f"baseline_cos_{name}", base[sel])
         if ref is not None:
             assert ref.shape == pred.shape, (ref.shape, pred.shape)
             r = ref.to(dtype)

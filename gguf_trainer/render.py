@@ -113,7 +113,8 @@ def model_files(argv: list[str], skip: tuple[str, ...]) -> list[str]:
     return out
 
 
-def render_plan(project, prompt: str, seed: int, ggk: str | None, models: Path | None) -> RenderPlan:
+def render_plan(project, prompt: str, seed: int, ggk: str | None,
+                models: Path | None) -> RenderPlan:
     """The runs of a render of `prompt` at `seed` for this project, and what is missing."""
     pack = project.pack
     plan = RenderPlan(models=str(models or ""))

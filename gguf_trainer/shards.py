@@ -343,7 +343,8 @@ class ShardStream:
 
     def __init__(self, files: list[Path], seed: int, batch_size: int, fixed_rows: int = 0,
                  pos: StreamPos | None = None):
-        self.files, self.seed, self.batch_size, self.fixed_rows = files, seed, batch_size, fixed_rows
+        self.files, self.seed = files, seed
+        self.batch_size, self.fixed_rows = batch_size, fixed_rows
         self.pos = pos or StreamPos()
         self._cache: tuple[int, Shard] | None = None
         self._prefetch: tuple[int, Future] | None = None

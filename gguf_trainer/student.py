@@ -333,7 +333,8 @@ class Student:
             embeds[index, start : start + rows.shape[0]] = rows.to(self.device, self.dtype)
         keep = attention_mask.to(self.device, torch.bool)
         pos = None if position_ids is None else position_ids.to(self.device)
-        out = self.model(inputs_embeds=embeds, attention_mask=keep, position_ids=pos, use_cache=False)
+        out = self.model(inputs_embeds=embeds, attention_mask=keep, position_ids=pos,
+                         use_cache=False)
         return out.last_hidden_state.float()
 
     def embed_table(self) -> torch.Tensor:

@@ -94,8 +94,18 @@ def build_model(pack, cfg, seed: int, stats: Stats, vision_proj=None, skip=None)
     return model
 
 
-def train_step(model, opt, params: list, batch: Batch, stats: Stats, standardized: bool,
-               cos_weight: float, grad_clip: float, autocast, ranks=None) -> tuple[torch.Tensor, dict]:
+def train_step(
+    model,
+    opt,
+    params: list,
+    batch: Batch,
+    stats: Stats,
+    standardized: bool,
+    cos_weight: float,
+    grad_clip: float,
+    autocast,
+    ranks=None,
+) -> tuple[torch.Tensor, dict]:
     """One optimisation step: forward and loss -> backward -> clip -> step. A non-finite loss
     returns before anything is updated (the caller stops the run). With `ranks`
     (distributed.TrainRanks) `batch` is this rank's slice of the global batch: the loss and
@@ -118,8 +128,13 @@ def train_step(model, opt, params: list, batch: Batch, stats: Stats, standardize
 
 
 def make_optimizer(params: list, lr: float, weight_decay: float, device: torch.device):
-    return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay,
-                             **hardware.adamw_options(device))
+    return torch.optim.AdamW(
+        params,
+        lr=lr,
+        betas=(0.9, 0.95),
+        weight_decay=weight_decay,
+        **hardware.adamw_options(device),
+    )
 
 
 def _enable_grad_checkpointing(model) -> None:
@@ -141,7 +156,9 @@ class _Snapshot:
 
     def done(self, step: int) -> None:
         self.path.unlink(missing_ok=True)
-        log.info("snapshot request: validated and saved last.pt at step %d; training continues", step)
+        log.info(
+            "snapshot request: validated and saved last.pt at step %d; training continues", step
+        )
 
 
 def _resume(folder: Path, model, opt, steps: int) -> TrainProgress:
@@ -154,7 +171,12 @@ def _resume(folder: Path, model, opt, steps: int) -> TrainProgress:
         torch.set_rng_state(ck["rng"])
     except (RuntimeError, ValueError, TypeError, KeyError) as e:  # another geometry, or edited
         raise does_not_fit(ck, e) from None
-    log.info("resuming from last.pt at step %d (planned then %d, now %d)", ck["step"], ck["planned_steps"], steps)
+    log.info(
+        "resuming from last.pt at step %d (planned then %d, now %d)",
+        ck["step"],
+        ck["planned_steps"],
+        steps,
+    )
     return TrainProgress(ck["step"], StreamPos(**ck["stream"]), ck["best_val_cos"])
 
 
@@ -168,7 +190,10 @@ def run_train(project, report, train_fp: str, skip=None) -> str:
     device = distributed.rank_device(hardware.resolve_device(s.device))
     ranks = distributed.train_ranks(project)  # None when this process trains alone
     main = ranks is None or ranks.is_main  # validates, saves, writes metrics
-    train_files, val_files = shard_files(paths.shard_dir("train")), shard_files(paths.shard_dir("val"))
+    train_files, val_files = (
+        shard_files(paths.shard_dir("train")),
+        shard_files(paths.shard_dir("val")),
+    )
     stats = load_stats(train_files, s.sigma_floor)
     cfg = pack.adapter_config(s, **dims(train_files[0]))  # the adapter's dims come from the shards
     proj = load_vision_proj(paths.vision_proj) if cfg.vis_dim else None
@@ -184,42 +209,96 @@ def run_train(project, report, train_fp: str, skip=None) -> str:
     distributed.resume_ranks(checkpoint_path(folder, LAST), ranks, prog.step)
     report.truncate_metrics(prog.step)
     steps = s.steps
-    log.info("train: %s adapter, %.1fM trainable params, %d train rows, %d dims floored at sigma %.3g, "
-             "batch %d, %d steps, device %s", cfg.kind, sum(p.numel() for p in params) / 1e6, stats.n,
-             stats.n_floored, s.sigma_floor, s.batch_size, steps, device)
-    stream = (ShardStream(train_files, s.seed, s.batch_size, pack.fixed_rows, prog.stream) if ranks is None
-              else ranks.stream(train_files, s.seed, s.batch_size, pack.fixed_rows, prog.stream))
+    log.info(
+        "train: %s adapter, %.1fM trainable params, %d train rows, %d dims floored at sigma %.3g, "
+        "batch %d, %d steps, device %s",
+        cfg.kind,
+        sum(p.numel() for p in params) / 1e6,
+        stats.n,
+        stats.n_floored,
+        s.sigma_floor,
+        s.batch_size,
+        steps,
+        device,
+    )
+    stream = (
+        ShardStream(train_files, s.seed, s.batch_size, pack.fixed_rows, prog.stream)
+        if ranks is None
+        else ranks.stream(train_files, s.seed, s.batch_size, pack.fixed_rows, prog.stream)
+    )
     extra = lambda val=None: {
-        "config": cfg.to_dict(), "mu": stats.mu.cpu(), "sigma_f": stats.sigma_f.cpu(), "planned_steps": steps,
-        "train_fp": train_fp, "pack": pack.id, "mock": project.settings.precompute.mock_teacher,
-        "standardized": pack.standardized, "val_cos": None if val is None else val["val_cos"],
-        "val": None if val is None else finite(val)}
+        "config": cfg.to_dict(),
+        "mu": stats.mu.cpu(),
+        "sigma_f": stats.sigma_f.cpu(),
+        "planned_steps": steps,
+        "train_fp": train_fp,
+        "pack": pack.id,
+        "mock": project.settings.precompute.mock_teacher,
+        "standardized": pack.standardized,
+        "val_cos": None if val is None else val["val_cos"],
+        "val": None if val is None else finite(val),
+    }
     snapshot = _Snapshot(paths.snapshot_request)
     autocast = hardware.autocast(device)
     t_last, step_last = time.monotonic(), prog.step
-    report.progress(prog.step, steps, "steps", step=prog.step, steps=steps, best_val_cos=_val(prog.best_val_cos))
+    report.progress(
+        prog.step, steps, "steps", step=prog.step, steps=steps, best_val_cos=_val(prog.best_val_cos)
+    )
     while prog.step < steps:
         lr = lr_at(prog.step, steps, s.warmup, s.lr)
         for group in opt.param_groups:
             group["lr"] = lr
         batch = stream.next_batch().to(device)
-        loss, parts = train_step(model, opt, params, batch, stats, pack.standardized, s.cos_weight,
-                                 s.grad_clip, autocast, ranks)
+        loss, parts = train_step(
+            model,
+            opt,
+            params,
+            batch,
+            stats,
+            pack.standardized,
+            s.cos_weight,
+            s.grad_clip,
+            autocast,
+            ranks,
+        )
         if not torch.isfinite(loss):
-            raise UserError(f"the loss became {float(loss.detach())} at step {prog.step + 1}; the run stopped and "
-                            "last.pt keeps the last good step. Lower train.lr and start again.")
+            raise UserError(
+                f"the loss became {float(loss.detach())} at step {prog.step + 1}; the run stopped "
+                "and "
+                "last.pt keeps the last good step. Lower train.lr and start again."
+            )
         prog.step, prog.stream = prog.step + 1, stream.pos
         if prog.step % s.log_every == 0:
             rate = (prog.step - step_last) / max(time.monotonic() - t_last, 1e-9)
             t_last, step_last = time.monotonic(), prog.step
-            report.metrics(prog.step, {"loss": float(loss.detach()), "mse": parts["mse"], "cos": parts["cos"],
-                                       "lr": lr, "steps_per_s": round(rate, 3)})
+            report.metrics(
+                prog.step,
+                {
+                    "loss": float(loss.detach()),
+                    "mse": parts["mse"],
+                    "cos": parts["cos"],
+                    "lr": lr,
+                    "steps_per_s": round(rate, 3),
+                },
+            )
             new = read_steps(paths)
             if new is not None and new != steps:
-                log.info("planned steps changed: %d -> %d%s", steps, new,
-                         " (finishing at this step)" if new <= prog.step else "")
+                log.info(
+                    "planned steps changed: %d -> %d%s",
+                    steps,
+                    new,
+                    " (finishing at this step)" if new <= prog.step else "",
+                )
                 steps = max(new, prog.step)
-            report.progress(prog.step, steps, "steps", step=prog.step, steps=steps, loss=float(loss.detach()), lr=lr)
+            report.progress(
+                prog.step,
+                steps,
+                "steps",
+                step=prog.step,
+                steps=steps,
+                loss=float(loss.detach()),
+                lr=lr,
+            )
         is_snapshot = snapshot.requested()
         is_stop = report.stop_requested()
         if ranks is not None:  # rank 0 decides for all ranks, at the same step
@@ -273,8 +352,10 @@ def move_checkpoints_aside(paths) -> Path | None:
     folder = paths.checkpoints
     reason = safe_delete.check_owned(folder, paths.root, "dir")
     if reason:
-        raise UserError(f"{folder} {reason.removesuffix('; left alone')}, so the train stage "
-                        "cannot be redone there; move it away and start again.")
+        raise UserError(
+            f"{folder} {reason.removesuffix('; left alone')}, so the train stage "
+            "cannot be redone there; move it away and start again."
+        )
     if not folder.is_dir() or not any(folder.iterdir()):
         return None
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -291,8 +372,12 @@ def move_checkpoints_aside(paths) -> Path | None:
         target = dest / p.relative_to(folder)
         target.parent.mkdir(parents=True, exist_ok=True)
         os.replace(p, target)
-    log.warning("%s holds %s, which gguf-trainer did not write: it and the folder are kept, "
-                "only the tool's checkpoints were moved aside.", folder, foreign)
+    log.warning(
+        "%s holds %s, which gguf-trainer did not write: it and the folder are kept, "
+        "only the tool's checkpoints were moved aside.",
+        folder,
+        foreign,
+    )
     return dest if mine else None
 
 
@@ -304,12 +389,25 @@ class TrainStage(Stage):
 
     def inputs(self, project, upstream, recorded):
         pack, t = project.pack, project.settings.train
-        return {"precompute_train": upstream["precompute_train"], "precompute_val": upstream["precompute_val"],
-                "kind": pack.adapter_kind, "out_dim": pack.out_dim, "num_queries": pack.num_queries,
-                "seed_vocab": pack.seed_vocab, "vis_dim": pack.vis_dim, "width": t.width, "depth": t.depth,
-                "lr": t.lr, "warmup": t.warmup, "weight_decay": t.weight_decay, "grad_clip": t.grad_clip,
-                "cos_weight": t.cos_weight, "sigma_floor": t.sigma_floor, "batch_size": t.batch_size,
-                "seed": t.seed}
+        return {
+            "precompute_train": upstream["precompute_train"],
+            "precompute_val": upstream["precompute_val"],
+            "kind": pack.adapter_kind,
+            "out_dim": pack.out_dim,
+            "num_queries": pack.num_queries,
+            "seed_vocab": pack.seed_vocab,
+            "vis_dim": pack.vis_dim,
+            "width": t.width,
+            "depth": t.depth,
+            "lr": t.lr,
+            "warmup": t.warmup,
+            "weight_decay": t.weight_decay,
+            "grad_clip": t.grad_clip,
+            "cos_weight": t.cos_weight,
+            "sigma_floor": t.sigma_floor,
+            "batch_size": t.batch_size,
+            "seed": t.seed,
+        }
 
     def folder(self, paths):
         return paths.checkpoints
@@ -331,11 +429,17 @@ class TrainStage(Stage):
             with torch.device("meta"):
                 model = build_adapter(cfg)
         except (ValueError, RuntimeError) as e:
-            raise UserError(f"the adapter settings (train.width {s.width}, train.depth {s.depth}) "
-                            f"do not make an adapter: {e}; fix them in project.json.") from None
+            raise UserError(
+                f"the adapter settings (train.width {s.width}, train.depth {s.depth}) "
+                f"do not make an adapter: {e}; fix them in project.json."
+            ) from None
         n_params = sum(p.numel() for p in trainable_parameters(model))
-        hardware.check_training_fits(n_params, device, hardware.read_hardware(device),
-                                     f"train.width {s.width}, train.depth {s.depth}")
+        hardware.check_training_fits(
+            n_params,
+            device,
+            hardware.read_hardware(device),
+            f"train.width {s.width}, train.depth {s.depth}",
+        )
 
     def is_done(self, project, run) -> bool:
         return train_done(project)

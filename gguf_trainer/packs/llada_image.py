@@ -193,7 +193,8 @@ class LLaDAImagePack(TrainerPack):
         sigvq = copy_tiny_sigvq(folder / "LLaDA-Image-Turbo-sigvq")
         trust.confirm_trust(teacher)
         logging.getLogger(__name__).warning(  # a trust decision made for the user: always shown
-            "demo: trusted the remote code of the tiny LLaDA teacher shipped with gguf-trainer (%s)",
+            "demo: trusted the remote code of the tiny LLaDA teacher shipped with gguf-trainer "
+            "(%s)",
             teacher,
         )
         return {"teacher": teacher, "sigvq": sigvq}

@@ -230,7 +230,8 @@ def format_statuses(rows: list[dict]) -> str:
     """One line per material for `gguf-trainer materials`."""
     lines = []
     for r in rows:
-        size = f"{r['bytes_done'] / 1e9:.2f}/{r['bytes_total'] / 1e9:.2f} GB" if r["bytes_total"] else ""
+        size = (f"{r['bytes_done'] / 1e9:.2f}/{r['bytes_total'] / 1e9:.2f} GB"
+                if r["bytes_total"] else "")
         files = f"{r['files_done']}/{r['files_total']} files" if r["files_total"] else ""
         extra = []
         if r["state"] == "downloading":

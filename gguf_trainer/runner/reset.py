@@ -116,7 +116,8 @@ def _recorded_by_another(path: Path, paths: ProjectPaths) -> str | None:
 
 def _check_target(target: str) -> None:
     if target not in TARGETS:
-        raise UserError(f"unknown reset target {quote(target)}; choose one of {', '.join(TARGETS)}.")
+        raise UserError(f"unknown reset target {quote(target)}; "
+                        f"choose one of {', '.join(TARGETS)}.")
 
 
 def _blocked(paths: ProjectPaths, target: str) -> str | None:

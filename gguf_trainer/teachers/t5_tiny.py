@@ -50,15 +50,16 @@ TINY_T5_CONFIG = {
 
 # Prompt vocabulary beyond the demo corpus, so unseen prompts still split into real pieces.
 _WORDS = """\
-portrait landscape close-up young lady man woman child old city forest river ocean beach sky
-cloud mountain street night day morning evening light shadow color red green blue yellow purple orange
-black white gray silver gold bright dark soft sharp detailed realistic cinematic painting photo drawing
-sketch render digital art style anime cartoon fantasy science fiction castle house garden flower tree leaf
-grass stone water fire snow rain storm fog sun moon star space planet robot dragon horse dog cat bird fish
-cake coffee table chair window door wall floor glass metal wood paper cloth dress hat shoes face eyes hair
-smile hands standing sitting walking running flying looking wearing holding beautiful cute large small tall
-ancient modern futuristic vintage peaceful dramatic colorful minimal abstract high quality masterpiece
-trending on artstation wide angle lens depth of field bokeh volumetric lighting golden hour studio"""
+portrait landscape close-up young lady man woman child old city forest river ocean beach sky cloud
+mountain street night day morning evening light shadow color red green blue yellow purple orange
+black white gray silver gold bright dark soft sharp detailed realistic cinematic painting photo
+drawing sketch render digital art style anime cartoon fantasy science fiction castle house garden
+flower tree leaf grass stone water fire snow rain storm fog sun moon star space planet robot dragon
+horse dog cat bird fish cake coffee table chair window door wall floor glass metal wood paper cloth
+dress hat shoes face eyes hair smile hands standing sitting walking running flying looking wearing
+holding beautiful cute large small tall ancient modern futuristic vintage peaceful dramatic
+colorful minimal abstract high quality masterpiece trending on artstation wide angle lens depth of
+field bokeh volumetric lighting golden hour studio"""
 
 
 # The snapshot's small side files, so its folder is as complete as the real one's patterns ask.

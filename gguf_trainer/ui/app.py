@@ -34,11 +34,14 @@ HW_TICK_S = 5.0
 CSS = """
 #stage-strip button.stage { white-space: pre-line; line-height: 1.25; min-height: 5.2em;
   font-size: 0.82em; border-width: 2px; }
-#stage-strip .stage-done { border-color: #2f9e63 !important; background: #e8f6ee !important; color: #1d5e3b !important; }
-#stage-strip .stage-running { border-color: #4f6ef7 !important; background: #eaeefe !important; color: #27378a !important; }
+#stage-strip .stage-done { border-color: #2f9e63 !important; background: #e8f6ee !important;
+  color: #1d5e3b !important; }
+#stage-strip .stage-running { border-color: #4f6ef7 !important; background: #eaeefe !important;
+  color: #27378a !important; }
 #stage-strip .stage-failed, #stage-strip .stage-interrupted { border-color: #d9480f !important;
   background: #fdece4 !important; color: #8a2d08 !important; }
-#stage-strip .stage-stopped, #stage-strip .stage-stalled { border-color: #e0a52a !important; background: #fdf6e3 !important; }
+#stage-strip .stage-stopped, #stage-strip .stage-stalled { border-color: #e0a52a !important;
+  background: #fdf6e3 !important; }
 #stage-strip button.stage:disabled { opacity: 1; cursor: default; }
 #stage-strip .stage-pending { opacity: 0.7 !important; }
 /* The file browser is a dialog over the page: whichever field asked (the last one is far

@@ -141,7 +141,8 @@ class Entry:
     is_project: bool
 
 
-def list_dir(path: str, roots: list[str], suffixes: tuple[str, ...] = ()) -> tuple[Path, list[Entry]]:
+def list_dir(path: str, roots: list[str],
+             suffixes: tuple[str, ...] = ()) -> tuple[Path, list[Entry]]:
     """The folder (real path) and its visible entries: folders first, then files matching
     `suffixes` (all when empty). Dot entries, blocked entries and entries that resolve
     outside the roots are left out."""

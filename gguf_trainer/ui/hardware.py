@@ -40,7 +40,8 @@ out = {"torch": torch.__version__, "cuda_build": torch.version.cuda,
 if out["cuda_available"]:
     for i in range(torch.cuda.device_count()):
         p = torch.cuda.get_device_properties(i)
-        out["devices"].append({"index": i, "name": p.name, "total_gib": round(p.total_memory / 2**30, 2),
+        out["devices"].append({"index": i, "name": p.name,
+                               "total_gib": round(p.total_memory / 2**30, 2),
                                "capability": f"{p.major}.{p.minor}"})
 print(json.dumps(out))
 """

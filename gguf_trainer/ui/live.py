@@ -162,7 +162,8 @@ def read_new_progress(cur: Cursor, paths: ProjectPaths, line_of) -> bool:
     first = _num(rows[0].get("step")) if rows else None
     last = cur.shown.get("progress-step")
     # read_metrics itself restarts at 0 when the file was rewritten: a step going back says so
-    restarted = offset < cur.log_offset or (first is not None and last is not None and first <= last)
+    restarted = offset < cur.log_offset or (
+        first is not None and last is not None and first <= last)
     if restarted:
         cur.log_text = ""
     cur.log_offset = offset

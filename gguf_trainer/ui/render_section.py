@@ -135,7 +135,8 @@ def status_md(st: dict) -> str:
 
 def result_md(record: dict | None) -> str:
     if not record:
-        return "No render yet. Each one is kept in the project's `renders/` folder with its command lines."
+        return ("No render yet. Each one is kept in the project's `renders/` folder "
+                "with its command lines.")
     fig = record.get("figures")
     lines = [f"**{record.get('prompt')}** · seed {record.get('seed')} · `{record.get('folder')}`"]
     if fig:

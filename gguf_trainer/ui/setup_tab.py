@@ -337,7 +337,8 @@ def replace_material(project: str, material_id: str | None, path: str) -> str:
     if not (path or "").strip():
         raise UserError("type or browse to the folder or file to use instead")
     row = control.link_material(project, material_id, path.strip())
-    return f"{row.get('title') or material_id}: now {row.get('state')}, {_origin(row)} ({row.get('path')})"
+    return (f"{row.get('title') or material_id}: now {row.get('state')}, {_origin(row)} "
+            f"({row.get('path')})")
 
 
 # ---- trusting a teacher snapshot's own code ---------------------------------------------

@@ -338,7 +338,8 @@ import sys
 from gguf_trainer.corpus import build_split
 from gguf_trainer.errors import UserError
 from gguf_trainer.project_schema import validate_settings
-s = validate_settings({{"pack": "t5xxl_pixart", "name": "p", "corpus": {{"files": [{str(bad)!r}], "n_val": 4}}}})
+s = validate_settings({{"pack": "t5xxl_pixart", "name": "p",
+                       "corpus": {{"files": [{str(bad)!r}], "n_val": 4}}}})
 try:
     build_split(s)
 except UserError as e:

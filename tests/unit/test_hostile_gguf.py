@@ -83,10 +83,12 @@ HOSTILE = {
     "overflowing_dims": padded(header(1, 0) + tinfo("adapter.query", [1 << 63, 1 << 63, 4, 4])),
     "too_many_dims": header(1, 0) + tinfo("adapter.query", [1] * 1000),
     "data_past_eof": padded(header(1, 0) + tinfo("adapter.query", [64, 4])) + b"\0" * 100,
-    "offset_past_eof": padded(header(1, 0) + tinfo("adapter.query", [1], offset=1 << 40)) + b"\0" * 4,
+    "offset_past_eof": (padded(header(1, 0) + tinfo("adapter.query", [1], offset=1 << 40))
+                        + b"\0" * 4),
     "unknown_ggml_type": padded(header(1, 0) + tinfo("adapter.query", [4], ggml_type=999)),
     "partial_block": padded(header(1, 0) + tinfo("adapter.query", [33], ggml_type=8)) + b"\0" * 64,
-    "duplicate_tensor": padded(header(2, 0) + tinfo("a", [1]) + tinfo("a", [1], offset=32)) + b"\0" * 64,
+    "duplicate_tensor": (padded(header(2, 0) + tinfo("a", [1]) + tinfo("a", [1], offset=32))
+                         + b"\0" * 64),
 }
 # fmt: on
 

@@ -219,7 +219,8 @@ def test_a_bug_says_internal_error_with_the_log_path(disk):
     code = pipeline.run_foreground(paths, run=buggy)
     st = state(paths)
     assert code == EXIT_INTERNAL and st["status"] == "failed"
-    assert st["error"].startswith("internal error (KeyError") and str(paths.pipeline_log) in st["error"]
+    assert st["error"].startswith("internal error (KeyError")
+    assert str(paths.pipeline_log) in st["error"]
     assert "Traceback" in paths.pipeline_log.read_text()
 
 

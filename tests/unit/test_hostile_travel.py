@@ -197,7 +197,8 @@ def inside(tmp_path_factory, tiny_materials):
     root = disk / "proj"
     mats = root / "materials"
     mats.mkdir(parents=True)
-    local = {"student": mats / "pig.gguf", "tokenizer": mats / "tok", "prompts": mats / "prompts.txt"}
+    local = {"student": mats / "pig.gguf", "tokenizer": mats / "tok",
+             "prompts": mats / "prompts.txt"}
     shutil.copyfile(tiny_materials["student"], local["student"])
     shutil.copytree(tiny_materials["tokenizer"], local["tokenizer"])
     shutil.copyfile(tiny_materials["prompts"], local["prompts"])

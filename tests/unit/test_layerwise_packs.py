@@ -146,7 +146,8 @@ def test_batched_is_per_prompt_and_pads_are_masked_keys(pid, tiny, encode):
     # the real rows do not see the pads (masked keys): the unpadded run gives the same rows
     i = ids[0]
     n = pack.padding.real_length(i)
-    bare = teacher.run(torch.tensor([i[:n]]), torch.ones(1, n, dtype=torch.long), torch.arange(n)[None])[0]
+    bare = teacher.run(torch.tensor([i[:n]]), torch.ones(1, n, dtype=torch.long),
+                       torch.arange(n)[None])[0]
     assert float((bare - batched[0].rows[:n]).norm() / bare.norm()) < 1e-5
     pads = batched[0].rows[n:]
     if pack.padding.pad_position is not None:  # FLUX.3: every pad at position 1, the same state

@@ -141,7 +141,8 @@ def test_other_fingerprint_and_foreign_files(tmp_path):
 def test_load_stats_equals_numpy(tmp_path):
     floor = 0.03
     files = write_set(tmp_path, const_dims=2)
-    rows = np.concatenate([Shard(f).t["target_rows"].float().numpy().astype(np.float64) for f in files])
+    rows = np.concatenate([Shard(f).t["target_rows"].float().numpy().astype(np.float64)
+                           for f in files])
     stats = load_stats(files, floor)
     assert stats.n == rows.shape[0] == sum(int(Shard(f).t["target_len"].sum()) for f in files)
     np.testing.assert_allclose(stats.mu.numpy(), rows.mean(0), rtol=1e-6)

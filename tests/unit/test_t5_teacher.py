@@ -164,7 +164,8 @@ def test_snapshot_whose_weights_do_not_match_its_config(snapshot):
     (snapshot / "config.json").write_text(json.dumps({**config, "d_ff": 96}))
     with pytest.raises(
         UserError,
-        match=r"DenseReluDense.wi_0.weight has shape \[128, 64\] but config.json implies \[96, 64\]",
+        match=(r"DenseReluDense.wi_0.weight has shape \[128, 64\] "
+               r"but config.json implies \[96, 64\]"),
     ):
         t5.check_snapshot(snapshot)
     (snapshot / "config.json").write_text(json.dumps({**config, "num_layers": 3}))
