@@ -23,10 +23,9 @@ log = logging.getLogger(__name__)
 DEFAULT_PACK = "t5xxl_pixart"
 
 def demo_overrides(pack_id: str, prompts_file: Path, steps: int) -> dict:
-    big_rows = pack_id == "llada_image"  # 256 × 2560 rows per prompt: keep its corpus smaller
     return {
         "corpus.files": [str(prompts_file)],
-        "corpus.n_train": 128 if big_rows else 320,
+        "corpus.n_train": 320,
         "corpus.n_val": 32,
         "corpus.min_chars": 1,
         "precompute.shard_size": 64,

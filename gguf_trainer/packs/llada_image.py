@@ -117,6 +117,7 @@ class LLaDAImagePack(TrainerPack):
         "adapter.teacher": "inclusionAI/LLaDA-Image-Turbo",
     }
     bytes_per_sample = 256 * 2560 * 2 + 60 * 1024 * 2
+    demo_settings = {"corpus.n_train": 128}  # 256 × 2560 target rows a prompt: a smaller corpus
 
     def format_prompt(self, text: str) -> str:
         """The released pipeline's string (LLaDAImagePipeline._encode_text), which the teacher

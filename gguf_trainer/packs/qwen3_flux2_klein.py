@@ -64,6 +64,8 @@ class Flux2KleinPack(LayerwisePack):
     )
     teacher_memory_gib = 8.0
     typical_rows = 512
+    # Every prompt is 512 rows: a smaller demo corpus keeps the tiny run near the others' time.
+    demo_settings = {"corpus.n_train": 128, "corpus.n_val": 16}
     hints = {
         "train": "Targets: Qwen3 layers 9, 18, 27 (raw) of all 512 rows, pads included.",
         "eval": "Judge by cos and the per-tap cosines against their mean baselines.",
