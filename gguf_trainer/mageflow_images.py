@@ -82,11 +82,13 @@ def clip_preprocess(x: np.ndarray, th: int, tw: int) -> np.ndarray:
     h, w = x.shape[:2]
     rh, rw = resized_size(h, w, th, tw)
     if rh < th or rw < tw:
-        raise ValueError(f"the engine cannot preprocess a {w}×{h} picture (its resize to cover "
-                         f"{tw}×{th} comes out {rw}×{rh}, and its crop then throws); crop or resize it")
+        raise ValueError(
+            f"the engine cannot preprocess a {w}×{h} picture (its resize to cover "
+            f"{tw}×{th} comes out {rw}×{rh}, and its crop then throws); crop or resize it"
+        )
     x = _nearest(x, rh, rw)
     top, left = (x.shape[0] - th) // 2, (x.shape[1] - tw) // 2
-    x = np.clip(x[top: top + th, left: left + tw], 0.0, 1.0)
+    x = np.clip(x[top : top + th, left : left + tw], 0.0, 1.0)
     return (x - np.array(CLIP_MEAN, dtype=np.float32)) / np.array(CLIP_STD, dtype=np.float32)
 
 
@@ -114,9 +116,13 @@ def patchify(pixels: np.ndarray) -> tuple[np.ndarray, tuple[int, int, int]]:
     c, hh, ww = pixels.shape
     gh, gw = hh // PATCH, ww // PATCH
     if gh % MERGE or gw % MERGE or gh * PATCH != hh or gw * PATCH != ww:
-        raise ValueError(f"a preprocessed image must be a multiple of {FACTOR} px per side, not {ww}×{hh}")
+        raise ValueError(
+            f"a preprocessed image must be a multiple of {FACTOR} px per side, not {ww}×{hh}"
+        )
     frames = np.repeat(pixels[None], TEMPORAL, axis=0)  # (t, c, H, W)
     x = frames.reshape(1, TEMPORAL, c, gh // MERGE, MERGE, PATCH, gw // MERGE, MERGE, PATCH)
     x = x.transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)
-    return (np.ascontiguousarray(x.reshape(gh * gw, c * TEMPORAL * PATCH * PATCH), dtype=np.float32),
-            (1, gh, gw))
+    return (
+        np.ascontiguousarray(x.reshape(gh * gw, c * TEMPORAL * PATCH * PATCH), dtype=np.float32),
+        (1, gh, gw),
+    )

@@ -499,8 +499,11 @@ class PrecomputeStage(Stage):
         if not project.pack.vis_dim:
             return
         recorded = recorded or {}
-        vision.ensure_for_project(project, student_identity(project, recorded.get("student_sha256")),
-                                  teacher_identity(project, recorded.get("teacher")))
+        vision.ensure_for_project(
+            project,
+            student_identity(project, recorded.get("student_sha256")),
+            teacher_identity(project, recorded.get("teacher")),
+        )
 
     def folder(self, paths):
         return paths.shard_dir(self.split)

@@ -36,7 +36,8 @@ class Sample:
     text: str
     images: tuple[Path, ...] = ()
     extra: dict = field(default_factory=dict, compare=False, hash=False)
-    index: int = field(default=-1, compare=False)  # line of the split file (0-based), set by the reader
+    # line of the split file (0-based), set by the reader
+    index: int = field(default=-1, compare=False)
 
     def to_record(self, base: Path | None = None) -> dict:
         rec: dict = {"text": self.text}

@@ -42,13 +42,18 @@ TEACHER_TABLE_NAMES = ("model.language_model.embed_tokens.weight",
                        "language_model.embed_tokens.weight", "model.embed_tokens.weight")
 
 
-def fit_vision_proj(teacher_table: torch.Tensor, student_table: torch.Tensor) -> tuple[torch.Tensor, dict]:
+def fit_vision_proj(
+    teacher_table: torch.Tensor, student_table: torch.Tensor
+) -> tuple[torch.Tensor, dict]:
     """W (in_dim, vis_dim) float32 minimising ||E_t Wᵀ - E_s||² + λ||W||² over the shared
     vocabulary, and the fit's quality over the same rows (cos mean / 5th percentile, rel_mse)."""
     n = min(teacher_table.shape[0], student_table.shape[0])
     if n < teacher_table.shape[1]:
-        log.warning("vision_proj: only %d shared ids for %d teacher dims; the fit is underdetermined",
-                    n, teacher_table.shape[1])
+        log.warning(
+            "vision_proj: only %d shared ids for %d teacher dims; the fit is underdetermined",
+            n,
+            teacher_table.shape[1],
+        )
     acc = RidgeAccumulator(teacher_table.shape[1], student_table.shape[1])
     for a in range(0, n, _CHUNK):
         b = min(a + _CHUNK, n)
@@ -63,8 +68,13 @@ def fit_vision_proj(teacher_table: torch.Tensor, student_table: torch.Tensor) ->
         err += float((pred - true).pow(2).sum())
         ref += float(true.pow(2).sum())
     c = torch.cat(cos)
-    fit = {"shared_vocab": n, "cos_mean": float(c.mean()), "cos_p5": float(c.quantile(0.05)),
-           "rel_mse": err / max(ref, 1e-30), "lambda_rel": LAMBDA_REL}
+    fit = {
+        "shared_vocab": n,
+        "cos_mean": float(c.mean()),
+        "cos_p5": float(c.quantile(0.05)),
+        "rel_mse": err / max(ref, 1e-30),
+        "lambda_rel": LAMBDA_REL,
+    }
     return weight, fit
 
 
@@ -96,8 +106,9 @@ def fitted_sha(path: Path, inputs: dict) -> str | None:
     return None
 
 
-def ensure_vision_proj(path: Path, inputs: dict,
-                       load_tables: Callable[[], tuple[torch.Tensor, torch.Tensor]]) -> str:
+def ensure_vision_proj(
+    path: Path, inputs: dict, load_tables: Callable[[], tuple[torch.Tensor, torch.Tensor]]
+) -> str:
     """sha256 of the vision_proj map at `path`, fitting it first unless it was already
     fitted from exactly `inputs` (student file, teacher, method): once per project."""
     sha = fitted_sha(path, inputs)
@@ -106,9 +117,15 @@ def ensure_vision_proj(path: Path, inputs: dict,
     inputs = {**inputs, "method": METHOD, "lambda_rel": LAMBDA_REL}
     teacher_table, student_table = load_tables()
     weight, fit = fit_vision_proj(teacher_table.float(), student_table.float())
-    log.info("vision_proj: ridge fit over %d shared ids, %d -> %d: cos mean %.4f, p5 %.4f, "
-             "rel_mse %.4f", fit["shared_vocab"], weight.shape[1], weight.shape[0], fit["cos_mean"],
-             fit["cos_p5"], fit["rel_mse"])
+    log.info(
+        "vision_proj: ridge fit over %d shared ids, %d -> %d: cos mean %.4f, p5 %.4f, rel_mse %.4f",
+        fit["shared_vocab"],
+        weight.shape[1],
+        weight.shape[0],
+        fit["cos_mean"],
+        fit["cos_p5"],
+        fit["rel_mse"],
+    )
     meta = {"inputs": json.dumps(inputs, sort_keys=True), "fit": json.dumps(fit)}
     with atomic.atomic_path(path, suffix=".safetensors") as tmp:
         save_file({TENSOR: weight.contiguous()}, str(tmp), metadata=meta)
@@ -121,8 +138,10 @@ def load_vision_proj(path: Path) -> torch.Tensor:
         with safe_open(str(path), framework="pt") as f:
             return f.get_tensor(TENSOR).float()
     except (SafetensorError, OSError, ValueError):
-        raise UserError(f"{path} is missing or damaged; delete it and start again to refit "
-                        "the vision projection.") from None
+        raise UserError(
+            f"{path} is missing or damaged; delete it and start again to refit "
+            "the vision projection."
+        ) from None
 
 
 def load_teacher_table(snapshot: Path) -> torch.Tensor:
@@ -133,8 +152,10 @@ def load_teacher_table(snapshot: Path) -> torch.Tensor:
             for name in TEACHER_TABLE_NAMES:
                 if name in names:
                     return f.get_tensor(name).float()
-    raise UserError(f"{snapshot} has no token embedding table ({TEACHER_TABLE_NAMES[0]}); "
-                    "download the complete teacher snapshot.")
+    raise UserError(
+        f"{snapshot} has no token embedding table ({TEACHER_TABLE_NAMES[0]}); "
+        "download the complete teacher snapshot."
+    )
 
 
 def image_runs(ids: Sequence[int], pad_id: int) -> list[tuple[int, int]]:
@@ -149,12 +170,17 @@ def image_runs(ids: Sequence[int], pad_id: int) -> list[tuple[int, int]]:
     return runs
 
 
-def splices(runs: Sequence[tuple[int, int]], raw: Sequence[torch.Tensor], weight: torch.Tensor,
-            batch_index: int) -> list[tuple[int, int, torch.Tensor]]:
+def splices(
+    runs: Sequence[tuple[int, int]],
+    raw: Sequence[torch.Tensor],
+    weight: torch.Tensor,
+    batch_index: int,
+) -> list[tuple[int, int, torch.Tensor]]:
     """`Student.hidden` splices for one sample: each image's raw rows mapped by vision_proj."""
     if [n for _, n in runs] != [r.shape[0] for r in raw]:
-        raise ValueError(f"image-token runs {runs} do not match embeds of "
-                         f"{[r.shape[0] for r in raw]} rows")
+        raise ValueError(
+            f"image-token runs {runs} do not match embeds of {[r.shape[0] for r in raw]} rows"
+        )
     return [(batch_index, s, r.float() @ weight.T) for (s, _), r in zip(runs, raw)]
 
 

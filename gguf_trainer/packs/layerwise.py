@@ -113,8 +113,11 @@ class LayerwisePack(TrainerPack):
         """A tiny real teacher of the family's architecture, as deep as its deepest tap."""
         from ..tiny.qwen_taps import write_tiny_tap_teacher
 
-        return {"teacher": write_tiny_tap_teacher(folder / f"{self.id}-teacher-tiny", self.teacher_arch,
-                                                  max(self.taps))}
+        return {
+            "teacher": write_tiny_tap_teacher(
+                folder / f"{self.id}-teacher-tiny", self.teacher_arch, max(self.taps)
+            )
+        }
 
     def build_mock_teacher(self, project):
         from .mock import MockTokenTeacher
@@ -124,9 +127,18 @@ class LayerwisePack(TrainerPack):
     def health_line(self, metrics):
         if metrics.get("cos") is None:
             return None
-        return (f"n/a: no published pig_clip + layerwise {self.family} run to compare with; whole-stack "
-                f"cos {metrics['cos']:.4f} (mean baseline {metrics.get('baseline_cos', float('nan')):.4f}); "
-                "see the per-tap cosines")
+        return (
+            f"n/a: no published pig_clip + layerwise {self.family} run to compare with; "
+            "whole-stack "
+            f"cos {metrics['cos']:.4f} (mean baseline "
+            f"{metrics.get('baseline_cos', float('nan')):.4f}); "
+            "see the per-tap cosines"
+        )
 
     def describe(self) -> dict:
-        return {**super().describe(), "family": self.family, "serves": self.serves, "taps": list(self.taps)}
+        return {
+            **super().describe(),
+            "family": self.family,
+            "serves": self.serves,
+            "taps": list(self.taps),
+        }

@@ -29,14 +29,20 @@ from ..template_padding import Padding
 from .layerwise import QWEN3VL_4B, LayerwisePack
 from .qwen3vl_krea2 import Krea2Pack
 
-NULL_CAPTION = ('{"short_description":"","objects":[],"background_setting":"","lighting":{},"aesthetics":{},'
-                '"photographic_characteristics":{},"style_medium":"","context":"","artistic_style":""}')
+NULL_CAPTION = (
+    '{"short_description":"","objects":[],"background_setting":"","lighting":{},"aesthetics":{},'
+    '"photographic_characteristics":{},"style_medium":"","context":"","artistic_style":""}'
+)
 FIBO2_WIDTH = 2560  # kTextWidth
 
 
 def _empty(v) -> bool:
-    return (v is None or (isinstance(v, str) and not v) or (isinstance(v, float) and math.isnan(v))
-            or (isinstance(v, (list, dict)) and not v))
+    return (
+        v is None
+        or (isinstance(v, str) and not v)
+        or (isinstance(v, float) and math.isnan(v))
+        or (isinstance(v, (list, dict)) and not v)
+    )
 
 
 def _clean(v):
@@ -67,8 +73,12 @@ def _refuse(name: str):
 def _parse(text: str):
     """nlohmann::json::parse(text, nullptr, false) (fibo2.hpp 91): a UTF-8 BOM is skipped, NaN /
     Infinity, numbers past a double and lone surrogates are errors (ValueError)."""
-    value = json.loads(text.removeprefix("\ufeff"), parse_constant=_refuse,
-                       parse_float=lambda t: _number(t, float), parse_int=lambda t: _number(t, int))
+    value = json.loads(
+        text.removeprefix("\ufeff"),
+        parse_constant=_refuse,
+        parse_float=lambda t: _number(t, float),
+        parse_int=lambda t: _number(t, int),
+    )
     json.dumps(value, ensure_ascii=False).encode("utf-8")  # UnicodeEncodeError: a lone surrogate
     return value
 
@@ -89,7 +99,9 @@ def _float(v: float) -> str:
     elif -4 < n <= 0:
         text = "0." + "0" * -n + d
     else:
-        text = d[0] + ("." + d[1:] if k > 1 else "") + f"e{'-' if n - 1 < 0 else '+'}{abs(n - 1):02d}"
+        text = (
+            d[0] + ("." + d[1:] if k > 1 else "") + f"e{'-' if n - 1 < 0 else '+'}{abs(n - 1):02d}"
+        )
     return ("-" if v < 0 else "") + text
 
 
@@ -120,7 +132,9 @@ def fibo2_caption(text: str) -> str:
     if "structured_caption" in caption:
         caption = caption["structured_caption"]
         if not isinstance(caption, dict):  # returned as parse_prompt's caption (103), then 147-150
-            return caption if isinstance(caption, str) else "{}" if _empty(caption) else _dump(caption)
+            return (
+                caption if isinstance(caption, str) else "{}" if _empty(caption) else _dump(caption)
+            )
     short = len(caption) == 2 and "short_description" in caption and "text_render" in caption
     for score in ("aesthetic_score", "preference_score"):
         caption.pop(score, None)
@@ -129,17 +143,21 @@ def fibo2_caption(text: str) -> str:
                 value.pop(score, None)
     caption = _clean(caption)
     if short:
-        caption = {"short_description": caption.get("short_description", ""),
-                   "text_render": caption.get("text_render", [])}
+        caption = {
+            "short_description": caption.get("short_description", ""),
+            "text_render": caption.get("text_render", []),
+        }
     return "{}" if _empty(caption) else _dump(caption)
 
 
 class Fibo2Pack(LayerwisePack):
     id = "qwen3vl_fibo2"
     title = "Fibo 2.0 text-to-image (Qwen3-VL-4B, 15 taps)"
-    description = ("Replaces the Qwen3-VL-4B-Instruct text encoder of Fibo 2.0 (text-to-image) with pig_clip "
-                   "+ a layerwise adapter emitting the raw 15-layer stack (38400 wide); the engine normalises "
-                   "and bundles it.")
+    description = (
+        "Replaces the Qwen3-VL-4B-Instruct text encoder of Fibo 2.0 (text-to-image) with pig_clip "
+        "+ a layerwise adapter emitting the raw 15-layer stack (38400 wide); the engine normalises "
+        "and bundles it."
+    )
     family = "Fibo 2.0"
     serves = "Fibo 2.0 Dev (text-to-image)"
     taps = (5, 7, 9, 11, 13, 16, 18, 20, 22, 24, 27, 29, 31, 33, 35)
@@ -150,20 +168,34 @@ class Fibo2Pack(LayerwisePack):
     shard_contract = "qwen3vl_fibo2/1"
     # Fibo2Conditioner builds the template itself: format_prompt and its helpers (members),
     # the prompt (lines) and the encode_prompt call with its range, start and max length (call)
-    engine_template = {"file": "diffusion/src/conditioning/fibo2.hpp", "lines": (227, 227),
-                       "members": ((30, 43), (57, 151)), "call": (322, 332), "version": "VERSION_FIBO2"}
+    engine_template = {
+        "file": "diffusion/src/conditioning/fibo2.hpp",
+        "lines": (227, 227),
+        "members": ((30, 43), (57, 151)),
+        "call": (322, 332),
+        "version": "VERSION_FIBO2",
+    }
     teacher_materials = Krea2Pack.teacher_materials
     teacher_memory_gib = 9.0
     typical_rows = 200
-    hints = {"train": "Targets: the 15 RAW Qwen3-VL-4B layers (the engine RMS-normalises them itself).",
-             "eval": "Judge by cos and the per-tap cosines against their mean baselines."}
+    hints = {
+        "train": "Targets: the 15 RAW Qwen3-VL-4B layers (the engine RMS-normalises them itself).",
+        "eval": "Judge by cos and the per-tap cosines against their mean baselines.",
+    }
     engine_command_template = (
-        "ggk --diffusion-model <fibo2 dev DiT .gguf> --vae pig_flux2_vae_fp32-f16.gguf --llm {student} "
-        "--llm-adapter {adapter} -p \"a sheep in sunglasses\" --cfg-scale 5 --steps 20 "
-        "--sampling-method euler --diffusion-fa -o out.png")
-    engine_notes = ("Text-to-image only: edits need a vision-ext layerwise adapter, not in this pack yet.",)
-    export_kv = {"adapter.teacher": QWEN3VL_4B, "adapter.teacher_tap": "layers 5,7,...,35 (raw)",
-                 "adapter.family": "Fibo 2.0"}
+        "ggk --diffusion-model <fibo2 dev DiT .gguf> --vae pig_flux2_vae_fp32-f16.gguf --llm "
+        "{student} "
+        '--llm-adapter {adapter} -p "a sheep in sunglasses" --cfg-scale 5 --steps 20 '
+        "--sampling-method euler --diffusion-fa -o out.png"
+    )
+    engine_notes = (
+        "Text-to-image only: edits need a vision-ext layerwise adapter, not in this pack yet.",
+    )
+    export_kv = {
+        "adapter.teacher": QWEN3VL_4B,
+        "adapter.teacher_tap": "layers 5,7,...,35 (raw)",
+        "adapter.family": "Fibo 2.0",
+    }
 
     def format_prompt(self, text: str) -> str:
         return self.prefix + fibo2_caption(text) + self.suffix

@@ -23,8 +23,10 @@ from .qwen3vl_krea2 import Krea2Pack
 class Flux3Pack(LayerwisePack):
     id = "qwen3vl_flux3"
     title = "FLUX.3 Klein (Qwen3-VL-4B, 8 taps)"
-    description = ("Replaces the Qwen3-VL-4B-Instruct text encoder of FLUX.3 Image Klein with pig_clip + a "
-                   "layerwise adapter emitting the 8-layer stack {4, 8, ..., 32}, pads included.")
+    description = (
+        "Replaces the Qwen3-VL-4B-Instruct text encoder of FLUX.3 Image Klein with pig_clip + a "
+        "layerwise adapter emitting the 8-layer stack {4, 8, ..., 32}, pads included."
+    )
     family = "FLUX.3 Klein"
     serves = "FLUX.3 Image Klein"
     taps = (4, 8, 12, 16, 20, 24, 28, 32)
@@ -32,22 +34,34 @@ class Flux3Pack(LayerwisePack):
     max_len_student = max_len_teacher = 4096
     default_name = "qwen3vl_4b_it_adapter"  # pig_qwen3vl_4b_it_adapter-f16.gguf
     shard_contract = "qwen3vl_flux3/1"
-    engine_template = {"file": "diffusion/src/conditioning/conditioner.hpp", "lines": (3550, 3561),
-                       "version": "VERSION_FLUX3"}
+    engine_template = {
+        "file": "diffusion/src/conditioning/conditioner.hpp",
+        "lines": (3550, 3561),
+        "version": "VERSION_FLUX3",
+    }
     teacher_materials = Krea2Pack.teacher_materials
     teacher_memory_gib = 9.0
     typical_rows = 80
-    hints = {"train": "Targets: 8 raw Qwen3-VL-4B layers per row, the pads to a multiple of 80 included "
-                      "(at rope position 1, as the engine runs them).",
-             "eval": "Judge by cos and the per-tap cosines against their mean baselines."}
+    hints = {
+        "train": "Targets: 8 raw Qwen3-VL-4B layers per row, the pads to a multiple of 80 included "
+        "(at rope position 1, as the engine runs them).",
+        "eval": "Judge by cos and the per-tap cosines against their mean baselines.",
+    }
     engine_command_template = (
         "ggk --diffusion-model flux3-image-klein-nvfp4.gguf --vae pig_flux2_vae_fp32-f16.gguf "
-        "--llm {student} --llm-adapter {adapter} -p \"a sheep in sunglasses\" --cfg-scale 1 --steps 4 "
-        "-o out.png")
-    engine_notes = ("Needs ggk 0.9.5+; --prompt-upsampler qwen3.5-9b-q4_k_m.gguf combines with it.",)
+        '--llm {student} --llm-adapter {adapter} -p "a sheep in sunglasses" --cfg-scale 1 --steps '
+        '4 '
+        "-o out.png"
+    )
+    engine_notes = (
+        "Needs ggk 0.9.5+; --prompt-upsampler qwen3.5-9b-q4_k_m.gguf combines with it.",
+    )
     min_ggk = "0.9.5"
-    export_kv = {"adapter.teacher": QWEN3VL_4B, "adapter.teacher_tap": "layers 4,8,...,32 (raw)",
-                 "adapter.family": "FLUX.3 Klein"}
+    export_kv = {
+        "adapter.teacher": QWEN3VL_4B,
+        "adapter.teacher_tap": "layers 4,8,...,32 (raw)",
+        "adapter.family": "FLUX.3 Klein",
+    }
 
 
 PACK = Flux3Pack()

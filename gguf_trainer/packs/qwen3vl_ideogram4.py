@@ -22,8 +22,10 @@ QWEN3VL_8B = "Qwen/Qwen3-VL-8B-Instruct"
 class Ideogram4Pack(LayerwisePack):
     id = "qwen3vl_ideogram4"
     title = "Ideogram 4 (Qwen3-VL-8B, 13 taps)"
-    description = ("Replaces the Qwen3-VL-8B-Instruct text encoder of Ideogram 4 with pig_clip + a "
-                   "layerwise adapter emitting the 13-layer stack {1, 4, ..., 34, 36} (53248 wide).")
+    description = (
+        "Replaces the Qwen3-VL-8B-Instruct text encoder of Ideogram 4 with pig_clip + a "
+        "layerwise adapter emitting the 13-layer stack {1, 4, ..., 34, 36} (53248 wide)."
+    )
     family = "Ideogram 4"
     serves = "Ideogram 4"
     taps = (1, 4, 7, 10, 13, 16, 19, 22, 25, 28, 31, 34, 36)
@@ -31,23 +33,45 @@ class Ideogram4Pack(LayerwisePack):
     one_piece = True
     default_name = "qwen3vl_ideogram4_adapter"
     shard_contract = "qwen3vl_ideogram4/1"
-    engine_template = {"file": "diffusion/src/conditioning/conditioner.hpp", "lines": (3384, 3390),
-                       "version": "VERSION_IDEOGRAM4"}
+    engine_template = {
+        "file": "diffusion/src/conditioning/conditioner.hpp",
+        "lines": (3384, 3390),
+        "version": "VERSION_IDEOGRAM4",
+    }
     teacher_materials = (
-        Material("teacher", "Teacher: Qwen3-VL-8B-Instruct", "hf_snapshot", repo=QWEN3VL_8B,
-                 subdir="Qwen3-VL-8B-Instruct", size_gb=17.5,
-                 patterns=("config.json", "model.safetensors.index.json", "model-*.safetensors",
-                           "tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt")),
+        Material(
+            "teacher",
+            "Teacher: Qwen3-VL-8B-Instruct",
+            "hf_snapshot",
+            repo=QWEN3VL_8B,
+            subdir="Qwen3-VL-8B-Instruct",
+            size_gb=17.5,
+            patterns=(
+                "config.json",
+                "model.safetensors.index.json",
+                "model-*.safetensors",
+                "tokenizer.json",
+                "tokenizer_config.json",
+                "vocab.json",
+                "merges.txt",
+            ),
+        ),
     )
     teacher_memory_gib = 17.0
     typical_rows = 70
-    hints = {"train": "Targets: 13 raw Qwen3-VL-8B layers per token (53248 features).",
-             "eval": "Judge by cos and the per-tap cosines against their mean baselines."}
+    hints = {
+        "train": "Targets: 13 raw Qwen3-VL-8B layers per token (53248 features).",
+        "eval": "Judge by cos and the per-tap cosines against their mean baselines.",
+    }
     engine_command_template = (
         "ggk --diffusion-model <ideogram4 DiT .gguf> --vae <ideogram4 VAE .gguf> --llm {student} "
-        "--llm-adapter {adapter} -p \"a sheep in sunglasses\" -o out.png")
-    export_kv = {"adapter.teacher": QWEN3VL_8B, "adapter.teacher_tap": "layers 1,4,...,34,36 (raw)",
-                 "adapter.family": "Ideogram 4"}
+        '--llm-adapter {adapter} -p "a sheep in sunglasses" -o out.png'
+    )
+    export_kv = {
+        "adapter.teacher": QWEN3VL_8B,
+        "adapter.teacher_tap": "layers 1,4,...,34,36 (raw)",
+        "adapter.family": "Ideogram 4",
+    }
 
 
 PACK = Ideogram4Pack()

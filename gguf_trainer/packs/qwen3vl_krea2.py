@@ -18,16 +18,20 @@ from __future__ import annotations
 from .base import Material
 from .layerwise import QWEN3VL_4B, LayerwisePack
 
-KREA2_PREFIX = ("<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, "
-                "quantity, text, spatial relationships of the objects and background:<|im_end|>\n"
-                "<|im_start|>user\n")
+KREA2_PREFIX = (
+    "<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, "
+    "quantity, text, spatial relationships of the objects and background:<|im_end|>\n"
+    "<|im_start|>user\n"
+)
 
 
 class Krea2Pack(LayerwisePack):
     id = "qwen3vl_krea2"
     title = "Krea2 / Iris-3B (Qwen3-VL-4B, 12 taps)"
-    description = ("Replaces the Qwen3-VL-4B-Instruct text encoder of Krea2 and Iris-3B with pig_clip + a "
-                   "layerwise adapter emitting the 12-layer stack {2, 5, ..., 35}.")
+    description = (
+        "Replaces the Qwen3-VL-4B-Instruct text encoder of Krea2 and Iris-3B with pig_clip + a "
+        "layerwise adapter emitting the 12-layer stack {2, 5, ..., 35}."
+    )
     family = "Krea2"
     serves = "Krea2, Iris-3B"
     taps = (2, 5, 8, 11, 14, 17, 20, 23, 26, 29, 32, 35)
@@ -35,25 +39,49 @@ class Krea2Pack(LayerwisePack):
     start = 34
     default_name = "qwen3vl_layerwise_adapter"  # exported as pig_qwen3vl_layerwise_adapter-f16.gguf
     shard_contract = "qwen3vl_krea2/1"
-    engine_template = {"file": "diffusion/src/conditioning/conditioner.hpp", "lines": (3296, 3305),
-                       "version": "VERSION_KREA2"}
+    engine_template = {
+        "file": "diffusion/src/conditioning/conditioner.hpp",
+        "lines": (3296, 3305),
+        "version": "VERSION_KREA2",
+    }
     teacher_materials = (
-        Material("teacher", "Teacher: Qwen3-VL-4B-Instruct", "hf_snapshot", repo=QWEN3VL_4B,
-                 subdir="Qwen3-VL-4B-Instruct", size_gb=8.9,
-                 patterns=("config.json", "model.safetensors.index.json", "model-*.safetensors",
-                           "tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt")),
+        Material(
+            "teacher",
+            "Teacher: Qwen3-VL-4B-Instruct",
+            "hf_snapshot",
+            repo=QWEN3VL_4B,
+            subdir="Qwen3-VL-4B-Instruct",
+            size_gb=8.9,
+            patterns=(
+                "config.json",
+                "model.safetensors.index.json",
+                "model-*.safetensors",
+                "tokenizer.json",
+                "tokenizer_config.json",
+                "vocab.json",
+                "merges.txt",
+            ),
+        ),
     )
     teacher_memory_gib = 9.0
     typical_rows = 34 + 60
-    hints = {"train": "Targets: 12 raw Qwen3-VL-4B layers per token (rows from 34 reach the DiT).",
-             "eval": "Judge by cos_slice and the per-tap cosines against their mean baselines."}
+    hints = {
+        "train": "Targets: 12 raw Qwen3-VL-4B layers per token (rows from 34 reach the DiT).",
+        "eval": "Judge by cos_slice and the per-tap cosines against their mean baselines.",
+    }
     engine_command_template = (
-        "ggk --diffusion-model krea2_turbo-q2_k.gguf --vae pig_wan_vae_fp32-f16.gguf --llm {student} "
-        "--llm-adapter {adapter} -p \"a lovely pig holding a sign says GGUF\" --cfg-scale 1.00 --steps 8 "
-        "--diffusion-fa -o out.png")
+        "ggk --diffusion-model krea2_turbo-q2_k.gguf --vae pig_wan_vae_fp32-f16.gguf --llm "
+        "{student} "
+        '--llm-adapter {adapter} -p "a lovely pig holding a sign says GGUF" --cfg-scale 1.00 '
+        '--steps 8 '
+        "--diffusion-fa -o out.png"
+    )
     engine_notes = ("Iris-3B takes the same file: swap the --diffusion-model for the Iris-3B DiT.",)
-    export_kv = {"adapter.teacher": QWEN3VL_4B, "adapter.teacher_tap": "layers 2,5,...,35 (raw)",
-                 "adapter.family": "Krea2, Iris-3B"}
+    export_kv = {
+        "adapter.teacher": QWEN3VL_4B,
+        "adapter.teacher_tap": "layers 2,5,...,35 (raw)",
+        "adapter.family": "Krea2, Iris-3B",
+    }
 
 
 PACK = Krea2Pack()

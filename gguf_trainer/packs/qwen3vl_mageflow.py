@@ -13,13 +13,17 @@ from .base import Material, TrainerPack
 # Copied exactly from the engine (conditioner.hpp 3155-3235, LLMEmbedder, MageFlow: edit and
 # text-to-image, the pack's engine_template); tests/engine compiles those lines and compares.
 EDIT_PREFIX = (
-    "<|im_start|>system\nDescribe the key features of the input image (color, shape, size, texture, "
+    "<|im_start|>system\nDescribe the key features of the input image (color, shape, size, "
+    "texture, "
     "objects, background), then explain how the user's text instruction should alter or modify the "
     "image. Generate a new image that meets the user's requirements while maintaining consistency "
-    "with the original input where appropriate.<|im_end|>\n<|im_start|>user\n")
+    "with the original input where appropriate.<|im_end|>\n<|im_start|>user\n"
+)
 T2I_PREFIX = (
-    "<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, "
-    "text, spatial relationships of the objects and background:<|im_end|>\n<|im_start|>user\n")
+    "<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, "
+    "quantity, "
+    "text, spatial relationships of the objects and background:<|im_end|>\n<|im_start|>user\n"
+)
 SUFFIX = "<|im_end|>\n<|im_start|>assistant\n"
 EDIT_START = 64
 T2I_START = 34
@@ -42,41 +46,82 @@ def image_block(i: int, n: int) -> str:
 class MageFlowPack(TrainerPack):
     id = "qwen3vl_mageflow"
     title = "MageFlow-Edit (Qwen3-VL-4B)"
-    description = ("Replaces the Qwen3-VL-4B-Instruct text stack with pig_clip + a token-aligned "
-                   "adapter with a vision extension; pairs with the unchanged mmproj for editing.")
+    description = (
+        "Replaces the Qwen3-VL-4B-Instruct text stack with pig_clip + a token-aligned "
+        "adapter with a vision extension; pairs with the unchanged mmproj for editing."
+    )
     adapter_kind = "token_aligned_vision"
-    engine_template = {"file": "diffusion/src/conditioning/conditioner.hpp", "lines": (3155, 3235),
-                       "version": "VERSION_MAGE_FLOW"}
+    engine_template = {
+        "file": "diffusion/src/conditioning/conditioner.hpp",
+        "lines": (3155, 3235),
+        "version": "VERSION_MAGE_FLOW",
+    }
     out_dim = 2560
     vis_dim = 2560
     default_name = "qwen3vl_4b_adapter"
     shard_contract = "qwen3vl_mageflow/3"  # 3: images spliced, raw vision rows stored
     max_len_student = 1024
     headline = "cos"  # token-weighted over supervised tokens
-    eval_keys = ("cos", "cos_slice", "cos_vis", "cos_txt", "rel_mse", "worst_sample_cos",
-                 "roundtrip_cos", "baseline_cos")
+    eval_keys = (
+        "cos",
+        "cos_slice",
+        "cos_vis",
+        "cos_txt",
+        "rel_mse",
+        "worst_sample_cos",
+        "roundtrip_cos",
+        "baseline_cos",
+    )
     teacher_materials = (
-        Material("teacher", "Teacher: Qwen3-VL-4B-Instruct", "hf_snapshot", repo="Qwen/Qwen3-VL-4B-Instruct",
-                 subdir="Qwen3-VL-4B-Instruct", size_gb=8.3,
-                 patterns=("config.json", "generation_config.json", "model.safetensors.index.json",
-                           "model-*.safetensors", "preprocessor_config.json", "tokenizer.json",
-                           "tokenizer_config.json", "vocab.json", "merges.txt", "chat_template.json")),
+        Material(
+            "teacher",
+            "Teacher: Qwen3-VL-4B-Instruct",
+            "hf_snapshot",
+            repo="Qwen/Qwen3-VL-4B-Instruct",
+            subdir="Qwen3-VL-4B-Instruct",
+            size_gb=8.3,
+            patterns=(
+                "config.json",
+                "generation_config.json",
+                "model.safetensors.index.json",
+                "model-*.safetensors",
+                "preprocessor_config.json",
+                "tokenizer.json",
+                "tokenizer_config.json",
+                "vocab.json",
+                "merges.txt",
+                "chat_template.json",
+            ),
+        ),
     )
     defaults = {
         "corpus.empty_frac": 0.015,
         # the trainer5 mix: 56k single-image + 3k two-image + 27k text-only; val 1024 + 512
         # (instructions.Mix.from_counts splits n_train / n_val in these proportions)
-        "corpus.n_train": 86000, "corpus.n_val": 1536,
-        "precompute.shard_size": 512, "precompute.val_shard_size": 256,
-        "train.width": 1024, "train.depth": 4, "train.steps": 20000, "train.batch_size": 32,
-        "train.lr": 2e-4, "train.warmup": 1000, "export.export_sigvq": False,
+        "corpus.n_train": 86000,
+        "corpus.n_val": 1536,
+        "precompute.shard_size": 512,
+        "precompute.val_shard_size": 256,
+        "train.width": 1024,
+        "train.depth": 4,
+        "train.steps": 20000,
+        "train.batch_size": 32,
+        "train.lr": 2e-4,
+        "train.warmup": 1000,
+        "export.export_sigvq": False,
     }
     hints = {
         "train": "Reference (trainer5): val cos 0.915 (vision 0.80, text 0.98).",
         "eval": "Judge by cos_slice (the rows the DiT consumes) and the cos_vis / cos_txt split; "
-                + VISION_HINT + ".",
+        + VISION_HINT
+        + ".",
     }
-    reference = {"val cos": 0.915, "cos_vis": 0.80, "cos_txt": 0.98, "recipe": "trainer5, width 1024, depth 4"}
+    reference = {
+        "val cos": 0.915,
+        "cos_vis": 0.80,
+        "cos_txt": 0.98,
+        "recipe": "trainer5, width 1024, depth 4",
+    }
     teacher_memory_gib = 9.0
     # the full Qwen3-VL-4B text stack (engine-contract §4b: it dumps llm_hidden.bin); the
     # --llm_vision mmproj stays from the command
@@ -84,8 +129,10 @@ class MageFlowPack(TrainerPack):
     engine_command_template = (
         "ggk diffuser engine -- --diffusion-model mageflow-edit-turbo-nvfp4.gguf "
         "--vae pig_mageflow_vae_fp32-f16.gguf --llm {student} --llm-adapter {adapter} "
-        "--llm_vision mmproj-qwen3vl-4b-it-f16.gguf --ref-image sheep.png -p \"a sheep in sunglasses\" "
-        "--cfg-scale 1.0 --steps 4 --sampling-method euler --diffusion-fa -o out.png")
+        '--llm_vision mmproj-qwen3vl-4b-it-f16.gguf --ref-image sheep.png -p "a sheep in '
+        'sunglasses" '
+        "--cfg-scale 1.0 --steps 4 --sampling-method euler --diffusion-fa -o out.png"
+    )
     export_kv = {
         "adapter.qwen_hidden_source": "final_norm",
         "adapter.teacher": "Qwen/Qwen3-VL-4B-Instruct",
@@ -127,7 +174,9 @@ class MageFlowPack(TrainerPack):
 
         from ..teachers.qwen3vl import check_snapshot
 
-        return check_snapshot(materials["teacher"]).gib("cpu" if torch.device(device).type != "cuda" else "gpu")
+        return check_snapshot(materials["teacher"]).gib(
+            "cpu" if torch.device(device).type != "cuda" else "gpu"
+        )
 
     def load_teacher(self, materials, plan, device):
         """Qwen3-VL from the snapshot, placed as planned: gpu (resident), offload (tower on the
@@ -135,8 +184,14 @@ class MageFlowPack(TrainerPack):
         tokenizer first."""
         from ..teachers.qwen3vl import load_qwen3vl_teacher
 
-        return load_qwen3vl_teacher(materials["teacher"], device, plan.mode, student_pieces=self.student_pieces,
-                                    template=self.teacher_template(), ram_limit_gib=plan.cpu_gib)
+        return load_qwen3vl_teacher(
+            materials["teacher"],
+            device,
+            plan.mode,
+            student_pieces=self.student_pieces,
+            template=self.teacher_template(),
+            ram_limit_gib=plan.cpu_gib,
+        )
 
     def teacher_template(self):
         """The templates and the engine's counts, as the teacher takes them (teachers import
@@ -167,7 +222,10 @@ class MageFlowPack(TrainerPack):
         for key in ("cos_vis", "cos_txt"):
             if metrics.get(key) is not None:
                 base = metrics.get(f"baseline_{key}")
-                parts.append(f"{key} {metrics[key]:.4f}" + (f" (mean baseline {base:.4f})" if base is not None else ""))
+                parts.append(
+                    f"{key} {metrics[key]:.4f}"
+                    + (f" (mean baseline {base:.4f})" if base is not None else "")
+                )
         line = ", ".join(parts) + "; " + REFERENCE_LINE
         vis, txt = metrics.get("cos_vis"), metrics.get("cos_txt")
         if vis is not None and txt is not None and txt - vis > 0.25:
@@ -177,8 +235,14 @@ class MageFlowPack(TrainerPack):
     def build_mock_teacher(self, project):
         from .mock import MockVisionTokenTeacher
 
-        return MockVisionTokenTeacher(self.id, self.out_dim, self.vis_dim, preprocess_image,
-                                      sup_start_text=T2I_START, sup_start_image=EDIT_START)
+        return MockVisionTokenTeacher(
+            self.id,
+            self.out_dim,
+            self.vis_dim,
+            preprocess_image,
+            sup_start_text=T2I_START,
+            sup_start_image=EDIT_START,
+        )
 
 
 PACK = MageFlowPack()

@@ -24,8 +24,11 @@ from .token_aligned_qwen import QwenTokenAlignedPack
 class MiniMaxH3Pack(QwenTokenAlignedPack):
     id = "qwen3vl_minimax_h3"
     title = "MiniMax H3 (truncated Qwen3-VL, layer 50)"
-    description = ("Replaces the truncated Qwen3-VL text encoder of MiniMax H3 with pig_clip + a token-aligned "
-                   "adapter emitting the raw layer-50 state (5120 wide) of every prompt token.")
+    description = (
+        "Replaces the truncated Qwen3-VL text encoder of MiniMax H3 with pig_clip + a "
+        "token-aligned "
+        "adapter emitting the raw layer-50 state (5120 wide) of every prompt token."
+    )
     family = "MiniMax H3"
     serves = "MiniMax H3 (video)"
     teacher_arch = "qwen3_vl"
@@ -38,23 +41,35 @@ class MiniMaxH3Pack(QwenTokenAlignedPack):
     start = 0
     default_name = "qwen3vl_minimax_h3_adapter"
     shard_contract = "qwen3vl_minimax_h3/1"
-    engine_template = {"file": "diffusion/src/conditioning/conditioner.hpp", "lines": (2949, 2953),
-                       "version": "VERSION_MINIMAX_H3"}
+    engine_template = {
+        "file": "diffusion/src/conditioning/conditioner.hpp",
+        "lines": (2949, 2953),
+        "version": "VERSION_MINIMAX_H3",
+    }
     teacher_materials = (
-        Material("teacher", "Teacher: MiniMax H3's truncated Qwen3-VL (link a local copy)", "hf_snapshot",
-                 size_gb=52.0, hint="the Qwen3-VL text encoder folder of the MiniMax H3 release (transformers "
-                 "Qwen3-VL, hidden 5120, >= 50 decoder layers, ~52 GB bf16) with its tokenizer files"),
+        Material(
+            "teacher",
+            "Teacher: MiniMax H3's truncated Qwen3-VL (link a local copy)",
+            "hf_snapshot",
+            size_gb=52.0,
+            hint="the Qwen3-VL text encoder folder of the MiniMax H3 release (transformers "
+            "Qwen3-VL, hidden 5120, >= 50 decoder layers, ~52 GB bf16) with its tokenizer files",
+        ),
     )
     teacher_memory_gib = 52.0
     typical_rows = 60
     defaults = {**QwenTokenAlignedPack.defaults, "corpus.empty_frac": 0.0}
     demo_settings = {"corpus.empty_frac": 0.0}
-    hints = {"train": "Targets: truncated Qwen3-VL layer 50 (raw, 5120) of every prompt token.",
-             "eval": "Judge by cos against the mean baseline (no reference run)."}
+    hints = {
+        "train": "Targets: truncated Qwen3-VL layer 50 (raw, 5120) of every prompt token.",
+        "eval": "Judge by cos against the mean baseline (no reference run).",
+    }
     engine_command_template = (
-        "ggk diffuser engine -- -M vid_gen --diffusion-model <minimax-h3 DiT .gguf> --vae <minimax-h3 vae .gguf> "
-        "--llm {student} --llm-adapter {adapter} -p \"a red fox running through fresh snow\" "
-        "--video-frames 33 -o out.avi")
+        "ggk diffuser engine -- -M vid_gen --diffusion-model <minimax-h3 DiT .gguf> --vae "
+        "<minimax-h3 vae .gguf> "
+        '--llm {student} --llm-adapter {adapter} -p "a red fox running through fresh snow" '
+        "--video-frames 33 -o out.avi"
+    )
     engine_teacher_args = "--llm <the MiniMax H3 Qwen3-VL text encoder .gguf>"
     export_kv = {"adapter.teacher_tap": "layer 50 (raw)", "adapter.family": "MiniMax H3"}
 

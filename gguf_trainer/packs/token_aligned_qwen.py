@@ -59,16 +59,22 @@ class QwenTokenAlignedPack(LayerwisePack):
     def _layout_for(self, root):
         from ..teachers.qwen_taps import read_config, text_config
 
-        layers = int(text_config(read_config(root))["num_hidden_layers"]) if self.tap_last_layer else 0
+        layers = (
+            int(text_config(read_config(root))["num_hidden_layers"]) if self.tap_last_layer else 0
+        )
         return self.tap_layout(layers)
 
     def load_teacher(self, materials, plan, device):
         """The tap teacher over the snapshot's text stack (fp32 on a CPU, bf16 on a card)."""
         from ..teachers.qwen_taps import load_tap_teacher
 
-        return load_tap_teacher(materials["teacher"], device if plan.mode != "cpu" else "cpu",
-                                student_pieces=self.student_pieces,
-                                layout=self._layout_for(materials["teacher"]), family=self.family)
+        return load_tap_teacher(
+            materials["teacher"],
+            device if plan.mode != "cpu" else "cpu",
+            student_pieces=self.student_pieces,
+            layout=self._layout_for(materials["teacher"]),
+            family=self.family,
+        )
 
     def check_teacher(self, materials) -> str:
         """config.json only: a Qwen3 / Qwen3-VL deep enough for the tap, and its width."""
@@ -77,9 +83,11 @@ class QwenTokenAlignedPack(LayerwisePack):
         config = read_config(materials["teacher"])
         check_layout(config, self._layout_for(materials["teacher"]), f"the {self.family} teacher")
         tc = text_config(config)
-        return (f"{ARCHITECTURES[config['model_type']]}: {tc['num_hidden_layers']} layers, hidden "
-                f"{tc['hidden_size']}; the DiT reads {self.teacher_tap_text()}, "
-                f"{int(tc['hidden_size'])} features per row")
+        return (
+            f"{ARCHITECTURES[config['model_type']]}: {tc['num_hidden_layers']} layers, hidden "
+            f"{tc['hidden_size']}; the DiT reads {self.teacher_tap_text()}, "
+            f"{int(tc['hidden_size'])} features per row"
+        )
 
     def teacher_gib(self, materials, device) -> float:
         """The snapshot's weights as they load (the pre-flight's need): their bytes on a card
@@ -102,15 +110,20 @@ class QwenTokenAlignedPack(LayerwisePack):
         from ..tiny.qwen_taps import write_tiny_tap_teacher
 
         layers = max(self.tiny_layers, max(self.teacher_taps, default=0))
-        return {"teacher": write_tiny_tap_teacher(folder / f"{self.id}-teacher-tiny", self.teacher_arch,
-                                                  layers)}
+        return {
+            "teacher": write_tiny_tap_teacher(
+                folder / f"{self.id}-teacher-tiny", self.teacher_arch, layers
+            )
+        }
 
     def health_line(self, metrics):
         key = "cos_slice" if metrics.get("cos_slice") is not None else "cos"
         if metrics.get(key) is None:
             return None
-        return (f"n/a: no published pig_clip + token-aligned {self.family} run to compare with; {key} "
-                f"{metrics[key]:.4f} (mean baseline {metrics.get('baseline_cos', float('nan')):.4f})")
+        return (
+            f"n/a: no published pig_clip + token-aligned {self.family} run to compare with; {key} "
+            f"{metrics[key]:.4f} (mean baseline {metrics.get('baseline_cos', float('nan')):.4f})"
+        )
 
     def describe(self) -> dict:
         return {**super().describe(), "teacher_tap": self.teacher_tap_text(), "start": self.start}

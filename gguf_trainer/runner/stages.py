@@ -150,7 +150,9 @@ def _vouched(project, objs, inputs: dict[str, dict], stage: Stage) -> bool:
             continue
         later_fp = digest(inputs[later.name])
         man = read_manifest(project.paths, later)
-        if (man and man["fingerprint"] == later_fp) or later_fp in (later.recorded_fingerprints(project) or ()):
+        if (man and man["fingerprint"] == later_fp) or later_fp in (
+            later.recorded_fingerprints(project) or ()
+        ):
             return True
     return False
 

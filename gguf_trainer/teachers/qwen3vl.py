@@ -95,17 +95,25 @@ def check_templates(tokenizer, p: Template, max_images: int = 9) -> dict[str, in
     for name, (text, n) in want.items():
         got[name] = count_tokens(tokenizer, text)
         if n is not None and got[name] != n:
-            raise UserError(f"the {p.family} {name} is {got[name]} tokens with this tokenizer, but "
-                            f"ggk hard-codes {n}: the teacher's tokenizer is not Qwen3-VL's (or the "
-                            "template was edited); use the Qwen3-VL tokenizer files.")
-    ids = tokenizer("<|vision_start|><|image_pad|><|vision_end|>", add_special_tokens=False)["input_ids"]
+            raise UserError(
+                f"the {p.family} {name} is {got[name]} tokens with this tokenizer, but "
+                f"ggk hard-codes {n}: the teacher's tokenizer is not Qwen3-VL's (or the "
+                "template was edited); use the Qwen3-VL tokenizer files."
+            )
+    ids = tokenizer("<|vision_start|><|image_pad|><|vision_end|>", add_special_tokens=False)[
+        "input_ids"
+    ]
     if list(ids) != [VISION_START_ID, IMAGE_PAD_ID, VISION_END_ID]:
-        raise UserError(f"the tokenizer maps <|vision_start|><|image_pad|><|vision_end|> to {list(ids)}, not "
-                        f"{[VISION_START_ID, IMAGE_PAD_ID, VISION_END_ID]}; use the Qwen3-VL tokenizer files.")
+        raise UserError(
+            f"the tokenizer maps <|vision_start|><|image_pad|><|vision_end|> to {list(ids)}, not "
+            f"{[VISION_START_ID, IMAGE_PAD_ID, VISION_END_ID]}; use the Qwen3-VL tokenizer files."
+        )
     return got
 
 
-def splice_starts(counts: Sequence[int], p: Template, prefix_tokens: int | None = None) -> list[int]:
+def splice_starts(
+    counts: Sequence[int], p: Template, prefix_tokens: int | None = None
+) -> list[int]:
     """Where the engine splices each image's rows: the edit prefix's tokens (`prefix_tokens`,
     as the tokenizer counts them; MageFlow: its hard-coded 64) + the header (6) = 70 for the
     first, then each next image 1 (`<|vision_end|>`) + n_prev + the header later (Boogu: the
@@ -118,16 +126,23 @@ def splice_starts(counts: Sequence[int], p: Template, prefix_tokens: int | None 
     return out
 
 
-def check_splices(ids: Sequence[int], counts: Sequence[int], p: Template,
-                  prefix_tokens: int | None = None) -> None:
+def check_splices(
+    ids: Sequence[int], counts: Sequence[int], p: Template, prefix_tokens: int | None = None
+) -> None:
     """The image runs of `ids` sit where the engine splices them, framed by vision start/end;
     UserError otherwise (the sample's text would shift the engine's rows)."""
     for start, n in zip(splice_starts(counts, p, prefix_tokens), counts):
-        ok = (start + n < len(ids) and ids[start - 1] == VISION_START_ID and ids[start + n] == VISION_END_ID
-              and all(t == IMAGE_PAD_ID for t in ids[start: start + n]))
+        ok = (
+            start + n < len(ids)
+            and ids[start - 1] == VISION_START_ID
+            and ids[start + n] == VISION_END_ID
+            and all(t == IMAGE_PAD_ID for t in ids[start : start + n])
+        )
         if not ok:
-            raise UserError(f"an image run of {n} tokens is not at row {start} where ggk splices it; the "
-                            "edit template or its image headers do not tokenize as the engine assumes.")
+            raise UserError(
+                f"an image run of {n} tokens is not at row {start} where ggk splices it; the "
+                "edit template or its image headers do not tokenize as the engine assumes."
+            )
 
 
 def sup_start(has_images: bool, p: Template) -> int:
@@ -150,9 +165,13 @@ class SnapshotReport:
     n_params_vision: int
 
     def summary(self) -> str:
-        return (f"Qwen3-VL: text hidden {self.text_hidden}, vision out {self.vis_dim}, vocab {self.vocab}; "
-                f"text stack {self.n_params_text / 1e9:.2f}B, vision tower {self.n_params_vision / 1e6:.0f}M "
-                f"parameters ({(self.text_bytes + self.vision_bytes) / 1024**3:.2f} GiB stored)")
+        return (
+            f"Qwen3-VL: text hidden {self.text_hidden}, vision out {self.vis_dim}, vocab "
+            f"{self.vocab}; "
+            f"text stack {self.n_params_text / 1e9:.2f}B, vision tower "
+            f"{self.n_params_vision / 1e6:.0f}M "
+            f"parameters ({(self.text_bytes + self.vision_bytes) / 1024**3:.2f} GiB stored)"
+        )
 
     def gib(self, mode: str) -> float:
         """Weights in memory for `mode`: bf16 on a card or streamed, fp32 for cpu."""
@@ -167,26 +186,44 @@ def check_snapshot(root: Path) -> SnapshotReport:
 
     root = Path(root)
     if not root.is_dir():
-        raise UserError(f"the Qwen3-VL teacher snapshot {root} does not exist; download it or set "
-                        "materials.teacher.path.")
+        raise UserError(
+            f"the Qwen3-VL teacher snapshot {root} does not exist; download it or set "
+            "materials.teacher.path."
+        )
     try:
         config = json.loads((root / "config.json").read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise UserError(f"{root / 'config.json'} is missing; download the Qwen3-VL snapshot again.") from None
+        raise UserError(
+            f"{root / 'config.json'} is missing; download the Qwen3-VL snapshot again."
+        ) from None
     except ValueError:
-        raise UserError(f"{root / 'config.json'} is not valid JSON; download the Qwen3-VL snapshot again.") from None
-    if config.get("model_type") != "qwen3_vl" or "text_config" not in config or "vision_config" not in config:
-        raise UserError(f"{root / 'config.json'} is not a Qwen3-VL config (model_type "
-                        f"{config.get('model_type')!r}); point materials.teacher.path at "
-                        "Qwen/Qwen3-VL-4B-Instruct.")
+        raise UserError(
+            f"{root / 'config.json'} is not valid JSON; download the Qwen3-VL snapshot again."
+        ) from None
+    if (
+        config.get("model_type") != "qwen3_vl"
+        or "text_config" not in config
+        or "vision_config" not in config
+    ):
+        raise UserError(
+            f"{root / 'config.json'} is not a Qwen3-VL config (model_type "
+            f"{config.get('model_type')!r}); point materials.teacher.path at "
+            "Qwen/Qwen3-VL-4B-Instruct."
+        )
     if not (root / "tokenizer.json").is_file():
-        raise UserError(f"{root / 'tokenizer.json'} is missing; download the Qwen3-VL snapshot again.")
+        raise UserError(
+            f"{root / 'tokenizer.json'} is missing; download the Qwen3-VL snapshot again."
+        )
     index = root / "model.safetensors.index.json"
     if index.is_file():
         try:
-            files = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+            files = sorted(
+                set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
+            )
         except (ValueError, KeyError, AttributeError):
-            raise UserError(f"{index} is not a weight index; download the snapshot again.") from None
+            raise UserError(
+                f"{index} is not a weight index; download the snapshot again."
+            ) from None
     else:
         files = sorted(p.name for p in root.glob("*.safetensors"))
     if not files:
@@ -195,8 +232,10 @@ def check_snapshot(root: Path) -> SnapshotReport:
     tb = vb = tp = vp = 0
     for name in files:
         if not (root / name).is_file():
-            raise UserError(f"{root / name} is missing (named by the weight index); run the download again "
-                            "(it resumes).")
+            raise UserError(
+                f"{root / name} is missing (named by the weight index); run the download again "
+                "(it resumes)."
+            )
         for tensor, info in read_safetensors_header(root / name).items():
             n = _numel(info["shape"])
             if tensor.startswith("lm_head."):
@@ -206,8 +245,16 @@ def check_snapshot(root: Path) -> SnapshotReport:
             else:
                 tp, tb = tp + n, tb + n * sizes.get(info["dtype"], 4)
     tc, vc = config["text_config"], config["vision_config"]
-    return SnapshotReport(root, int(tc["hidden_size"]), int(vc.get("out_hidden_size", tc["hidden_size"])),
-                          int(tc["vocab_size"]), tb, vb, tp, vp)
+    return SnapshotReport(
+        root,
+        int(tc["hidden_size"]),
+        int(vc.get("out_hidden_size", tc["hidden_size"])),
+        int(tc["vocab_size"]),
+        tb,
+        vb,
+        tp,
+        vp,
+    )
 
 
 # ---------------------------------------------------------------- the teacher
@@ -224,9 +271,11 @@ def _check_rotary(text_model) -> None:
     theta = float(text_model.config.rope_parameters.get("rope_theta", 5e6))
     want = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
     if not torch.allclose(inv, want, rtol=1e-4):
-        raise UserError("the Qwen3-VL text rotary table did not load as the config describes; this "
-                        "transformers version is not supported for the teacher (pip install "
-                        "'transformers>=4.57,<6').")
+        raise UserError(
+            "the Qwen3-VL text rotary table did not load as the config describes; this "
+            "transformers version is not supported for the teacher (pip install "
+            "'transformers>=4.57,<6')."
+        )
 
 
 class Qwen3VLTeacher:
@@ -237,9 +286,17 @@ class Qwen3VLTeacher:
 
     is_mock = False
 
-    def __init__(self, model, tokenizer, device, mode: str, student_pieces: Callable,
-                 template: Template, report: SnapshotReport | None = None,
-                 prefix_tokens: int | None = None):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        device,
+        mode: str,
+        student_pieces: Callable,
+        template: Template,
+        report: SnapshotReport | None = None,
+        prefix_tokens: int | None = None,
+    ):
         import torch
 
         self.model, self.tokenizer, self.mode = model, tokenizer, mode
@@ -275,7 +332,9 @@ class Qwen3VLTeacher:
             try:
                 prepared = patchify(preprocess_image(path, size))
             except (OSError, ValueError) as e:
-                raise UserError(f"{path} is not a readable image ({e}); rebuild the corpus.") from None
+                raise UserError(
+                    f"{path} is not a readable image ({e}); rebuild the corpus."
+                ) from None
             n = self._n(prepared)
             if batch and tokens + n > cap:
                 out += self._tower(batch)
@@ -315,9 +374,11 @@ class Qwen3VLTeacher:
         student's or the image runs are not where the engine splices them."""
         ids = engine_ids(engine_bpe(self.tokenizer).encode, self.student_pieces(sample, counts))
         if list(ids) != list(student_ids):
-            raise UserError("the teacher's and the student's tokenizers give different ids for the same "
-                            "template; use the pig_clip tokenizer folder with the Qwen3-VL snapshot (both "
-                            "are the Qwen vocabulary).")
+            raise UserError(
+                "the teacher's and the student's tokenizers give different ids for the same "
+                "template; use the pig_clip tokenizer folder with the Qwen3-VL snapshot (both "
+                "are the Qwen vocabulary)."
+            )
         if counts:
             check_splices(ids, counts, self.template, self.prefix_tokens)
         return list(ids)
@@ -329,8 +390,10 @@ class Qwen3VLTeacher:
         from .base import TargetRows
 
         vision = vision or [[] for _ in samples]
-        ids = [self._ids(s, sid, [seg.rows.shape[0] for seg in segs])
-               for s, sid, segs in zip(samples, student_ids, vision)]
+        ids = [
+            self._ids(s, sid, [seg.rows.shape[0] for seg in segs])
+            for s, sid, segs in zip(samples, student_ids, vision)
+        ]
         width = max(len(x) for x in ids)
         table_dev = self._table.device
         embeds = torch.zeros(len(ids), width, self.out_dim, dtype=self.dtype, device=self.device)
@@ -339,16 +402,20 @@ class Qwen3VLTeacher:
             e = self._table[torch.tensor(row_ids, dtype=torch.long, device=table_dev)]
             e = e.to(self.device, self.dtype).clone()
             for seg in segs:  # raw merger rows over the <|image_pad|> run, as the engine splices
-                e[seg.start: seg.start + seg.rows.shape[0]] = seg.rows.to(self.device, self.dtype)
+                e[seg.start : seg.start + seg.rows.shape[0]] = seg.rows.to(self.device, self.dtype)
             embeds[b, : len(row_ids)] = e
             mask[b, : len(row_ids)] = 1
         with torch.inference_mode():
             # position_ids None: every M-RoPE axis gets arange(L), i.e. plain 1-D rope, as ggk
             # runs MageFlow's text stack; no deepstack embeds are passed.
-            h = self.text(inputs_embeds=embeds, attention_mask=mask, use_cache=False).last_hidden_state
+            h = self.text(
+                inputs_embeds=embeds, attention_mask=mask, use_cache=False
+            ).last_hidden_state
         h = h.float().cpu()
-        return [TargetRows(rows=h[b, : len(x)].clone(), sup_start=sup_start(bool(segs), self.template))
-                for b, (x, segs) in enumerate(zip(ids, vision))]
+        return [
+            TargetRows(rows=h[b, : len(x)].clone(), sup_start=sup_start(bool(segs), self.template))
+            for b, (x, segs) in enumerate(zip(ids, vision))
+        ]
 
     def close(self) -> None:
         import torch
@@ -362,11 +429,19 @@ class Qwen3VLTeacher:
 def compute_dtype(device, mode: str):
     import torch
 
-    return torch.bfloat16 if mode != "cpu" and torch.device(device).type == "cuda" else torch.float32
+    return (
+        torch.bfloat16 if mode != "cpu" and torch.device(device).type == "cuda" else torch.float32
+    )
 
 
-def load_qwen3vl_teacher(root: Path, device, mode: str, student_pieces: Callable,
-                         template: Template, ram_limit_gib: float = 0.0) -> Qwen3VLTeacher:
+def load_qwen3vl_teacher(
+    root: Path,
+    device,
+    mode: str,
+    student_pieces: Callable,
+    template: Template,
+    ram_limit_gib: float = 0.0,
+) -> Qwen3VLTeacher:
     """Check the snapshot from its headers and the templates against its tokenizer (both fail
     in seconds, before any weight loads), then load `Qwen3VLModel` placed for `mode`."""
     import torch
@@ -379,24 +454,42 @@ def load_qwen3vl_teacher(root: Path, device, mode: str, student_pieces: Callable
         raise ValueError(f"teacher mode {mode!r} is not one of {TEACHER_MODES}")
     device = torch.device(device)
     if mode != "cpu" and device.type != "cuda":
-        raise UserError(f"teacher mode {mode} needs a CUDA device; set precompute.teacher_mode to cpu or auto.")
+        raise UserError(
+            f"teacher mode {mode} needs a CUDA device; set precompute.teacher_mode to cpu or auto."
+        )
     report = check_snapshot(root)
     need = report.gib(mode)
     if mode in ("offload", "cpu") and ram_limit_gib and need > ram_limit_gib:
-        raise UserError(f"the Qwen3-VL teacher needs {need:.1f} GiB of RAM in teacher mode {mode} but only "
-                        f"{ram_limit_gib:.1f} GiB is available; use a CUDA card, raise "
-                        "precompute.cpu_mem_gib, or close other programs.")
+        raise UserError(
+            f"the Qwen3-VL teacher needs {need:.1f} GiB of RAM in teacher mode {mode} but only "
+            f"{ram_limit_gib:.1f} GiB is available; use a CUDA card, raise "
+            "precompute.cpu_mem_gib, or close other programs."
+        )
     tokenizer = load_tokenizer(root)
     counts = check_templates(tokenizer, template)
-    log.info("teacher: %s; mode %s; templates %d/%d tokens, image header %d", report.summary(), mode,
-             counts["edit prefix"], counts["text-to-image prefix"], counts["image 1 header"])
+    log.info(
+        "teacher: %s; mode %s; templates %d/%d tokens, image header %d",
+        report.summary(),
+        mode,
+        counts["edit prefix"],
+        counts["text-to-image prefix"],
+        counts["image 1 header"],
+    )
     with _quiet_progress():
         model = Qwen3VLModel.from_pretrained(str(root), dtype=compute_dtype(device, mode))
     model.eval().requires_grad_(False)
     _check_rotary(model.language_model)
     place(model, device, mode)
-    return Qwen3VLTeacher(model, tokenizer, device, mode, student_pieces, template, report,
-                          prefix_tokens=counts["edit prefix"])
+    return Qwen3VLTeacher(
+        model,
+        tokenizer,
+        device,
+        mode,
+        student_pieces,
+        template,
+        report,
+        prefix_tokens=counts["edit prefix"],
+    )
 
 
 def place(model, device, mode: str) -> None:

@@ -116,9 +116,11 @@ class QwenTapTeacher:
     def _ids(self, sample, student_ids: Sequence[int]) -> list[int]:
         ids = self.template_ids(sample)
         if list(ids) != list(student_ids):
-            raise UserError("the teacher's and the student's tokenizers give different ids for the same "
-                            "template; use the pig_clip tokenizer folder with a Qwen3 / Qwen3-VL teacher "
-                            "(both are the Qwen vocabulary).")
+            raise UserError(
+                "the teacher's and the student's tokenizers give different ids for the same "
+                "template; use the pig_clip tokenizer folder with a Qwen3 / Qwen3-VL teacher "
+                "(both are the Qwen vocabulary)."
+            )
         return ids
 
     def targets(self, samples: Sequence, student_ids: Sequence[Sequence[int]], vision=None) -> list:
@@ -142,8 +144,10 @@ class QwenTapTeacher:
             if at is not None:
                 pos[b, : len(at)] = torch.tensor(at)
         stack = self.run(input_ids, keep, pos)
-        return [TargetRows(rows=stack[b, : len(row)].clone(), sup_start=self.layout.start)
-                for b, row in enumerate(ids)]
+        return [
+            TargetRows(rows=stack[b, : len(row)].clone(), sup_start=self.layout.start)
+            for b, row in enumerate(ids)
+        ]
 
     def run(self, input_ids, keep, position_ids) -> torch.Tensor:
         """(B, L) ids, key mask and positions -> (B, L, n * hidden) float32 on the CPU."""
@@ -154,13 +158,19 @@ class QwenTapTeacher:
         hooks = []
         layers = self.text.layers
         for k in taps:
+
             def hook(_module, _args, output, k=k):
                 caught[k] = (output[0] if isinstance(output, tuple) else output).float().cpu()
+
             hooks.append(layers[k - 1].register_forward_hook(hook))
         try:
             with torch.inference_mode():
-                out = self.text(input_ids=input_ids.to(self.device), attention_mask=keep.to(self.device),
-                                position_ids=position_ids.to(self.device), use_cache=False)
+                out = self.text(
+                    input_ids=input_ids.to(self.device),
+                    attention_mask=keep.to(self.device),
+                    position_ids=position_ids.to(self.device),
+                    use_cache=False,
+                )
         finally:
             for h in hooks:
                 h.remove()
@@ -186,9 +196,13 @@ def text_stack_params(root: Path) -> int:
     index = root / "model.safetensors.index.json"
     if index.is_file():
         try:
-            files = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+            files = sorted(
+                set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
+            )
         except (ValueError, KeyError, AttributeError):
-            raise UserError(f"{index} is not a weight index; download the snapshot again.") from None
+            raise UserError(
+                f"{index} is not a weight index; download the snapshot again."
+            ) from None
     else:
         files = sorted(p.name for p in root.glob("*.safetensors"))
     if not files:
@@ -196,7 +210,9 @@ def text_stack_params(root: Path) -> int:
     n = 0
     for name in files:
         if not (root / name).is_file():
-            raise UserError(f"{root / name} is missing (named by the weight index); run the download again.")
+            raise UserError(
+                f"{root / name} is missing (named by the weight index); run the download again."
+            )
         for tensor, info in read_safetensors_header(root / name).items():
             if not tensor.startswith(("lm_head.", "model.visual.", "visual.")):
                 n += _numel(info["shape"])
@@ -210,12 +226,15 @@ def check_start(tokenizer, layout: TapLayout, family: str) -> None:
         return
     n = len(engine_ids(engine_bpe(tokenizer).encode, [Piece(layout.start_prefix)]))
     if n != layout.start:
-        raise UserError(f"the {family} template prefix is {n} tokens with this tokenizer, but ggk drops "
-                        f"{layout.start} rows; use the Qwen tokenizer files of the family's teacher.")
+        raise UserError(
+            f"the {family} template prefix is {n} tokens with this tokenizer, but ggk drops "
+            f"{layout.start} rows; use the Qwen tokenizer files of the family's teacher."
+        )
 
 
-def load_tap_teacher(root: Path, device, student_pieces: Callable, layout: TapLayout,
-                     family: str = "the family") -> QwenTapTeacher:
+def load_tap_teacher(
+    root: Path, device, student_pieces: Callable, layout: TapLayout, family: str = "the family"
+) -> QwenTapTeacher:
     """Check the snapshot's config and the template start, then load the text stack (fp32 off
     CUDA: bf16 CPU matmul is far slower; bf16 on a card)."""
     import torch
@@ -228,7 +247,9 @@ def load_tap_teacher(root: Path, device, student_pieces: Callable, layout: TapLa
     config = read_config(root)
     check_layout(config, layout, f"the {family} teacher")
     if not (root / "tokenizer.json").is_file():
-        raise UserError(f"{root / 'tokenizer.json'} is missing; download the teacher snapshot again.")
+        raise UserError(
+            f"{root / 'tokenizer.json'} is missing; download the teacher snapshot again."
+        )
     tokenizer = load_tokenizer(root)
     check_start(tokenizer, layout, family)
     device = torch.device(device)
@@ -239,10 +260,23 @@ def load_tap_teacher(root: Path, device, student_pieces: Callable, layout: TapLa
     if text is not model:
         model.visual = None  # text-only families: the tower never runs
     text.eval().requires_grad_(False).to(device)
-    identity = {"teacher": config["model_type"], "taps": list(layout.taps),
-                "padding": [layout.padding.min_length, layout.padding.multiple, layout.padding.max_length,
-                            layout.padding.pad_position]}
-    log.info("teacher: %s, %d layers, hidden %d; taps %s on %s as %s", ARCHITECTURES[config["model_type"]],
-             text.config.num_hidden_layers, text.config.hidden_size, list(layout.taps) or "final norm",
-             device, dtype)
+    identity = {
+        "teacher": config["model_type"],
+        "taps": list(layout.taps),
+        "padding": [
+            layout.padding.min_length,
+            layout.padding.multiple,
+            layout.padding.max_length,
+            layout.padding.pad_position,
+        ],
+    }
+    log.info(
+        "teacher: %s, %d layers, hidden %d; taps %s on %s as %s",
+        ARCHITECTURES[config["model_type"]],
+        text.config.num_hidden_layers,
+        text.config.hidden_size,
+        list(layout.taps) or "final norm",
+        device,
+        dtype,
+    )
     return QwenTapTeacher(text, tokenizer, device, student_pieces, layout, identity)

@@ -90,8 +90,17 @@ def test_shard_student_states_have_the_images_spliced_in(run):
     ids_t, keep = pad_batch([ids])
     splices, at = [], 0
     for s, n in runs:
-        splices.append((0, s, torch.from_numpy(vision_project({"vision_proj.weight": w.double().numpy()},
-                                                               rows[at: at + n].numpy())).float()))
+        splices.append(
+            (
+                0,
+                s,
+                torch.from_numpy(
+                    vision_project(
+                        {"vision_proj.weight": w.double().numpy()}, rows[at : at + n].numpy()
+                    )
+                ).float(),
+            )
+        )
         at += n
     spliced = student.hidden(ids_t, keep, splices=splices)[0]
     plain = student.hidden(ids_t, keep)[0]

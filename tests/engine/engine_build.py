@@ -13,7 +13,8 @@ statement that builds `prompt`) and "call" (its encode_prompt call, whose argume
 template's prompt range, start row and max length) are cut into fibo2_*.inc and compiled into
 probe.cpp's Fibo2Probe.
 
-    python tests/engine/engine_build.py       # builds (or finds) the driver, prints its path and times
+    python tests/engine/engine_build.py       # builds (or finds) the driver, prints its path and
+    times
 """
 
 from __future__ import annotations
@@ -49,7 +50,9 @@ def cache_root() -> Path:
     """GGUF_TRAINER_ENGINE_CACHE, else ~/.cache/gguf-trainer-engine of the real home (the test
     suite points HOME at a scratch folder; the build must outlive it)."""
     home = Path(pwd.getpwuid(os.getuid()).pw_dir)
-    return Path(os.environ.get("GGUF_TRAINER_ENGINE_CACHE", home / ".cache" / "gguf-trainer-engine"))
+    return Path(
+        os.environ.get("GGUF_TRAINER_ENGINE_CACHE", home / ".cache" / "gguf-trainer-engine")
+    )
 
 
 def _sha256(path: Path) -> str:
@@ -66,8 +69,22 @@ def fetch_sdist(folder: Path) -> Path:
     path = folder / SDIST
     if not path.is_file():
         folder.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "ggk==0.9.7", "--no-deps",
-                        "--no-binary", ":all:", "-d", str(folder), "--quiet"], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "ggk==0.9.7",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                "-d",
+                str(folder),
+                "--quiet",
+            ],
+            check=True,
+        )
     got = _sha256(path)
     if got != SDIST_SHA256:
         raise EngineBuildError(f"{path} has sha256 {got}, not the pinned {SDIST_SHA256}")
@@ -80,8 +97,11 @@ def unpack(sdist: Path, dest: Path) -> Path:
     if (dest / ".unpacked").is_file():
         return engine
     with tarfile.open(sdist) as tar:
-        members = [m for m in tar.getmembers()
-                   if any(k in m.name for k in KEEP) and (m.isfile() or m.isdir())]
+        members = [
+            m
+            for m in tar.getmembers()
+            if any(k in m.name for k in KEEP) and (m.isfile() or m.isdir())
+        ]
         tar.extractall(dest, members=members, filter="data")
     (dest / ".unpacked").write_text("ok\n")
     return engine
@@ -90,7 +110,7 @@ def unpack(sdist: Path, dest: Path) -> Path:
 def source_lines(engine: Path, file: str, first: int, last: int) -> list[str]:
     """Lines first..last (1-based, inclusive) of a file of the pinned source."""
     lines = (engine / file).read_text(encoding="utf-8").splitlines()
-    return lines[first - 1: last]
+    return lines[first - 1 : last]
 
 
 def packs_with_templates() -> list:
@@ -104,7 +124,9 @@ def llm_embedder_lines(engine: Path) -> tuple[int, int]:
     template branches the driver can compile (it provides that function's locals)."""
     lines = (engine / CONDITIONER).read_text(encoding="utf-8").splitlines()
     start = next(i for i, t in enumerate(lines) if t.startswith("struct LLMEmbedder"))
-    first = next(i for i in range(start, len(lines)) if "SDCondition get_learned_condition(" in lines[i])
+    first = next(
+        i for i in range(start, len(lines)) if "SDCondition get_learned_condition(" in lines[i]
+    )
     last = next(i for i in range(first, len(lines)) if lines[i].startswith("struct "))
     return first + 1, last
 
@@ -119,8 +141,11 @@ def struct_lines(engine: Path, file: str, head: str) -> tuple[int, int]:
 
 def template_ranges(t: dict) -> list[tuple[int, int]]:
     """Every line range an engine_template cites: its members, its lines, its call."""
-    return [tuple(r) for r in t.get("members", ())] + [tuple(t["lines"])] + (
-        [tuple(t["call"])] if "call" in t else [])
+    return (
+        [tuple(r) for r in t.get("members", ())]
+        + [tuple(t["lines"])]
+        + ([tuple(t["call"])] if "call" in t else [])
+    )
 
 
 def unsupported(engine: Path, pack) -> str | None:
@@ -130,15 +155,19 @@ def unsupported(engine: Path, pack) -> str | None:
         lo, hi = struct_lines(engine, FIBO2, FIBO2_STRUCT)
         ranges = template_ranges(t)
         if "call" not in t or not all(lo <= a <= b <= hi for a, b in ranges):
-            return (f"{pack.id}: its engine_template cites {FIBO2}:{ranges}, not members, the prompt "
-                    f"line and the encode_prompt call of Fibo2Conditioner ({FIBO2}:{lo}-{hi})")
+            return (
+                f"{pack.id}: its engine_template cites {FIBO2}:{ranges}, not members, the prompt "
+                f"line and the encode_prompt call of Fibo2Conditioner ({FIBO2}:{lo}-{hi})"
+            )
         return None
     lo, hi = llm_embedder_lines(engine)
     if t["file"] != CONDITIONER or not (lo <= t["lines"][0] <= t["lines"][1] <= hi):
-        return (f"{pack.id}: its engine_template {t['file']}:{t['lines'][0]}-{t['lines'][1]} is not a "
-                f"branch of LLMEmbedder::get_learned_condition ({CONDITIONER}:{lo}-{hi}), the code the "
-                f"driver compiles (or Fibo2Conditioner in {FIBO2}); give the tier a driver command "
-                "for that conditioner")
+        return (
+            f"{pack.id}: its engine_template {t['file']}:{t['lines'][0]}-{t['lines'][1]} is not a "
+            f"branch of LLMEmbedder::get_learned_condition ({CONDITIONER}:{lo}-{hi}), the code the "
+            f"driver compiles (or Fibo2Conditioner in {FIBO2}); give the tier a driver command "
+            "for that conditioner"
+        )
     return None
 
 
@@ -159,7 +188,9 @@ def write_snippets(engine: Path, folder: Path, failed: dict[str, str]) -> list:
     body = source_lines(engine, CONDITIONER, first, last)
     if "tokenize(std::string text" not in body[0] or body[-1].strip() != "}":
         raise EngineBuildError(f"{CONDITIONER}:{first}-{last} is not LLMEmbedder::tokenize")
-    _write_if_changed(folder / "tokenize_member.inc", f'#line {first} "{CONDITIONER}"\n' + "\n".join(body) + "\n")
+    _write_if_changed(
+        folder / "tokenize_member.inc", f'#line {first} "{CONDITIONER}"\n' + "\n".join(body) + "\n"
+    )
     out, skipped, kept = [], [], []
     fibo2 = {"fibo2_pack.inc": "", "fibo2_members.inc": "", "fibo2_body.inc": ""}
     for pack in packs_with_templates():
@@ -172,20 +203,29 @@ def write_snippets(engine: Path, folder: Path, failed: dict[str, str]) -> list:
             continue
         kept.append((pack.id, t["file"], template_ranges(t)))
         if t["file"] == FIBO2:
-            def cut(a, b):
-                return f'#line {a} "{FIBO2}"\n' + "\n".join(source_lines(engine, FIBO2, a, b)) + "\n"
 
-            fibo2["fibo2_pack.inc"] = f'#define FIBO2_PACK "{pack.id}"\n#define FIBO2_VERSION {t["version"]}\n'
+            def cut(a, b):
+                return (
+                    f'#line {a} "{FIBO2}"\n' + "\n".join(source_lines(engine, FIBO2, a, b)) + "\n"
+                )
+
+            fibo2["fibo2_pack.inc"] = (
+                f'#define FIBO2_PACK "{pack.id}"\n#define FIBO2_VERSION {t["version"]}\n'
+            )
             fibo2["fibo2_members.inc"] = "".join(cut(a, b) for a, b in t["members"])
             fibo2["fibo2_body.inc"] = cut(*t["lines"]) + cut(*t["call"])
             continue
         a, b = t["lines"]
-        out.append(f"if (pack == \"{pack.id}\") {{\n    version = {t['version']};\n"
-                   f"#line {a} \"{t['file']}\"\n" + "\n".join(source_lines(engine, t["file"], a, b)) + "\n}")
+        out.append(
+            f'if (pack == "{pack.id}") {{\n    version = {t["version"]};\n'
+            f'#line {a} "{t["file"]}"\n' + "\n".join(source_lines(engine, t["file"], a, b)) + "\n}"
+        )
     _write_if_changed(folder / "snippets.inc", "\n".join(out) + "\n")
     for name, text in fibo2.items():
         _write_if_changed(folder / name, text)
-    _write_if_changed(folder / "unsupported.txt", "".join(s.replace("\n", " ") + "\n" for s in skipped))
+    _write_if_changed(
+        folder / "unsupported.txt", "".join(s.replace("\n", " ") + "\n" for s in skipped)
+    )
     return kept
 
 
@@ -201,7 +241,8 @@ _ERROR = re.compile(r"(diffusion/src/conditioning/\w+\.hpp):(\d+):\d+: error: (.
 
 def build(jobs: int = 2, log=print) -> Path:
     """The driver binary, built when the cache lacks it; logs the build time. A pack whose cited
-    lines do not compile in the driver is left out (with the compiler's error) and the rest built."""
+    lines do not compile in the driver is left out (with the compiler's error) and the rest
+    built."""
     root = cache_root() / SDIST_SHA256[:16]
     sdist = fetch_sdist(root)
     engine = unpack(sdist, root / "src")
@@ -214,34 +255,72 @@ def build(jobs: int = 2, log=print) -> Path:
             shutil.copyfile(HERE / name, dest)
     for tool in ("cmake", "g++"):
         if shutil.which(tool) is None:
-            raise EngineBuildError(f"{tool} is not installed; the engine tier needs cmake and g++ "
-                                   "(.ci/run installs them: apt-get install -y cmake g++)")
+            raise EngineBuildError(
+                f"{tool} is not installed; the engine tier needs cmake and g++ "
+                "(.ci/run installs them: apt-get install -y cmake g++)"
+            )
     t0 = time.perf_counter()
-    if not (build_dir / "CMakeCache.txt").is_file() or "adapter_probe" not in (build_dir / "Makefile").read_text():
-        subprocess.run(["cmake", "-S", str(root / "driver"), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
-                        f"-DENGINE_DIR={engine}", f"-DSNIPPET_DIR={snippets}"],
-                       check=True, stdout=subprocess.DEVNULL)
+    if (
+        not (build_dir / "CMakeCache.txt").is_file()
+        or "adapter_probe" not in (build_dir / "Makefile").read_text()
+    ):
+        subprocess.run(
+            [
+                "cmake",
+                "-S",
+                str(root / "driver"),
+                "-B",
+                str(build_dir),
+                "-DCMAKE_BUILD_TYPE=Release",
+                f"-DENGINE_DIR={engine}",
+                f"-DSNIPPET_DIR={snippets}",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
     failed: dict[str, str] = {}
     while True:
         kept = write_snippets(engine, snippets, failed)
-        res = subprocess.run(["cmake", "--build", str(build_dir), "--target", "probe", "-j", str(jobs)],
-                             check=False, capture_output=True, text=True)
+        res = subprocess.run(
+            ["cmake", "--build", str(build_dir), "--target", "probe", "-j", str(jobs)],
+            check=False,
+            capture_output=True,
+            text=True,
+        )
         if res.returncode == 0:
             break
-        errors = [(m.group(1), int(m.group(2)), m.group(3)) for m in _ERROR.finditer(res.stdout + res.stderr)]
-        blamed = {pid: msg for file, line, msg in errors for pid, f, ranges in kept
-                  if f == file and any(a <= line <= b for a, b in ranges)}
+        errors = [
+            (m.group(1), int(m.group(2)), m.group(3))
+            for m in _ERROR.finditer(res.stdout + res.stderr)
+        ]
+        blamed = {
+            pid: msg
+            for file, line, msg in errors
+            for pid, f, ranges in kept
+            if f == file and any(a <= line <= b for a, b in ranges)
+        }
         if not blamed:
-            raise EngineBuildError("the engine driver did not build:\n" + res.stdout[-6000:] + res.stderr[-6000:])
+            raise EngineBuildError(
+                "the engine driver did not build:\n" + res.stdout[-6000:] + res.stderr[-6000:]
+            )
         for pid, msg in blamed.items():
             failed[pid] = f"its engine_template lines do not compile in the driver: {msg}"
-    res2 = subprocess.run(["cmake", "--build", str(build_dir), "--target", "adapter_probe", "-j", str(jobs)],
-                          check=False, capture_output=True, text=True)
+    res2 = subprocess.run(
+        ["cmake", "--build", str(build_dir), "--target", "adapter_probe", "-j", str(jobs)],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
     if res2.returncode != 0:
-        raise EngineBuildError("the adapter driver did not build:\n" + res2.stdout[-6000:] + res2.stderr[-6000:])
+        raise EngineBuildError(
+            "the adapter driver did not build:\n" + res2.stdout[-6000:] + res2.stderr[-6000:]
+        )
     probe = build_dir / "probe"
-    log(f"engine tier: driver {'built' if 'Linking' in res.stdout else 'up to date'} in "
-        f"{time.perf_counter() - t0:.1f} s ({probe})" + (f"; left out: {', '.join(failed)}" if failed else ""))
+    log(
+        f"engine tier: driver {'built' if 'Linking' in res.stdout else 'up to date'} in "
+        f"{time.perf_counter() - t0:.1f} s ({probe})"
+        + (f"; left out: {', '.join(failed)}" if failed else "")
+    )
     return probe
 
 

@@ -111,15 +111,20 @@ def test_the_ports_tables_are_the_engines(driver):
     from gguf_trainer.qwen_cspace import LIMIT, cspace_bits
     from gguf_trainer.qwen_letters import letter_ranges
 
-    src = next(cache_root().glob(f"*/src/{ENGINE}/diffusion/src/tokenizers/tokenize_util.cpp")).read_text()
-    body = src[src.index("bool is_letter"):src.index("bool is_space")]
-    assert letter_ranges() == [(int(a, 16), int(b, 16)) for a, b in
-                               re.findall(r"\{0x([0-9A-Fa-f]+),\s*0x([0-9A-Fa-f]+)\}", body)]
+    util = f"*/src/{ENGINE}/diffusion/src/tokenizers/tokenize_util.cpp"
+    src = next(cache_root().glob(util)).read_text()
+    body = src[src.index("bool is_letter") : src.index("bool is_space")]
+    assert letter_ranges() == [
+        (int(a, 16), int(b, 16))
+        for a, b in re.findall(r"\{0x([0-9A-Fa-f]+),\s*0x([0-9A-Fa-f]+)\}", body)
+    ]
     engine = {int(c) for c in driver.ask("cspace").split() if int(c) < LIMIT}
     bits = cspace_bits()
     ours = {c for c in range(256, LIMIT) if bits[c >> 3] >> (c & 7) & 1}
-    assert engine == ours, (f"this C library's isspace past 255 differs from qwen_cspace.py's in "
-                            f"{len(engine ^ ours)} code points: regenerate the table from `probe cspace`")
+    assert engine == ours, (
+        f"this C library's isspace past 255 differs from qwen_cspace.py's in "
+        f"{len(engine ^ ours)} code points: regenerate the table from `probe cspace`"
+    )
 
 
 def test_prompt_parser(driver):
@@ -130,8 +135,10 @@ def test_prompt_parser(driver):
             with pytest.raises(PromptSyntaxError):
                 parse_prompt_attention(p)
             continue
-        engine = [(bytes.fromhex(c.split(":", 1)[1]).decode("utf-8"), float(c.split(":", 1)[0]))
-                  for c in got.split(" ")]
+        engine = [
+            (bytes.fromhex(c.split(":", 1)[1]).decode("utf-8"), float(c.split(":", 1)[0]))
+            for c in got.split(" ")
+        ]
         ours = [(t, float(f"{w:.9g}")) for t, w in parse_prompt_attention(p)]
         if engine != ours:
             bad.append((p, engine, ours))
@@ -157,7 +164,9 @@ def test_student_ids_and_start_rows(driver, encode, pack_id):
         if got != want or pack.template_start(sample) != want_start:
             bad.append((p, len(want), len(got)))
     print(f"{pack_id}: {n} prompts, student ids identical to the engine's for {n - len(bad)}")
-    assert n >= 500 and not bad, f"{len(bad)} prompts differ (prompt, engine ids, ours): {bad[:5]!r}"
+    assert n >= 500 and not bad, (
+        f"{len(bad)} prompts differ (prompt, engine ids, ours): {bad[:5]!r}"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -165,7 +174,9 @@ def engine_t5(driver, tmp_path_factory):
     path = tmp_path_factory.mktemp("t5") / "tokenizer.json"
     driver.ask("t5json", path)
     model = json.loads(path.read_text(encoding="utf-8").rstrip("\0"))["model"]
-    return T5Unigram([p or "<empty_token>" for p, _ in model["vocab"]], [s for _, s in model["vocab"]])
+    return T5Unigram(
+        [p or "<empty_token>" for p, _ in model["vocab"]], [s for _, s in model["vocab"]]
+    )
 
 
 @pytest.mark.parametrize("pack_id", [p for p in PACKS if get_pack(p).seed_vocab == T5_V11_VOCAB])
@@ -185,7 +196,8 @@ def test_t5_seed_windows(driver, engine_t5, pack_id):
             ours = window_ids(template_ids(engine_t5.encode, [Piece(p, prompt=True)]), window)
             if ours != want:
                 bad.append((window, p))
-    assert ids(driver.ask("pixart", 120, hexs("")).split(" | ")[1])[:3] == [3, 1, 0]  # "" = "▁" + EOS
+    # "" = "▁" + EOS
+    assert ids(driver.ask("pixart", 120, hexs("")).split(" | ")[1])[:3] == [3, 1, 0]
     print(f"{pack_id}: {n} T5 windows identical to the engine's for {n - len(bad)}")
     assert not bad, f"{len(bad)} windows differ, e.g. {bad[:5]!r}"
 
@@ -219,11 +231,17 @@ def test_image_sizes_runs_and_refusals(driver, encode, pack_id):
         ours = pack.student_ids(encode, sample, counts)
         # the images' runs come first; a prompt may spell <|image_pad|> itself (precompute drops it)
         our_runs = _runs(ours, pack.image_pad_id)[: len(shapes)]
-        if (sizes != [size(*s) for s in shapes] or [n for _, n in runs] != counts
-                or ours != ids(engine_ids) or our_runs != runs
-                or pack.template_start(sample) != int(start.split()[1])):
+        if (
+            sizes != [size(*s) for s in shapes]
+            or [n for _, n in runs] != counts
+            or ours != ids(engine_ids)
+            or our_runs != runs
+            or pack.template_start(sample) != int(start.split()[1])
+        ):
             bad.append((shapes, sizes, runs, our_runs))
-    print(f"{pack_id}: {len(SIZES)} image samples, {refused} refused by the engine's clip_preprocess")
+    print(
+        f"{pack_id}: {len(SIZES)} image samples, {refused} refused by the engine's clip_preprocess"
+    )
     assert not bad, f"{len(bad)} image samples differ, e.g. {bad[:3]!r}"
 
 
@@ -270,15 +288,31 @@ def test_adapter_output_matches_the_engines_runner(driver, tiny_materials, tmp_p
     seeds = ([5, 9, 17, 200, 1] + [0] * (cfg.num_queries - 5)) if cfg.seed_vocab else []
     (tmp_path / "h.bin").write_bytes(hidden.numpy().astype("<f4").tobytes())
     (tmp_path / "ids.txt").write_text("".join(f"{i}\n" for i in seeds))
-    res = subprocess.run([str(runner), str(export), str(tmp_path / "h.bin"), str(len(ids)),
-                          str(tmp_path / "ids.txt"), str(tmp_path / "out.bin")],
-                         capture_output=True, text=True, check=False)
+    res = subprocess.run(
+        [
+            str(runner),
+            str(export),
+            str(tmp_path / "h.bin"),
+            str(len(ids)),
+            str(tmp_path / "ids.txt"),
+            str(tmp_path / "out.bin"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     ours = load_gguf(export)
     with torch.no_grad():
-        want = ours(hidden[None], seed_ids=torch.tensor([seeds]) if seeds else None)[0].double().numpy()
+        want = (
+            ours(hidden[None], seed_ids=torch.tensor([seeds]) if seeds else None)[0]
+            .double()
+            .numpy()
+        )
     got = np.fromfile(tmp_path / "out.bin", dtype="<f4").astype(np.float64).reshape(want.shape)
     worst = float(np.abs(got - want).max() / np.abs(want).max())
-    print(f"{kind} ({pack.id}): the engine's AdapterRunner vs this tool on the exported file: "
-          f"max |d| / max |ref| = {worst:.2e} over {want.shape[0]} x {want.shape[1]}")
+    print(
+        f"{kind} ({pack.id}): the engine's AdapterRunner vs this tool on the exported file: "
+        f"max |d| / max |ref| = {worst:.2e} over {want.shape[0]} x {want.shape[1]}"
+    )
     assert worst <= 1e-5
