@@ -412,8 +412,8 @@ def _check_names(view: AdapterView, rest: dict) -> None:
             _refuse(
                 view,
                 f"tensor {name} contains {hit!r}, which the engine's name conversion or "
-                "student detector also matches; rename it (adapter tensors use blocks.N, not "
-                "layers.N).",
+                "student detector also matches; rename it (adapter tensors "
+                "use blocks.N, not layers.N).",
             )
     n_other = sum(1 for n in view.tensors if _rest_name(n) is None)
     if n_other and rest:
@@ -461,15 +461,15 @@ def _check_geometry(view: AdapterView, rest: dict) -> None:
     if view.depth is None:
         _refuse(
             view,
-            "the file has no adapter.blocks.N tensors; the engine then expects 6 blocks and "
-            "refuses it.",
+            "the file has no adapter.blocks.N tensors; the engine then "
+            "expects 6 blocks and refuses it.",
         )
     vp, vi = _ne(rest, "vision_proj.weight", 0), _ne(rest, "vis_in.weight", 0)
     if vp is not None and vi is not None and vp != vi:
         _refuse(
             view,
-            f"vision_proj.weight reads vis_dim {vp} but vis_in.weight reads {vi}; both must equal "
-            "the mmproj width.",
+            f"vision_proj.weight reads vis_dim {vp} but vis_in.weight reads {vi}; both "
+            "must equal the mmproj width.",
         )
     if (
         view.has_layer_map
@@ -628,8 +628,8 @@ def _seed_lines(view: AdapterView) -> list[str]:
     mib = 1024**2
     line = (
         f"  seed table     : factorized, rank {t['rank']}: {t['bytes'] / mib:.2f} MiB instead of "
-        f"{t['full_bytes'] / mib:.2f} MiB for the full f16 table ({t['saved_bytes'] / mib:.2f} MiB "
-        "saved)"
+        f"{t['full_bytes'] / mib:.2f} MiB for the full f16 table ({t['saved_bytes'] / mib:.2f} "
+        "MiB saved)"
     )
     return [line]
 

@@ -89,8 +89,8 @@ class AdapterConfig:
                 p.append(f"adapter {name} must not be negative, got {getattr(self, name)}.")
         if self.width % HEAD_DIM:
             p.append(
-                f"adapter width {self.width} must be a multiple of {HEAD_DIM} (the engine's head "
-                "size)."
+                f"adapter width {self.width} must be a multiple of {HEAD_DIM} "
+                "(the engine's head size)."
             )
         resampler = self.kind not in TOKEN_ALIGNED_KINDS
         if resampler and self.num_queries <= 0:

@@ -255,8 +255,8 @@ def run_check(
             raise UserError(
                 f"the dump's {QWEN_HIDDEN} has {engine_states.shape[0]} student rows but this "
                 f"prompt is {hidden.shape[0]} student tokens; pass the exact --prompt the "
-                "engine ran (with CFG on, dump with --cfg-scale 1: the empty negative is written "
-                "last)."
+                "engine ran (with CFG on, dump with --cfg-scale 1: the empty "
+                "negative is written last)."
             )
         student_cos = compare(hidden, engine_states)["cos"]
     return {

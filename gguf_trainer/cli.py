@@ -146,8 +146,8 @@ def cmd_start(args) -> int:
     _out(f"pipeline started (pid {pid}), logging to {paths.pipeline_log}; "
          f"follow it with: gguf-trainer status --project {paths.root}")
     _out(f"when it is done: the adapter is {res['planned_gguf']}, the evaluation "
-         f"{paths.eval_json}; `gguf-trainer status --project {paths.root}` then prints the ggk "
-         "command")
+         f"{paths.eval_json}; `gguf-trainer status --project {paths.root}` "
+         "then prints the ggk command")
     return EXIT_OK
 
 
@@ -472,8 +472,8 @@ def build_parser() -> argparse.ArgumentParser:
                      description="Train pig_clip adapters for the ggk engine.")
     parser.add_argument("--version", action="version", version=f"gguf-trainer {__version__}")
     parser.add_argument("--auto-resume", action="store_true",
-                        help="relaunch the last project if its run was interrupted, then open "
-                             "the GUI on it")
+                        help="relaunch the last project if its run was "
+                             "interrupted, then open the GUI on it")
     gui_launch.add_arguments(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 

@@ -156,8 +156,8 @@ def _refuse_binary(path: Path, raw: bytes) -> None:
         raise UserError(
             f"prompt file {path} is not a text file ({bad} of {len(lines)} lines are "
             "binary: NUL bytes, control bytes or bytes no text encoding reads), so it "
-            "gives no usable prompts; choose a text file with one prompt per line "
-            "under Corpus."
+            "gives no usable prompts; choose a text file with one "
+            "prompt per line under Corpus."
         )
 
 

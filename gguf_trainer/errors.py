@@ -58,14 +58,14 @@ OS_ERROR_SENTENCES = {
     errno.ENOSPC: f"the disk holding {{path}} is full; free some space {_AGAIN}",
     errno.EDQUOT: f"the disk quota for {{path}} is used up; free some space {_AGAIN}",
     errno.EFBIG: f"{{path}} would exceed the file size limit (ulimit -f); raise it {_AGAIN}",
-    errno.EROFS: "{path} is on a read-only file system; make it writable or move the project "
-    "to a writable disk",
+    errno.EROFS: "{path} is on a read-only file system; make it writable or move the "
+    "project to a writable disk",
     errno.EACCES: "permission denied for {path}; make it readable and writable by this user or "
     "choose another folder",
     errno.EPERM: "the system does not allow this operation on {path}; check its owner and "
     "permissions or choose another folder",
-    errno.ENAMETOOLONG: "the path {path} is too long for the file system; choose a shorter "
-    "folder or name",
+    errno.ENAMETOOLONG: "the path {path} is too long for the file system; "
+    "choose a shorter folder or name",
     errno.ENOTDIR: "part of the path {path} is a file where a folder is needed; move that file "
     "away or choose another folder",
     errno.EISDIR: "{path} is a folder where a file is needed; move it away or choose another path",

@@ -347,8 +347,8 @@ def preflight(teacher_gib: float, plan: Plan, hw: Hardware) -> list[str]:
         )
     if plan.mode == "gpu":
         need, have, where = gpu_need_gib(teacher_gib), plan.gpu_gib, "GPU memory"
-        fix = ("set precompute.teacher_mode to offload (or auto), raise precompute.gpu_mem_gib, "
-               "or free the card")
+        fix = ("set precompute.teacher_mode to offload (or auto), raise "
+               "precompute.gpu_mem_gib, or free the card")
     elif plan.mode == "offload" and plan.offload == "split":
         # the device map fills the card up to its budget less headroom
         # (teachers/llada.plan_budgets),

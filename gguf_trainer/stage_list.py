@@ -160,8 +160,8 @@ class Stage:
             if verdict.reason:
                 raise UserError(
                     f"{folder} {verdict.reason.removesuffix('; left alone')}, so the "
-                    f"{self.name} stage cannot be redone there; move it away and "
-                    "start again."
+                    f"{self.name} stage cannot be redone there; "
+                    "move it away and start again."
                 )
 
     def __repr__(self) -> str:

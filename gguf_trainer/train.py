@@ -263,8 +263,8 @@ def run_train(project, report, train_fp: str, skip=None) -> str:
         )
         if not torch.isfinite(loss):
             raise UserError(
-                f"the loss became {float(loss.detach())} at step {prog.step + 1}; the run stopped "
-                "and "
+                f"the loss became {float(loss.detach())} at step {prog.step + 1}; "
+                "the run stopped and "
                 "last.pt keeps the last good step. Lower train.lr and start again."
             )
         prog.step, prog.stream = prog.step + 1, stream.pos

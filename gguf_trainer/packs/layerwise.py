@@ -128,8 +128,8 @@ class LayerwisePack(TrainerPack):
         if metrics.get("cos") is None:
             return None
         return (
-            f"n/a: no published pig_clip + layerwise {self.family} run to compare with; "
-            "whole-stack "
+            f"n/a: no published pig_clip + layerwise {self.family} run to "
+            "compare with; whole-stack "
             f"cos {metrics['cos']:.4f} (mean baseline "
             f"{metrics.get('baseline_cos', float('nan')):.4f}); "
             "see the per-tap cosines"

@@ -83,8 +83,8 @@ class LLaDAImagePack(TrainerPack):
         "export.export_sigvq": True,
     }
     hints = {
-        "train": "Reference: val centred cosine 0.965 / rel_mse 0.0024 (RTX 5090, ~55 min of "
-                 "training).",
+        "train": "Reference: val centred cosine 0.965 / rel_mse 0.0024 (RTX "
+                 "5090, ~55 min of training).",
         "eval": "Judge by val centred cosine and rel_mse; >= 0.96 is healthy, ~0.87 means a "
                 "broken-RoPE teacher.",
     }
@@ -194,8 +194,8 @@ class LLaDAImagePack(TrainerPack):
         sigvq = copy_tiny_sigvq(folder / "LLaDA-Image-Turbo-sigvq")
         trust.confirm_trust(teacher)
         logging.getLogger(__name__).warning(  # a trust decision made for the user: always shown
-            "demo: trusted the remote code of the tiny LLaDA teacher shipped with gguf-trainer "
-            "(%s)",
+            "demo: trusted the remote code of the tiny LLaDA teacher "
+            "shipped with gguf-trainer (%s)",
             teacher,
         )
         return {"teacher": teacher, "sigvq": sigvq}
@@ -212,8 +212,8 @@ class LLaDAImagePack(TrainerPack):
         source = source_in(project.material_path("sigvq"))
         if source is None:
             logging.getLogger(__name__).info(
-                "export: no SigVQ companion (%s is not downloaded); the ggk command leaves "
-                "--llm_vision "
+                "export: no SigVQ companion (%s is not downloaded); the ggk "
+                "command leaves --llm_vision "
                 "out: text-to-image works, editing needs the sigvq material",
                 SOURCE,
             )

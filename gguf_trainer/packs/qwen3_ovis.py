@@ -62,16 +62,16 @@ class OvisImagePack(QwenTokenAlignedPack):
             "hf_snapshot",
             size_gb=4.1,
             hint="the Qwen3 text encoder folder of AIDC-AI/Ovis-Image-7B (transformers "
-            "Qwen3, ~2 B parameters, ~4 GB bf16) with tokenizer.json, tokenizer_config.json, "
-            "vocab.json "
+            "Qwen3, ~2 B parameters, ~4 GB bf16) with tokenizer.json, "
+            "tokenizer_config.json, vocab.json "
             "and merges.txt beside its config.json",
         ),
     )
     teacher_memory_gib = 4.0
     typical_rows = 284
     hints = {
-        "train": "Targets: the Qwen3 final norm of all 284 rows, pads included (rows from 28 reach "
-        "the DiT).",
+        "train": "Targets: the Qwen3 final norm of all 284 rows, pads included "
+        "(rows from 28 reach the DiT).",
         "eval": "Judge by cos_slice against the mean baseline (no reference run).",
     }
 

@@ -155,8 +155,8 @@ class Fibo2Pack(LayerwisePack):
     title = "Fibo 2.0 text-to-image (Qwen3-VL-4B, 15 taps)"
     description = (
         "Replaces the Qwen3-VL-4B-Instruct text encoder of Fibo 2.0 (text-to-image) with pig_clip "
-        "+ a layerwise adapter emitting the raw 15-layer stack (38400 wide); the engine normalises "
-        "and bundles it."
+        "+ a layerwise adapter emitting the raw 15-layer stack (38400 wide); the engine "
+        "normalises and bundles it."
     )
     family = "Fibo 2.0"
     serves = "Fibo 2.0 Dev (text-to-image)"

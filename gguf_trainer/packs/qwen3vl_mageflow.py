@@ -13,15 +13,15 @@ from .base import Material, TrainerPack
 # Copied exactly from the engine (conditioner.hpp 3155-3235, LLMEmbedder, MageFlow: edit and
 # text-to-image, the pack's engine_template); tests/engine compiles those lines and compares.
 EDIT_PREFIX = (
-    "<|im_start|>system\nDescribe the key features of the input image (color, shape, size, "
-    "texture, "
+    "<|im_start|>system\nDescribe the key features of the input image "
+    "(color, shape, size, texture, "
     "objects, background), then explain how the user's text instruction should alter or modify the "
     "image. Generate a new image that meets the user's requirements while maintaining consistency "
     "with the original input where appropriate.<|im_end|>\n<|im_start|>user\n"
 )
 T2I_PREFIX = (
-    "<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, "
-    "quantity, "
+    "<|im_start|>system\nDescribe the image by detailing the color, shape, "
+    "size, texture, quantity, "
     "text, spatial relationships of the objects and background:<|im_end|>\n<|im_start|>user\n"
 )
 SUFFIX = "<|im_end|>\n<|im_start|>assistant\n"

@@ -25,8 +25,8 @@ class MiniMaxH3Pack(QwenTokenAlignedPack):
     id = "qwen3vl_minimax_h3"
     title = "MiniMax H3 (truncated Qwen3-VL, layer 50)"
     description = (
-        "Replaces the truncated Qwen3-VL text encoder of MiniMax H3 with pig_clip + a "
-        "token-aligned "
+        "Replaces the truncated Qwen3-VL text encoder of MiniMax H3 with "
+        "pig_clip + a token-aligned "
         "adapter emitting the raw layer-50 state (5120 wide) of every prompt token."
     )
     family = "MiniMax H3"

@@ -46,8 +46,8 @@ class SeFiPack(LayerwisePack):
             "hf_snapshot",
             size_gb=8.9,
             hint="the Qwen3-VL-XB-Instruct folder inside the gated SeFi-Image repo "
-            "(Qwen3-VL-2B: hidden 2048, 28 layers, ~4.3 GB; Qwen3-VL-4B: hidden 2560, 36 layers, "
-            "~8.9 GB)",
+            "(Qwen3-VL-2B: hidden 2048, 28 layers, ~4.3 GB; Qwen3-VL-4B: hidden "
+            "2560, 36 layers, ~8.9 GB)",
         ),
     )
     teacher_memory_gib = 9.0

@@ -93,8 +93,8 @@ class ChromaT5Pack(PixArtT5Pack):
     )
     export_kv = {
         "adapter.qwen_hidden_source": "final_norm",
-        "adapter.target": "t5_v1_1_xxl encoder last_hidden_state over the unmasked 512-slot "
-                          "window; "
+        "adapter.target": "t5_v1_1_xxl encoder last_hidden_state over the "
+                          "unmasked 512-slot window; "
         "the real slots and the first pad (Chroma's default mask mode)",
         "adapter.teacher": "callgg/t5-v1_1-xxl-encoder-bf16",
         "adapter.engine_mask_mode": ENGINE_DEFAULTS,

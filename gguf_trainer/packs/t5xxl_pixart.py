@@ -70,10 +70,10 @@ class PixArtT5Pack(TrainerPack):
         "corpus.n_train": {"help": "training prompts; the reference recipe used ~117k-120k"},
     }
     hints = {
-        "train": "Reference: val cos 0.827 at 12.5k steps on 117k prompts; runs plateau at "
-                 "0.80-0.83.",
-        "eval": "Judge by cos over the real slots and rel_mse; cos_eos isolates the EOS slot. "
-                "Under ~0.6 "
+        "train": "Reference: val cos 0.827 at 12.5k steps on 117k prompts; "
+                 "runs plateau at 0.80-0.83.",
+        "eval": "Judge by cos over the real slots and rel_mse; cos_eos isolates "
+                "the EOS slot. Under ~0.6 "
         "means the seed or tokenizer path is broken.",
     }
     # 4.76B parameters in bf16 (8.87 GiB, the snapshot's own header says the same); the planner

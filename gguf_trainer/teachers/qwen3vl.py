@@ -233,8 +233,8 @@ def check_snapshot(root: Path) -> SnapshotReport:
     for name in files:
         if not (root / name).is_file():
             raise UserError(
-                f"{root / name} is missing (named by the weight index); run the download again "
-                "(it resumes)."
+                f"{root / name} is missing (named by the weight index); run the "
+                "download again (it resumes)."
             )
         for tensor, info in read_safetensors_header(root / name).items():
             n = _numel(info["shape"])

@@ -107,8 +107,8 @@ def _load_spm(path: Path):
         ) from None
     if proc.pad_id() != PAD_ID or proc.eos_id() != EOS_ID:
         raise UserError(
-            f"{path} is not a T5 tokenizer (pad id {proc.pad_id()}, eos id {proc.eos_id()}; T5 "
-            "uses "
+            f"{path} is not a T5 tokenizer (pad id {proc.pad_id()}, eos id {proc.eos_id()}; "
+            "T5 uses "
             f"pad {PAD_ID} and eos {EOS_ID}); point materials.teacher.path at a T5 v1.1 snapshot."
         )
     return proc
@@ -245,8 +245,8 @@ def _weight_files(root: Path) -> list[str]:
         for name in names:
             if not (root / name).is_file():
                 raise UserError(
-                    f"{root / name} is missing: {WEIGHTS_INDEX} names it as a shard of the T5 "
-                    "weights; "
+                    f"{root / name} is missing: {WEIGHTS_INDEX} names it as a "
+                    "shard of the T5 weights; "
                     "run the download again (it resumes) or copy the shard there."
                 )
         return names
@@ -301,8 +301,8 @@ def check_snapshot(
     if sp.get_piece_size() > min(vocab_limit, int(config["vocab_size"])):
         raise UserError(
             f"{spiece} has {sp.get_piece_size()} pieces but the encoder embeds "
-            f"{config['vocab_size']} (seed table {vocab_limit}); the tokenizer and weights do not "
-            "match."
+            f"{config['vocab_size']} (seed table {vocab_limit}); the tokenizer "
+            "and weights do not match."
         )
     files = _weight_files(root)
     found: dict[str, tuple[tuple[int, ...], str, str]] = {}

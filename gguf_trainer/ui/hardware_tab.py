@@ -58,8 +58,8 @@ def render(project: str | None) -> str:
         out.append(f"torch could not be asked: {facts['error']}")
     else:
         out.append(
-            f"torch {facts['torch']} (CUDA build {facts.get('cuda_build') or 'none'}); CUDA "
-            "available: "
+            f"torch {facts['torch']} (CUDA build {facts.get('cuda_build') or 'none'}); "
+            "CUDA available: "
             f"{common.fmt(facts['cuda_available'])}"
         )
         if facts["devices"]:

@@ -254,8 +254,8 @@ def add_arguments(parser) -> None:
     g.add_argument(
         "--share",
         action="store_true",
-        help="also serve through a public Gradio share link (for a remote GPU box; "
-        "requires a login)",
+        help="also serve through a public Gradio share link (for a remote "
+        "GPU box; requires a login)",
     )
     g.add_argument(
         "--auth",

@@ -181,8 +181,8 @@ def build() -> SetupParts:
         )
         with gr.Row(equal_height=True):
             token = gr.Textbox(
-                label="Hugging Face token (stored in huggingface_hub's token file; "
-                "never shown again)",
+                label="Hugging Face token (stored in huggingface_hub's "
+                "token file; never shown again)",
                 type="password",
                 scale=4,
                 elem_id="hf-token",

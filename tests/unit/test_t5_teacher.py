@@ -114,11 +114,11 @@ def test_targets_take_sample_records(teacher):
 
 def test_check_snapshot_reads_headers_only_and_finds_every_tensor():
     code = (
-        "import sys; from gguf_trainer.teachers import t5; from gguf_trainer.teachers.t5_tiny "
-        "import DEMO_DIR;"
+        "import sys; from gguf_trainer.teachers import t5; from "
+        "gguf_trainer.teachers.t5_tiny import DEMO_DIR;"
         "r = t5.check_snapshot(DEMO_DIR); print(r.summary());"
-        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'weights were "
-        "loaded'"
+        "assert 'torch' not in sys.modules and 'transformers' not in "
+        "sys.modules, 'weights were loaded'"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
