@@ -4,8 +4,7 @@
                 distribution (lognormal, clipped to 5..512 tokens) the way it does: per shard,
                 `budget_batches` sorted by length, with the auto budgets `choose_budgets` gives
                 a CPU, a small (12 GB) and a big (80 GB) card; teacher and student. Target >= 0.9.
-                For contrast,
-                the naive figure: fixed-size batches in corpus order.
+                For contrast, the naive figure: fixed-size batches in corpus order.
 2. loading      train-step time with batches from `ShardStream` over real shard files
                 (`write_shard`, laid out by `precompute.build_shard` with the pack's mock
                 teacher) ÷ the same steps with the same batches pre-collated in memory.

@@ -351,8 +351,7 @@ def preflight(teacher_gib: float, plan: Plan, hw: Hardware) -> list[str]:
                "precompute.gpu_mem_gib, or free the card")
     elif plan.mode == "offload" and plan.offload == "split":
         # the device map fills the card up to its budget less headroom
-        # (teachers/llada.plan_budgets),
-        # then RAM: the two together must hold the weights
+        # (teachers/llada.plan_budgets), then RAM: the two together must hold the weights
         need, where = teacher_gib, "GPU memory + RAM"
         have = max(0.0, plan.gpu_gib - MIN_HEADROOM_GIB) + plan.cpu_gib
         fix = (

@@ -16,8 +16,8 @@ FLUX.2-klein-4B "ship identical Qwen3-4B weights, tokenizer and chat template" w
 reading hidden_states[-2], (n, 2560) (https://huggingface.co/cukrus/qwen3-4b-remote-text-encoder).
 Z-Image-Turbo runs 9 steps (https://www.mintlify.com/OminiX-ai/OminiX-MLX/image/zimage: "9-step
 turbo inference"), the command's --steps. The snapshot is therefore Qwen/Qwen3-4B, as for the Flux.2
-klein pack; linking the text_encoder
-folder of Tongyi-MAI/Z-Image-Turbo (with its tokenizer files beside it) works the same.
+klein pack; linking the text_encoder folder of Tongyi-MAI/Z-Image-Turbo (with its tokenizer files
+beside it) works the same.
 """
 
 from __future__ import annotations

@@ -112,8 +112,7 @@ def test_a_changed_spiece_model_invalidates_the_shards(demo, tmp_path):
 
 def test_a_300_slot_window_exports_300_queries(demo, tmp_path):
     """PixArt-Σ: `precompute.t5_window` 300 re-plans the shards (new contract, teacher limit) and
-    the
-    adapter (num_queries); the export holds a 300-row `query` that `inspect` reads, and the
+    the adapter (num_queries); the export holds a 300-row `query` that `inspect` reads, and the
     shards hold 300-slot seed windows. A small corpus keeps the run short."""
     from gguf_trainer.runner.stages import stage_inputs, stage_objects, stale_stages
 
