@@ -27,8 +27,7 @@ import math
 from ..mageflow_images import FACTOR
 from ..template_ids import Piece
 from .base import Material
-from .qwen3vl_mageflow import IMAGE_PAD, IMAGE_PAD_ID
-from .token_aligned_qwen import QwenTokenAlignedPack
+from .token_aligned_qwen_vision import QwenVisionTokenAlignedPack, std_round, vision_block
 
 T2I_SYSTEM = ("You are a helpful assistant that generates high-quality images based on user "
               "instructions. The instructions are as follows.")
@@ -41,12 +40,6 @@ EDIT_SYSTEM = ("Describe the key features of the input image (color, shape, size
 AREA = 384 * 384  # 3258: the target area of a reference image
 
 
-def _round(x: float) -> int:
-    """std::round for x >= 0 (halves away from zero), exact in double."""
-    f = math.floor(x)
-    return f + 1 if x - f >= 0.5 else f
-
-
 def boogu_target_size(h: int, w: int) -> tuple[int, int]:
     """(h̄, w̄) of an h×w reference image (3258-3263): β = sqrt(384²/(h·w)) and each side
     max(32, round(side·β/32)·32), in double as the engine computes it (about 384² pixels, no
@@ -54,7 +47,10 @@ def boogu_target_size(h: int, w: int) -> tuple[int, int]:
     if h < 1 or w < 1:
         raise ValueError(f"an image of {w}×{h} pixels has no content")
     beta = math.sqrt(AREA / (float(h) * float(w)))
-    return tuple(max(FACTOR, _round(s * beta / FACTOR) * FACTOR) for s in (h, w))
+    return tuple(max(FACTOR, std_round(s * beta / FACTOR) * FACTOR) for s in (h, w))
+
+
+EDIT_PREFIX = "<|im_start|>system\n" + EDIT_SYSTEM + "<|im_end|>\n<|im_start|>user\n"
 
 
 def boogu_prefix(text: str, images: bool = False) -> str:
@@ -64,21 +60,14 @@ def boogu_prefix(text: str, images: bool = False) -> str:
     return "<|im_start|>system\n" + system + "<|im_end|>\n<|im_start|>user\n"
 
 
-def image_block(n: int) -> str:
-    """One reference image of n vision tokens as the engine writes it (3274-3281)."""
-    return "<|vision_start|>" + IMAGE_PAD * n + "<|vision_end|>"
-
-
-class BooguPack(QwenTokenAlignedPack):
+class BooguPack(QwenVisionTokenAlignedPack):
     id = "qwen3vl_boogu"
     title = "Boogu Image (its Qwen3-VL, final norm; text-to-image and edits)"
     description = ("Replaces the Qwen3-VL text encoder of Boogu Image with pig_clip + a "
                    "token-aligned adapter with the vision extension emitting its final-norm state "
                    "of every template row, reference images included.")
-    adapter_kind = "token_aligned_vision"
-    vis_dim = 4096  # the main merger's width (Qwen3-VL-8B's out_hidden_size = its text hidden)
-    image_pad_id = IMAGE_PAD_ID
     image_size = staticmethod(boogu_target_size)
+    edit_prefix = EDIT_PREFIX
     family = "Boogu Image"
     serves = "Boogu Image (text-to-image, edits)"
     teacher_arch = "qwen3_vl"
@@ -114,72 +103,11 @@ class BooguPack(QwenTokenAlignedPack):
         """The engine's pieces: the system turn (edit with images), one block per reference
         image (one piece, images included), the prompt range, `<|im_end|>\\n`."""
         prefix = boogu_prefix(sample.text, bool(sample.images)) + "".join(
-            image_block(n) for n in image_tokens)
+            vision_block(n) for n in image_tokens)  # 3274-3281
         return (Piece(prefix), Piece(sample.text, prompt=True), Piece(self.suffix))
 
     def format_prompt(self, text: str) -> str:
         return boogu_prefix(text) + text + self.suffix
-
-    def teacher_template(self):
-        """The edit / text-to-image prefixes as the Qwen3-VL teacher takes them: the engine
-        counts Boogu's rows with its tokenizer (no hard-coded counts), start 0."""
-        from ..teachers.qwen3vl import Template
-
-        return Template(boogu_prefix("", True), 0, boogu_prefix("a"), 0, 1,
-                        image_header="<|vision_start|>", counts_hard_coded=False,
-                        image_size=boogu_target_size, family=self.family)
-
-    def load_teacher(self, materials, plan, device):
-        """Qwen3-VL with its tower (the final norm is its last_hidden_state), placed as
-        planned; templates checked against its tokenizer first."""
-        from ..teachers.qwen3vl import load_qwen3vl_teacher
-
-        return load_qwen3vl_teacher(materials["teacher"], device, plan.mode,
-                                    student_pieces=self.student_pieces,
-                                    template=self.teacher_template(), ram_limit_gib=plan.cpu_gib)
-
-    def check_teacher(self, materials) -> str:
-        from ..teachers.qwen3vl import check_snapshot
-
-        return (check_snapshot(materials["teacher"]).summary()
-                + f"; the DiT reads {self.teacher_tap_text()}")
-
-    def teacher_gib(self, materials, device) -> float:
-        """The tower and the text stack as they load (bf16 on a card, fp32 on a CPU), from the
-        snapshot's headers; the family's figure while the folder holds no weights."""
-        from pathlib import Path
-
-        import torch
-
-        from ..teachers.qwen3vl import check_snapshot
-
-        if not any(Path(materials["teacher"]).glob("*.safetensors")):
-            return self.teacher_memory_gib
-        mode = "gpu" if torch.device(device).type == "cuda" else "cpu"
-        return check_snapshot(materials["teacher"]).gib(mode)
-
-    def demo_corpus(self, folder, prompts):
-        """The MageFlow demo's synthetic images (64-160 px; ~384² after Boogu's resize: about
-        144 vision tokens each) in one- and two-image edits, plus the text-only prompts."""
-        from .mageflow_demo import write_demo_corpus
-
-        return write_demo_corpus(folder, prompts)
-
-    def demo_materials(self, folder):
-        """A tiny real Qwen3-VL with its vision tower (tiny/qwen3vl.py)."""
-        from ..tiny.qwen3vl import copy_tiny_qwen3vl
-
-        return {"teacher": copy_tiny_qwen3vl(folder / f"{self.id}-teacher-tiny")}
-
-    def build_mock_teacher(self, project):
-        from functools import partial
-
-        from ..mageflow_images import preprocess_image
-        from .mock import MockVisionTokenTeacher
-
-        return MockVisionTokenTeacher(self.id, self.out_dim, self.vis_dim,
-                                      partial(preprocess_image, size=boogu_target_size),
-                                      sup_start_text=0, sup_start_image=0)
 
 
 PACK = BooguPack()

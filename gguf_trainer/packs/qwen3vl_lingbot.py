@@ -1,5 +1,5 @@
-"""LingBot Video pack (text-to-video): pig_clip + a token-aligned adapter replaces the Qwen3-VL text
-encoder of LingBot Video (engine-families §2 row 11).
+"""LingBot Video pack (text-to-video and I2V images): pig_clip + a token-aligned adapter with the
+vision extension replaces the Qwen3-VL text encoder of LingBot Video (engine-families §2 row 11).
 
 Engine (ggk 0.9.7 conditioner.hpp 2971-3049, `sd_version_is_lingbot_video`): the "Enhanced
 prompt" system turn + `<|im_start|>user\\n` (2973-2983) is dropped: start = its token count
@@ -9,8 +9,16 @@ range ({0, 0}, 3047: one unparsed piece, weight syntax is text), then
 For I2V the reference images come between the user marker and the prompt as
 `<|vision_start|>` + pads + `<|vision_end|>` (2994-3044).
 
-I2V (reference images) is not in this version: it needs a vision-ext adapter; this pack exports
-the text-only kind, which serves text-to-video.
+Images (2994-3044): each is resized by `lingbot_target_size` (3001-3022: each side rounded to a
+multiple of 32, the area kept within 4·32² .. 16384·32² pixels), run by the tower's main merger
+(encode_image as MageFlow's, no deepstack, plain positions) and spliced at the row the engine's
+tokenizer counts for everything before its `<|image_pad|>` run (3028-3030), after the dropped
+prefix: start stays 140. The export is token_aligned_vision (vision_proj + vis_in).
+Where ggk 0.9.7 reaches this branch: only a call that hands the conditioner reference images
+does, i.e. its image path with --ref-image (gk-diffuser.cpp 6193, `pass_to_vlm`); the video
+path passes none (prepare_video_generation_embeds, gk-diffuser.cpp 7204-7211; its
+sd_vid_gen_params_t has no ref_images), so `-M vid_gen` with an init image conditions on the
+text alone.
 
 Teacher: no citable public source names the repo of LingBot Video's text encoder, so the pack
 declares "link a local copy": the Qwen3-VL text encoder of the LingBot Video release
@@ -20,8 +28,12 @@ tokenizer files.
 
 from __future__ import annotations
 
+import math
+
+from ..mageflow_images import FACTOR
+from ..template_ids import Piece
 from .base import Material
-from .token_aligned_qwen import QwenTokenAlignedPack
+from .token_aligned_qwen_vision import QwenVisionTokenAlignedPack, std_round, vision_block
 
 LINGBOT_PREFIX = (
     "<|im_start|>system\nGiven a user input that may include a text prompt alone, "
@@ -35,14 +47,37 @@ LINGBOT_PREFIX = (
     "enhanced description for the prompt below and avoid including any additional "
     "commentary or evaluations:<|im_end|>\n<|im_start|>user\n")
 
+MIN_PIXELS = 4 * FACTOR * FACTOR  # 3004
+MAX_PIXELS = 16384 * FACTOR * FACTOR  # 3005
 
-class LingBotPack(QwenTokenAlignedPack):
+
+def lingbot_target_size(h: int, w: int) -> tuple[int, int]:
+    """(h̄, w̄) of an h×w reference image (3007-3022, in double as the engine): each side
+    max(32, round(side/32)·32); an area over 16384·32² scales both by β = sqrt(h·w/max) with
+    max(32, ⌊side/β/32⌋·32); an area under 4·32² by β = sqrt(min/(h·w)) with ⌈side·β/32⌉·32."""
+    if h < 1 or w < 1:
+        raise ValueError(f"an image of {w}×{h} pixels has no content")
+    hb, wb = (max(FACTOR, std_round(s / FACTOR) * FACTOR) for s in (h, w))
+    area = float(hb) * wb
+    if area > MAX_PIXELS:
+        beta = math.sqrt(float(h) * w / MAX_PIXELS)
+        return tuple(max(FACTOR, math.floor(s / beta / FACTOR) * FACTOR) for s in (h, w))
+    if area < MIN_PIXELS:
+        beta = math.sqrt(MIN_PIXELS / (float(h) * w))
+        return tuple(math.ceil(s * beta / FACTOR) * FACTOR for s in (h, w))
+    return hb, wb
+
+
+class LingBotPack(QwenVisionTokenAlignedPack):
     id = "qwen3vl_lingbot"
-    title = "LingBot Video (its Qwen3-VL, final norm; text-to-video)"
+    title = "LingBot Video (its Qwen3-VL, final norm; text-to-video and I2V images)"
     description = ("Replaces the Qwen3-VL text encoder of LingBot Video with pig_clip + a "
-                   "token-aligned adapter emitting its final-norm state of every row.")
+                   "token-aligned adapter with the vision extension emitting its final-norm state "
+                   "of every row, reference images included.")
     family = "LingBot Video"
-    serves = "LingBot Video (text-to-video)"
+    serves = "LingBot Video (text-to-video, I2V images)"
+    image_size = staticmethod(lingbot_target_size)
+    edit_prefix = LINGBOT_PREFIX
     teacher_arch = "qwen3_vl"
     teacher_hidden = 2560
     teacher_taps = ()
@@ -52,13 +87,14 @@ class LingBotPack(QwenTokenAlignedPack):
     start = 140
     start_prefix = LINGBOT_PREFIX
     default_name = "qwen3vl_lingbot_adapter"
-    shard_contract = "qwen3vl_lingbot/1"
+    shard_contract = "qwen3vl_lingbot/2"  # 2: images spliced, raw vision rows stored
     engine_template = {"file": "diffusion/src/conditioning/conditioner.hpp", "lines": (2972, 3049),
                        "version": "VERSION_LINGBOT_VIDEO"}
     teacher_materials = (
         Material("teacher", "Teacher: LingBot Video's Qwen3-VL (link a local copy)", "hf_snapshot",
-                 size_gb=8.9, hint="the Qwen3-VL text encoder folder of the LingBot Video release "
-                 "(transformers Qwen3-VL, hidden 2560, ~8.9 GB bf16) with its tokenizer files"),
+                 size_gb=8.9, hint="the Qwen3-VL folder of the LingBot Video release (transformers "
+                 "Qwen3-VL with its vision tower, hidden 2560, ~8.9 GB bf16) with its tokenizer "
+                 "files"),
     )
     teacher_memory_gib = 9.0
     typical_rows = 140 + 70
@@ -71,9 +107,17 @@ class LingBotPack(QwenTokenAlignedPack):
         "--llm {student} --llm-adapter {adapter} -p \"a red fox running through fresh snow\" "
         "--video-frames 33 -o out.avi")
     engine_teacher_args = "--llm <the LingBot Video Qwen3-VL text encoder .gguf>"
-    engine_notes = (("Text-to-video only: I2V (--ref-image) needs a vision-ext adapter, which this "
-                     "version does not train."),)
+    engine_notes = (("Reference images: ggk 0.9.7 hands them to the text encoder only on its "
+                     "image path (--ref-image with --llm_vision <the Qwen3-VL mmproj .gguf>); "
+                     "its video path (-M vid_gen) passes none, so there the adapter reads the "
+                     "text alone."),)
     export_kv = {"adapter.teacher_tap": "final norm", "adapter.family": "LingBot Video"}
+
+    def student_pieces(self, sample, image_tokens=()):
+        """One unparsed piece (prompt range {0, 0}, 3047): the prefix, one block per reference
+        image (2994-3044), the prompt, the assistant turn."""
+        blocks = "".join(vision_block(n) for n in image_tokens)
+        return (Piece(self.prefix + blocks + sample.text + self.suffix),)
 
 
 PACK = LingBotPack()

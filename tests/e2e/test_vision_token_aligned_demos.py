@@ -1,8 +1,8 @@
 """`gguf-trainer demo --pack ID` for the token-aligned Qwen packs that take reference images
-(Boogu Image edits) train against a tiny REAL Qwen3-VL with its vision tower (transformers,
-random weights) on the demo's synthetic images, in a subprocess as a user runs it. The images
-reach the teacher by the family's size rule and splice rows, the student through the fitted
-vision_proj; the export is token_aligned_vision, and the engine's forward of it
+(Boogu Image edits, LingBot Video I2V images) train against a tiny REAL Qwen3-VL with its vision
+tower (transformers, random weights) on the demo's synthetic images, in a subprocess as a user
+runs it. The images reach the teacher by the family's size rule and splice rows, the student
+through the fitted vision_proj; the export is token_aligned_vision, and the engine's forward of it
 (tests/engine_reference.py, its own reader and math) equals load_gguf's to 1e-5 on a val edit
 sample (images spliced, raw rows for vis_in), with vis_in in use. `gguf-trainer new --pack ID`
 creates each project."""
@@ -23,7 +23,7 @@ from gguf_trainer.vision import image_runs
 
 pytestmark = pytest.mark.slow
 
-PACKS = ("qwen3vl_boogu",)
+PACKS = ("qwen3vl_boogu", "qwen3vl_lingbot")
 
 
 @pytest.fixture(scope="module", params=PACKS)
@@ -44,7 +44,10 @@ def test_demo_trains_on_edits_and_beats_the_mean(demo):
     assert ev["mock"] is False and ev["val_cos"] > base
     assert ev["metrics"].get("cos_vis") is not None  # edit samples reached eval
     assert ev["health"].startswith("n/a")
-    assert "--ref-image" in demo["stdout"]
+    assert "--llm-adapter" in demo["stdout"]
+    # Boogu's command edits; ggk's video path hands LingBot's text encoder no reference images
+    # (its note says where they do reach it)
+    assert ("--ref-image pig.png" in demo["stdout"]) == (demo["pack"] == "qwen3vl_boogu")
 
 
 def _val_edit_sample(proj):

@@ -103,7 +103,8 @@ ENGINE = {
     "qwen3vl_boogu": (0, 0, (), 4096),
     "qwen3vl_lingbot": (140, 0, (), 2560),
 }
-VISION = {"qwen3vl_boogu": 4096}  # the packs that train edits: vis_dim (the main merger's width)
+# the packs that take reference images: vis_dim (the main merger's width)
+VISION = {"qwen3vl_boogu": 4096, "qwen3vl_lingbot": 2560}
 
 
 @pytest.mark.parametrize("pid", list(ENGINE))

@@ -1,0 +1,112 @@
+"""What the token-aligned Qwen packs that take reference images share (Boogu Image edits,
+LingBot Video I2V): the export is token_aligned_vision (the project's ridge-fitted
+`vision_proj` + a trained `vis_in`), and the teacher is the Qwen3-VL teacher with its tower
+(teachers/qwen3vl.py), given the family's declarations instead of MageFlow's:
+
+  * `edit_prefix`: the text before the first image (the splice rows count from its tokens, as
+    the engine's tokenizer counts everything before each image's `<|image_pad|>` run);
+  * one `<|vision_start|>` + pads + `<|vision_end|>` block per image (`vision_block`), no
+    `Image i:` header;
+  * `image_size`: the family's resize rule, (h, w) -> (h̄, w̄), used by the tower, the corpus
+    refusals and the engine tier;
+  * `start`: the first row the DiT reads, with or without images.
+
+The tower's main merger rows only (no deepstack) at plain positions: the engine calls
+`encode_image(..., false, true, true)` for these families and passes no image extras
+(conditioner.hpp 3029, 3266). A pack still writes its own `student_pieces` (where the blocks
+go is the family's template).
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..mageflow_images import target_size
+from .qwen3vl_mageflow import IMAGE_PAD, IMAGE_PAD_ID
+from .token_aligned_qwen import QwenTokenAlignedPack
+
+
+def std_round(x: float) -> int:
+    """C++ std::round for x >= 0 (halves away from zero), exact in double: the families' size
+    rules round with it."""
+    f = math.floor(x)
+    return f + 1 if x - f >= 0.5 else f
+
+
+def vision_block(n: int) -> str:
+    """One reference image of n vision tokens as these families write it."""
+    return "<|vision_start|>" + IMAGE_PAD * n + "<|vision_end|>"
+
+
+class QwenVisionTokenAlignedPack(QwenTokenAlignedPack):
+    """Base of the token-aligned Qwen packs with reference images (not registered itself)."""
+
+    adapter_kind = "token_aligned_vision"
+    image_pad_id = IMAGE_PAD_ID
+    image_size = staticmethod(target_size)  # each family declares its own rule
+    edit_prefix = ""  # the template's text before the first image
+
+    @property
+    def vis_dim(self) -> int:  # type: ignore[override]
+        return self.teacher_hidden  # Qwen3-VL's merger writes the text stack's width
+
+    def teacher_template(self):
+        """The family's declarations as the Qwen3-VL teacher takes them (teachers import no
+        pack): the engine counts the rows before each image with its tokenizer."""
+        from ..teachers.qwen3vl import Template
+
+        return Template(self.edit_prefix, self.start, self.format_prompt(""), self.start, 1,
+                        image_header="<|vision_start|>", counts_hard_coded=False,
+                        image_size=self.image_size, family=self.family)
+
+    def load_teacher(self, materials, plan, device):
+        """Qwen3-VL with its tower (the final norm is its last_hidden_state), placed as
+        planned; the template's image header checked against its tokenizer first."""
+        from ..teachers.qwen3vl import load_qwen3vl_teacher
+
+        return load_qwen3vl_teacher(materials["teacher"], device, plan.mode,
+                                    student_pieces=self.student_pieces,
+                                    template=self.teacher_template(), ram_limit_gib=plan.cpu_gib)
+
+    def check_teacher(self, materials) -> str:
+        from ..teachers.qwen3vl import check_snapshot
+
+        return (check_snapshot(materials["teacher"]).summary()
+                + f"; the DiT reads {self.teacher_tap_text()}")
+
+    def teacher_gib(self, materials, device) -> float:
+        """The tower and the text stack as they load (bf16 on a card, fp32 on a CPU), from the
+        snapshot's headers; the family's figure while the folder holds no weights."""
+        from pathlib import Path
+
+        import torch
+
+        from ..teachers.qwen3vl import check_snapshot
+
+        if not any(Path(materials["teacher"]).glob("*.safetensors")):
+            return self.teacher_memory_gib
+        mode = "gpu" if torch.device(device).type == "cuda" else "cpu"
+        return check_snapshot(materials["teacher"]).gib(mode)
+
+    def demo_corpus(self, folder, prompts):
+        """The MageFlow demo's synthetic pictures (64-160 px) in one- and two-image samples,
+        plus the text-only prompts; each family sizes them by its own rule."""
+        from .mageflow_demo import write_demo_corpus
+
+        return write_demo_corpus(folder, prompts)
+
+    def demo_materials(self, folder):
+        """A tiny real Qwen3-VL with its vision tower (tiny/qwen3vl.py)."""
+        from ..tiny.qwen3vl import copy_tiny_qwen3vl
+
+        return {"teacher": copy_tiny_qwen3vl(folder / f"{self.id}-teacher-tiny")}
+
+    def build_mock_teacher(self, project):
+        from functools import partial
+
+        from ..mageflow_images import preprocess_image
+        from .mock import MockVisionTokenTeacher
+
+        return MockVisionTokenTeacher(self.id, self.out_dim, self.vis_dim,
+                                      partial(preprocess_image, size=self.image_size),
+                                      sup_start_text=self.start, sup_start_image=self.start)
