@@ -23,7 +23,8 @@ from gguf_trainer.student import load_student
 
 pytestmark = pytest.mark.slow
 
-# qwen3vl_boogu and qwen3vl_lingbot take images: their demos are in test_vision_token_aligned_demos.py
+# qwen3vl_boogu and qwen3vl_lingbot take images: their demos are in
+# test_vision_token_aligned_demos.py
 PACKS = ("qwen3_zimage", "qwen3_ovis", "qwen3vl_minimax_h3", "qwen3vl_qwen_image_2_1")
 
 
@@ -52,9 +53,11 @@ def test_the_export_is_text_only_and_the_engine_runs_it_as_load_gguf_does(demo):
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     assert report["kind"] == "token_aligned" and report["problems"] == []
-    assert report["trainer_kind"] == "token_aligned" and report["taps"] == []  # no vision, no layer_map
+    # no vision, no layer_map
+    assert report["trainer_kind"] == "token_aligned" and report["taps"] == []
     adapter = load_gguf(proj.final_gguf)
-    assert adapter.config.kind == "token_aligned" and adapter.config.taps == () and not adapter.config.vis_dim
+    assert adapter.config.kind == "token_aligned" and adapter.config.taps == ()
+    assert not adapter.config.vis_dim
     student = load_student(proj.material_path("student"), proj.material_path("student_tokenizer"))
     encode = engine_bpe(student.tokenizer).encode
     pack = proj.pack
