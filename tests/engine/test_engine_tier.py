@@ -260,15 +260,19 @@ def _runs(ids_, pad):
 
 
 KINDS = sorted({get_pack(p).adapter_kind for p in PACKS})
+# The seeded resampler once more with its seed table factorized at export (train.seed_rank).
+CASES = [(kind, 0) for kind in KINDS] + [("seeded_resampler", 8)]
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_adapter_output_matches_the_engines_runner(driver, tiny_materials, tmp_path, kind):
+@pytest.mark.parametrize(("kind", "seed_rank"), CASES)
+def test_adapter_output_matches_the_engines_runner(
+    driver, tiny_materials, tmp_path, kind, seed_rank
+):
     import numpy as np
     import torch
 
     from gguf_trainer.adapters import build_adapter, load_gguf
-    from gguf_trainer.export import write_adapter_gguf
+    from gguf_trainer.export import factorize_seed, write_adapter_gguf
     from gguf_trainer.student import load_student
 
     runner = driver.path.parent / "adapter_probe"
@@ -280,8 +284,11 @@ def test_adapter_output_matches_the_engines_runner(driver, tiny_materials, tmp_p
     with torch.no_grad():
         for p in module.parameters():
             p.add_(0.05 * torch.randn_like(p))
+    state = module.state_dict()
+    if seed_rank:
+        state, cfg, _ = factorize_seed(state, cfg, seed_rank)
     export = tmp_path / "adapter-f16.gguf"
-    write_adapter_gguf(export, module.state_dict(), cfg, metadata={"adapter.pack": pack.id})
+    write_adapter_gguf(export, state, cfg, metadata={"adapter.pack": pack.id})
     ids = pack.student_ids(engine_bpe(student.tokenizer).encode, Sample("a sheep in sunglasses."))
     x = torch.tensor([ids])
     hidden = student.hidden(x, torch.ones_like(x))[0].float()
@@ -312,7 +319,8 @@ def test_adapter_output_matches_the_engines_runner(driver, tiny_materials, tmp_p
     got = np.fromfile(tmp_path / "out.bin", dtype="<f4").astype(np.float64).reshape(want.shape)
     worst = float(np.abs(got - want).max() / np.abs(want).max())
     print(
-        f"{kind} ({pack.id}): the engine's AdapterRunner vs this tool on the exported file: "
+        f"{kind} ({pack.id}, seed rank {seed_rank}): the engine's AdapterRunner vs this tool "
+        f"on the exported file: "
         f"max |d| / max |ref| = {worst:.2e} over {want.shape[0]} x {want.shape[1]}"
     )
     assert worst <= 1e-5
