@@ -25,7 +25,9 @@ from ..template_padding import Padding
 
 # token_aligned: text-only families (no vision tensors); token_aligned_vision splices images;
 # layerwise: a stack of teacher taps per token (the pack's `taps`).
-ADAPTER_KINDS = ("resampler", "seeded_resampler", "token_aligned", "token_aligned_vision", "layerwise")
+ADAPTER_KINDS = (
+    "resampler", "seeded_resampler", "token_aligned", "token_aligned_vision", "layerwise"
+)
 
 
 @dataclass(frozen=True)
@@ -188,7 +190,8 @@ class TrainerPack:
         from ..errors import UserError
 
         raise UserError(f"the {self.title} pack has no real teacher; turn on "
-                        "precompute.mock_teacher (or set GGUF_TRAINER_MOCK_TEACHER=1) to run the pipeline.")
+                        "precompute.mock_teacher (or set GGUF_TRAINER_MOCK_TEACHER=1) to run the "
+                        "pipeline.")
 
     def check_teacher(self, materials: dict[str, Path]) -> str | None:
         """A header-only check of the teacher files (tensor names and shapes, the tokenizer; no
@@ -243,14 +246,17 @@ class TrainerPack:
             return None
         line = v.line(metrics)
         steps = metrics.get("trained_steps")
-        if isinstance(steps, int) and steps < self.health_after_steps and not line.startswith("healthy"):
-            line = (f"too early to judge at {steps} steps: from {self.health_after_steps} steps on, "
-                    f"{self.health_early_hint}")
+        early = isinstance(steps, int) and steps < self.health_after_steps
+        if early and not line.startswith("healthy"):
+            line = (f"too early to judge at {steps} steps: from {self.health_after_steps} steps "
+                    f"on, {self.health_early_hint}")
         return f"{line}; reference: {self.health_reference}" if self.health_reference else line
 
     def engine_command(self, student: str = "<pig_clip.gguf>", adapter: str = "<adapter.gguf>",
                        extras: dict[str, str] | None = None) -> str:
-        return self.engine_command_template.format(student=student, adapter=adapter, **(extras or {}))
+        return self.engine_command_template.format(
+            student=student, adapter=adapter, **(extras or {})
+        )
 
     def adapter_config(self, train, in_dim: int, out_dim: int = 0, vis_dim: int = 0):
         """The AdapterConfig for these train settings and the dims read from the shards
@@ -259,7 +265,8 @@ class TrainerPack:
 
         return AdapterConfig(kind=self.adapter_kind, in_dim=in_dim, out_dim=out_dim or self.out_dim,
                              width=train.width, depth=train.depth, num_queries=self.num_queries,
-                             seed_vocab=self.seed_vocab, vis_dim=vis_dim or self.vis_dim, taps=self.taps)
+                             seed_vocab=self.seed_vocab, vis_dim=vis_dim or self.vis_dim,
+                             taps=self.taps)
 
     def describe(self) -> dict:
         return {
@@ -269,7 +276,8 @@ class TrainerPack:
             "default_name": self.default_name, "headline": self.headline,
             "eval_keys": list(self.eval_keys), "hints": dict(self.hints),
             "materials": [m.__dict__ for m in self.materials], "min_ggk": self.min_ggk,
-            "teacher_memory_gib": self.teacher_memory_gib, "bytes_per_sample": self.bytes_per_sample,
+            "teacher_memory_gib": self.teacher_memory_gib,
+            "bytes_per_sample": self.bytes_per_sample,
             "engine_command": self.engine_command(),
         }
 

@@ -106,9 +106,16 @@ def read_exit_records(paths: ProjectPaths) -> list[dict]:
     out = []
     for r in records:
         if isinstance(r, dict):
-            out.append({**r, "pid": _int(r.get("pid")), "pid_start_time": _num(r.get("pid_start_time")),
-                        "returncode": _int(r.get("returncode")), "signal": _str(r.get("signal")),
-                        "monitor_pid": _int(r.get("monitor_pid"))})
+            out.append(
+                {
+                    **r,
+                    "pid": _int(r.get("pid")),
+                    "pid_start_time": _num(r.get("pid_start_time")),
+                    "returncode": _int(r.get("returncode")),
+                    "signal": _str(r.get("signal")),
+                    "monitor_pid": _int(r.get("monitor_pid")),
+                }
+            )
     return out
 
 
@@ -116,9 +123,12 @@ def find_exit_record(paths: ProjectPaths, state: dict) -> dict | None:
     """The exit record of the process that wrote `state`, if its monitor left one."""
     for record in reversed(read_exit_records(paths)):
         if record.get("pid") == state.get("pid") and (
-                record.get("pid_start_time") is None or state.get("pid_start_time") is None
-                or _same_process(record["pid"], record["pid_start_time"],
-                                 state["pid"], state["pid_start_time"])):
+            record.get("pid_start_time") is None
+            or state.get("pid_start_time") is None
+            or _same_process(
+                record["pid"], record["pid_start_time"], state["pid"], state["pid_start_time"]
+            )
+        ):
             return record
     return None
 
@@ -136,7 +146,8 @@ def death_sentence(record: dict | None, state: dict) -> str:
             return f"crashed with {sig} — see pipeline.log"
         if sig:
             return f"killed by {sig}"
-        return f"exited with code {record.get('returncode')} without recording a result — see pipeline.log"
+        return (f"exited with code {record.get('returncode')} without recording a result — "
+                "see pipeline.log")
     heartbeat = _num(state.get("heartbeat")) or 0.0
     if psutil.boot_time() > heartbeat:
         return "the machine restarted while the pipeline was running"
@@ -144,7 +155,7 @@ def death_sentence(record: dict | None, state: dict) -> str:
 
 
 def format_eta(eta_s: float | None) -> str:
-    """"1h05m" / "4m10s" / "12s"; "—" when not measured yet."""
+    """Reads "1h05m" / "4m10s" / "12s"; "—" when not measured yet."""
     if eta_s is None:
         return "—"
     eta_s = round(eta_s)
@@ -184,12 +195,16 @@ def derive_status(paths: ProjectPaths, now: float | None = None) -> dict:
     out["settings_error"] = _settings_error(paths)
     if out["settings_error"]:
         out["message"] = f"project.json is broken: {out['settings_error']} ({out['message']})"
-    elif out["status"] == "stopped" and isinstance(out.get("reset"), dict) and \
-            out.get("state_status") == "stopped":
+    elif (
+        out["status"] == "stopped"
+        and isinstance(out.get("reset"), dict)
+        and out.get("state_status") == "stopped"
+    ):
         stages = out["reset"].get("stages")
         if isinstance(stages, list):
-            out["message"] = (f"reset: {', '.join(map(str, stages))} cleared; start again to "
-                              "rebuild them")
+            out["message"] = (
+                f"reset: {', '.join(map(str, stages))} cleared; start again to rebuild them"
+            )
     from gguf_trainer.runner import jobs  # lazy: jobs imports the supervisor
 
     out["jobs"] = {"snapshot": jobs.job_status(paths.root, "snapshot")}
@@ -224,12 +239,16 @@ def _derive_run(paths: ProjectPaths, now: float | None = None) -> dict:
     out = empty_state()
     out.update(state or {})
     holder_pid = found[0] if found else None
-    out.update(state_status=(state or {}).get("status"), pid=holder_pid,
-               last_pid=(state or {}).get("pid"), project=str(paths.root),
-               exit=find_exit_record(paths, state) if state else None,
-               heartbeat_age_s=None if out["heartbeat"] is None else now - out["heartbeat"],
-               progress_age_s=None if out["progress_time"] is None else now - out["progress_time"],
-               stall_after_s=max(STALL_MIN_S, STALL_UNITS * (out["slowest_unit_s"] or 0.0)))
+    out.update(
+        state_status=(state or {}).get("status"),
+        pid=holder_pid,
+        last_pid=(state or {}).get("pid"),
+        project=str(paths.root),
+        exit=find_exit_record(paths, state) if state else None,
+        heartbeat_age_s=None if out["heartbeat"] is None else now - out["heartbeat"],
+        progress_age_s=None if out["progress_time"] is None else now - out["progress_time"],
+        stall_after_s=max(STALL_MIN_S, STALL_UNITS * (out["slowest_unit_s"] or 0.0)),
+    )
     if state is None:
         out["status"] = "running" if holder_pid else "idle"
         out["message"] = f"starting (pid {holder_pid})" if holder_pid else "idle (never run)"
@@ -237,8 +256,13 @@ def _derive_run(paths: ProjectPaths, now: float | None = None) -> dict:
     recorded = state.get("status")
     if found and not _same_process(state.get("pid"), state.get("pid_start_time"), *found):
         # The holder has not written its first state yet: what we read is the previous run.
-        out.update(status="running", stage=None, stages={}, error=None,
-                   message=f"starting (pid {holder_pid})")
+        out.update(
+            status="running",
+            stage=None,
+            stages={},
+            error=None,
+            message=f"starting (pid {holder_pid})",
+        )
         return out
     if recorded in ("stopped", "failed", "done"):
         out["status"] = recorded
@@ -252,12 +276,16 @@ def _derive_run(paths: ProjectPaths, now: float | None = None) -> dict:
 def _live_status(out: dict) -> dict:
     if out["heartbeat_age_s"] is not None and out["heartbeat_age_s"] > HEARTBEAT_STALE_S:
         out["status"] = "stalled"
-        out["message"] = (f"stalled (pid {out['pid']}): no heartbeat for "
-                          f"{format_eta(out['heartbeat_age_s'])} — is the process frozen or suspended?")
+        out["message"] = (
+            f"stalled (pid {out['pid']}): no heartbeat for "
+            f"{format_eta(out['heartbeat_age_s'])} — is the process frozen or suspended?"
+        )
     elif out["progress_age_s"] is not None and out["progress_age_s"] > out["stall_after_s"]:
         out["status"] = "stalled"
-        out["message"] = (f"stalled (pid {out['pid']}): no progress in {out['stage'] or 'startup'} "
-                          f"for {format_eta(out['progress_age_s'])} — see pipeline.log")
+        out["message"] = (
+            f"stalled (pid {out['pid']}): no progress in {out['stage'] or 'startup'} "
+            f"for {format_eta(out['progress_age_s'])} — see pipeline.log"
+        )
     else:
         out["status"] = "running"
         out["message"] = _running_message(out)
@@ -271,14 +299,20 @@ def _dead_status(out: dict, paths: ProjectPaths, state: dict) -> dict:
         # Held by a process we cannot name (another host sharing the folder, a container
         # with its own pids): it runs, but nobody here may signal it (pid stays None).
         out["status"] = "running"
-        out["message"] = (f"running on host {host} (pid {state.get('pid')} there); control it "
-                          "from that machine" if host != socket.gethostname() else
-                          "running, but its process cannot be named from here (a container?)")
+        out["message"] = (
+            f"running on host {host} (pid {state.get('pid')} there); control it from that machine"
+            if host != socket.gethostname()
+            else "running, but its process cannot be named from here (a container?)"
+        )
         return out
     killed = read_json_quiet(killed_marker_path(paths), {})
     killed = killed if isinstance(killed, dict) else {}
-    if _same_process(killed.get("pid"), killed.get("pid_start_time"),
-                     state.get("pid"), state.get("pid_start_time")):
+    if _same_process(
+        killed.get("pid"),
+        killed.get("pid_start_time"),
+        state.get("pid"),
+        state.get("pid_start_time"),
+    ):
         out["status"] = "stopped"
         out["message"] = "stopped (killed on request with gguf-trainer kill)"
     else:
