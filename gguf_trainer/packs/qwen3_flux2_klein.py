@@ -20,6 +20,24 @@ from .base import Material
 from .layerwise import LayerwisePack
 
 QWEN3_4B = "Qwen/Qwen3-4B"
+# Z-Image conditions on the same Qwen3-4B weights (qwen3_zimage.py cites it): one material.
+QWEN3_4B_TEACHER = Material(
+    "teacher",
+    "Teacher: Qwen3-4B",
+    "hf_snapshot",
+    repo=QWEN3_4B,
+    subdir="Qwen3-4B",
+    size_gb=8.1,
+    patterns=(
+        "config.json",
+        "model.safetensors.index.json",
+        "model-*.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "vocab.json",
+        "merges.txt",
+    ),
+)
 
 
 class Flux2KleinPack(LayerwisePack):
@@ -43,25 +61,7 @@ class Flux2KleinPack(LayerwisePack):
         "lines": (3563, 3573),
         "version": "VERSION_FLUX2_KLEIN",
     }
-    teacher_materials = (
-        Material(
-            "teacher",
-            "Teacher: Qwen3-4B",
-            "hf_snapshot",
-            repo=QWEN3_4B,
-            subdir="Qwen3-4B",
-            size_gb=8.1,
-            patterns=(
-                "config.json",
-                "model.safetensors.index.json",
-                "model-*.safetensors",
-                "tokenizer.json",
-                "tokenizer_config.json",
-                "vocab.json",
-                "merges.txt",
-            ),
-        ),
-    )
+    teacher_materials = (QWEN3_4B_TEACHER,)
     teacher_memory_gib = 8.0
     typical_rows = 512
     # Every prompt is 512 rows: a smaller demo corpus keeps the tiny run near the others' time.

@@ -22,8 +22,7 @@ beside it) works the same.
 
 from __future__ import annotations
 
-from .base import Material
-from .qwen3_flux2_klein import QWEN3_4B
+from .qwen3_flux2_klein import QWEN3_4B, QWEN3_4B_TEACHER
 from .token_aligned_qwen import QwenTokenAlignedPack
 
 
@@ -49,25 +48,7 @@ class ZImagePack(QwenTokenAlignedPack):
         "lines": (3423, 3442),
         "version": "VERSION_Z_IMAGE",
     }
-    teacher_materials = (
-        Material(
-            "teacher",
-            "Teacher: Qwen3-4B",
-            "hf_snapshot",
-            repo=QWEN3_4B,
-            subdir="Qwen3-4B",
-            size_gb=8.1,
-            patterns=(
-                "config.json",
-                "model.safetensors.index.json",
-                "model-*.safetensors",
-                "tokenizer.json",
-                "tokenizer_config.json",
-                "vocab.json",
-                "merges.txt",
-            ),
-        ),
-    )
+    teacher_materials = (QWEN3_4B_TEACHER,)
     teacher_memory_gib = 8.0
     typical_rows = 10 + 60
     hints = {
