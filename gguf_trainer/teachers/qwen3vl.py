@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 from ..errors import UserError
 from ..qwen_bpe import engine_bpe
 from ..template_ids import student_ids as engine_ids
+from .snapshot_files import weight_files
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -214,20 +215,7 @@ def check_snapshot(root: Path) -> SnapshotReport:
         raise UserError(
             f"{root / 'tokenizer.json'} is missing; download the Qwen3-VL snapshot again."
         )
-    index = root / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            files = sorted(
-                set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
-            )
-        except (ValueError, KeyError, AttributeError):
-            raise UserError(
-                f"{index} is not a weight index; download the snapshot again."
-            ) from None
-    else:
-        files = sorted(p.name for p in root.glob("*.safetensors"))
-    if not files:
-        raise UserError(f"{root} has no *.safetensors weights; run the download again.")
+    files = weight_files(root)
     sizes = {"BF16": 2, "F16": 2, "F32": 4}
     tb = vb = tp = vp = 0
     for name in files:

@@ -34,6 +34,7 @@ from ..qwen_bpe import engine_bpe
 from ..template_ids import Piece
 from ..template_ids import student_ids as engine_ids
 from ..template_padding import PAD_ID, Padding
+from .snapshot_files import weight_files
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -193,20 +194,7 @@ def text_stack_params(root: Path) -> int:
     from .t5 import _numel, read_safetensors_header
 
     root = Path(root)
-    index = root / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            files = sorted(
-                set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
-            )
-        except (ValueError, KeyError, AttributeError):
-            raise UserError(
-                f"{index} is not a weight index; download the snapshot again."
-            ) from None
-    else:
-        files = sorted(p.name for p in root.glob("*.safetensors"))
-    if not files:
-        raise UserError(f"{root} has no *.safetensors weights; run the download again.")
+    files = weight_files(root)
     n = 0
     for name in files:
         if not (root / name).is_file():
