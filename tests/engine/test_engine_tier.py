@@ -37,6 +37,10 @@ from gguf_trainer.t5_unigram import T5Unigram
 from gguf_trainer.teachers.t5 import window_ids
 from gguf_trainer.tiny import qwen_tokenizer_dir
 
+# A cold build of the engine's code takes minutes on 2 cores: the tier runs in the full suite
+# (.ci/run), not in the quick `-m "not slow"` pass.
+pytestmark = pytest.mark.slow
+
 PROMPTS = prompts()
 SIZES = image_sizes()
 PACKS = pack_ids()
