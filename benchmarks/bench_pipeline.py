@@ -147,8 +147,11 @@ class _FakeStudent:
     def __init__(self, seed: int):
         self.gen = torch.Generator().manual_seed(seed)
 
-    def hidden(self, ids: torch.Tensor, keep: torch.Tensor, splices=None) -> torch.Tensor:
-        return torch.randn(*ids.shape, STUDENT_DIM, generator=self.gen)  # text-only: no splices
+    def hidden(
+        self, ids: torch.Tensor, keep: torch.Tensor, splices=None, position_ids=None
+    ) -> torch.Tensor:
+        # text-only, unpadded: no splices, the default positions
+        return torch.randn(*ids.shape, STUDENT_DIM, generator=self.gen)
 
 
 def make_samples(pack, n: int, start: int, seed: int) -> list[_Sample]:
