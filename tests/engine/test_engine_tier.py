@@ -38,8 +38,9 @@ from gguf_trainer.teachers.t5 import window_ids
 from gguf_trainer.tiny import qwen_tokenizer_dir
 
 # A cold build of the engine's code takes minutes on 2 cores: the tier runs in the full suite
-# (.ci/run), not in the quick `-m "not slow"` pass.
-pytestmark = pytest.mark.slow
+# (.ci/run), not in the quick `-m "not slow"` pass, and the first test (which waits for the
+# build) gets more than the suite's 600 s per test on a slow machine.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 PROMPTS = prompts()
 SIZES = image_sizes()
