@@ -65,6 +65,25 @@ class TrainParts:
     live_hw: gr.Markdown
 
 
+
+def _series_chart(title: str, elem_id: str, what: str, colors: dict[str, str]):
+    """A line chart of `series` over `step` whose legend names every series in `colors`."""
+    return gr.LinePlot(
+        EMPTY_CHART,
+        x="step",
+        y="value",
+        color="series",
+        height=CHART_PX,
+        title=title,
+        elem_id=elem_id,
+        label=what,
+        x_title="step",
+        y_title=what,
+        color_title="",
+        color_map=colors,
+        colors_in_legend=list(colors),
+    )
+
 def build() -> TrainParts:
     banner = gr.Markdown(
         "No project open: create or open one on the Setup tab.", elem_id="train-banner"
@@ -94,35 +113,9 @@ def build() -> TrainParts:
                 log_scale = gr.Checkbox(False, label="log10 loss", elem_id="log-scale", scale=0)
             # Tall enough for the legend: at 260 px the cosine legend was cut off, and the two
             # lines could not be told apart. The step axis runs to the planned steps (chart()).
-            loss_plot = gr.LinePlot(
-                EMPTY_CHART,
-                x="step",
-                y="value",
-                color="series",
-                height=CHART_PX,
-                title="Loss",
-                elem_id="loss-plot",
-                label="loss",
-                x_title="step",
-                y_title="loss",
-                color_title="",
-                color_map={"loss": "#4f6ef7"},
-                colors_in_legend=["loss"],
-            )
-            cos_plot = gr.LinePlot(
-                EMPTY_CHART,
-                x="step",
-                y="value",
-                color="series",
-                height=CHART_PX,
-                title="Cosine",
-                elem_id="cos-plot",
-                label="cosine",
-                x_title="step",
-                y_title="cosine",
-                color_title="",
-                color_map={"train cos": "#2f9e63", "val cos": "#e0a52a"},
-                colors_in_legend=["train cos", "val cos"],
+            loss_plot = _series_chart("Loss", "loss-plot", "loss", {"loss": "#4f6ef7"})
+            cos_plot = _series_chart(
+                "Cosine", "cos-plot", "cosine", {"train cos": "#2f9e63", "val cos": "#e0a52a"}
             )
         with gr.Column(scale=2):
             metrics = gr.Markdown("", elem_id="train-metrics")
