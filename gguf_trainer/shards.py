@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import struct
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load, save_file
 
 from . import atomic
 from .errors import UserError
@@ -102,15 +103,26 @@ def verify_shard(path: Path, fingerprint: str) -> str | None:
     return check_shard(path)
 
 
+def _read(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The tensors and metadata of one snapshot of the file's bytes. Read into memory, never
+    memory-mapped: a shard truncated by another process while it is mapped would kill the
+    trainer with SIGBUS instead of raising ShardCorrupted."""
+    raw = Path(path).read_bytes()
+    if len(raw) < 8:
+        raise ValueError("shorter than a safetensors header")
+    (n,) = struct.unpack("<Q", raw[:8])
+    meta = json.loads(raw[8:8 + n]).get("__metadata__") or {}
+    return load(raw), meta
+
+
 def check_shard(path: Path) -> str | None:
     """None when the shard is whole (every tensor byte matches the checksum it was written
     with); else the reason it is not. Reads the whole file."""
-    meta = read_meta(path)
-    if meta is None or meta.get("format") != FORMAT:
-        return "unreadable or truncated"
     try:
-        tensors = load_file(str(path))
+        tensors, meta = _read(path)
     except (SafetensorError, OSError, ValueError):
+        return "unreadable or truncated"
+    if meta.get("format") != FORMAT:
         return "unreadable or truncated"
     if _checksum(tensors) != meta.get("checksum"):
         return "checksum mismatch (corrupted)"
@@ -141,14 +153,13 @@ def load_verified(path: Path) -> dict[str, torch.Tensor]:
     if path.exists() and not path.is_file():  # never delete what we did not write
         raise UserError(f"{path} is not a shard file; move it away and start again to "
                         "recompute the shard.")
-    meta = read_meta(path)
     try:
-        tensors = load_file(str(path))
+        tensors, meta = _read(path)
     except FileNotFoundError:
         raise ShardCorrupted(path, "missing") from None
     except (SafetensorError, OSError, ValueError):
-        tensors = None
-    if tensors is None or meta is None or meta.get("format") != FORMAT:
+        tensors = meta = None
+    if tensors is None or meta.get("format") != FORMAT:
         reason = "unreadable or truncated"
     elif _checksum(tensors) != meta.get("checksum"):
         reason = "changed since it was written (checksum mismatch)"
