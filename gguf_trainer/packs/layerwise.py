@@ -21,7 +21,6 @@ from ..template_ids import Piece
 from ..template_padding import Padding
 from .base import TrainerPack
 
-QWEN3VL_4B = "Qwen/Qwen3-VL-4B-Instruct"
 # Shard bytes per template row: the student's state (1024) and the stack, both bf16, plus its id.
 STUDENT_DIM = 1024
 

@@ -16,28 +16,8 @@ snapshot instead and the adapter's width follows the snapshot (3 x its hidden si
 from __future__ import annotations
 
 from ..template_padding import Padding
-from .base import Material
 from .layerwise import LayerwisePack
-
-QWEN3_4B = "Qwen/Qwen3-4B"
-# Z-Image conditions on the same Qwen3-4B weights (qwen3_zimage.py cites it): one material.
-QWEN3_4B_TEACHER = Material(
-    "teacher",
-    "Teacher: Qwen3-4B",
-    "hf_snapshot",
-    repo=QWEN3_4B,
-    subdir="Qwen3-4B",
-    size_gb=8.1,
-    patterns=(
-        "config.json",
-        "model.safetensors.index.json",
-        "model-*.safetensors",
-        "tokenizer.json",
-        "tokenizer_config.json",
-        "vocab.json",
-        "merges.txt",
-    ),
-)
+from .teacher_repos import QWEN3_4B, QWEN3_4B_TEACHER
 
 
 class Flux2KleinPack(LayerwisePack):

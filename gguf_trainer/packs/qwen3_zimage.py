@@ -22,7 +22,7 @@ beside it) works the same.
 
 from __future__ import annotations
 
-from .qwen3_flux2_klein import QWEN3_4B, QWEN3_4B_TEACHER
+from .teacher_repos import QWEN3_4B, QWEN3_4B_TEACHER
 from .token_aligned_qwen import QwenTokenAlignedPack
 
 

@@ -26,8 +26,9 @@ import math
 from decimal import Decimal
 
 from ..template_padding import Padding
-from .layerwise import QWEN3VL_4B, LayerwisePack
+from .layerwise import LayerwisePack
 from .qwen3vl_krea2 import Krea2Pack
+from .teacher_repos import QWEN3VL_4B
 
 NULL_CAPTION = (
     '{"short_description":"","objects":[],"background_setting":"","lighting":{},"aesthetics":{},'

@@ -16,8 +16,9 @@ NVIDIA NeMo's FLUX.3 text encoding
 from __future__ import annotations
 
 from ..template_padding import Padding
-from .layerwise import QWEN3VL_4B, LayerwisePack
+from .layerwise import LayerwisePack
 from .qwen3vl_krea2 import Krea2Pack
+from .teacher_repos import QWEN3VL_4B
 
 
 class Flux3Pack(LayerwisePack):

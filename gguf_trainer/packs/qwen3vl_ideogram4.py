@@ -13,10 +13,8 @@ engine's taps are its own reading of those layers (1-based decoder outputs, 36 =
 
 from __future__ import annotations
 
-from .base import Material
 from .layerwise import LayerwisePack
-
-QWEN3VL_8B = "Qwen/Qwen3-VL-8B-Instruct"
+from .teacher_repos import QWEN3VL_8B, QWEN3VL_8B_TEACHER
 
 
 class Ideogram4Pack(LayerwisePack):
@@ -38,25 +36,7 @@ class Ideogram4Pack(LayerwisePack):
         "lines": (3384, 3390),
         "version": "VERSION_IDEOGRAM4",
     }
-    teacher_materials = (
-        Material(
-            "teacher",
-            "Teacher: Qwen3-VL-8B-Instruct",
-            "hf_snapshot",
-            repo=QWEN3VL_8B,
-            subdir="Qwen3-VL-8B-Instruct",
-            size_gb=17.5,
-            patterns=(
-                "config.json",
-                "model.safetensors.index.json",
-                "model-*.safetensors",
-                "tokenizer.json",
-                "tokenizer_config.json",
-                "vocab.json",
-                "merges.txt",
-            ),
-        ),
-    )
+    teacher_materials = (QWEN3VL_8B_TEACHER,)
     teacher_memory_gib = 17.0
     typical_rows = 70
     hints = {

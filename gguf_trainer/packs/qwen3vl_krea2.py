@@ -15,8 +15,8 @@ Instruct release the engine's Qwen3-VL-4B GGUFs come from (`qwen3vl-4b-it-*`, gg
 
 from __future__ import annotations
 
-from .base import Material
-from .layerwise import QWEN3VL_4B, LayerwisePack
+from .layerwise import LayerwisePack
+from .teacher_repos import QWEN3VL_4B, QWEN3VL_4B_TEACHER
 
 KREA2_PREFIX = (
     "<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, "
@@ -44,25 +44,7 @@ class Krea2Pack(LayerwisePack):
         "lines": (3296, 3305),
         "version": "VERSION_KREA2",
     }
-    teacher_materials = (
-        Material(
-            "teacher",
-            "Teacher: Qwen3-VL-4B-Instruct",
-            "hf_snapshot",
-            repo=QWEN3VL_4B,
-            subdir="Qwen3-VL-4B-Instruct",
-            size_gb=8.9,
-            patterns=(
-                "config.json",
-                "model.safetensors.index.json",
-                "model-*.safetensors",
-                "tokenizer.json",
-                "tokenizer_config.json",
-                "vocab.json",
-                "merges.txt",
-            ),
-        ),
-    )
+    teacher_materials = (QWEN3VL_4B_TEACHER,)
     teacher_memory_gib = 9.0
     typical_rows = 34 + 60
     hints = {

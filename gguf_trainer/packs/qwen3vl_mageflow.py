@@ -8,7 +8,8 @@ from __future__ import annotations
 # here because tests and the mock teacher take these names from the pack.
 from ..mageflow_images import CLIP_MEAN, CLIP_STD, FACTOR, MAX_SIDE, preprocess_image, target_size  # noqa: F401
 from ..template_ids import Piece
-from .base import Material, TrainerPack
+from .base import TrainerPack
+from .teacher_repos import QWEN3VL_4B_TEACHER
 
 # Copied exactly from the engine (conditioner.hpp 3155-3235, LLMEmbedder, MageFlow: edit and
 # text-to-image, the pack's engine_template); tests/engine compiles those lines and compares.
@@ -72,28 +73,7 @@ class MageFlowPack(TrainerPack):
         "roundtrip_cos",
         "baseline_cos",
     )
-    teacher_materials = (
-        Material(
-            "teacher",
-            "Teacher: Qwen3-VL-4B-Instruct",
-            "hf_snapshot",
-            repo="Qwen/Qwen3-VL-4B-Instruct",
-            subdir="Qwen3-VL-4B-Instruct",
-            size_gb=8.3,
-            patterns=(
-                "config.json",
-                "generation_config.json",
-                "model.safetensors.index.json",
-                "model-*.safetensors",
-                "preprocessor_config.json",
-                "tokenizer.json",
-                "tokenizer_config.json",
-                "vocab.json",
-                "merges.txt",
-                "chat_template.json",
-            ),
-        ),
-    )
+    teacher_materials = (QWEN3VL_4B_TEACHER,)
     defaults = {
         "corpus.empty_frac": 0.015,
         # the trainer5 mix: 56k single-image + 3k two-image + 27k text-only; val 1024 + 512
