@@ -16,6 +16,12 @@ snapshot must hold no stand-in marker, its saved listing (when it has one) must 
 material's repo, and `expect` (the tokenizer: the vocabulary and hidden size the student
 declares) must match its config.json. Each copy passed over is named with the reason.
 
+A snapshot without `expect` (a teacher, a dataset) is that repo only when a record says so:
+the listing our download saved (it names the repo, and every listed file has its size) or
+the Hugging Face cache (its folder names the repo). A complete folder copied in by hand has
+neither: it is not linked but returned as unverified (`unverified_sentence` tells how to
+accept it), and the caller may compare it with the Hub's listing (`listing_problem`).
+
 Reads only; recording a link in project.json is the caller's job (runner.downloads).
 """
 
@@ -132,15 +138,31 @@ def snapshot_problem(material, folder: Path, expect: dict | None = None) -> str 
     return None
 
 
+def has_record(material, folder: Path) -> bool:
+    """Whether something other than its name says `folder` is the material's repo: the
+    listing our download saved there names it, or the folder is a Hugging Face cache snapshot
+    (the Hub client files each repo under its own name)."""
+    if is_hf_cache_snapshot(folder):
+        return True
+    try:
+        saved = json.loads((folder / MANIFEST_DIR / LISTING_JSON).read_text("utf-8"))
+    except (OSError, ValueError):  # none, or torn: no record
+        return False
+    return isinstance(saved, dict) and bool(material.repo) and saved.get("repo") == material.repo
+
+
 def find_snapshot(
     material,
     roots: list[Path],
     exclude: Path | None = None,
     expect: dict | None = None,
     passed: list[str] | None = None,
+    unverified: list[Path] | None = None,
 ) -> Path | None:
     """The first complete copy of an hf_snapshot material whose identity matches
-    (`snapshot_problem`), or None. `passed` receives a sentence per complete copy refused."""
+    (`snapshot_problem`, and without `expect` a download record: `has_record`), or None.
+    `passed` receives a sentence per complete copy refused; `unverified` each complete copy
+    that nothing identifies (copied by hand: no download record to compare it with)."""
     names = [n for n in (material.subdir, material.repo.split("/")[-1], material.id) if n]
     cands = []
     for root in roots:
@@ -154,11 +176,36 @@ def find_snapshot(
         if not check_folder(cand, material.patterns, listing).is_complete:
             continue  # an incomplete copy is never linked, and not worth a line
         problem = snapshot_problem(material, cand, expect)
-        if problem is None:
+        if problem is None and (expect or has_record(material, cand)):
             return cand
-        if passed is not None:
+        if problem is None:
+            if unverified is not None:
+                unverified.append(cand)
+        elif passed is not None:
             passed.append(problem)
     return None
+
+
+def listing_problem(material, folder: Path, listing: dict[str, int]) -> str | None:
+    """Why `folder` is not the repo whose file list and sizes the Hub gives (`listing`, path
+    -> size, the material's patterns only), or None when every listed file is there with
+    its size."""
+    check = check_folder(folder, material.patterns, listing)
+    if check.is_complete:
+        return None
+    return (f"{folder} is not {material.repo}: its files differ from the Hub's listing "
+            f"({', '.join(check.missing[:3])})")
+
+
+def unverified_sentence(material, folder: Path, project_dir) -> str:
+    """The one sentence for a complete copy nothing identifies: why it was not linked and how
+    the user accepts it (or has it checked against the Hub)."""
+    return (f"{folder} holds every file {material.repo} needs but has no download record to "
+            f"compare with the repo's file list, so it was not linked; if it is "
+            f"{material.repo}, link it with `gguf-trainer link --project {project_dir} "
+            f"{material.id} {folder}` (or Replace under Setup → Materials), or have it checked "
+            f"against the Hub with `gguf-trainer materials --project {project_dir} --link-found "
+            f"--online`")
 
 
 def is_gguf(path: Path) -> bool:

@@ -423,14 +423,27 @@ def _check_materials(proj, only: list[str] | None) -> list[str]:
     try:
         _need_materials(proj)
         return []
-    except UserError:
+    except UserError as e:
         from gguf_trainer.runner import downloads
 
-        linked = downloads.link_found(proj.paths.root)
+        unverified: dict[str, list[str]] = {}  # copied by hand: the user links it, not we
+        linked = downloads.link_found(proj.paths.root, unverified_over=unverified)
         if not linked:
-            raise
-    _need_materials(project.load_project(proj.paths.root))  # the rest, named with `link`
+            raise _with_found(e, unverified) from None
+    try:
+        _need_materials(project.load_project(proj.paths.root))  # the rest, named with `link`
+    except UserError as e:
+        raise _with_found(e, unverified) from None
     return [it["message"] for it in linked]
+
+
+def _with_found(error: UserError, unverified: dict[str, list[str]]) -> UserError:
+    """The missing-material sentence, with the first complete copy found on disk that has no
+    download record (it was not linked; the sentence says how to accept it)."""
+    lines = [line for found in unverified.values() for line in found]
+    if not lines:
+        return error
+    return UserError(f"{str(error).rstrip('.')}; found: {lines[0]}.")
 
 
 def _need_materials(proj) -> None:

@@ -5,7 +5,8 @@ The control functions the CLI and the GUI share (torch-free; each re-reads the d
     material_statuses(root, online=False) -> [dict]   one per material of the pack
     start_download(root, ids=None, required_only=False) -> [dict]  detached jobs
     download_foreground(root, ids, required_only, on_progress, on_line) -> int (failures)
-    link_found(root) -> [dict]            link complete copies found on disk
+    link_found(root, online=False) -> [dict]   link complete copies found on disk (a copy
+                                          made by hand: only when the Hub's listing matches)
     link_material(root, material_id, path) -> dict   link a folder/file the user names
     stop_download(root, material_id) -> str
 
@@ -41,6 +42,7 @@ from gguf_trainer.runner.material_status import (  # noqa: F401 - the GUI's one 
     check_content,
     destination,
     format_statuses,
+    hub_listing,
     job_folder,
     material_status,
     material_statuses,
@@ -78,7 +80,9 @@ def link_material(root, material_id: str, path) -> dict:
         raise UserError(f"{path} does not exist; choose the folder or file again.")
     if material.kind == "hf_snapshot":
         check = check_folder(path, material.patterns)
-        inside = None if check.is_complete else discovery.find_snapshot(material, [path])
+        named: list[Path] = []  # a copy the user names needs no download record: they vouch
+        inside = None if check.is_complete else (
+            discovery.find_snapshot(material, [path], unverified=named) or next(iter(named), None))
         if inside is not None:  # the user named the folder that holds the snapshot
             path = inside
         elif not check.is_complete:
@@ -97,10 +101,15 @@ def link_material(root, material_id: str, path) -> dict:
     return material_status(load_project(root), material)
 
 
-def link_found(root, passed_over: dict[str, list[str]] | None = None) -> list[dict]:
+def link_found(root, passed_over: dict[str, list[str]] | None = None, online: bool = False,
+               unverified_over: dict[str, list[str]] | None = None) -> list[dict]:
     """Link every wanted material that is not ready to a complete copy found on disk whose
     identity matches (discovery). Returns [{id, path, message}] for what was linked (the user
-    is told each one); `passed_over` receives, by id, a sentence per copy seen but refused."""
+    is told each one); `passed_over` receives, by id, a sentence per copy seen but refused.
+    A complete snapshot copy with no download record (copied by hand) is compared with the
+    Hub's listing when `online` (linked when its files and sizes match, passed over when
+    not); otherwise, or when the Hub cannot be asked, `unverified_over` receives the sentence
+    saying how to accept it, and it is not linked."""
     from gguf_trainer.project import load_project
 
     project = load_project(root)
@@ -115,11 +124,15 @@ def link_found(root, passed_over: dict[str, list[str]] | None = None) -> list[di
         if st["state"] in ("ready", "downloading"):
             continue
         passed: list[str] = []  # copies seen but not this material (a demo's toy files)
+        unverified: list[str] = []  # complete copies nothing identifies (copied by hand)
         if m.kind == "hf_snapshot":
             expect = discovery.tokenizer_expect(student) if m.id == "student_tokenizer" else None
+            maybe: list[Path] = []
             found = discovery.find_snapshot(m, roots, exclude=destination(project, m),
-                                            expect=expect, passed=passed)
+                                            expect=expect, passed=passed, unverified=maybe)
             message = f"{m.id}: linked the complete copy of {m.repo} at {found}" if found else ""
+            if found is None and maybe:
+                found, message = _check_with_hub(project, m, maybe, online, passed, unverified)
         else:
             found, message = discovery.find_student(roots, passed=passed)
             message = f"{m.id}: {message}"
@@ -128,11 +141,34 @@ def link_found(root, passed_over: dict[str, list[str]] | None = None) -> list[di
             _note(project, f"{m.id}: not linked: {line}")
         if passed and passed_over is not None:
             passed_over[m.id] = passed
+        for line in unverified:
+            _note(project, f"{m.id}: {line}")
+        if unverified and unverified_over is not None:
+            unverified_over[m.id] = unverified
         if found:
             _record_path(root, m.id, found)
             _note(project, message)
             linked.append({"id": m.id, "path": str(found), "message": message})
     return linked
+
+
+def _check_with_hub(project, m, maybe: list[Path], online: bool, passed: list[str],
+                    unverified: list[str]) -> tuple[Path | None, str]:
+    """Complete copies of `m` that nothing identifies: the first whose files and sizes match
+    the Hub's listing (when `online` and the Hub answers) and its message; each that differs
+    goes to `passed`, and without a listing each gets the sentence saying how to accept it."""
+    listing, error = (None, None) if not online else hub_listing(m)
+    if listing is not None:
+        for cand in maybe:
+            problem = discovery.listing_problem(m, cand, listing.sizes())
+            if problem is None:
+                return cand, (f"{m.id}: linked the copy at {cand}: its files and sizes match "
+                              f"{m.repo}'s listing on the Hub")
+            passed.append(problem)
+        return None, ""
+    hub = f" (checking it against the Hub failed: {error.rstrip('.')})" if error else ""
+    unverified += [discovery.unverified_sentence(m, cand, project.dir) + hub for cand in maybe]
+    return None, ""
 
 
 def _note(project, line: str) -> None:
@@ -277,11 +313,16 @@ def start_download(root, ids: list[str] | None = None, required_only: bool = Fal
     Materials already downloading are reported with their pid, never started twice.
     Returns one {id, action: started|running|ready|linked|skipped|failed, pid, message} each
     (failed: complete, but the pack's content check refuses it; the message says which file),
-    after a {id, action: passed, message} for each copy on disk that is not this material."""
+    after a {id, action: passed, message} for each copy on disk that is not this material
+    and a {id, action: unverified, message} for each complete copy that nothing identifies
+    (copied by hand) while the Hub cannot be asked: the message says how to accept it."""
     from gguf_trainer.project import load_project
 
     passed: dict[str, list[str]] = {}
-    linked = {d["id"]: d for d in link_found(root, passed)}
+    unverified: dict[str, list[str]] = {}
+    # online: a download asks the Hub anyway, so a hand-copied folder is checked against it
+    linked = {d["id"]: d for d in link_found(root, passed, online=True,
+                                              unverified_over=unverified)}
     project = load_project(root)
     out = []
     for m in select(project, ids, required_only):
@@ -289,6 +330,8 @@ def start_download(root, ids: list[str] | None = None, required_only: bool = Fal
             {"id": m.id, "action": "passed", "pid": None, "message": f"{m.id}: not linked: {line}"}
             for line in passed.get(m.id, ())
         ]
+        out += [{"id": m.id, "action": "unverified", "pid": None, "message": f"{m.id}: {line}"}
+                for line in unverified.get(m.id, ())]
         if m.id in linked:
             out.append(
                 {"id": m.id, "action": "linked", "pid": None, "message": linked[m.id]["message"]}
@@ -371,11 +414,15 @@ def download_foreground(
     from gguf_trainer.project import load_project
 
     passed: dict[str, list[str]] = {}
-    for d in link_found(root, passed):
+    unverified: dict[str, list[str]] = {}
+    for d in link_found(root, passed, online=True, unverified_over=unverified):
         on_line(d["message"])
     for mid, lines in passed.items():
         for line in lines:
             on_line(f"{mid}: not linked: {line}")
+    for mid, lines in unverified.items():
+        for line in lines:
+            on_line(f"{mid}: {line}")
     project = load_project(root)
     failures = 0
     for m in select(project, ids, required_only):

@@ -82,7 +82,9 @@ def select(project, ids: list[str] | None, required_only: bool) -> list:
 
 
 # ---- status -------------------------------------------------------------------------------
-def _listing(material, online: bool) -> tuple[hub.Listing | None, str | None]:
+def hub_listing(material, online: bool = True) -> tuple[hub.Listing | None, str | None]:
+    """The Hub's listing of the material's files (cached LISTING_TTL_S) and None, or None and
+    why the Hub could not be asked; (None, None) when not `online`."""
     if not online:
         return None, None
     key = (material.repo, material.repo_type, tuple(material.patterns), revision(material))
@@ -160,7 +162,7 @@ def material_status(project, material, online: bool = False, wanted: set | None 
         dest_job = destination(project, material)  # a re-download goes to the project
     else:
         dest_job = dest
-    listing, listing_error = _listing(material, online)
+    listing, listing_error = hub_listing(material, online)
     check = check_folder(dest, material.patterns, listing.sizes() if listing else None)
     _apply_check(out, check)
     out["note"] = listing_error

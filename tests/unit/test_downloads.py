@@ -16,11 +16,11 @@ from material_repos import (
     tokenizer_files,
 )
 
-from gguf_trainer import disk_space
+from gguf_trainer import discovery, disk_space
 from gguf_trainer.errors import UserError
 from gguf_trainer.packs import get_pack
 from gguf_trainer.project import create_project, load_project, update_settings
-from gguf_trainer.runner import downloads, material_status
+from gguf_trainer.runner import control, downloads, material_status
 
 TOK_FILES = tokenizer_files()
 
@@ -214,6 +214,66 @@ def test_the_tokenizer_must_match_the_student(t5, tmp_path, monkeypatch):
     assert _row(root, "student")["source"] == f"linked from {tmp_path.resolve()}"
     lines = downloads.format_statuses(downloads.material_statuses(root)).splitlines()
     assert f"linked from {tmp_path.resolve()}" in next(x for x in lines if x.startswith("student "))
+
+
+def test_a_teacher_copied_by_hand_is_linked_only_when_the_hub_listing_matches(
+    t5, tmp_path, monkeypatch, hub_server
+):
+    """Issue 24: a complete teacher folder copied in by hand (no download record) was linked
+    and marked ready. Offline it is shown as found but unverified, with the sentence saying how
+    to accept it (in the log, and in the run's missing-teacher sentence); online it is linked
+    only when its file list and sizes match the Hub's listing, and passed over when not."""
+    root, files = t5
+    (teacher,) = get_pack("t5xxl_pixart").teacher_materials
+    shared = tmp_path / "shared"
+    hand = shared / "t5-v1_1-xxl-encoder-bf16"
+    hand.mkdir(parents=True)
+    for name, data in files.items():
+        (hand / name).write_bytes(data)
+    monkeypatch.setenv("GGUF_TRAINER_MATERIALS", str(shared))
+    student = pig_clip_header_gguf(tmp_path / "pig_clip-f16.gguf")
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    for name, data in pig_clip_tokenizer_files().items():
+        (tok / name).write_bytes(data)
+    update_settings(root, {"materials.student.path": str(student),
+                           "materials.student_tokenizer.path": str(tok)})
+
+    unverified = {}
+    assert downloads.link_found(root, unverified_over=unverified) == []
+    line = discovery.unverified_sentence(teacher, hand, load_project(root).dir)
+    assert unverified == {"teacher": [line]}
+    assert _row(root, "teacher")["state"] == "missing"
+    assert f"teacher: {line}" in (root / downloads.DOWNLOAD_LOG).read_text()
+    with pytest.raises(UserError) as info:  # the run says what is missing and what was found
+        control.preflight(root)
+    assert "is missing" in str(info.value) and str(info.value).endswith(f"; found: {line}.")
+
+    hub_server.add_repo(T5_REPO, {**files, "config.json": files["config.json"] + b" "})
+    material_status._listing_cache.clear()
+    passed = {}
+    assert downloads.link_found(root, passed, online=True) == []
+    assert passed == {
+        "teacher": [(f"{hand} is not {T5_REPO}: its files differ from the Hub's listing "
+                     "(config.json)")]
+    }
+
+    hub_server.add_repo(T5_REPO, files, gated=True)  # the Hub refuses: unverified, with why
+    material_status._listing_cache.clear()
+    unverified = {}
+    assert downloads.link_found(root, online=True, unverified_over=unverified) == []
+    (why,) = unverified["teacher"]
+    assert why.startswith(line) and "checking it against the Hub failed" in why and "gated" in why
+
+    hub_server.add_repo(T5_REPO, files)  # the listing matches: linked, nothing fetched
+    material_status._listing_cache.clear()
+    lines = []
+    assert downloads.download_foreground(root, ["teacher"], on_line=lines.append) == 0
+    assert lines[0] == (f"teacher: linked the copy at {hand}: its files and sizes match "
+                        f"{T5_REPO}'s listing on the Hub")
+    assert hub_server.get_requests(".safetensors") == []
+    row = _row(root, "teacher")
+    assert row["state"] == "ready" and row["source"] == f"linked from {shared.resolve()}"
 
 
 def test_selected_datasets_become_materials(t5):

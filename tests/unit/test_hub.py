@@ -138,6 +138,16 @@ def _complete_copy(folder, files):
         (folder / name).write_bytes(data)
 
 
+def _downloaded_copy(folder, files, repo="org/T"):
+    """A complete copy with the listing our download saves (its record of the repo)."""
+    _complete_copy(folder, files)
+    listing = folder / ".cache" / "gguf-trainer" / "listing.json"
+    listing.parent.mkdir(parents=True)
+    listing.write_text(
+        json.dumps({"repo": repo, "files": {n: {"size": len(d)} for n, d in files.items()}})
+    )
+
+
 class _Mat:
     id, subdir, repo, repo_type, patterns = "teacher", "T", "org/T", "model", PATTERNS
 
@@ -147,7 +157,7 @@ def test_discovery_links_complete_copies_only(tmp_path, monkeypatch):
     shared, other_project = tmp_path / "shared", tmp_path / "projects" / "p1" / "materials"
     incomplete = {k: v for k, v in files.items() if "00001" not in k}
     _complete_copy(shared / "T", incomplete)  # searched first, but missing a shard
-    _complete_copy(other_project / "T", files)
+    _downloaded_copy(other_project / "T", files)
     monkeypatch.setenv("GGUF_TRAINER_MATERIALS", str(shared))
     monkeypatch.chdir(tmp_path)
     roots = discovery.candidate_roots(tmp_path / "projects" / "me", tmp_path / "projects")
@@ -201,16 +211,10 @@ def test_snapshot_discovery_checks_identity(tmp_path):
     its saved listing names, and the config values `expect` asks for."""
     files = sharded_repo(2)
     marked, other_repo, good = (tmp_path / r / "T" for r in ("a", "b", "c"))
-    for folder in (marked, other_repo, good):
-        _complete_copy(folder, files)
+    _complete_copy(marked, files)
+    _downloaded_copy(other_repo, files, repo="someone/else")
+    _downloaded_copy(good, files)
     (marked / "GGUF_TRAINER_TINY").write_text("demo")
-    listing = other_repo / ".cache" / "gguf-trainer" / "listing.json"
-    listing.parent.mkdir(parents=True)
-    listing.write_text(
-        json.dumps(
-            {"repo": "someone/else", "files": {n: {"size": len(d)} for n, d in files.items()}}
-        )
-    )
     passed = []
     roots = [tmp_path / "a", tmp_path / "b", tmp_path / "c"]
     assert discovery.find_snapshot(_Mat, roots, passed=passed) == good
@@ -219,13 +223,42 @@ def test_snapshot_discovery_checks_identity(tmp_path):
         f"{other_repo} was downloaded from someone/else, not org/T",
     ]
     passed.clear()
+    tok = tmp_path / "d" / "T"  # a tokenizer copied by hand: its identity is the config
+    _complete_copy(tok, files)
     assert (
-        discovery.find_snapshot(_Mat, roots[2:], expect={"hidden_size": 1024}, passed=passed)
+        discovery.find_snapshot(_Mat, [tmp_path / "d"], expect={"hidden_size": 1024},
+                                passed=passed)
         is None
     )
-    assert passed == [f"{good} does not match the student: hidden_size None (the student has 1024)"]
-    (good / "config.json").write_text('{"hidden_size": 1024}')
-    assert discovery.find_snapshot(_Mat, roots[2:], expect={"hidden_size": 1024}) == good
+    assert passed == [f"{tok} does not match the student: hidden_size None (the student has 1024)"]
+    (tok / "config.json").write_text('{"hidden_size": 1024}')
+    assert discovery.find_snapshot(_Mat, [tmp_path / "d"], expect={"hidden_size": 1024}) == tok
+
+
+def test_a_complete_copy_made_by_hand_is_unverified_not_linked(tmp_path):
+    """Issue 24: a teacher folder copied in by hand (no download record) was linked because
+    it was complete. Nothing says it is the repo, so it is returned as unverified, with the
+    sentence telling how to accept it; the Hub's listing (file list and sizes) decides it."""
+    files = sharded_repo(2)
+    hand, local_dir = tmp_path / "a" / "T", tmp_path / "b" / "T"
+    _complete_copy(hand, files)
+    _complete_copy(local_dir, files)  # `hf download --local-dir`: the Hub client's tree cache
+    tree = local_dir / ".cache" / "huggingface" / "trees" / ("c" * 40 + ".json")
+    tree.parent.mkdir(parents=True)
+    tree.write_text(json.dumps({"files": {n: {"size": len(d)} for n, d in files.items()}}))
+    passed, unverified = [], []
+    roots = [tmp_path / "a", tmp_path / "b"]
+    assert discovery.find_snapshot(_Mat, roots, passed=passed, unverified=unverified) is None
+    assert passed == [] and unverified == [hand, local_dir]
+    sentence = discovery.unverified_sentence(_Mat, hand, tmp_path / "proj")
+    assert "no download record" in sentence and "not linked" in sentence
+    assert f"gguf-trainer link --project {tmp_path / 'proj'} teacher {hand}" in sentence
+    assert "\n" not in sentence and sentence.count(". ") == 0
+    hub_sizes = {n: len(d) for n, d in files.items()}
+    assert discovery.listing_problem(_Mat, hand, hub_sizes) is None
+    assert discovery.listing_problem(_Mat, hand, {**hub_sizes, "config.json": 999}) == (
+        f"{hand} is not org/T: its files differ from the Hub's listing (config.json)"
+    )
 
 
 def test_token_is_sent_but_never_returned_or_written(hub_server, tmp_path, monkeypatch):
