@@ -293,7 +293,8 @@ def trainer_kind(view: AdapterView) -> str | None:
     """The gguf-trainer module kind (adapters.KINDS) that rebuilds this file, or None. A
     factorized seed is a seeded_resampler with seed_rank = embed_rank; a token-aligned file
     with skip is `token_aligned` without vision tensors, `token_aligned_vision` with both;
-    with a layer_map of n > 1 taps (and no vision tensors) it is `layerwise`."""
+    with a layer_map of n > 1 taps it is `layerwise`, text-only or with both vision tensors
+    (Fibo 2.0 edits)."""
     if view.kind in ("seeded_resampler", "resampler"):
         return view.kind
     if view.kind == "seeded_resampler_factorized":
@@ -301,8 +302,8 @@ def trainer_kind(view: AdapterView) -> str | None:
     if view.kind != "token_aligned" or not view.has_skip:
         return None
     if view.has_layer_map:
-        plain = not view.has_vision_proj and not view.has_vis_in
-        return "layerwise" if plain and len(view.taps) > 1 else None
+        paired = view.has_vision_proj == view.has_vis_in  # both or neither
+        return "layerwise" if paired and len(view.taps) > 1 else None
     if view.has_vision_proj and view.has_vis_in:
         return "token_aligned_vision"
     if not view.has_vision_proj and not view.has_vis_in:
@@ -646,7 +647,14 @@ def _tap_lines(view: AdapterView) -> list[str]:
         "  accepted by    : "
         + (", ".join(fams) if fams else f"no ggk 0.9.7 family conditions on {n} layers")
         + " (the engine checks the count only)",
-    ]
+    ] + (
+        [  # fibo2.hpp 217-221: edits with --llm-adapter need both
+            f"  vision         : vision_proj + vis_in (vis_dim {view.vis_dim}): reference "
+            + "images (Fibo 2.0 edits)"
+        ]
+        if view.has_vision_proj and view.has_vis_in
+        else []
+    )
 
 
 def format_report(view: AdapterView) -> str:

@@ -27,6 +27,9 @@ KINDS = ("resampler", "seeded_resampler", "token_aligned", "token_aligned_vision
 # layerwise: the token-aligned trunk whose out_proj and skip emit a stack of n teacher taps
 # (engine-families §4; llm_adapter.hpp 54-61, 114-115, 260-263).
 TOKEN_ALIGNED_KINDS = ("token_aligned", "token_aligned_vision", "layerwise")
+# The kinds that may carry vision_proj + vis_in: token_aligned_vision always, layerwise when
+# vis_dim > 0 (Fibo 2.0 edits: the 15-tap stack with reference images, fibo2.hpp 217-221).
+VISION_KINDS = ("token_aligned_vision", "layerwise")
 HEAD_DIM = 64  # hard-coded in the engine: heads = width / 64
 LN_EPS = 1e-5
 INIT_STD = 0.02  # query and t5_embed
@@ -41,7 +44,7 @@ class AdapterConfig:
     depth: int
     num_queries: int = 0  # resampler kinds
     seed_vocab: int = 0  # seeded_resampler (T5 v1.1: 32128)
-    vis_dim: int = 0  # token_aligned_vision
+    vis_dim: int = 0  # token_aligned_vision; layerwise with the vision extension when > 0
     mlp_hidden: int = 0  # 0 -> 4 * width
     # seeded_resampler: 0 = full t5_embed table, r = t5_embed_a (V, r) + t5_embed_b
     seed_rank: int = 0
@@ -103,8 +106,11 @@ class AdapterConfig:
             p.append(f"a {self.kind} adapter has no queries or seed table; set both to 0.")
         if self.kind == "token_aligned_vision" and self.vis_dim <= 0:
             p.append("a token_aligned_vision adapter needs vis_dim > 0 (the mmproj width).")
-        if self.kind != "token_aligned_vision" and self.vis_dim:
-            p.append(f"vis_dim is only for token_aligned_vision; set it to 0 for a {self.kind}.")
+        if self.kind not in VISION_KINDS and self.vis_dim:
+            p.append(
+                f"vis_dim is only for token_aligned_vision or a layerwise adapter with the vision "
+                f"extension; set it to 0 for a {self.kind}."
+            )
         if self.kind == "layerwise":
             p += _tap_problems(self.taps, self.out_dim)
         elif self.taps:
@@ -274,15 +280,15 @@ class ResamplerAdapter(nn.Module):
 
 class TokenAlignedAdapter(nn.Module):
     """`token_aligned` (text-only families: no vision tensors in the file),
-    `token_aligned_vision` (plus the frozen vision_proj and vis_in) and `layerwise` (text-only,
-    out_proj and skip n x the teacher width, plus the `layer_map` buffer of tap numbers that
-    the engine loads as f32 [n] and never reads): one output row per student token, plus the
-    skip path."""
+    `token_aligned_vision` (plus the frozen vision_proj and vis_in) and `layerwise` (out_proj
+    and skip n x the teacher width, plus the `layer_map` buffer of tap numbers that the engine
+    loads as f32 [n] and never reads; with vis_dim > 0 also vision_proj and vis_in): one output
+    row per student token, plus the skip path."""
 
     def __init__(self, cfg: AdapterConfig):
         super().__init__()
         self.config = cfg
-        vision = cfg.kind == "token_aligned_vision"
+        vision = cfg.kind in VISION_KINDS and cfg.vis_dim > 0
         if vision:
             # Applied by the engine to mmproj embeds before the student, never in forward().
             self.vision_proj = nn.Linear(cfg.vis_dim, cfg.in_dim, bias=False)
@@ -381,7 +387,8 @@ def load_gguf(path, device="cpu") -> nn.Module:
         raise UserError(
             f"{path} is a {view.kind} adapter that gguf-trainer cannot rebuild; only resampler, "
             "seeded_resampler (full or factorized), token-aligned files with skip (text-only, "
-            "or with both vision_proj and vis_in) and text-only layerwise files with skip load."
+            "or with both vision_proj and vis_in) and layerwise files with skip (text-only, or "
+            "with both vision_proj and vis_in) load."
         )
     for problem in view.problems:  # dtype policy only: the engine converts and still runs the file
         log.warning("%s: %s", path, problem)

@@ -104,7 +104,7 @@ def _structural_kv(cfg: AdapterConfig) -> dict[str, int]:
         "adapter.depth": cfg.depth,
         "adapter.heads": cfg.heads,
     }
-    if cfg.kind == "token_aligned_vision":
+    if cfg.vis_dim:  # token_aligned_vision, or a layerwise adapter with the vision extension
         kv["adapter.vis_dim"] = cfg.vis_dim
     elif cfg.kind not in TOKEN_ALIGNED_KINDS:
         kv["adapter.num_queries"] = cfg.num_queries

@@ -14,9 +14,21 @@ by forward hooks on the decoder layers, never `output_hidden_states` (whose last
 final norm in transformers, not layer num_layers' raw output). Must not: know packs, projects
 or settings.
 
+Reference images (a layout with `image_preprocess`, Fibo 2.0 edits): the teacher keeps the
+snapshot's vision tower and runs the FULL Qwen3-VL path the engine runs without an adapter
+(fibo2.hpp 280-333, llm.hpp 2336-2362 and 2439-2470): each picture preprocessed by the family's
+rule, the tower's main merger rows spliced over its `<|image_pad|>` run, its deepstack rows
+added after decoder layers 1, 2, ... at those rows, and M-RoPE image positions (t = the
+block's start, h / w = start + row / col; the text after resumes at start + max(gh, gw)). A tap
+is taken where the engine takes it: after the deepstack addition of its layer, i.e. the input
+of the next layer (of the final norm for k = num_layers). `vision(paths)` returns the main
+merger rows alone: what the engine hands the student (vision_proj) and the adapter (vis_in).
+
     layout = TapLayout(taps=(9, 18, 27), start=0, padding=Padding(min_length=512))
     teacher = load_tap_teacher(root, "cpu", student_pieces=pack.student_pieces, layout=layout)
     out = teacher.targets(samples, student_ids)    # [TargetRows(rows [L, n * hidden])]
+    rows = teacher.vision([path, ...])             # image layouts: [n_i, hidden] per picture
+    out = teacher.targets(samples, student_ids, segments)   # images spliced, deepstack, M-RoPE
 """
 
 from __future__ import annotations
@@ -34,6 +46,7 @@ from ..qwen_bpe import engine_bpe
 from ..template_ids import Piece
 from ..template_ids import student_ids as engine_ids
 from ..template_padding import PAD_ID, Padding
+from .qwen3vl import IMAGE_PAD_ID, VIS_TOKENS_PER_BATCH
 from .snapshot_files import weight_files
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -54,6 +67,30 @@ class TapLayout:
     start: int = 0
     start_prefix: str = ""
     padding: Padding = field(default_factory=Padding)
+    # The family's reference-image preprocessing, path -> (3, h̄, w̄) float32 as the engine hands
+    # it to the tower; None: a text-only family (the tower is dropped at load).
+    image_preprocess: Callable | None = None
+
+
+def mrope_positions(length: int, images: Sequence[tuple[int, int, int]]) -> list[list[int]]:
+    """The (t, h, w) rope positions of `length` rows with images (start row, gh, gw) in row
+    order, as llm.hpp 2336-2362 builds them (HF get_rope_index for still images): text rows
+    count on, an image's row j sits at (p, p + j // gw, p + j % gw), the text after it resumes
+    at p + max(gh, gw)."""
+    axes = [[0] * length for _ in range(3)]
+    nxt = cur = 0
+    for start, gh, gw in list(images) + [(length, 0, 0)]:
+        for r in range(cur, start):
+            for a in axes:
+                a[r] = nxt
+            nxt += 1
+        for j in range(gh * gw):
+            axes[0][start + j] = nxt
+            axes[1][start + j] = nxt + j // gw
+            axes[2][start + j] = nxt + j % gw
+        nxt += max(gh, gw)
+        cur = start + gh * gw
+    return axes
 
 
 def read_config(root: Path) -> dict:
@@ -95,10 +132,10 @@ class QwenTapTeacher:
     is_mock = False
 
     def __init__(self, text, tokenizer, device, student_pieces: Callable, layout: TapLayout,
-                 identity: dict):
+                 identity: dict, visual=None):
         import torch
 
-        self.text, self.tokenizer = text, tokenizer
+        self.text, self.tokenizer, self.visual = text, tokenizer, visual
         self.device = torch.device(device)
         self.dtype = next(text.parameters()).dtype
         self.student_pieces, self.layout = student_pieces, layout
@@ -110,12 +147,14 @@ class QwenTapTeacher:
     def lengths(self, samples: Sequence, student_ids: Sequence[Sequence[int]]) -> list[int]:
         return [len(ids) for ids in student_ids]
 
-    def template_ids(self, sample) -> list[int]:
-        """The family's padded template ids for `sample` with this teacher's tokenizer."""
-        return self.layout.padding.apply(engine_ids(self._encode, self.student_pieces(sample, ())))
+    def template_ids(self, sample, counts: Sequence[int] = ()) -> list[int]:
+        """The family's padded template ids for `sample` (its images of `counts` vision rows)
+        with this teacher's tokenizer."""
+        pieces = self.student_pieces(sample, tuple(counts))
+        return self.layout.padding.apply(engine_ids(self._encode, pieces))
 
-    def _ids(self, sample, student_ids: Sequence[int]) -> list[int]:
-        ids = self.template_ids(sample)
+    def _ids(self, sample, student_ids: Sequence[int], counts: Sequence[int] = ()) -> list[int]:
+        ids = self.template_ids(sample, counts)
         if list(ids) != list(student_ids):
             raise UserError(
                 "the teacher's and the student's tokenizers give different ids for the same "
@@ -131,7 +170,11 @@ class QwenTapTeacher:
         from .base import TargetRows
 
         if vision and any(vision):
-            raise UserError("this family's teacher is text-only; the corpus has reference images.")
+            if self.visual is None:
+                raise UserError(
+                    "this family's teacher is text-only; the corpus has reference images."
+                )
+            return self._image_targets(samples, student_ids, vision)
         ids = [self._ids(s, sid) for s, sid in zip(samples, student_ids)]
         width = max(len(x) for x in ids)
         pad = self.layout.padding
@@ -150,8 +193,10 @@ class QwenTapTeacher:
             for b, row in enumerate(ids)
         ]
 
-    def run(self, input_ids, keep, position_ids) -> torch.Tensor:
-        """(B, L) ids, key mask and positions -> (B, L, n * hidden) float32 on the CPU."""
+    def run(self, input_ids, keep, position_ids, **images) -> torch.Tensor:
+        """(B, L) ids, key mask and positions -> (B, L, n * hidden) float32 on the CPU. With
+        images (`_image_targets`): input_ids None and `inputs_embeds`, `visual_pos_masks`,
+        `deepstack_visual_embeds` passed on to the text stack."""
         import torch
 
         taps = self.layout.taps
@@ -159,18 +204,23 @@ class QwenTapTeacher:
         hooks = []
         layers = self.text.layers
         for k in taps:
+            # the input of the next layer (of the final norm after the last): layer k's output
+            # with its deepstack rows added, where the engine takes tap k (llm.hpp 1779-1795)
+            after = layers[k] if k < len(layers) else self.text.norm
 
-            def hook(_module, _args, output, k=k):
-                caught[k] = (output[0] if isinstance(output, tuple) else output).float().cpu()
+            def hook(_module, args, kwargs, k=k):
+                x = args[0] if args else kwargs["hidden_states"]
+                caught[k] = x.float().cpu()
 
-            hooks.append(layers[k - 1].register_forward_hook(hook))
+            hooks.append(after.register_forward_pre_hook(hook, with_kwargs=True))
         try:
             with torch.inference_mode():
                 out = self.text(
-                    input_ids=input_ids.to(self.device),
+                    input_ids=None if input_ids is None else input_ids.to(self.device),
                     attention_mask=keep.to(self.device),
                     position_ids=position_ids.to(self.device),
                     use_cache=False,
+                    **images,
                 )
         finally:
             for h in hooks:
@@ -179,10 +229,121 @@ class QwenTapTeacher:
             return out.last_hidden_state.float().cpu()
         return torch.cat([caught[k] for k in taps], dim=-1)  # ascending: the engine's stack order
 
+    # -- reference images (layouts with image_preprocess) -----------------------------------
+
+    def vision(self, images: Sequence) -> list[torch.Tensor]:
+        """The tower's main merger rows (n_i, hidden) float32 on the CPU per picture, in order:
+        what the engine hands the student (through vision_proj) and the adapter (vis_in)."""
+        return [rows for rows, _, _ in self._tower(images)]
+
+    def embed_table(self) -> torch.Tensor:
+        """The token embedding table as float32 on the CPU (the vision_proj fit)."""
+        return self.text.embed_tokens.weight.detach().float().cpu()
+
+    def _tower(self, images: Sequence) -> list[tuple]:
+        """(main rows, [deepstack rows per merger], (gh, gw)) per picture, float32 on the CPU;
+        the tower runs in batches of <= VIS_TOKENS_PER_BATCH merged rows (its attention is per
+        picture: this only bounds the activations held at once)."""
+        from ..mageflow_images import patchify
+
+        if self.visual is None:
+            raise UserError("this family's teacher is text-only; the corpus has reference images.")
+        cap = VIS_TOKENS_PER_BATCH["cuda" if self.device.type == "cuda" else "cpu"]
+        out, batch, tokens = [], [], 0
+        for path in images:
+            try:
+                prepared = patchify(self.layout.image_preprocess(path))
+            except (OSError, ValueError) as e:
+                raise UserError(
+                    f"{path} is not a readable image ({e}); rebuild the corpus."
+                ) from None
+            n = prepared[1][1] * prepared[1][2] // int(self.visual.spatial_merge_size) ** 2
+            if batch and tokens + n > cap:
+                out += self._tower_batch(batch)
+                batch, tokens = [], 0
+            batch.append(prepared)
+            tokens += n
+        return out + (self._tower_batch(batch) if batch else [])
+
+    def _tower_batch(self, batch) -> list[tuple]:
+        import numpy as np
+        import torch
+
+        rows = torch.from_numpy(np.concatenate([r for r, _ in batch]))
+        grid = torch.tensor([g for _, g in batch], dtype=torch.long, device=self.device)
+        with torch.inference_mode():
+            res = self.visual(rows.to(self.device, self.dtype), grid_thw=grid)
+        merge = int(self.visual.spatial_merge_size)
+        sizes = [t * h * w // merge**2 for _, (t, h, w) in batch]
+        main = torch.split(res.pooler_output.float().cpu(), sizes)
+        deep = [torch.split(d.float().cpu(), sizes) for d in res.deepstack_features]
+        return [
+            (main[i].clone(), [d[i].clone() for d in deep], (h // merge, w // merge))
+            for i, (_, (_, h, w)) in enumerate(batch)
+        ]
+
+    def _image_targets(self, samples, student_ids, vision) -> list:
+        """The image path of `targets`: per sample its pictures through the tower again (the
+        deepstack rows are not kept between calls), spliced where the engine splices them."""
+        import torch
+
+        from .base import TargetRows
+
+        ids, towers = [], []
+        for sample, sid, segs in zip(samples, student_ids, vision):
+            tower = self._tower(sample.images) if segs else []
+            counts = [seg.rows.shape[0] for seg in segs]
+            if [t[0].shape[0] for t in tower] != counts:
+                raise UserError(
+                    "the teacher's vision rows do not match the stored image runs; rebuild the "
+                    "shards (precompute) with this teacher."
+                )
+            ids.append(self._ids(sample, sid, counts))
+            towers.append(tower)
+        width = max(len(x) for x in ids)
+        table = self.text.embed_tokens.weight
+        embeds = torch.zeros(len(ids), width, self.hidden, dtype=self.dtype, device=self.device)
+        keep = torch.zeros(len(ids), width, dtype=torch.long)
+        pos = torch.zeros(3, len(ids), width, dtype=torch.long)
+        visual = torch.zeros(len(ids), width, dtype=torch.bool)
+        n_deep = max((len(t[1]) for tower in towers for t in tower), default=0)
+        deep: list[list] = [[] for _ in range(n_deep)]
+        for b, (row, segs, tower) in enumerate(zip(ids, vision, towers)):
+            e = table[torch.tensor(row, dtype=torch.long, device=table.device)].to(self.dtype)
+            placed = []
+            for seg, (main, ds, (gh, gw)) in zip(segs, tower):
+                n = main.shape[0]
+                if any(t != IMAGE_PAD_ID for t in row[seg.start : seg.start + n]):
+                    raise UserError(
+                        f"an image run of {n} rows is not at row {seg.start} of the template; "
+                        "rebuild the shards (precompute)."
+                    )
+                e[seg.start : seg.start + n] = main.to(self.device, self.dtype)
+                visual[b, seg.start : seg.start + n] = True
+                for k, d in enumerate(ds):
+                    deep[k].append(d)
+                placed.append((seg.start, gh, gw))
+            embeds[b, : len(row)] = e
+            keep[b, : self.layout.padding.real_length(row)] = 1
+            pos[:, b] = torch.tensor(mrope_positions(width, placed))
+        images = {
+            "inputs_embeds": embeds,
+            "visual_pos_masks": visual.to(self.device),
+            # rows in the order visual_pos_masks selects them: sample by sample, row by row
+            "deepstack_visual_embeds": [
+                torch.cat(d).to(self.device, self.dtype) for d in deep
+            ] or None,
+        }
+        stack = self.run(None, keep, pos, **images)
+        return [
+            TargetRows(rows=stack[b, : len(row)].clone(), sup_start=self.layout.start)
+            for b, row in enumerate(ids)
+        ]
+
     def close(self) -> None:
         import torch
 
-        self.text = None
+        self.text = self.visual = None
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -245,9 +406,15 @@ def load_tap_teacher(
     with _quiet_progress():
         model = AutoModel.from_pretrained(str(root), dtype=dtype)
     text = getattr(model, "language_model", model)
-    if text is not model:
+    visual = getattr(model, "visual", None) if layout.image_preprocess is not None else None
+    if text is not model and visual is None:
         model.visual = None  # text-only families: the tower never runs
+    if layout.image_preprocess is not None and visual is None:
+        raise UserError(f"{root} is a text-only snapshot, but {family} edits show the reference "
+                        "images to Qwen3-VL's vision tower; use the family's Qwen3-VL snapshot.")
     text.eval().requires_grad_(False).to(device)
+    if visual is not None:
+        visual.eval().requires_grad_(False).to(device)
     identity = {
         "teacher": config["model_type"],
         "taps": list(layout.taps),
@@ -257,6 +424,7 @@ def load_tap_teacher(
             layout.padding.max_length,
             layout.padding.pad_position,
         ],
+        **({"vision": "deepstack+mrope"} if visual is not None else {}),
     }
     log.info(
         "teacher: %s, %d layers, hidden %d; taps %s on %s as %s",
@@ -267,4 +435,4 @@ def load_tap_teacher(
         device,
         dtype,
     )
-    return QwenTapTeacher(text, tokenizer, device, student_pieces, layout, identity)
+    return QwenTapTeacher(text, tokenizer, device, student_pieces, layout, identity, visual)

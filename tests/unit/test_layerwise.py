@@ -141,24 +141,37 @@ def test_inspect_names_the_taps_and_the_families(tmp_path):
     assert rep["trainer_kind"] == "layerwise"
 
 
-def test_a_vision_layerwise_file_is_not_rebuilt_as_text_only(tmp_path):
-    """Fibo 2.0 edits need layer_map + vision_proj + vis_in; load_gguf cannot rebuild that
-    yet, so it refuses with a sentence rather than dropping the vision tensors."""
+def test_a_vision_layerwise_file_is_rebuilt_with_its_vision_tensors(tmp_path):
+    """Fibo 2.0 edits: layer_map + vision_proj + vis_in is a layerwise adapter with vis_dim (the
+    engine's AdapterRunner takes both extensions at once, llm_adapter.hpp 86-162); a file with
+    only one of the two vision tensors still is no file gguf-trainer rebuilds."""
     import gguf
 
     _, path = _export(tmp_path)
     arrays = {t.name: np.array(t.data) for t in gguf.GGUFReader(path).tensors}
     arrays["adapter.vision_proj.weight"] = np.zeros((IN, 16), np.float32)
-    arrays["adapter.vis_in.weight"] = np.zeros((WIDTH, 16), np.float16)
-    other = tmp_path / "vision.gguf"
-    w = gguf.GGUFWriter(other, "pig")
-    for name, a in arrays.items():
-        w.add_tensor(name, a)
-    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
-    view = read_adapter(other)
-    assert view.refusals == [] and trainer_kind(view) is None
-    with pytest.raises(UserError, match="cannot rebuild"):
-        load_gguf(other)
+    arrays["adapter.vis_in.weight"] = np.full((WIDTH, 16), 0.5, np.float16)
+
+    def write(name, keep):
+        out = tmp_path / name
+        w = gguf.GGUFWriter(out, "pig")
+        for k, a in arrays.items():
+            if keep(k):
+                w.add_tensor(k, a)
+        w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+        return out
+
+    both = write("vision.gguf", lambda k: True)
+    view = read_adapter(both)
+    assert view.refusals == [] and trainer_kind(view) == "layerwise" and view.vis_dim == 16
+    assert "vision         : vision_proj + vis_in (vis_dim 16)" in format_report(view)
+    module = load_gguf(both)
+    assert module.config.kind == "layerwise" and module.config.vis_dim == 16
+    assert torch.equal(module.vis_in.weight, torch.full((WIDTH, 16), 0.5))
+    half = write("half.gguf", lambda k: k != "adapter.vision_proj.weight")
+    assert trainer_kind(read_adapter(half)) is None
+    with pytest.raises(UserError):
+        load_gguf(half)
 
 
 def test_per_tap_figures_are_each_taps_block_of_the_dit_rows():
