@@ -55,7 +55,11 @@ def engine_refuses(h: int, w: int, size=target_size) -> bool:
     """Whether the engine cannot take an h×w reference image: float32 rounding leaves its
     resize a pixel short of the target and its centre crop reads past the picture (the
     engine's clip_preprocess throws; ~4 % of shapes, e.g. 78×592 → 32×384). `size` is the
-    family's size rule (MageFlow's by default; another pack passes its own)."""
+    family's size rule (MageFlow's by default; another pack passes its own). A rule flagged
+    `direct_resize` (Qwen Image 2.1: a nearest resize straight to the size, no crop) never
+    throws."""
+    if getattr(size, "direct_resize", False):
+        return False
     th, tw = size(h, w)
     rh, rw = resized_size(h, w, th, tw)
     return rh < th or rw < tw

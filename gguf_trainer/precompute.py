@@ -237,7 +237,7 @@ def _vision_rows(ctx: Context, records: list) -> list[list[torch.Tensor]]:
     if ctx.vision_proj is None or not any(r.images for r in records):
         return [[] for _ in records]
     with torch.no_grad():  # one call for the shard's images: the teacher batches its tower
-        rows = list(ctx.teacher.vision([p for r in records for p in r.images]))
+        rows = list(ctx.teacher.vision([p for r in records for p in ctx.pack.vision_inputs(r)]))
     out, at = [], 0
     for r in records:
         out.append(rows[at : at + len(r.images)])

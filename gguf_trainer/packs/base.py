@@ -167,6 +167,12 @@ class TrainerPack:
         pieces here, citing the engine lines they come from (tests/engine reads them there)."""
         return (Piece(sample.text, prompt=True),)
 
+    def vision_inputs(self, sample) -> list:
+        """What the teacher's vision tower takes for each of the sample's images, in order:
+        their paths, unless the family sizes a picture by more than the file (Qwen Image 2.1:
+        by the sample's render)."""
+        return list(sample.images)
+
     def template_start(self, sample) -> int:
         """The first template row the engine hands the DiT (prompt_template_encode_start_idx):
         the rows before it are dropped after the adapter."""

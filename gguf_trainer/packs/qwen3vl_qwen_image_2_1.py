@@ -1,5 +1,5 @@
-"""Qwen Image 2.1 pack (text-to-image): pig_clip + a token-aligned adapter replaces the Qwen3-VL-8B
-text encoder of Qwen Image 2.1 (engine-families §2 row 9).
+"""Qwen Image 2.1 pack (text-to-image and edits): pig_clip + a token-aligned adapter with the vision
+extension replaces the Qwen3-VL-8B text encoder of Qwen Image 2.1 (engine-families §2 row 9).
 
 Engine (ggk 0.9.7 conditioner.hpp 3050-3153, VERSION_QWEN_IMAGE_2_1): the system turn
 `<|im_start|>system\\nComprehend and analyze the provided prompt.<|im_end|>\\n` is dropped ("The
@@ -10,10 +10,18 @@ token, so an empty prompt leaves nothing to read", 3148-3149), then
 no pads; out_layers {num_layers}: the last decoder layer before the final RMSNorm (3082-3083),
 resolved from the linked snapshot (36 for Qwen3-VL-8B).
 
-Edits (reference images) are not in this version: the engine needs a vision-ext adapter
-(vision_proj + vis_in, 3068-3071) trained on the main merger rows while the teacher sees the
-tower WITH deepstack and M-RoPE image positions (3052-3060); this pack exports the text-only
-kind, which serves text-to-image (an edit run with it stops with the engine's own sentence).
+Edits (3085-3145): after the user marker, reference image i as `<image{i+1}><|vision_start|>`
++ pads + `<|vision_end|>`, a space before every image but the first, then the prompt range; start
+stays 14. The pipeline has already resized each reference by the render area
+(qwen_image_refs.py: gk-diffuser.cpp 6017-6071, nearest, sides multiples of 32); the conditioner
+composites the alpha over white and scales to 2x − 1 (3090-3102). The engine with an adapter
+needs vision_proj + vis_in (3068-3071) and hands it the tower's MAIN merger rows only
+(`encode_image(..., nullptr)` at 3123, no image extras: every rope axis the token index), while
+the reference it was distilled from, the full Qwen3-VL-8B, sees the tower WITH its deepstack
+features and M-RoPE image positions (3052-3060, llm.hpp 2336-2364, 2442-2470): so the teacher
+here runs that full path (teachers/qwen3vl.py `full_vision`) and the student stores the main rows.
+The DiT replaces the image-slot rows with the reference latents (c_token_types 3781-3797,
+qwen_image_2_1.hpp 279-288): only the text rows it reads are this adapter's output there.
 
 Teacher: the engine names the full "Qwen3-VL-8B" (3064-3075) but no citable public source names
 the repo of Qwen Image 2.1's text encoder, so the pack declares "link a local copy": the
@@ -23,21 +31,28 @@ layers, ~8.8 B parameters with the tower, ~17.5 GB bf16) with its tokenizer file
 
 from __future__ import annotations
 
+from ..qwen_image_refs import RefImage, default_ref_size, ref_pixels, render_area
 from ..template_ids import Piece
 from .base import Material
-from .token_aligned_qwen import QwenTokenAlignedPack
+from .qwen3vl_mageflow import IMAGE_PAD
+from .token_aligned_qwen_vision import QwenVisionTokenAlignedPack
 
 SYSTEM_TURN = "<|im_start|>system\nComprehend and analyze the provided prompt.<|im_end|>\n"
 
 
-class QwenImage21Pack(QwenTokenAlignedPack):
+class QwenImage21Pack(QwenVisionTokenAlignedPack):
     id = "qwen3vl_qwen_image_2_1"
-    title = "Qwen Image 2.1 (Qwen3-VL-8B, last layer; text-to-image)"
+    title = "Qwen Image 2.1 (Qwen3-VL-8B, last layer; text-to-image and edits)"
     description = ("Replaces the Qwen3-VL-8B text encoder of Qwen Image 2.1 with pig_clip + a "
-                   "token-aligned adapter emitting its last decoder layer before the norm (4096 "
-                   "wide); text-to-image.")
+                   "token-aligned adapter with the vision extension emitting its last decoder "
+                   "layer before the norm (4096 wide); text-to-image and edits.")
     family = "Qwen Image 2.1"
-    serves = "Qwen Image 2.1 (text-to-image)"
+    serves = "Qwen Image 2.1 (text-to-image, edits)"
+    image_size = staticmethod(default_ref_size)  # at the default 1024×1024 render
+    edit_prefix = SYSTEM_TURN + "<|im_start|>user\n"
+    image_header = "<image{n}><|vision_start|>"  # 3113: n = the 1-based image number
+    image_separator = " "  # before every image but the first (3113)
+    teacher_full_vision = True
     teacher_arch = "qwen3_vl"
     teacher_hidden = 4096
     tap_last_layer = True
@@ -47,7 +62,7 @@ class QwenImage21Pack(QwenTokenAlignedPack):
     start = 14
     start_prefix = SYSTEM_TURN
     default_name = "qwen3vl_qwen_image_2_1_adapter"
-    shard_contract = "qwen3vl_qwen_image_2_1/1"
+    shard_contract = "qwen3vl_qwen_image_2_1/2"  # 2: edits, deepstack teacher, raw vision rows
     engine_template = {"file": "diffusion/src/conditioning/conditioner.hpp", "lines": (3051, 3153),
                        "version": "VERSION_QWEN_IMAGE_2_1"}
     teacher_materials = (
@@ -58,27 +73,73 @@ class QwenImage21Pack(QwenTokenAlignedPack):
                  "tokenizer files"),
     )
     teacher_memory_gib = 17.5
+    # a text prompt (the default corpus); an edit sample adds ~1024 rows per reference at the
+    # 1024×1024 render and their raw vision rows (~8 MB per image at 4096)
     typical_rows = 14 + 70
-    hints = {"train": "Targets: the last Qwen3-VL-8B layer before the norm (4096) of every row; "
-                      "rows from 14 reach the DiT.",
+    max_len_student = max_len_teacher = 2304  # two references at 1024² (2 × 1024) + the text
+    hints = {"train": "Targets: the last Qwen3-VL-8B layer before the norm (4096) of every row, "
+                      "the teacher seeing its references with deepstack and M-RoPE; rows from "
+                      "14 reach the DiT.",
              "eval": "Judge by cos_slice against the mean baseline (no reference run)."}
     engine_command_template = (
         "ggk diffuser engine -- --diffusion-model <qwen-image-2.1 DiT .gguf> "
         "--vae <qwen-image vae .gguf> "
-        "--llm {student} --llm-adapter {adapter} -p \"a lovely pig holding a sign says GGUF\" "
-        "-o out.png")
+        "--llm {student} --llm-adapter {adapter} --llm_vision <the Qwen3-VL-8B mmproj .gguf> "
+        "--ref-image pig.png -W 1024 -H 1024 "
+        "-p \"make the pig hold a sign that says GGUF\" -o out.png")
     engine_teacher_args = "--llm <qwen3vl-8b .gguf>"
-    engine_notes = (("Text-to-image only: an edit (--ref-image) needs a vision-ext adapter "
-                     "(vision_proj + vis_in), which this version does not train."),)
-    export_kv = {"adapter.teacher_tap": "last layer (raw)", "adapter.family": "Qwen Image 2.1"}
+    engine_notes = (
+        "Text-to-image: the same adapter without --ref-image and --llm_vision.",
+        ("References are sized by the render (-W x -H; without them, the first reference's "
+         "size): the corpus assumes 1024x1024 unless a sample record names its own "
+         "\"render\": [W, H]."),
+    )
+    export_kv = {"adapter.teacher_tap": "last layer (raw)", "adapter.family": "Qwen Image 2.1",
+                 "adapter.teacher_vision": "deepstack + M-RoPE (the adapter reads main rows)"}
 
     def student_pieces(self, sample, image_tokens=()):
-        """3079-3152 without references: system turn + user marker, the range (" " for an
-        empty prompt), the assistant tail."""
-        return (Piece(self.prefix), Piece(sample.text or " ", prompt=True), Piece(self.suffix))
+        """3079-3152: system turn + user marker, one `<imageN>` block per reference (a space
+        before every one but the first, 3113-3121, one piece with the text before the range),
+        the range (" " for an empty prompt), the assistant tail."""
+        blocks = "".join((self.image_separator if i else "") + self.image_header.format(n=i + 1)
+                         + IMAGE_PAD * n + "<|vision_end|>" for i, n in enumerate(image_tokens))
+        return (Piece(self.prefix + blocks), Piece(sample.text or " ", prompt=True),
+                Piece(self.suffix))
 
     def format_prompt(self, text: str) -> str:
         return self.prefix + (text or " ") + self.suffix
+
+    def vision_inputs(self, sample):
+        """Each reference with the sample's render area (its "render": [W, H], else 1024²)."""
+        area = render_area(sample.extra)
+        return [RefImage(p, area) for p in sample.images]
+
+    def image_pixels(self, item):
+        """A RefImage's pixels; a bare path at the default render (image_size)."""
+        return item.pixels() if isinstance(item, RefImage) else ref_pixels(
+            item, default_ref_size(*_hw(item)))
+
+    def demo_corpus(self, folder, prompts):
+        """The shared demo pictures, each image sample rendered small ("render": [192, 192]:
+        6×6 cells, 36 vision rows per reference) so the tiny demo stays quick on a CPU."""
+        import json
+
+        from ..atomic import write_text
+
+        path = super().demo_corpus(folder, prompts)
+        records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+        for r in records:
+            if r.get("images"):
+                r["render"] = [192, 192]
+        write_text(path, "".join(json.dumps(r) + "\n" for r in records))
+        return path
+
+
+def _hw(path) -> tuple[int, int]:
+    from PIL import Image
+
+    with Image.open(path) as im:
+        return im.size[1], im.size[0]
 
 
 PACK = QwenImage21Pack()

@@ -14,7 +14,10 @@ LingBot Video I2V): the export is token_aligned_vision (the project's ridge-fitt
 The tower's main merger rows only (no deepstack) at plain positions: the engine calls
 `encode_image(..., false, true, true)` for these families and passes no image extras
 (conditioner.hpp 3029, 3266). A pack still writes its own `student_pieces` (where the blocks
-go is the family's template).
+go is the family's template). A family whose TEACHER runs the full Qwen3-VL (Qwen Image 2.1:
+deepstack + M-RoPE image positions, while the adapter still gets the main merger rows alone)
+sets `teacher_full_vision`; one whose pictures are not sized from the path alone (Qwen Image
+2.1: by the render) hands its own `vision_inputs(sample)` and `image_pixels(item)`.
 """
 
 from __future__ import annotations
@@ -45,6 +48,9 @@ class QwenVisionTokenAlignedPack(QwenTokenAlignedPack):
     image_pad_id = IMAGE_PAD_ID
     image_size = staticmethod(target_size)  # each family declares its own rule
     edit_prefix = ""  # the template's text before the first image
+    image_header = "<|vision_start|>"  # before each image's pads ({n}: its 1-based number)
+    image_separator = ""  # before every header but the first
+    teacher_full_vision = False  # the teacher sees deepstack + M-RoPE positions (Qwen Image 2.1)
 
     @property
     def vis_dim(self) -> int:  # type: ignore[override]
@@ -55,9 +61,19 @@ class QwenVisionTokenAlignedPack(QwenTokenAlignedPack):
         pack): the engine counts the rows before each image with its tokenizer."""
         from ..teachers.qwen3vl import Template
 
-        return Template(self.edit_prefix, self.start, self.format_prompt(""), self.start, 1,
-                        image_header="<|vision_start|>", counts_hard_coded=False,
-                        image_size=self.image_size, family=self.family)
+        # a lone <|vision_start|> header is one token; others are counted image by image
+        plain = self.image_header == "<|vision_start|>" and not self.image_separator
+        return Template(self.edit_prefix, self.start, self.format_prompt(""), self.start,
+                        1 if plain else None, image_header=self.image_header,
+                        counts_hard_coded=False, image_size=self.image_size, family=self.family,
+                        image_separator=self.image_separator, prepare=self.image_pixels,
+                        full_vision=self.teacher_full_vision, pre_norm=self.tap_last_layer)
+
+    def image_pixels(self, item):
+        """(3, h̄, w̄) float32 pixels of one vision input, as the engine preprocesses it."""
+        from ..mageflow_images import preprocess_image
+
+        return preprocess_image(item, self.image_size)
 
     def load_teacher(self, materials, plan, device):
         """Qwen3-VL with its tower (the final norm is its last_hidden_state), placed as
@@ -66,7 +82,8 @@ class QwenVisionTokenAlignedPack(QwenTokenAlignedPack):
 
         return load_qwen3vl_teacher(materials["teacher"], device, plan.mode,
                                     student_pieces=self.student_pieces,
-                                    template=self.teacher_template(), ram_limit_gib=plan.cpu_gib)
+                                    template=self.teacher_template(), ram_limit_gib=plan.cpu_gib,
+                                    vision_inputs=self.vision_inputs)
 
     def check_teacher(self, materials) -> str:
         from ..teachers.qwen3vl import check_snapshot
@@ -102,11 +119,7 @@ class QwenVisionTokenAlignedPack(QwenTokenAlignedPack):
         return {"teacher": copy_tiny_qwen3vl(folder / f"{self.id}-teacher-tiny")}
 
     def build_mock_teacher(self, project):
-        from functools import partial
-
-        from ..mageflow_images import preprocess_image
         from .mock import MockVisionTokenTeacher
 
-        return MockVisionTokenTeacher(self.id, self.out_dim, self.vis_dim,
-                                      partial(preprocess_image, size=self.image_size),
+        return MockVisionTokenTeacher(self.id, self.out_dim, self.vis_dim, self.image_pixels,
                                       sup_start_text=self.start, sup_start_image=self.start)

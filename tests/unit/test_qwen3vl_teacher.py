@@ -242,7 +242,9 @@ def test_vision_batches_by_the_token_cap_give_the_same_rows(teacher, pictures, m
     monkeypatch.setitem(qwen3vl.VIS_TOKENS_PER_BATCH, "cpu", 5)  # one picture per tower call
     calls = []
     tower = teacher._tower
-    monkeypatch.setattr(teacher, "_tower", lambda batch: calls.append(len(batch)) or tower(batch))
+    monkeypatch.setattr(
+        teacher, "_tower", lambda batch, full=False: calls.append(len(batch)) or tower(batch, full)
+    )
     split = teacher.vision(pictures)
     assert calls == [1, 1, 1]
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(whole, split))

@@ -104,7 +104,7 @@ ENGINE = {
     "qwen3vl_lingbot": (140, 0, (), 2560),
 }
 # the packs that take reference images: vis_dim (the main merger's width)
-VISION = {"qwen3vl_boogu": 4096, "qwen3vl_lingbot": 2560}
+VISION = {"qwen3vl_boogu": 4096, "qwen3vl_lingbot": 2560, "qwen3vl_qwen_image_2_1": 4096}
 
 
 @pytest.mark.parametrize("pid", list(ENGINE))
