@@ -173,31 +173,27 @@ def sup_start(has_images: bool, p: Template) -> int:
     return p.edit_start if has_images else p.t2i_start
 
 
-def mrope_positions(
-    length: int, runs: Sequence[tuple[int, int]], grids: Sequence[tuple[int, int]]
-) -> torch.Tensor:
-    """(3, length) M-RoPE positions (t, h, w) of a template whose images sit at `runs`
-    ((start, n) each) on merged grids `grids` ((gh, gw), gh·gw = n), as llm.hpp 2336-2364 builds
-    them for the full Qwen3-VL (transformers' get_rope_index for still images): text advances
-    all three axes by one; an image at position p gets t = p, h = p + row, w = p + col; the
-    text after it resumes at p + max(gh, gw)."""
-    import torch
-
-    pos = torch.empty(3, length, dtype=torch.long)
+def mrope_positions(length: int, images: Sequence[tuple[int, int, int]]) -> list[list[int]]:
+    """The (t, h, w) rope positions of `length` rows with images (start row, gh, gw) in row
+    order, as llm.hpp 2336-2362 builds them for the full Qwen3-VL (HF get_rope_index for still
+    images): text rows count on, an image's row j sits at (p, p + j // gw, p + j % gw), the text
+    after it resumes at p + max(gh, gw). One rule for both Qwen3-VL teachers (qwen_taps too)."""
+    axes = [[0] * length for _ in range(3)]
     nxt = cur = 0
-    for (start, n), (gh, gw) in zip(runs, grids):
-        if gh * gw != n or start < cur or start + n > length:
-            raise ValueError(f"an image run {start}:{n} does not fit a {gh}×{gw} grid here")
-        pos[:, cur:start] = torch.arange(nxt, nxt + start - cur)
-        nxt += start - cur
-        j = torch.arange(n)
-        pos[0, start : start + n] = nxt
-        pos[1, start : start + n] = nxt + j // gw
-        pos[2, start : start + n] = nxt + j % gw
+    for start, gh, gw in list(images) + [(length, 0, 0)]:
+        if start < cur or start + gh * gw > length:
+            raise ValueError(f"an image at row {start} ({gh}×{gw}) does not fit here")
+        for r in range(cur, start):
+            for a in axes:
+                a[r] = nxt
+            nxt += 1
+        for j in range(gh * gw):
+            axes[0][start + j] = nxt
+            axes[1][start + j] = nxt + j // gw
+            axes[2][start + j] = nxt + j % gw
         nxt += max(gh, gw)
-        cur = start + n
-    pos[:, cur:] = torch.arange(nxt, nxt + length - cur)
-    return pos
+        cur = start + gh * gw
+    return axes
 
 
 # ---------------------------------------------------------------- snapshot check (headers only)
@@ -483,8 +479,8 @@ class Qwen3VLTeacher:
                     deep[m].append(d)
             embeds[b, : len(row_ids)] = e
             mask[b, : len(row_ids)] = 1
-            runs = [(seg.start, seg.rows.shape[0]) for seg in segs] if imgs else []
-            pos[:, b] = mrope_positions(width, runs, [g for _, _, g in imgs])
+            placed = [(seg.start, *img[2]) for seg, img in zip(segs, imgs)]
+            pos[:, b] = torch.tensor(mrope_positions(width, placed))
         kwargs = {}
         if full:  # the engine's full Qwen3-VL path (llm.hpp 2336-2364, 2442-2470)
             kwargs["position_ids"] = pos.to(self.device)

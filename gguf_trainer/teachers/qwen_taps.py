@@ -46,7 +46,7 @@ from ..qwen_bpe import engine_bpe
 from ..template_ids import Piece
 from ..template_ids import student_ids as engine_ids
 from ..template_padding import PAD_ID, Padding
-from .qwen3vl import IMAGE_PAD_ID, VIS_TOKENS_PER_BATCH
+from .qwen3vl import IMAGE_PAD_ID, VIS_TOKENS_PER_BATCH, mrope_positions
 from .snapshot_files import weight_files
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -70,27 +70,6 @@ class TapLayout:
     # The family's reference-image preprocessing, path -> (3, h̄, w̄) float32 as the engine hands
     # it to the tower; None: a text-only family (the tower is dropped at load).
     image_preprocess: Callable | None = None
-
-
-def mrope_positions(length: int, images: Sequence[tuple[int, int, int]]) -> list[list[int]]:
-    """The (t, h, w) rope positions of `length` rows with images (start row, gh, gw) in row
-    order, as llm.hpp 2336-2362 builds them (HF get_rope_index for still images): text rows
-    count on, an image's row j sits at (p, p + j // gw, p + j % gw), the text after it resumes
-    at p + max(gh, gw)."""
-    axes = [[0] * length for _ in range(3)]
-    nxt = cur = 0
-    for start, gh, gw in list(images) + [(length, 0, 0)]:
-        for r in range(cur, start):
-            for a in axes:
-                a[r] = nxt
-            nxt += 1
-        for j in range(gh * gw):
-            axes[0][start + j] = nxt
-            axes[1][start + j] = nxt + j // gw
-            axes[2][start + j] = nxt + j % gw
-        nxt += max(gh, gw)
-        cur = start + gh * gw
-    return axes
 
 
 def read_config(root: Path) -> dict:

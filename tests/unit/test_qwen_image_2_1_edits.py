@@ -138,7 +138,7 @@ def teacher(tmp_path_factory):
 def test_mrope_positions_are_transformers_get_rope_index(teacher):
     ids = [7] * 5 + [qwen3vl.IMAGE_PAD_ID] * 6 + [7] * 3 + [qwen3vl.IMAGE_PAD_ID] * 4 + [7] * 2
     grids = [(2, 3), (4, 1)]  # merged (gh, gw)
-    ours = qwen3vl.mrope_positions(len(ids), [(5, 6), (14, 4)], grids)
+    ours = torch.tensor(qwen3vl.mrope_positions(len(ids), [(5, 2, 3), (14, 4, 1)]))
     x = torch.tensor([ids])
     hf, _ = teacher.model.get_rope_index(
         x, (x == qwen3vl.IMAGE_PAD_ID).int(),
