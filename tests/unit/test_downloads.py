@@ -16,7 +16,7 @@ from material_repos import (
     tokenizer_files,
 )
 
-from gguf_trainer import discovery, disk_space
+from gguf_trainer import cli, discovery, disk_space
 from gguf_trainer.errors import UserError
 from gguf_trainer.packs import get_pack
 from gguf_trainer.project import create_project, load_project, update_settings
@@ -217,7 +217,7 @@ def test_the_tokenizer_must_match_the_student(t5, tmp_path, monkeypatch):
 
 
 def test_a_teacher_copied_by_hand_is_linked_only_when_the_hub_listing_matches(
-    t5, tmp_path, monkeypatch, hub_server
+    t5, tmp_path, monkeypatch, hub_server, capsys
 ):
     """Issue 24: a complete teacher folder copied in by hand (no download record) was linked
     and marked ready. Offline it is shown as found but unverified, with the sentence saying how
@@ -245,6 +245,9 @@ def test_a_teacher_copied_by_hand_is_linked_only_when_the_hub_listing_matches(
     assert unverified == {"teacher": [line]}
     assert _row(root, "teacher")["state"] == "missing"
     assert f"teacher: {line}" in (root / downloads.DOWNLOAD_LOG).read_text()
+    assert cli.main(["materials", "--project", str(root), "--link-found"]) == 0
+    out = capsys.readouterr().out
+    assert f"teacher: {line}\n" in out and "teacher            missing" in out
     with pytest.raises(UserError) as info:  # the run says what is missing and what was found
         control.preflight(root)
     assert "is missing" in str(info.value) and str(info.value).endswith(f"; found: {line}.")
