@@ -440,10 +440,10 @@ def _check_materials(proj, only: list[str] | None) -> list[str]:
 def _with_found(error: UserError, unverified: dict[str, list[str]]) -> UserError:
     """The missing-material sentence, with the first complete copy found on disk that has no
     download record (it was not linked; the sentence says how to accept it)."""
-    lines = [line for found in unverified.values() for line in found]
+    lines = [f"{mid}: {line}" for mid, found in unverified.items() for line in found]
     if not lines:
         return error
-    return UserError(f"{str(error).rstrip('.')}; found: {lines[0]}.")
+    return UserError(f"{str(error).rstrip('.')}; found for {lines[0]}.")
 
 
 def _need_materials(proj) -> None:

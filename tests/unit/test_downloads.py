@@ -250,7 +250,8 @@ def test_a_teacher_copied_by_hand_is_linked_only_when_the_hub_listing_matches(
     assert f"teacher: {line}\n" in out and "teacher            missing" in out
     with pytest.raises(UserError) as info:  # the run says what is missing and what was found
         control.preflight(root)
-    assert "is missing" in str(info.value) and str(info.value).endswith(f"; found: {line}.")
+    msg = str(info.value)
+    assert "is missing" in msg and msg.endswith(f"; found for teacher: {line}.")
 
     hub_server.add_repo(T5_REPO, {**files, "config.json": files["config.json"] + b" "})
     material_status._listing_cache.clear()
