@@ -311,6 +311,55 @@ def _check_rotary(text_model) -> None:
         )
 
 
+def run_tower(
+    visual, items: Sequence, prepare: Callable, device, dtype, full: bool = False
+) -> list:
+    """The vision tower over pictures: each item prepared by `prepare` (-> (3, h̄, w̄) pixels,
+    the family's preprocessing), patchified, run in batches of <= VIS_TOKENS_PER_BATCH merged
+    rows (the tower's attention is per picture: this only bounds the activations held at once;
+    a shard's 500 pictures at 144 rows would be ~2 GB of patch rows prepared at once). Per
+    item its main merger rows (n_i, out) float32 on the CPU (`pooler_output`: what ggk splices
+    for a student), or with `full` (main rows, [deepstack rows per merger], (gh, gw) merged
+    grid) for a teacher that runs the full Qwen3-VL path. One tower loop for both Qwen3-VL
+    teachers (this one and qwen_taps')."""
+    import numpy as np
+    import torch
+
+    from ..mageflow_images import patchify
+
+    merge = int(visual.spatial_merge_size)
+    cap = VIS_TOKENS_PER_BATCH["cuda" if torch.device(device).type == "cuda" else "cpu"]
+
+    def tower(batch) -> list:
+        rows = torch.from_numpy(np.concatenate([r for r, _ in batch]))
+        grid = torch.tensor([g for _, g in batch], dtype=torch.long, device=device)
+        with torch.inference_mode():
+            res = visual(rows.to(device, dtype), grid_thw=grid)
+        sizes = [t * gh * gw // merge**2 for _, (t, gh, gw) in batch]
+        mains = [t.float().cpu().clone() for t in torch.split(res.pooler_output, sizes)]
+        if not full:
+            return mains
+        deep = [torch.split(d, sizes) for d in res.deepstack_features]  # kept where they ran
+        grids = [(gh // merge, gw // merge) for _, (_, gh, gw) in batch]
+        return [(m, [d[i] for d in deep], g) for i, (m, g) in enumerate(zip(mains, grids))]
+
+    out: list = []
+    batch, tokens = [], 0
+    for item in items:
+        try:
+            prepared = patchify(prepare(item))
+        except (OSError, ValueError) as e:
+            raise UserError(f"{item} is not a readable image ({e}); rebuild the corpus.") from None
+        _, (t, gh, gw) = prepared
+        n = t * gh * gw // merge**2
+        if batch and tokens + n > cap:
+            out += tower(batch)
+            batch, tokens = [], 0
+        batch.append(prepared)
+        tokens += n
+    return out + (tower(batch) if batch else [])
+
+
 class Qwen3VLTeacher:
     """See the module docstring. `student_pieces(sample, counts)` is the pack's template in the
     engine's pieces (the student's): the teacher tokenizes them with its own vocabulary by the
@@ -363,50 +412,11 @@ class Qwen3VLTeacher:
         batch: a shard's 500 pictures at 144 tokens would be ~2 GB of patch rows at once),
         `pooler_output` only: what ggk splices for the student. `full`: per image (main rows,
         [deepstack rows per merger], (gh, gw) merged grid) for the full-vision teacher."""
-        from ..mageflow_images import patchify, preprocess_image, target_size
+        from ..mageflow_images import preprocess_image, target_size
 
         size = self.template.image_size or target_size  # the family's size rule
         prepare = self.template.prepare or (lambda path: preprocess_image(path, size))
-
-        cap = VIS_TOKENS_PER_BATCH["cuda" if self.device.type == "cuda" else "cpu"]
-        out: list = []
-        batch, tokens = [], 0
-        for item in images:
-            try:
-                prepared = patchify(prepare(item))
-            except (OSError, ValueError) as e:
-                raise UserError(
-                    f"{item} is not a readable image ({e}); rebuild the corpus."
-                ) from None
-            n = self._n(prepared)
-            if batch and tokens + n > cap:
-                out += self._tower(batch, full)
-                batch, tokens = [], 0
-            batch.append(prepared)
-            tokens += n
-        if batch:
-            out += self._tower(batch, full)
-        return out
-
-    def _tower(self, batch, full: bool = False) -> list:
-        import numpy as np
-        import torch
-
-        rows = torch.from_numpy(np.concatenate([r for r, _ in batch]))
-        grid = torch.tensor([g for _, g in batch], dtype=torch.long, device=self.device)
-        with torch.inference_mode():
-            res = self.visual(rows.to(self.device, self.dtype), grid_thw=grid)
-        sizes = [self._n(b) for b in batch]
-        mains = [t.float().cpu().clone() for t in torch.split(res.pooler_output, sizes)]
-        if not full:
-            return mains
-        deep = [torch.split(d, sizes) for d in res.deepstack_features]  # kept where they ran
-        grids = [(gh // self.merge, gw // self.merge) for _, (_, gh, gw) in batch]
-        return [(m, [d[i] for d in deep], g) for i, (m, g) in enumerate(zip(mains, grids))]
-
-    def _n(self, prepared) -> int:
-        _, (t, gh, gw) = prepared
-        return t * gh * gw // (self.merge * self.merge)
+        return run_tower(self.visual, images, prepare, self.device, self.dtype, full)
 
     def embed_table(self) -> torch.Tensor:
         """The token embedding table as float32 on the CPU (the vision_proj fit)."""

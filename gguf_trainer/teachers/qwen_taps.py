@@ -46,7 +46,7 @@ from ..qwen_bpe import engine_bpe
 from ..template_ids import Piece
 from ..template_ids import student_ids as engine_ids
 from ..template_padding import PAD_ID, Padding
-from .qwen3vl import IMAGE_PAD_ID, VIS_TOKENS_PER_BATCH, mrope_positions
+from .qwen3vl import IMAGE_PAD_ID, mrope_positions, run_tower
 from .snapshot_files import weight_files
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -213,53 +213,18 @@ class QwenTapTeacher:
     def vision(self, images: Sequence) -> list[torch.Tensor]:
         """The tower's main merger rows (n_i, hidden) float32 on the CPU per picture, in order:
         what the engine hands the student (through vision_proj) and the adapter (vis_in)."""
-        return [rows for rows, _, _ in self._tower(images)]
+        return self._tower(images, full=False)
 
     def embed_table(self) -> torch.Tensor:
         """The token embedding table as float32 on the CPU (the vision_proj fit)."""
         return self.text.embed_tokens.weight.detach().float().cpu()
 
-    def _tower(self, images: Sequence) -> list[tuple]:
-        """(main rows, [deepstack rows per merger], (gh, gw)) per picture, float32 on the CPU;
-        the tower runs in batches of <= VIS_TOKENS_PER_BATCH merged rows (its attention is per
-        picture: this only bounds the activations held at once)."""
-        from ..mageflow_images import patchify
-
+    def _tower(self, images: Sequence, full: bool = True) -> list:
+        """Per picture its main rows, or (main rows, [deepstack rows per merger], (gh, gw))."""
         if self.visual is None:
             raise UserError("this family's teacher is text-only; the corpus has reference images.")
-        cap = VIS_TOKENS_PER_BATCH["cuda" if self.device.type == "cuda" else "cpu"]
-        out, batch, tokens = [], [], 0
-        for path in images:
-            try:
-                prepared = patchify(self.layout.image_preprocess(path))
-            except (OSError, ValueError) as e:
-                raise UserError(
-                    f"{path} is not a readable image ({e}); rebuild the corpus."
-                ) from None
-            n = prepared[1][1] * prepared[1][2] // int(self.visual.spatial_merge_size) ** 2
-            if batch and tokens + n > cap:
-                out += self._tower_batch(batch)
-                batch, tokens = [], 0
-            batch.append(prepared)
-            tokens += n
-        return out + (self._tower_batch(batch) if batch else [])
-
-    def _tower_batch(self, batch) -> list[tuple]:
-        import numpy as np
-        import torch
-
-        rows = torch.from_numpy(np.concatenate([r for r, _ in batch]))
-        grid = torch.tensor([g for _, g in batch], dtype=torch.long, device=self.device)
-        with torch.inference_mode():
-            res = self.visual(rows.to(self.device, self.dtype), grid_thw=grid)
-        merge = int(self.visual.spatial_merge_size)
-        sizes = [t * h * w // merge**2 for _, (t, h, w) in batch]
-        main = torch.split(res.pooler_output.float().cpu(), sizes)
-        deep = [torch.split(d.float().cpu(), sizes) for d in res.deepstack_features]
-        return [
-            (main[i].clone(), [d[i].clone() for d in deep], (h // merge, w // merge))
-            for i, (_, (_, h, w)) in enumerate(batch)
-        ]
+        return run_tower(self.visual, images, self.layout.image_preprocess, self.device,
+                         self.dtype, full)
 
     def _image_targets(self, samples, student_ids, vision) -> list:
         """The image path of `targets`: per sample its pictures through the tower again (the

@@ -240,12 +240,14 @@ def test_health_line_has_the_reference_and_the_vision_hint():
 def test_vision_batches_by_the_token_cap_give_the_same_rows(teacher, pictures, monkeypatch):
     whole = teacher.vision(pictures)
     monkeypatch.setitem(qwen3vl.VIS_TOKENS_PER_BATCH, "cpu", 5)  # one picture per tower call
-    calls = []
-    tower = teacher._tower
-    monkeypatch.setattr(
-        teacher, "_tower", lambda batch, full=False: calls.append(len(batch)) or tower(batch, full)
+    calls = []  # pictures per tower call (teachers/qwen3vl.run_tower)
+    hook = teacher.visual.register_forward_pre_hook(
+        lambda _m, _args, kwargs: calls.append(len(kwargs["grid_thw"])), with_kwargs=True
     )
-    split = teacher.vision(pictures)
+    try:
+        split = teacher.vision(pictures)
+    finally:
+        hook.remove()
     assert calls == [1, 1, 1]
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(whole, split))
 
