@@ -115,7 +115,9 @@ def preprocess_fibo2(path: Path | str, side: int = MAX_SIDE) -> np.ndarray:
     x = resize_8bit(x, h, w)
     th, tw = fibo2_target_size(*x.shape[:2], side)
     x = resize_8bit(x, th, tw)
-    rgb = np.float32(2.0) * np.clip(x, 0.0, 1.0) - np.float32(1.0)
+    one = np.float32(1.0)
+    x = x * one + one - one  # alpha 1 composited over white, in float as fibo2.hpp 266 rounds it
+    rgb = np.float32(2.0) * np.clip(x, 0.0, 1.0) - one
     return np.ascontiguousarray(rgb.transpose(2, 0, 1), dtype=np.float32)
 
 

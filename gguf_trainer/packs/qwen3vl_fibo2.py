@@ -1,10 +1,10 @@
-"""Fibo 2.0 pack (text-to-image): pig_clip + a 15-tap layerwise adapter replaces the
-Qwen3-VL-4B-Instruct text encoder of Fibo 2.0 (engine-families §2 row 18).
+"""Fibo 2.0 pack (text-to-image and edits): pig_clip + a 15-tap layerwise adapter with the vision
+extension replaces the Qwen3-VL-4B-Instruct text encoder of Fibo 2.0 (engine-families §2 row 18).
 
 Engine (ggk 0.9.7 conditioning/fibo2.hpp): the prompt `<|im_start|>user\\n{caption}<|im_end|>\\n
 <|im_start|>assistant\\n` (227) tokenized as one piece (`{0, 0}`, 322-332), start 0, max 4096; the
 caption is plain text as typed, a JSON object cleaned and dumped, and the empty prompt the null
-caption (`format_prompt`, 88-151, ported below for prompts without images); taps {5, 7, 9, 11,
+caption (`format_prompt`, 88-151, ported below); taps {5, 7, 9, 11,
 13, 16, 18, 20, 22, 24, 27, 29, 31, 33, 35} (39-42); the stack must be 15 x 2560 = 38400 wide
 (336-340).
 
@@ -15,8 +15,25 @@ the RAW tap stack and the engine normalises it once; the targets here are the ra
 (tests/unit/test_layerwise_packs.py pins it against fibo2.hpp's arithmetic).
 
 Teacher: Qwen3-VL-4B (hidden 2560, 36 layers; fibo2.hpp 49-53, the `qwen3vl-4b-it` GGUF of the
-ggk README). Edits (references <= 768 px, a vision-ext layerwise adapter) come after the text-only
-packs: not in this pack yet.
+ggk README).
+
+Edits (fibo2.hpp 125-142, 210-321). With N reference images the caption becomes the compact JSON
+{"image": M} (N = 1) or {"image_1": M, "image_2": M, ...}, then "structured_caption" (a JSON
+prompt's caption, when not empty) and "edit_instruction" (its edit_instruction, or the whole
+prompt when it has none), M = `<|vision_start|><|image_pad|><|vision_end|>`; image i's marker
+(the first `<|image_pad|>` after image i - 1's run) is expanded to its n_i vision rows and the
+whole template is still one piece. Each reference (loaded with 3 channels) is scaled to 768 px on
+its long side when longer (llround, antialiased bicubic rounded to 8 bit), then to the
+processor's 32-px grid (fibo2_images.py), and shown as 2·v − 1. With --llm-adapter the engine
+runs the tower's main merger only (no deepstack, 281), splices vision_proj of those rows over the
+pads for the student and hands the raw rows to vis_in (conditioner.hpp 2669-2690): the adapter
+needs both (217-221), so the export is layerwise + vision_proj + vis_in. The teacher runs the
+full Qwen3-VL path instead (deepstack after the first decoder layers, M-RoPE image positions:
+teachers/qwen_taps.py), which is what the DiT was trained on. Start 0: the DiT reads every row,
+image rows included. What ggk does BEFORE the conditioner (model.hpp 46-58, gk-diffuser.cpp
+6017-6071): a single reference is scaled to cover the render size (-W/-H, else its own size
+rounded to 16 px) and centre-cropped (Lanczos), several each to a ~1 MP bucket; the conditioner
+then sees that crop. Training feeds each corpus picture to the conditioner's steps as it is.
 """
 
 from __future__ import annotations
@@ -25,6 +42,8 @@ import json
 import math
 from decimal import Decimal
 
+from ..fibo2_images import fibo2_target_size, preprocess_fibo2
+from ..template_ids import Piece
 from ..template_padding import Padding
 from .layerwise import LayerwisePack
 from .qwen3vl_krea2 import Krea2Pack
@@ -35,6 +54,9 @@ NULL_CAPTION = (
     '"photographic_characteristics":{},"style_medium":"","context":"","artistic_style":""}'
 )
 FIBO2_WIDTH = 2560  # kTextWidth
+IMAGE_MARKER = "<|vision_start|><|image_pad|><|vision_end|>"  # one per reference (135)
+IMAGE_PAD = "<|image_pad|>"
+IMAGE_PAD_ID = 151655
 
 
 def _empty(v) -> bool:
@@ -118,24 +140,20 @@ def _dump(v) -> str:
     return json.dumps(v, ensure_ascii=False)
 
 
-def fibo2_caption(text: str) -> str:
-    """fibo2.hpp format_prompt(text, 0) (88-151): the caption the template carries for a prompt
-    with no reference image."""
-    if not text:
-        return NULL_CAPTION
+def _parse_prompt(text: str):
+    """fibo2.hpp parse_prompt (88-123): (caption, edit instruction), None standing for JSON
+    null; a prompt that is not a JSON object comes back as it is, with no instruction."""
     try:
         caption = _parse(text)
     except (ValueError, UnicodeError):
-        return text
+        return text, None
     if not isinstance(caption, dict):
-        return text
-    caption.pop("edit_instruction", None)
+        return text, None
+    instruction = caption.pop("edit_instruction", None)
     if "structured_caption" in caption:
         caption = caption["structured_caption"]
-        if not isinstance(caption, dict):  # returned as parse_prompt's caption (103), then 147-150
-            return (
-                caption if isinstance(caption, str) else "{}" if _empty(caption) else _dump(caption)
-            )
+        if not isinstance(caption, dict):
+            return caption, instruction
     short = len(caption) == 2 and "short_description" in caption and "text_render" in caption
     for score in ("aesthetic_score", "preference_score"):
         caption.pop(score, None)
@@ -148,36 +166,79 @@ def fibo2_caption(text: str) -> str:
             "short_description": caption.get("short_description", ""),
             "text_render": caption.get("text_render", []),
         }
+    return caption, instruction
+
+
+def fibo2_caption(text: str, num_images: int = 0) -> str:
+    """fibo2.hpp format_prompt(text, num_images) (125-151): what the template carries between
+    `<|im_start|>user\\n` and `<|im_end|>`, each image as one unexpanded marker."""
+    caption, instruction = _parse_prompt(text)
+    if num_images > 0:
+        if instruction is None:  # a plain prompt with images is the edit instruction
+            caption, instruction = None, text
+        edit = {
+            ("image" if num_images == 1 else f"image_{i + 1}"): IMAGE_MARKER
+            for i in range(num_images)
+        }
+        if not _empty(caption):
+            edit["structured_caption"] = caption
+        edit["edit_instruction"] = instruction
+        return _dump(edit)
+    if not text:
+        return NULL_CAPTION
+    if isinstance(caption, str):
+        return caption
     return "{}" if _empty(caption) else _dump(caption)
+
+
+def expand_markers(prompt: str, counts) -> str:
+    """fibo2.hpp 292-316: image i's marker (the first `<|image_pad|>` at or after the end of
+    image i - 1's run) replaced by counts[i] pads."""
+    at = 0
+    for n in counts:
+        pos = prompt.find(IMAGE_PAD, at)
+        if pos < 0:
+            raise ValueError(f"reference image marker {n} is missing from the prompt")
+        run = IMAGE_PAD * n
+        prompt = prompt[:pos] + run + prompt[pos + len(IMAGE_PAD) :]
+        at = pos + len(run)
+    return prompt
 
 
 class Fibo2Pack(LayerwisePack):
     id = "qwen3vl_fibo2"
-    title = "Fibo 2.0 text-to-image (Qwen3-VL-4B, 15 taps)"
+    title = "Fibo 2.0 text-to-image and edits (Qwen3-VL-4B, 15 taps)"
     description = (
-        "Replaces the Qwen3-VL-4B-Instruct text encoder of Fibo 2.0 (text-to-image) with pig_clip "
-        "+ a layerwise adapter emitting the raw 15-layer stack (38400 wide); the engine "
-        "normalises and bundles it."
+        "Replaces the Qwen3-VL-4B-Instruct text encoder of Fibo 2.0 (text-to-image and edits with "
+        "reference images) with pig_clip + a layerwise adapter with the vision extension emitting "
+        "the raw 15-layer stack (38400 wide); the engine normalises and bundles it."
     )
     family = "Fibo 2.0"
-    serves = "Fibo 2.0 Dev (text-to-image)"
+    serves = "Fibo 2.0 Dev (text-to-image, edits)"
+    vis_dim = FIBO2_WIDTH  # the merger writes the text stack's width (vision_proj, vis_in)
+    image_pad_id = IMAGE_PAD_ID
+    image_size = staticmethod(fibo2_target_size)
     taps = (5, 7, 9, 11, 13, 16, 18, 20, 22, 24, 27, 29, 31, 33, 35)
     one_piece = True
     padding = Padding(max_length=4096)  # kMaxLength: encode_prompt cuts longer templates, pads none
     max_len_student = max_len_teacher = 4096
     default_name = "qwen3vl_fibo2_adapter"
-    shard_contract = "qwen3vl_fibo2/1"
-    # Fibo2Conditioner builds the template itself: format_prompt and its helpers (members),
-    # the prompt (lines) and the encode_prompt call with its range, start and max length (call)
+    shard_contract = "qwen3vl_fibo2/2"  # 2: edits, images spliced, raw vision rows stored
+    # Fibo2Conditioner builds the template itself: format_prompt and its helpers, resize_8bit
+    # (members), get_learned_condition from its image count through the prompt and the
+    # reference-image loop (lines) and the encode_prompt call with its range, start and max
+    # length (call)
     engine_template = {
         "file": "diffusion/src/conditioning/fibo2.hpp",
-        "lines": (227, 227),
-        "members": ((30, 43), (57, 151)),
+        "lines": (212, 321),
+        "members": ((30, 43), (57, 151), (198, 208)),
         "call": (322, 332),
         "version": "VERSION_FIBO2",
     }
     teacher_materials = Krea2Pack.teacher_materials
     teacher_memory_gib = 9.0
+    # a text prompt; an edit sample adds up to 576 rows per reference (768² px) and its raw
+    # vision rows (~2.9 MB per image at 2560)
     typical_rows = 200
     hints = {
         "train": "Targets: the 15 RAW Qwen3-VL-4B layers (the engine RMS-normalises them itself).",
@@ -190,7 +251,11 @@ class Fibo2Pack(LayerwisePack):
         "--sampling-method euler --diffusion-fa -o out.png"
     )
     engine_notes = (
-        "Text-to-image only: edits need a vision-ext layerwise adapter, not in this pack yet.",
+        (
+            "Edits: add --llm_vision <mmproj-qwen3vl-4b .gguf> --ref-image pig.png and write the "
+            "instruction as the prompt (or a JSON caption with \"edit_instruction\"); the tower "
+            "sees each reference at most 768 px a side."
+        ),
     )
     export_kv = {
         "adapter.teacher": QWEN3VL_4B,
@@ -200,6 +265,32 @@ class Fibo2Pack(LayerwisePack):
 
     def format_prompt(self, text: str) -> str:
         return self.prefix + fibo2_caption(text) + self.suffix
+
+    def student_pieces(self, sample, image_tokens=()):
+        """One piece (the engine parses no prompt range): the template with the edit JSON when
+        the sample has images, each marker expanded to its image's vision rows."""
+        if not sample.images:
+            return (Piece(self.format_prompt(sample.text)),)
+        prompt = self.prefix + fibo2_caption(sample.text, len(sample.images)) + self.suffix
+        return (Piece(expand_markers(prompt, image_tokens)),)
+
+    def tap_layout(self):
+        from dataclasses import replace
+
+        return replace(super().tap_layout(), image_preprocess=preprocess_fibo2)
+
+    def demo_corpus(self, folder, prompts):
+        """The MageFlow demo's synthetic pictures (64-160 px) in one- and two-image edit
+        samples, plus the text-only prompts."""
+        from .mageflow_demo import write_demo_corpus
+
+        return write_demo_corpus(folder, prompts)
+
+    def build_mock_teacher(self, project):
+        from .mock import MockVisionTokenTeacher
+
+        return MockVisionTokenTeacher(self.id, self.out_dim, self.vis_dim, preprocess_fibo2,
+                                      sup_start_text=self.start, sup_start_image=self.start)
 
 
 PACK = Fibo2Pack()

@@ -1,8 +1,10 @@
 // The engine tier's adapter driver: ggk 0.9.7's own LLMAdapter::AdapterRunner on the gk CPU
 // backend, run on an exported adapter GGUF.
-//   adapter_probe ADAPTER.gguf HIDDEN.bin L IDS.txt OUT.bin
+//   adapter_probe ADAPTER.gguf HIDDEN.bin L IDS.txt OUT.bin [VIS.bin]
 // HIDDEN.bin: L rows of the student's final-norm states (f32, in_dim each); IDS.txt: the T5
-// window ids (seeded adapters; ignored otherwise). OUT.bin: the runner's output (f32), as the
+// window ids (seeded adapters; ignored otherwise); VIS.bin: L rows of raw mmproj embeds (f32,
+// vis_dim each, zeros off-image), the dense input encode_prompt builds for vis_in
+// (conditioner.hpp 2669-2690). OUT.bin: the runner's output (f32), as the
 // engine's SD_DUMP_COND writes adapter_out.bin. The file's tensors are read with gguf.h and
 // copied into the runner's parameters (converted to the type the runner chose, as the engine's
 // loader converts on load); everything else (detection, graph, math) is the engine's.
@@ -34,8 +36,8 @@ struct ProbeRunner : public LLMAdapter::AdapterRunner {
 };
 
 int main(int argc, char** argv) {
-    if (argc != 6) {
-        fprintf(stderr, "usage: adapter_probe ADAPTER.gguf HIDDEN.bin L IDS.txt OUT.bin\n");
+    if (argc != 6 && argc != 7) {
+        fprintf(stderr, "usage: adapter_probe ADAPTER.gguf HIDDEN.bin L IDS.txt OUT.bin [VIS.bin]\n");
         return 2;
     }
     ggml_context* data_ctx = nullptr;
@@ -113,7 +115,15 @@ int main(int argc, char** argv) {
     if (!ids.empty()) {
         t5_ids = sd::Tensor<int32_t>({static_cast<int64_t>(ids.size()), 1}, ids);
     }
-    sd::Tensor<float> out = runner.compute(1, qwen_hidden, t5_ids);
+    sd::Tensor<float> vis;
+    if (argc == 7) {
+        const int64_t vis_dim = runner.config.vis_dim;
+        std::vector<float> dense(static_cast<size_t>(L * vis_dim));
+        std::ifstream vf(argv[6], std::ios::binary);
+        vf.read(reinterpret_cast<char*>(dense.data()), static_cast<std::streamsize>(dense.size() * sizeof(float)));
+        vis = sd::Tensor<float>({vis_dim, L, 1}, dense);
+    }
+    sd::Tensor<float> out = runner.compute(1, qwen_hidden, t5_ids, {}, vis);
     FILE* f               = fopen(argv[5], "wb");
     fwrite(out.data(), sizeof(float), static_cast<size_t>(out.numel()), f);
     fclose(f);

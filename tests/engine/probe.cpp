@@ -10,7 +10,12 @@
 //   tmpl PACK HEX N H1 W1 ...      the pack's template code cut from conditioner.hpp (snippets.inc),
 //                                  with N reference images of H×W pixels, then LLMEmbedder::tokenize:
 //                                  "start S | ids | idx:n ... | h_bar:w_bar ..." or "throw MESSAGE";
-//                                  the pack citing fibo2.hpp runs Fibo2Probe instead (text only)
+//                                  the pack citing fibo2.hpp runs Fibo2Probe instead. The pixels
+//                                  are 8-bit noise: value(k) = ((k · 2654435761) mod 2³² >> 24) / 255
+//                                  at the flat index k = x + W·(y + H·c); with SD_DUMP_COND set,
+//                                  Fibo 2.0's own dump writes what its vision tower gets
+#include <cinttypes>
+#include <cstdint>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -100,9 +105,18 @@ struct FakeAdapter {
     } config;
 };
 
+// What Fibo2Conditioner reads of the reference-image settings: the "fibo2" preset's values
+// (model/diffusion/model.hpp 46-58; the tier checks them there), the type as model.hpp 13-17.
+enum class RefImageResizeMode { NONE, LONGEST_SIDE, AREA };
+struct RefImageParams {
+    RefImageResizeMode vlm_resize_mode = RefImageResizeMode::LONGEST_SIDE;
+    int vlm_max_size                   = 768;
+};
+
 struct Params {
     std::string text;
     const std::vector<sd::Tensor<float>>* ref_images = nullptr;
+    RefImageParams ref_image_params;
 };
 
 struct Embedder {
@@ -152,10 +166,15 @@ struct Embedder {
 #include "fibo2_pack.inc"  // FIBO2_PACK, FIBO2_VERSION: the pack citing fibo2.hpp, if any
 #ifdef FIBO2_PACK
 // Fibo2Conditioner's template (fibo2.hpp): its members (format_prompt and the helpers it calls,
-// the constants its encode_prompt call reads), then the statement that builds `prompt` and that
-// call, all cut at the lines the pack cites. The call lands on this encode_prompt, which runs
-// LLMEmbedder::tokenize with the arguments the engine passes and prints what `tmpl` prints.
+// resize_8bit, the constants its encode_prompt call reads), then get_learned_condition from its
+// image count through the reference-image loop and the encode_prompt call, all cut at the lines
+// the pack cites. The loop runs on FakeLLM (its tower sizes) and the adapter path (a vision-ext
+// adapter: no deepstack); the call lands on this encode_prompt, which runs LLMEmbedder::tokenize
+// with the arguments the engine passes and prints what `tmpl` prints.
 struct Fibo2Probe : Embedder {
+    std::shared_ptr<FakeLLM> llm;
+    FakeAdapter adapter;
+    FakeAdapter* llm_adapter = &adapter;
 #include "fibo2_members.inc"
 
     std::string encode_prompt(int,
@@ -176,21 +195,19 @@ struct Fibo2Probe : Embedder {
         for (auto& e : image_embeds) {
             out += " " + std::to_string(e.first) + ":" + std::to_string(e.second.shape()[1]);
         }
-        return out + " |";
+        out += " |";
+        for (auto& s : llm->seen) {
+            out += " " + std::to_string(s.first) + ":" + std::to_string(s.second);
+        }
+        return out;
     }
 
     std::string run(const Params& p) {
         version = FIBO2_VERSION;
-        // the locals of Fibo2Conditioner::get_learned_condition (fibo2.hpp 211-229); the driver
-        // runs its text-only path: the reference-image loop needs the vision tower
-        int n_threads         = 1;
-        const int image_count = p.ref_images != nullptr ? static_cast<int>(p.ref_images->size()) : 0;
-        if (image_count > 0) {
-            throw std::runtime_error("the driver runs Fibo2Conditioner's text-only path");
-        }
-        std::vector<std::pair<int, sd::Tensor<float>>> image_embeds;
-        std::vector<LLM::LLMImageExtra> image_extras;
-#include "fibo2_body.inc"  // std::string prompt = ...; auto states = encode_prompt(...);
+        llm     = std::make_shared<FakeLLM>();
+        // the locals of Fibo2Conditioner::get_learned_condition the cut lines do not declare
+        int n_threads = 1;
+#include "fibo2_body.inc"  // image_count ... the reference-image loop; auto states = encode_prompt(...);
         return states;
     }
 };
@@ -266,6 +283,9 @@ int main() {
                     int64_t ih, iw;
                     in >> ih >> iw;
                     images.push_back(sd::Tensor<float>({iw, ih, 3, 1}));
+                    for (int64_t k = 0; k < images.back().numel(); ++k) {  // 8-bit noise
+                        images.back()[k] = static_cast<float>((static_cast<uint32_t>(k) * 2654435761u) >> 24) / 255.f;
+                    }
                 }
                 Params p;
                 p.text       = unhex(h);

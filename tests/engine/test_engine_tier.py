@@ -9,7 +9,8 @@ corpus of 560 prompts and 100 image sizes (tier_corpus.py). Ids must be identica
   * the template start row (prompt_template_encode_start_idx) and the image runs' rows;
   * T5 seed windows (120 and 300 slots) of the packs seeded by T5 v1.1, from the engine's own
     T5UniGramTokenizer over the vocabulary it embeds;
-  * reference image sizes, vision-token counts and the shapes clip_preprocess throws on.
+  * reference image sizes, vision-token counts and the shapes clip_preprocess throws on;
+  * Fibo 2.0's reference pixels (fibo2_images.py) against the dump of its own loop, bit for bit.
   * the exported adapter's output (the f16 GGUF as written) on tiny-student rows, run by the
     engine's own LLMAdapter::AdapterRunner on the gk CPU backend (adapter_probe.cpp), for each
     adapter kind a pack declares: rel <= 1e-5 against this tool's forward of the same file.
@@ -49,10 +50,11 @@ T5_V11_VOCAB = 32128
 
 
 class Driver:
-    def __init__(self, path):
+    def __init__(self, path, env=None):
         self.path = path
         self.proc = subprocess.Popen([str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, text=True, encoding="utf-8")
+                                     stderr=subprocess.DEVNULL, text=True, encoding="utf-8",
+                                     env=env)
         self.calls = 0
         self.seconds = 0.0
 
@@ -219,7 +221,10 @@ def test_image_sizes_runs_and_refusals(driver, encode, pack_id):
         if driver.ask("parse", hexs(text)).startswith("throw"):
             text = "make it night."
         shapes = [(h, w)] + ([SIZES[(k + 1) % len(SIZES)]] if k % 4 == 0 else [])
-        got = driver.ask("tmpl", pack_id, hexs(text), len(shapes), *[x for s in shapes for x in s])
+        # Qwen Image 2.1's pipeline resizes before the conditioner (test_qwen_image_2_1_refs.py
+        # runs that rule): the conditioner gets the sized pictures
+        given = [size(*s) for s in shapes] if getattr(size, "direct_resize", False) else shapes
+        got = driver.ask("tmpl", pack_id, hexs(text), len(shapes), *[x for s in given for x in s])
         if got.startswith("throw"):
             refused += 1
             if not any(engine_refuses(*s, size) for s in shapes):
@@ -250,6 +255,56 @@ def test_image_sizes_runs_and_refusals(driver, encode, pack_id):
     assert not bad, f"{len(bad)} image samples differ, e.g. {bad[:3]!r}"
 
 
+def _noise(h: int, w: int):
+    """probe.cpp's `tmpl` pixels as an 8-bit (h, w, 3) picture: ((k · 2654435761) mod 2³²) >> 24
+    at k = x + w·(y + h·c)."""
+    import numpy as np
+
+    k = np.arange(3 * h * w, dtype=np.uint64)
+    v = ((k * np.uint64(2654435761)) % np.uint64(2**32)) >> np.uint64(24)
+    return v.reshape(3, h, w).transpose(1, 2, 0).astype(np.uint8)
+
+
+def test_fibo2_reference_pixels_are_the_engines(driver, tmp_path):
+    """What Fibo2Conditioner hands the vision tower (its SD_DUMP_COND ref0_rgb.bin: the 768 px
+    step, the grid step, both 8-bit bicubic, then 2v - 1) equals preprocess_fibo2 of the same
+    picture, every float; the preset the driver plays is the engine's "fibo2" one."""
+    import os
+    import re
+
+    import numpy as np
+    from engine_build import ENGINE, cache_root
+    from PIL import Image
+
+    from gguf_trainer.fibo2_images import MAX_SIDE, preprocess_fibo2
+
+    model = next(cache_root().glob(f"*/src/{ENGINE}/diffusion/src/model/diffusion/model.hpp"))
+    preset = re.search(r'\{"fibo2", \[\] \{(.*?)\}\(\)\}', model.read_text(), re.DOTALL)[1]
+    assert "vlm_resize_mode             = RefImageResizeMode::LONGEST_SIDE;" in preset
+    assert f"vlm_max_size                = {MAX_SIDE};" in preset
+    pack = "qwen3vl_fibo2"  # the pack citing fibo2.hpp (Fibo2Probe)
+    assert get_pack(pack).engine_template["file"].endswith("fibo2.hpp")
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    d = Driver(driver.path, env={**os.environ, "SD_DUMP_COND": str(dump)})
+    bad, sizes = [], SIZES[:14] + SIZES[14::9]
+    try:
+        for h, w in sizes:
+            got = d.ask("tmpl", pack, hexs("make it night"), 1, h, w)
+            assert not got.startswith("throw"), got
+            tw, th = map(int, (dump / "ref0_shape.txt").read_text().split())
+            engine = np.fromfile(dump / "ref0_rgb.bin", dtype="<f4").reshape(3, th, tw)
+            Image.fromarray(_noise(h, w)).save(tmp_path / "p.png")
+            ours = preprocess_fibo2(tmp_path / "p.png")
+            if ours.shape != engine.shape or not np.array_equal(ours, engine):
+                bad.append(((h, w), ours.shape, engine.shape))
+    finally:
+        d.close()
+    print(f"{pack}: {len(sizes)} reference pictures, pixels identical to the engine's for "
+          f"{len(sizes) - len(bad)}")
+    assert not bad, f"{len(bad)} pictures differ, e.g. {bad[:3]!r}"
+
+
 def _runs(ids_, pad):
     out, i = [], 0
     while i < len(ids_):
@@ -265,13 +320,15 @@ def _runs(ids_, pad):
 
 
 KINDS = sorted({get_pack(p).adapter_kind for p in PACKS})
-# The seeded resampler once more with its seed table factorized at export (train.seed_rank).
-CASES = [(kind, 0) for kind in KINDS] + [("seeded_resampler", 8)]
+# The seeded resampler once more with its seed table factorized at export (train.seed_rank);
+# the layerwise kind once more with the vision extension (Fibo 2.0 edits), fed raw vision rows.
+CASES = [(kind, 0, False) for kind in KINDS] + [("seeded_resampler", 8, False),
+                                                 ("layerwise", 0, True)]
 
 
-@pytest.mark.parametrize(("kind", "seed_rank"), CASES)
+@pytest.mark.parametrize(("kind", "seed_rank", "vision"), CASES)
 def test_adapter_output_matches_the_engines_runner(
-    driver, tiny_materials, tmp_path, kind, seed_rank
+    driver, tiny_materials, tmp_path, kind, seed_rank, vision
 ):
     import numpy as np
     import torch
@@ -282,7 +339,8 @@ def test_adapter_output_matches_the_engines_runner(
 
     runner = driver.path.parent / "adapter_probe"
     student = load_student(tiny_materials["student"], tiny_materials["tokenizer"])
-    pack = next(get_pack(p) for p in PACKS if get_pack(p).adapter_kind == kind)
+    pack = next(pk for pk in map(get_pack, PACKS) if pk.adapter_kind == kind
+                and (kind != "layerwise" or bool(pk.vis_dim) == vision))
     cfg = pack.adapter_config(SimpleNamespace(width=128, depth=2), student.hidden_size)
     torch.manual_seed(0)
     module = build_adapter(cfg)
@@ -300,6 +358,11 @@ def test_adapter_output_matches_the_engines_runner(
     seeds = ([5, 9, 17, 200, 1] + [0] * (cfg.num_queries - 5)) if cfg.seed_vocab else []
     (tmp_path / "h.bin").write_bytes(hidden.numpy().astype("<f4").tobytes())
     (tmp_path / "ids.txt").write_text("".join(f"{i}\n" for i in seeds))
+    vis = None
+    if vision:  # raw rows at a run of the template, zeros elsewhere, as encode_prompt lays them
+        vis = torch.zeros(len(ids), cfg.vis_dim)
+        vis[2:7] = torch.randn(5, cfg.vis_dim, generator=torch.Generator().manual_seed(1))
+        (tmp_path / "vis.bin").write_bytes(vis.numpy().astype("<f4").tobytes())
     res = subprocess.run(
         [
             str(runner),
@@ -308,6 +371,7 @@ def test_adapter_output_matches_the_engines_runner(
             str(len(ids)),
             str(tmp_path / "ids.txt"),
             str(tmp_path / "out.bin"),
+            *([str(tmp_path / "vis.bin")] if vision else []),
         ],
         capture_output=True,
         text=True,
@@ -317,15 +381,21 @@ def test_adapter_output_matches_the_engines_runner(
     ours = load_gguf(export)
     with torch.no_grad():
         want = (
-            ours(hidden[None], seed_ids=torch.tensor([seeds]) if seeds else None)[0]
+            ours(hidden[None], seed_ids=torch.tensor([seeds]) if seeds else None,
+                 vis=None if vis is None else vis[None])[0]
             .double()
             .numpy()
         )
     got = np.fromfile(tmp_path / "out.bin", dtype="<f4").astype(np.float64).reshape(want.shape)
     worst = float(np.abs(got - want).max() / np.abs(want).max())
     print(
-        f"{kind} ({pack.id}, seed rank {seed_rank}): the engine's AdapterRunner vs this tool "
+        f"{kind} ({pack.id}, seed rank {seed_rank}{', vision rows' if vision else ''}): the "
+        "engine's AdapterRunner vs this tool "
         f"on the exported file: "
         f"max |d| / max |ref| = {worst:.2e} over {want.shape[0]} x {want.shape[1]}"
     )
     assert worst <= 1e-5
+    if vision:  # the runner read the rows: without them the image rows come out otherwise
+        with torch.no_grad():
+            blind = ours(hidden[None])[0].double().numpy()
+        assert np.abs(blind[2:7] - got[2:7]).max() > 1e-3 * np.abs(got).max()
