@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -222,6 +223,32 @@ def check_remote_path(repo: str, path: object) -> str:
     return text
 
 
+_HEX = {"sha256": 64, "blob_id": 40}
+
+
+def check_remote_file(repo: str, f: RemoteFile) -> RemoteFile:
+    """A listing entry whose path, size and hashes are safe to use: the path as
+    `check_remote_path` wants it, a size that is a whole number >= 0, and hashes of hex digits
+    of their length (the partial file's name carries the hash, so a hash like `/../../..`
+    would otherwise place that file outside the destination). UserError naming the repo and
+    the entry otherwise."""
+    path = check_remote_path(repo, f.path)
+    bad = None
+    if isinstance(f.size, bool) or not isinstance(f.size, int) or f.size < 0:
+        bad = f"a size of {quote(f.size)}"
+    for kind, value in (("sha256", f.sha256), ("blob_id", f.blob_id)):
+        if value is None and kind == "sha256":
+            continue  # a file outside LFS: checked by its blob id
+        if not isinstance(value, str) or not re.fullmatch(f"[0-9a-fA-F]{{{_HEX[kind]}}}", value):
+            bad = bad or f"a {kind} of {quote(value)}"
+    if bad:
+        raise UserError(
+            f"{repo} lists {quote(path)} with {bad}, which is not a valid listing entry; "
+            "refusing to download from this listing (check the repo name and HF_ENDPOINT)."
+        )
+    return RemoteFile(path, f.size, f.sha256.lower() if f.sha256 else None, f.blob_id.lower())
+
+
 def _transport_errors() -> tuple[type[Exception], ...]:
     """The HTTP library's network errors: huggingface_hub 1.x uses httpx, 2.x httpx2."""
     import importlib
@@ -268,8 +295,9 @@ def list_remote(
     files = {}
     for f in tree:
         if isinstance(f, RepoFile) and matches(f.path, patterns):
-            path = check_remote_path(repo, f.path)
-            files[path] = RemoteFile(path, int(f.size), f.lfs.sha256 if f.lfs else None, f.blob_id)
+            entry = RemoteFile(f.path, f.size, f.lfs.sha256 if f.lfs else None, f.blob_id)
+            entry = check_remote_file(repo, entry)
+            files[entry.path] = entry
     unmatched = [p for p in patterns if not any(matches(f, (p,)) for f in files)]
     if unmatched:
         raise UserError(
@@ -381,7 +409,8 @@ def fetch_file(
     5xx, a dropped connection the client gave up on) is asked for again from where it
     stopped, with a fresh URL, up to len(RETRY_WAITS_S) times; one that makes no progress
     fails at once with its sentence."""
-    rel = check_remote_path(listing.repo, f.path)
+    f = check_remote_file(listing.repo, f)  # a listing built by hand or read back from disk
+    rel = f.path
     final = Path(dest) / rel
     # Same size is not the same file; a hash recorded with this size and mtime stands for it.
     if (

@@ -86,3 +86,40 @@ def test_an_html_page_where_the_api_answers_json_is_a_sentence(hub_server):
         hub.list_remote("org/m", "model", ("config.json",))
     msg = str(e.value)
     assert f"{hub_server.url}/api/models/org/m/revision/main" in msg and "not JSON" in msg
+
+
+@pytest.mark.parametrize("field,value", [("sha256", "/../../../../../"), ("blob_id", "../" * 14)])
+def test_a_listed_hash_that_is_not_hex_is_refused_before_any_byte_moves(
+    hub_server, tmp_path, field, value
+):
+    """The partial file's name carries the listed hash (`<path>.<hash[:16]>.part`), so a hash
+    like `/../../../../../` would put that file (appended to, truncated) outside the
+    destination: a listing entry's hashes must be hex of their length."""
+    data = bytes(range(256)) * 64  # 16 KiB: an LFS file, listed with a sha256
+    repo = hub_server.add_repo("org/m", {"w.bin": data, "config.json": b"{}"})
+    real = repo.tree_entry
+
+    def hostile(path):
+        entry = real(path)
+        if field == "sha256" and "lfs" in entry:
+            entry["lfs"] = {**entry["lfs"], "oid": value}
+        elif field == "blob_id" and "lfs" not in entry:
+            entry["oid"] = value
+        return entry
+
+    repo.tree_entry = hostile
+    dest = tmp_path / "a" / "b" / "c" / "dest"
+    with pytest.raises(UserError, match="org/m lists '.*' with a .* not a valid listing entry"):
+        hub.fetch_listing(hub.list_remote("org/m", "model", ("*",)), dest)
+    assert not hub_server.get_requests("/w.bin") and not hub_server.get_requests("/config.json")
+    assert [p for p in tmp_path.rglob("*") if p.is_file() and dest not in p.parents] == []
+
+
+@pytest.mark.parametrize("bad", [{"sha256": "/../../../../../"}, {"blob_id": "x" * 40},
+                                 {"size": -5}, {"size": "3"}], ids=repr)
+def test_a_hand_built_or_tampered_listing_entry_is_checked_at_fetch(tmp_path, bad):
+    f = hub.RemoteFile(**{"path": "w.bin", "size": 3, "sha256": None, "blob_id": "0" * 40, **bad})
+    listing = hub.Listing("org/m", "model", "main", "c" * 40, {f.path: f})
+    with pytest.raises(UserError, match="not a valid listing entry"):
+        hub.fetch_file(listing, f, tmp_path / "a" / "dest")
+    assert not list(tmp_path.rglob("*.part")) and not (tmp_path / "a").exists()
