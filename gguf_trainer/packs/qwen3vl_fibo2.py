@@ -279,6 +279,16 @@ class Fibo2Pack(LayerwisePack):
 
         return replace(super().tap_layout(), image_preprocess=preprocess_fibo2)
 
+    def teacher_gib(self, materials, device) -> float:
+        """The text stack AND the vision tower (edits run it) as they load: bf16 on a card, fp32
+        on a CPU, from the snapshot's headers."""
+        import torch
+
+        from ..teachers.qwen3vl import check_snapshot
+
+        mode = "gpu" if torch.device(device).type == "cuda" else "cpu"
+        return check_snapshot(materials["teacher"]).gib(mode)
+
     def demo_corpus(self, folder, prompts):
         """The MageFlow demo's synthetic pictures (64-160 px) in one- and two-image edit
         samples, plus the text-only prompts."""

@@ -252,3 +252,14 @@ def test_only_fibo2_exports_the_vision_extension():
         assert cfg.kind == "layerwise" and "layer_map" in names
         assert vision == (pid == "qwen3vl_fibo2") and bool(cfg.vis_dim) == vision, pid
     assert PACK.vis_dim == 2560 and PACK.image_pad_id == PAD
+
+
+def test_the_preflight_counts_the_vision_tower(teacher):
+    """Edits load the tower too: Fibo 2.0's need is the text stack's plus the tower's."""
+    from gguf_trainer.teachers.qwen_taps import text_stack_params
+
+    root, t = teacher
+    tower = sum(p.numel() for p in t.visual.parameters())
+    text_gib = text_stack_params(root) * 4 / 1024**3
+    got = PACK.teacher_gib({"teacher": root}, "cpu")
+    assert got == pytest.approx(text_gib + tower * 4 / 1024**3, rel=1e-6) and got > text_gib
