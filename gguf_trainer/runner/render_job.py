@@ -112,6 +112,17 @@ def render_status(root) -> dict:
     }
 
 
+def half_image(result: dict, half: str) -> Path | None:
+    """Where a listed render's image of `half` is now: the recorded file's name in the
+    render's own folder. render.json records the path at render time, so a moved or copied
+    project would name its old place, and a planted record could name any file; only the name
+    is taken (readers still open it through project_file)."""
+    h = (result.get("halves") or {}).get(half)
+    image = h.get("image") if isinstance(h, dict) else None
+    name = Path(image).name if isinstance(image, str) else ""
+    return Path(result["folder"]) / name if name not in ("", ".", "..") else None
+
+
 def describe(result: dict | None) -> list[str]:
     """A finished render as lines: its folder, each image, the figures."""
     if not result:
@@ -119,8 +130,8 @@ def describe(result: dict | None) -> list[str]:
     folder = Path(result["folder"])
     record = atomic.read_json(folder / RENDER_JSON, {}) or {}
     lines = [f"render:    {folder}"]
-    for half, h in (record.get("halves") or {}).items():
-        lines.append(f"{half + ':':<10} {h.get('image')}")
+    for half in record.get("halves") or {}:
+        lines.append(f"{half + ':':<10} {half_image({**record, 'folder': folder}, half)}")
     if record.get("no_teacher"):
         lines.append(f"teacher:   {record['no_teacher']}")
     fig = record.get("figures")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import gradio as gr
 
+from gguf_trainer import project_file
 from gguf_trainer.errors import UserError
 from gguf_trainer.runner import render_job
 from gguf_trainer.ui import common
@@ -103,14 +104,18 @@ def outputs(p: RenderParts) -> list:
     return [p.status, p.start, p.stop, p.teacher, p.adapter, p.result, p.shown]
 
 
-def _image(path: str | None):
-    """The image as a picture (not a file path: the GUI serves no project files), or None."""
-    if not path or not Path(path).is_file():
-        return None
+def _image(root: str, path: Path | None):
+    """The image as a picture (not a file path: the GUI serves no project files), or None
+    when it is absent, not an image, or leads outside the project (project_file)."""
     from PIL import Image  # Gradio's own dependency
 
-    with Image.open(path) as img:
-        return img.copy()
+    if path is None:
+        return None
+    try:
+        with project_file.open_file(root, path) as f, Image.open(f) as img:
+            return img.copy()
+    except (OSError, ValueError, Image.DecompressionBombError):  # absent, unsafe, not an image
+        return None
 
 
 def status_md(st: dict) -> str:
@@ -177,13 +182,12 @@ def view(project: str | None, shown) -> list:
     if sig == shown:
         return [gr.skip()] * 7
     running = job["status"] == "running"
-    halves = latest.get("halves") or {}
     return [
         status_md(st),
         gr.update(interactive=not running and not st["missing"]),
         gr.update(interactive=running),
-        _image((halves.get("teacher") or {}).get("image")),
-        _image((halves.get("adapter") or {}).get("image")),
+        _image(project, render_job.half_image(latest, "teacher") if latest else None),
+        _image(project, render_job.half_image(latest, "adapter") if latest else None),
         result_md(st["latest"]),
         sig,
     ]

@@ -41,3 +41,51 @@ def test_the_newest_render_is_shown_with_its_cosine_and_commands(tmp_path, monke
     _status, _start, _stop, teacher, adapter, result, _sig = render_section.view(str(root), None)
     assert teacher.getpixel((0, 0)) == (0, 0, 255) and adapter.getpixel((0, 0)) == (255, 0, 0)
     assert "cosine **0.9123**" in result and "`ggk teacher -p 'a sheep'`" in result
+
+
+def _render(root, images: dict) -> None:
+    """A finished render in root's renders/ whose render.json records `images` per half."""
+    folder = root / "renders" / "20260101-000000-s7"
+    folder.mkdir(parents=True, exist_ok=True)
+    record = {"prompt": "a sheep", "seed": 7, "finished": 1.0,
+              "halves": {h: {"command": f"ggk {h}", "image": str(p)} for h, p in images.items()}}
+    (folder / "render.json").write_text(json.dumps(record))
+
+
+def test_a_render_record_naming_a_file_outside_the_project_shows_nothing(tmp_path, monkeypatch):
+    """render.json is a project file anyone who can write the folder can plant: an image path
+    it names outside the project (a private photo) is never read, nor a linked image."""
+    monkeypatch.setenv("GGUF_TRAINER_HOME", str(tmp_path / "home"))
+    root = tmp_path / "p"
+    create_project(root, "qwen3vl_mageflow")
+    private = tmp_path / "private"
+    private.mkdir()
+    Image.new("RGB", (8, 8), (1, 2, 3)).save(private / "photo.png")
+    _render(root, {"teacher": private / "photo.png", "adapter": root / "adapter.png"})
+    folder = root / "renders" / "20260101-000000-s7"
+    (folder / "adapter.png").symlink_to(private / "photo.png")
+    _status, _start, _stop, teacher, adapter, _result, _sig = render_section.view(str(root), None)
+    assert teacher is None and adapter is None
+    (folder / "adapter.png").unlink()
+    (folder / "adapter.png").write_bytes(b"not a picture")  # a broken file: nothing, no error
+    assert render_section.view(str(root), None)[4] is None
+
+
+def test_a_moved_projects_render_is_shown_from_where_it_is_now(tmp_path, monkeypatch):
+    """render.json keeps the absolute paths of the render's time; after `mv` the images are
+    the ones beside the record, never the files now at the old place (a decoy there)."""
+    monkeypatch.setenv("GGUF_TRAINER_HOME", str(tmp_path / "home"))
+    old, new = tmp_path / "old", tmp_path / "new"
+    create_project(old, "qwen3vl_mageflow")
+    folder = old / "renders" / "20260101-000000-s7"
+    _render(old, {h: folder / f"{h}.png" for h in ("teacher", "adapter")})
+    for half, colour in (("teacher", (0, 0, 255)), ("adapter", (255, 0, 0))):
+        Image.new("RGB", (8, 8), colour).save(folder / f"{half}.png")
+    old.rename(new)
+    folder.mkdir(parents=True)  # the decoy at the old place
+    for half in ("teacher", "adapter"):
+        Image.new("RGB", (8, 8), (9, 9, 9)).save(folder / f"{half}.png")
+    _status, _start, _stop, teacher, adapter, _result, _sig = render_section.view(str(new), None)
+    assert teacher.getpixel((0, 0)) == (0, 0, 255) and adapter.getpixel((0, 0)) == (255, 0, 0)
+    lines = render_section.render_job.describe(render_section.render_job.list_renders(new)[0])
+    assert f"teacher:   {new / 'renders' / '20260101-000000-s7' / 'teacher.png'}" in lines
