@@ -176,7 +176,8 @@ def _jsonl_sample(line: str, base: Path, tally: Counter) -> Sample | None:
         tally["bad_json"] += 1
         return None
     text = clean_text(rec["text"], tally)
-    return None if text is None else Sample(text, tuple((base / p) for p in images))
+    extra = {k: v for k, v in rec.items() if k not in ("text", "images")}  # for packs (samples.py)
+    return None if text is None else Sample(text, tuple((base / p) for p in images), extra)
 
 
 def read_source(path: Path, tally: Counter | None = None) -> list[Sample]:

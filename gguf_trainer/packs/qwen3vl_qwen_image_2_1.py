@@ -65,6 +65,15 @@ class QwenImage21Pack(QwenVisionTokenAlignedPack):
     shard_contract = "qwen3vl_qwen_image_2_1/2"  # 2: edits, deepstack teacher, raw vision rows
     engine_template = {"file": "diffusion/src/conditioning/conditioner.hpp", "lines": (3051, 3153),
                        "version": "VERSION_QWEN_IMAGE_2_1"}
+    # Where ggk turns a reference file into the tower's pixels (tests/engine cuts and runs these
+    # lines against qwen_image_refs.py): 8-bit to float, the pipeline's size and nearest resize
+    # at the render area (preset "qwen"), the conditioner's alpha over white and 2x − 1.
+    engine_references = {
+        "to_float": ("diffusion/src/core/ggml_extend.hpp", 188, 194),
+        "to_tensor": ("diffusion/src/core/util.cpp", 741, 765),
+        "resize": ("diffusion/src/gk-diffuser.cpp", 6019, 6057),
+        "composite": ("diffusion/src/conditioning/conditioner.hpp", 3101, 3107),
+    }
     teacher_materials = (
         Material("teacher", "Teacher: Qwen Image 2.1's Qwen3-VL-8B (link a local copy)",
                  "hf_snapshot", size_gb=17.5,

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 # qwen3vl_boogu and qwen3vl_lingbot take images: their demos are in
 # test_vision_token_aligned_demos.py
-PACKS = ("qwen3_zimage", "qwen3_ovis", "qwen3vl_minimax_h3", "qwen3vl_qwen_image_2_1")
+PACKS = ("qwen3_zimage", "qwen3_ovis", "qwen3vl_minimax_h3")  # Qwen Image 2.1: vision demos
 
 
 @pytest.fixture(scope="module", params=PACKS)

@@ -1,6 +1,7 @@
 """`gguf-trainer demo --pack ID` for the token-aligned Qwen packs that take reference images
-(Boogu Image edits, LingBot Video I2V images) train against a tiny REAL Qwen3-VL with its vision
-tower (transformers, random weights) on the demo's synthetic images, in a subprocess as a user
+(Boogu Image and Qwen Image 2.1 edits, LingBot Video I2V images) train against a tiny REAL
+Qwen3-VL with its vision tower (transformers, random weights; Qwen Image 2.1's with deepstack and
+M-RoPE image positions) on the demo's synthetic images, in a subprocess as a user
 runs it. The images reach the teacher by the family's size rule and splice rows, the student
 through the fitted vision_proj; the export is token_aligned_vision, and the engine's forward of it
 (tests/engine_reference.py, its own reader and math) equals load_gguf's to 1e-5 on a val edit
@@ -23,7 +24,7 @@ from gguf_trainer.vision import image_runs
 
 pytestmark = pytest.mark.slow
 
-PACKS = ("qwen3vl_boogu", "qwen3vl_lingbot")
+PACKS = ("qwen3vl_boogu", "qwen3vl_lingbot", "qwen3vl_qwen_image_2_1")
 
 
 @pytest.fixture(scope="module", params=PACKS)
@@ -45,9 +46,9 @@ def test_demo_trains_on_edits_and_beats_the_mean(demo):
     assert ev["metrics"].get("cos_vis") is not None  # edit samples reached eval
     assert ev["health"].startswith("n/a")
     assert "--llm-adapter" in demo["stdout"]
-    # Boogu's command edits; ggk's video path hands LingBot's text encoder no reference images
-    # (its note says where they do reach it)
-    assert ("--ref-image pig.png" in demo["stdout"]) == (demo["pack"] == "qwen3vl_boogu")
+    # the image packs' commands edit; ggk's video path hands LingBot's text encoder no reference
+    # images (its note says where they do reach it)
+    assert ("--ref-image pig.png" in demo["stdout"]) == (demo["pack"] != "qwen3vl_lingbot")
 
 
 def _val_edit_sample(proj):

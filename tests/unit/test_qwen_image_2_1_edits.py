@@ -206,3 +206,18 @@ def test_the_teacher_is_transformers_full_qwen3vl_before_the_norm(teacher, tmp_p
     assert torch.allclose(both[1].rows, got.rows, atol=1e-5)
     alone = teacher.targets([text], [PACK.student_ids(encode, text)], [[]])[0]
     assert torch.allclose(both[0].rows, alone.rows, atol=1e-5)
+
+
+def test_a_records_render_reaches_the_tower(tmp_path):
+    """The corpus keeps a .jsonl record's other keys (samples.py: `extra`, for packs), so a
+    sample's "render" sizes its references; without one, the 1024×1024 of the engine command."""
+    from gguf_trainer import corpus
+
+    Image.new("RGB", (60, 40)).save(tmp_path / "a.png")
+    src = tmp_path / "edits.jsonl"
+    src.write_text('{"text": "make it night", "images": ["a.png"], "render": [500, 300]}\n'
+                   '{"text": "add snow", "images": ["a.png"]}\n')
+    first, second = corpus.read_source(src)
+    assert first.extra == {"render": [500, 300]} and second.extra == {}
+    assert [i.area for i in PACK.vision_inputs(first)] == [512 * 320]  # aligned up to 32
+    assert [i.pixels().shape for i in PACK.vision_inputs(second)] == [(3, 832, 1248)]
