@@ -4,7 +4,10 @@ deepest tap) in a subprocess, like a user runs it. The export is a layerwise fil
 reads with the family's tap count and names the family; the engine's forward of it
 (tests/engine_reference.py, its own reader, the conditioner's stack check) equals load_gguf's to
 1e-5 on the student's states of the family's padded template; eval.json has a figure per tap;
-the shards hold one row per template id, pads included. `gguf-trainer new --pack ID` works."""
+the shards hold one row per template id, pads included. `gguf-trainer new --pack ID` works.
+Fibo 2.0's demo also edits (the synthetic pictures of the MageFlow demo in one- and two-image
+samples): its pictures reach the teacher's full Qwen3-VL path and the student through the fitted
+vision_proj, and its export is the only one with vision_proj + vis_in beside layer_map."""
 
 from __future__ import annotations
 
@@ -13,14 +16,15 @@ import json
 import numpy as np
 import pytest
 import torch
-from engine_reference import conditioner_stack
+from engine_reference import conditioner_stack, engine_forward
 from pipeline_helpers import cli_at_home, run_demo
 
 from gguf_trainer.adapters import load_gguf
 from gguf_trainer.qwen_bpe import engine_bpe
 from gguf_trainer.samples import Sample
-from gguf_trainer.shards import load_verified, shard_files
+from gguf_trainer.shards import Shard, load_verified, shard_files
 from gguf_trainer.student import load_student
+from gguf_trainer.vision import image_runs
 
 pytestmark = pytest.mark.slow
 
@@ -99,6 +103,50 @@ def test_the_engine_runs_the_export_as_load_gguf_does(demo):
         rel = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
         print(f"{demo['pack']}: engine vs load_gguf rel {rel:.2e} on {prompt!r} ({len(ids)} rows)")
         assert ref.shape == (len(ids), adapter.config.out_dim) and rel <= 1e-5
+
+
+def _val_edit_sample(proj):
+    for f in shard_files(proj.paths.shard_dir("val")):
+        shard = Shard(f)
+        for i, n in enumerate(shard.t["vis_len"].tolist()):
+            if n:
+                rows, pos = shard.vision(i)
+                return shard, i, rows.float(), pos.long()
+    raise AssertionError("no val sample with images")
+
+
+def test_only_fibo2_exports_vision_and_the_engine_runs_its_edits_as_load_gguf(demo):
+    """Fibo 2.0 (fibo2.hpp 217-221): layer_map + vision_proj + vis_in; a val edit sample's
+    stored student states (vision_proj rows spliced) and raw vision rows (at the image runs)
+    through the engine's forward equal load_gguf's, vis_in in use. Every other layerwise
+    family's export is text-only."""
+    proj = demo["project"]
+    adapter = load_gguf(proj.final_gguf)
+    names = set(adapter.state_dict())
+    if demo["pack"] != "qwen3vl_fibo2":
+        assert not proj.pack.vis_dim and not {"vision_proj.weight", "vis_in.weight"} & names
+        return
+    assert {"vision_proj.weight", "vis_in.weight", "layer_map"} <= names
+    assert adapter.config.kind == "layerwise" and adapter.config.vis_dim == 16  # tiny merger
+    shard, i, rows, pos = _val_edit_sample(proj)
+    ids = shard.t["student_ids"][shard.s_off[i] : shard.s_off[i + 1]].tolist()
+    assert [p for s, n in image_runs(ids, proj.pack.image_pad_id) for p in range(s, s + n)] == (
+        pos.tolist()
+    )
+    hidden = shard.student(i).float()
+    vis = torch.zeros(hidden.shape[0], rows.shape[1])
+    vis[pos] = rows
+    ref = engine_forward(str(proj.final_gguf), hidden.numpy(), vis=vis.numpy())
+    with torch.no_grad():
+        got = adapter(hidden[None], vis=vis[None])[0].double().numpy()
+    rel = float(np.abs(got - ref).max() / np.abs(ref).max())
+    print(f"qwen3vl_fibo2: engine vs load_gguf rel {rel:.2e} on an edit sample ({len(ids)} rows, "
+          f"{rows.shape[0]} vision rows)")
+    assert ref.shape == (len(ids), 15 * 16) and rel <= 1e-5
+    blind = engine_forward(str(proj.final_gguf), hidden.numpy(), vis=None)
+    assert np.abs(blind[pos.numpy()] - ref[pos.numpy()]).max() > 1e-3 * np.abs(ref).max()
+    ev = json.loads(proj.paths.eval_json.read_text())
+    assert ev["metrics"].get("cos_vis") is not None  # edit samples reached eval
 
 
 def test_new_creates_a_project_of_the_pack(demo, tmp_path):
