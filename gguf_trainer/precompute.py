@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from . import atomic, distributed, hardware, shards, vision
+from . import atomic, distributed, hardware, safe_delete, shards, vision
 from .adapters import TOKEN_ALIGNED_KINDS
 from .errors import UserError
 from .materials import (
@@ -438,14 +438,16 @@ def verify_split(project, split: str, fingerprint: str) -> None:
     for path, key in list(_unverified(folder, record)):
         reason = shards.verify_shard(path, fingerprint)
         if reason:
+            # only the tool's own file inside the project: shards/<split> linked to a folder
+            # of someone's *.safetensors must not lose them as "not shards"
+            safe_delete.unlink_owned(path, project.paths.root, safe_delete.DAMAGED_SHARD)
             log.warning("shard %s/%s is %s; recomputing it", split, path.name, reason)
-            path.unlink()
             record.pop(path.name, None)
         else:
             record[path.name] = key
         changed = True
-    for tmp in folder.glob(".*.tmp"):
-        tmp.unlink()  # a partial shard of a killed run
+    for tmp in folder.glob(".*.tmp"):  # a partial shard of a killed run
+        safe_delete.unlink_owned(tmp, project.paths.root, safe_delete.DAMAGED_SHARD)
     if changed:
         atomic.write_json(record_path, record)
 

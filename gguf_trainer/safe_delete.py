@@ -38,7 +38,10 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import UserError
+
 CHUNK = 1 << 20
+DAMAGED_SHARD = "a damaged shard cannot be deleted and recomputed there"  # unlink_owned's `what`
 
 
 @dataclass
@@ -219,6 +222,18 @@ def remove_owned(path: str | os.PathLike, inside: str | os.PathLike,
     except OSError as e:
         return Verdict(str(path), False, f"cannot be deleted ({e.strerror}); left alone")
     return Verdict(str(path), True)
+
+
+def unlink_owned(path: str | os.PathLike, inside: str | os.PathLike, what: str) -> bool:
+    """Delete one file the tool wrote inside `inside` (a damaged shard, a killed run's
+    partial file) by the rule above: True when deleted, False when already absent, else
+    UserError "<path> <reason>, so <what>; move it away and start again." (a linked folder on
+    the way out of the project, a link, not a regular file)."""
+    verdict = remove_owned(path, inside, "file")
+    if verdict.reason:
+        raise UserError(f"{path} {verdict.reason.removesuffix('; left alone')}, so {what}; "
+                        "move it away and start again.")
+    return verdict.deleted
 
 
 def tool_paths(folder: Path, tool_files: tuple[str, ...]) -> list[Path]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from .. import shards
+from .. import safe_delete, shards
 from ..checkpoints import checkpoint_path, load_checkpoint
 from ..errors import UserError
 from ..paths import BEST, LAST, ProjectPaths
@@ -80,7 +80,8 @@ def verify_project(root, repair: bool = False) -> dict:
         if holder is not None:
             raise UserError(f"the pipeline is running (pid {holder}); stop it, then repair.")
         for split, name in damaged:
-            (paths.shard_dir(split) / name).unlink()
+            safe_delete.unlink_owned(paths.shard_dir(split) / name, paths.root,
+                                     safe_delete.DAMAGED_SHARD)
             log.warning(
                 "verify: shard %s/%s is %s; recomputing it",
                 split,

@@ -114,3 +114,32 @@ def test_checkpoints_linked_outside_are_never_followed(paths, tmp_path):
         train.STAGE.clear(paths)
     assert (outside / "last.pt").read_text() == MINE and paths.checkpoints.is_symlink()
     assert not [d for d in paths.root.iterdir() if d.name.startswith(STALE_PREFIX)]
+
+
+def _linked_shards(paths, tmp_path) -> Path:
+    """shards/train linked to someone's folder of weights (any *.safetensors there looks
+    like a damaged shard)."""
+    outside = _write(tmp_path / "home" / "models" / "model.safetensors", MINE)
+    paths.shards.mkdir(parents=True, exist_ok=True)
+    paths.shard_dir("train").symlink_to(outside.parent, target_is_directory=True)
+    _write(outside.parent / ".partial.tmp", MINE)
+    return outside
+
+
+def test_shard_rot_in_a_folder_linked_outside_deletes_nothing(paths, tmp_path):
+    from gguf_trainer.project import load_project
+
+    outside = _linked_shards(paths, tmp_path)
+    with pytest.raises(UserError, match="is not inside .*damaged shard cannot be deleted"):
+        precompute.verify_split(load_project(paths.root), "train", "f" * 64)
+    assert outside.read_text() == MINE and (outside.parent / ".partial.tmp").read_text() == MINE
+
+
+def test_verify_repair_in_a_folder_linked_outside_deletes_nothing(paths, tmp_path):
+    from gguf_trainer.runner import verify
+
+    outside = _linked_shards(paths, tmp_path)
+    assert "model.safetensors" in verify.verify_project(paths.root)["shards"]["train"]["damaged"]
+    with pytest.raises(UserError, match="damaged shard cannot be deleted and recomputed there"):
+        verify.verify_project(paths.root, repair=True)
+    assert outside.read_text() == MINE
