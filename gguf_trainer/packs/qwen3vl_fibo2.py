@@ -25,8 +25,8 @@ prompt when it has none), M = `<|vision_start|><|image_pad|><|vision_end|>`; ima
 whole template is still one piece. Each reference (loaded with 3 channels) is scaled to 768 px on
 its long side when longer (llround, antialiased bicubic rounded to 8 bit), then to the
 processor's 32-px grid (fibo2_images.py), and shown as 2·v − 1. With --llm-adapter the engine
-runs the tower's main merger only (no deepstack, 281), splices vision_proj of those rows over the
-pads for the student and hands the raw rows to vis_in (conditioner.hpp 2669-2690): the adapter
+runs the tower's main merger only (no deepstack, 282), splices vision_proj of those rows over the
+pads for the student and hands the raw rows to vis_in (conditioner.hpp 2676-2695): the adapter
 needs both (217-221), so the export is layerwise + vision_proj + vis_in. The teacher runs the
 full Qwen3-VL path instead (deepstack after the first decoder layers, M-RoPE image positions:
 teachers/qwen_taps.py), which is what the DiT was trained on. Start 0: the DiT reads every row,

@@ -4,7 +4,7 @@
 // HIDDEN.bin: L rows of the student's final-norm states (f32, in_dim each); IDS.txt: the T5
 // window ids (seeded adapters; ignored otherwise); VIS.bin: L rows of raw mmproj embeds (f32,
 // vis_dim each, zeros off-image), the dense input encode_prompt builds for vis_in
-// (conditioner.hpp 2669-2690). OUT.bin: the runner's output (f32), as the
+// (conditioner.hpp 2676-2695). OUT.bin: the runner's output (f32), as the
 // engine's SD_DUMP_COND writes adapter_out.bin. The file's tensors are read with gguf.h and
 // copied into the runner's parameters (converted to the type the runner chose, as the engine's
 // loader converts on load); everything else (detection, graph, math) is the engine's.
