@@ -14,7 +14,7 @@ Edits (3085-3145): after the user marker, reference image i as `<image{i+1}><|vi
 + pads + `<|vision_end|>`, a space before every image but the first, then the prompt range; start
 stays 14. The pipeline has already resized each reference by the render area
 (qwen_image_refs.py: gk-diffuser.cpp 6017-6071, nearest, sides multiples of 32); the conditioner
-composites the alpha over white and scales to 2x − 1 (3090-3102). The engine with an adapter
+composites the alpha over white and scales to 2x − 1 (3100-3107). The engine with an adapter
 needs vision_proj + vis_in (3068-3071) and hands it the tower's MAIN merger rows only
 (`encode_image(..., nullptr)` at 3123, no image extras: every rope axis the token index), while
 the reference it was distilled from, the full Qwen3-VL-8B, sees the tower WITH its deepstack
@@ -31,7 +31,7 @@ layers, ~8.8 B parameters with the tower, ~17.5 GB bf16) with its tokenizer file
 
 from __future__ import annotations
 
-from ..qwen_image_refs import RefImage, default_ref_size, ref_pixels, render_area
+from ..qwen_image_refs import RefImage, default_ref_size, render_area
 from ..template_ids import Piece
 from .base import Material
 from .qwen3vl_mageflow import IMAGE_PAD
@@ -50,8 +50,8 @@ class QwenImage21Pack(QwenVisionTokenAlignedPack):
     serves = "Qwen Image 2.1 (text-to-image, edits)"
     image_size = staticmethod(default_ref_size)  # at the default 1024×1024 render
     edit_prefix = SYSTEM_TURN + "<|im_start|>user\n"
-    image_header = "<image{n}><|vision_start|>"  # 3113: n = the 1-based image number
-    image_separator = " "  # before every image but the first (3113)
+    image_header = "<image{n}><|vision_start|>"  # 3128: n = the 1-based image number
+    image_separator = " "  # before every image but the first (3128)
     teacher_full_vision = True
     teacher_arch = "qwen3_vl"
     teacher_hidden = 4096
@@ -108,7 +108,7 @@ class QwenImage21Pack(QwenVisionTokenAlignedPack):
 
     def student_pieces(self, sample, image_tokens=()):
         """3079-3152: system turn + user marker, one `<imageN>` block per reference (a space
-        before every one but the first, 3113-3121, one piece with the text before the range),
+        before every one but the first, 3128-3143, one piece with the text before the range),
         the range (" " for an empty prompt), the assistant tail."""
         blocks = "".join((self.image_separator if i else "") + self.image_header.format(n=i + 1)
                          + IMAGE_PAD * n + "<|vision_end|>" for i, n in enumerate(image_tokens))
@@ -125,8 +125,7 @@ class QwenImage21Pack(QwenVisionTokenAlignedPack):
 
     def image_pixels(self, item):
         """A RefImage's pixels; a bare path at the default render (image_size)."""
-        return item.pixels() if isinstance(item, RefImage) else ref_pixels(
-            item, default_ref_size(*_hw(item)))
+        return (item if isinstance(item, RefImage) else RefImage(item, render_area({}))).pixels()
 
     def demo_corpus(self, folder, prompts):
         """The shared demo pictures, each image sample rendered small ("render": [192, 192]:
@@ -142,13 +141,6 @@ class QwenImage21Pack(QwenVisionTokenAlignedPack):
                 r["render"] = [192, 192]
         write_text(path, "".join(json.dumps(r) + "\n" for r in records))
         return path
-
-
-def _hw(path) -> tuple[int, int]:
-    from PIL import Image
-
-    with Image.open(path) as im:
-        return im.size[1], im.size[0]
 
 
 PACK = QwenImage21Pack()

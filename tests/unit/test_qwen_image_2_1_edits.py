@@ -93,7 +93,7 @@ def test_the_pixels_are_nearest_alpha_over_white_then_2x_minus_1(tmp_path):
 def test_the_edit_template_and_its_runs_are_the_engines(encode):
     """3084-3152: `<image1><|vision_start|>` + pads + `<|vision_end|>`, then ` <image2>…`, the
     prompt range, the tail; image i spliced at the tokenizer count of everything before its
-    pads (3117-3118); start 14 with images too."""
+    pads (3128-3129); start 14 with images too."""
     sample = Sample("put the hat from image 2 on the pig", images=("a.png", "b.png"))
     ids = PACK.student_ids(encode, sample, [6, 4])
     first = "<image1><|vision_start|>" + PAD * 6 + "<|vision_end|>"
