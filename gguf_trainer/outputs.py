@@ -127,7 +127,9 @@ def record_export(project, path: Path, kind: str, pending: bool = False) -> None
         man = {}
     files = man.get("files") if isinstance(man, dict) and isinstance(man.get("files"), dict) else {}
     path = Path(path).resolve()
-    entry = {"kind": kind, "time": time.time()}
+    # the writer's real path: a copied project's records then name another writer
+    # (project.written_by_another), so the copy neither deletes nor overwrites the file
+    entry = {"kind": kind, "time": time.time(), "project": str(project.dir.resolve())}
     if not pending:
         entry.update(file_record(path))
     # Beside the project: relative to its parent, so a moved or copied project names the
@@ -176,7 +178,8 @@ def run_export(project, report) -> None:
 def record_snapshot(project, entry: dict) -> None:
     """Add or replace (same path) an entry of snapshots.json, sorted by step."""
     man = atomic.read_json(project.paths.snapshots_json, {"snapshots": []}) or {"snapshots": []}
-    entry = {**entry, "path": places.record_key(entry["path"], project.dir.resolve())}
+    entry = {**entry, "path": places.record_key(entry["path"], project.dir.resolve()),
+             "project": str(project.dir.resolve())}  # its writer, as record_export's
     items = [e for e in man["snapshots"] if e.get("path") != entry["path"]] + [entry]
     man["snapshots"] = sorted(items, key=lambda e: (e["step"], e["time"]))
     atomic.write_json(project.paths.snapshots_json, man)

@@ -337,19 +337,42 @@ def check_name_clash(project: Project) -> None:
                             "export.output_dir.")
     final = project.final_gguf
     if final.exists() or final.is_symlink():
-        recorded = _recorded_exports(project)
-        if str(final.resolve()) not in recorded and str(final) not in recorded:
+        recorded = _recorded_exports(project.dir)
+        record = recorded.get(str(final.resolve()), recorded.get(str(final)))
+        if record is None:
             raise UserError(f"{final} already exists and this project did not write it (another "
                             "project with the same name?); give this project another \"name\" or "
                             "export.output_dir, or move that file away.")
+        writer = written_by_another(final, project.dir, record)
+        if writer is not None:
+            raise UserError(f"{final} was written by the project {writer}, which still records it "
+                            "(this one is a copy of it?); give this project another \"name\" or "
+                            "export.output_dir so the original's GGUF is not overwritten.")
 
 
-def _recorded_exports(project: Project) -> dict:
+def _recorded_exports(root: Path) -> dict:
     try:
-        man = atomic.read_json(project.paths.exports_json, {}) or {}
+        man = atomic.read_json(ProjectPaths(root).exports_json, {}, inside=root) or {}
     except (ValueError, OSError):
         return {}
     files = man.get("files") if isinstance(man, dict) else None
     # keys are relative to the project's parent (places.py) or absolute (older versions)
-    return {str(places.recorded_path(k, project.dir.resolve())): v
+    return {str(places.recorded_path(k, Path(root).resolve())): v
             for k, v in files.items()} if isinstance(files, dict) else {}
+
+
+def written_by_another(path: Path, root: Path, record: dict | None) -> Path | None:
+    """The project that wrote the recorded export `path`, when that is another project than
+    `root` and it still records the file: a copied project (`cp -a`) carries the original's
+    records, and with an output folder outside both (an absolute export.output_dir,
+    export.copy_to) they name the original's very file, which the copy must neither delete
+    nor overwrite. Each record keeps its writer's real path (outputs.record_export); a moved
+    project's writer is gone (or no longer records the file), so a move is not a copy."""
+    writer = record.get("project") if isinstance(record, dict) else None
+    if not isinstance(writer, str) or not writer or not os.path.isabs(writer):
+        return None  # an older record: reset's sibling search is all there is
+    if os.path.realpath(writer) == os.path.realpath(root):
+        return None
+    theirs = _recorded_exports(Path(writer)) if ProjectPaths(Path(writer)).exists() else {}
+    mine = {str(path), os.path.realpath(path)}
+    return Path(writer) if mine & set(theirs) else None

@@ -30,6 +30,7 @@ from .. import atomic, places, safe_delete
 from ..errors import UserError, quote
 from ..jsonvals import number
 from ..paths import TOOL_FILES, ProjectPaths
+from ..project import written_by_another
 from ..stage_list import EXPORTING, SHARD_STAGES, STAGES, TRAINING, stages_from
 from . import lock
 
@@ -60,7 +61,7 @@ def recorded_exports(paths: ProjectPaths) -> list[dict]:
         p = str(places.recorded_path(str(p), root))  # relative: beside this project's folder
         out[p] = {"path": p, "kind": rec.get("kind") if isinstance(rec.get("kind"), str)
                        else "file", "time": number(rec.get("time")), "size": rec.get("size"),
-                       "sha256": rec.get("sha256")}
+                       "sha256": rec.get("sha256"), "project": rec.get("project")}
     snaps = _read_obj(paths.snapshots_json).get("snapshots")
     for e in snaps if isinstance(snaps, list) else []:
         if not isinstance(e, dict) or not isinstance(e.get("path"), str):
@@ -70,7 +71,7 @@ def recorded_exports(paths: ProjectPaths) -> list[dict]:
         if key not in out and str(p.resolve()) not in out:
             out[key] = {"path": key, "kind": "snapshot", "time": number(e.get("time")),
                         "size": e.get("size") if isinstance(e.get("sha256"), str) else None,
-                        "sha256": e.get("sha256")}
+                        "sha256": e.get("sha256"), "project": e.get("project")}
     items = list(out.values())
     for it in items:
         it["exists"] = Path(it["path"]).is_file()
@@ -143,7 +144,11 @@ def _decide(paths: ProjectPaths, target: str) -> tuple[list[tuple], list[dict]]:
             p = Path(it["path"])
             if not (p.exists() or p.is_symlink()):
                 continue
-            reason = safe_delete.check_recorded_file(p, it, name) or _recorded_by_another(p, paths)
+            writer = written_by_another(p, paths.root, it)
+            reason = (safe_delete.check_recorded_file(p, it, name)
+                      or (f"the project {writer} wrote it and records it too (this one is a "
+                          "copy of it?); left alone" if writer else None)
+                      or _recorded_by_another(p, paths))
             if reason:
                 kept.append({"path": str(p), "reason": reason})
             else:

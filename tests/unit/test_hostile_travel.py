@@ -551,3 +551,34 @@ def test_places_store_inside_relative_and_leave_outside_absolute(tmp_path):
     ):
         assert places.record_key(path, root) == key
         assert places.recorded_path(key, root) == path
+
+
+def test_a_copy_with_an_outside_output_folder_never_deletes_or_overwrites_the_originals_gguf(
+    tmp_path,
+):
+    """export.output_dir outside both projects (a shared models folder): a `cp -a` copy's
+    exports.json names the original's very GGUF. The copy's reset keeps it and its export is
+    refused before it would overwrite it; the original, and the original moved, still own it."""
+    from gguf_trainer import outputs
+    from gguf_trainer.project import check_name_clash
+
+    out = tmp_path / "models"
+    a = tmp_path / "a" / "proj"
+    control.new_project(a, PACK, overrides={"export.output_dir": str(out)})
+    gguf = load_project(a).final_gguf
+    out.mkdir()
+    gguf.write_bytes(b"GGUF the original's adapter")
+    outputs.record_export(load_project(a), gguf, kind="final")
+    b = tmp_path / "b" / "proj"
+    b.parent.mkdir()
+    subprocess.run(["cp", "-a", str(a), str(b)], check=True)
+    with pytest.raises(UserError, match="written by the project .* is not overwritten"):
+        check_name_clash(load_project(b))
+    kept = {k["path"]: k["reason"] for k in control.reset_plan(b, "output").keep}
+    assert f"the project {a} wrote it and records it too" in kept[str(gguf)]
+    assert str(gguf) not in control.reset(b, "output").deleted
+    assert gguf.read_bytes() == b"GGUF the original's adapter"
+    moved = tmp_path / "moved"
+    a.rename(moved)  # a move is not a copy: the writer's old place holds no project
+    check_name_clash(load_project(moved))
+    assert str(gguf) in control.reset(moved, "output").deleted and not gguf.exists()
