@@ -7,7 +7,11 @@ dump's own per-dimension mean) and rel_mse, with the pack's verdict. Packs whose
 has a fixed shape (LLaDA-Image, PixArt; for PixArt only the real slots, `t5_ids.txt` id != 0,
 EOS included, count) and the layerwise families (the whole padded template, `adapter_out.bin` or
 the full teacher's `llm_hidden.bin` of n * D per row, compared from the DiT's first row, with
-each tap's cosine beside the whole stack's) can be checked. Must not: write anything.
+each tap's cosine beside the whole stack's) can be checked; a layerwise adapter with the vision
+extension (Fibo 2.0 edits) also against an edit dump, whose reference images it reads from the
+dump itself (`vis_embeds.bin`, the raw mmproj rows, and `vis_pos.txt`, the row each image was
+spliced at): the student gets vision_proj of them spliced there, the adapter the raw rows.
+Must not: write anything.
 
     gguf-trainer check --adapter pig_llada_adapter-f16.gguf --student pig_clip-f16.gguf \
         --dump dumps/run1 --prompt "a sheep in sunglasses"
@@ -32,6 +36,9 @@ TOKENS_TXT = "tokens.txt"
 # the engine's student states: tells a student problem from an adapter one
 QWEN_HIDDEN = "qwen_hidden.bin"
 T5_IDS_TXT = "t5_ids.txt"
+# an edit dump's reference images (conditioner.hpp 2753-2775): raw mmproj rows, "start n" each
+VIS_EMBEDS = "vis_embeds.bin"
+VIS_POS = "vis_pos.txt"
 
 
 def read_dump(path, dim: int) -> np.ndarray:
@@ -67,6 +74,31 @@ def read_ids(path) -> list[int] | None:
         return [int(line) for line in path.read_text(encoding="utf-8").split()]
     except ValueError:
         raise UserError(f"{path} is not one id per line; use the file the engine wrote.") from None
+
+
+def read_vision_dump(dump_dir: Path, vis_dim: int) -> list[tuple[int, np.ndarray]] | None:
+    """An edit dump's reference images as (start row, raw rows [n, vis_dim]) in order, or None
+    when the dump has no `vis_pos.txt` (a text-only pass)."""
+    path = dump_dir / VIS_POS
+    if not path.is_file():
+        return None
+    try:
+        runs = [tuple(int(v) for v in line.split()) for line in path.read_text().splitlines()
+                if line.strip()]
+    except ValueError:
+        runs = [()]
+    if not runs or any(len(r) != 2 or r[0] < 0 or r[1] <= 0 for r in runs):
+        raise UserError(f"{path} is not one \"start rows\" pair per image; use the file the "
+                        "engine wrote.")
+    if not vis_dim:
+        raise UserError(f"{dump_dir} is an edit dump (it has {VIS_POS}) but this adapter has no "
+                        "vision extension; check it against a text-to-image dump.")
+    rows = read_dump(dump_dir / VIS_EMBEDS, vis_dim)
+    if rows.shape[0] != sum(n for _, n in runs):
+        raise UserError(f"{dump_dir / VIS_EMBEDS} holds {rows.shape[0]} rows but {VIS_POS} "
+                        f"names {sum(n for _, n in runs)}; use the files of one engine run.")
+    at = np.cumsum([0] + [n for _, n in runs])
+    return [(s, rows[at[i] : at[i + 1]]) for i, (s, _) in enumerate(runs)]
 
 
 def compare(pred: np.ndarray, ref: np.ndarray, keep: np.ndarray | None = None) -> dict:
@@ -155,24 +187,45 @@ def _pack_for(module) -> str:
     return pack
 
 
-def predict(adapter, student, prompt: str, pack_id: str, seed_ids=None):
+def predict(adapter, student, prompt: str, pack_id: str, seed_ids=None, images=None):
     """The adapter's rows [Q, out_dim] for one prompt, the student ids it read and the student
-    states [L, hidden]."""
+    states [L, hidden]. `images` (read_vision_dump): the edit template with those reference
+    images, spliced as the engine splices them (conditioner.hpp 2676-2695)."""
     import torch
 
     from .packs import get_pack
     from .samples import Sample
+    from .vision import image_runs
 
     pack = get_pack(pack_id)
-    ids = pack.student_ids(engine_bpe(student.tokenizer).encode, Sample(prompt))
+    images = images or []
+    sample = Sample(prompt, images=tuple(Path(f"reference_{i + 1}") for i in range(len(images))))
+    ids = pack.student_ids(engine_bpe(student.tokenizer).encode, sample,
+                           [r.shape[0] for _, r in images])
     x = torch.tensor([ids])
     keep = torch.ones_like(x)
     keep[0, pack.padding.real_length(ids) :] = 0  # the family's pads: masked student keys
     at = pack.padding.positions(ids)
-    hidden = student.hidden(x, keep, position_ids=None if at is None else torch.tensor([at]))
+    splices, vis = [], None
+    if images:
+        runs = image_runs(ids, pack.image_pad_id)[: len(images)]
+        if [s for s, _ in runs] != [s for s, _ in images]:
+            raise UserError(
+                f"the dump's {VIS_POS} splices the images at rows {[s for s, _ in images]} but "
+                f"this prompt's edit template has them at {[s for s, _ in runs]}; pass the "
+                "exact --prompt the engine ran."
+            )
+        w = adapter.vision_proj.weight.detach().float()
+        vis = torch.zeros(1, len(ids), w.shape[1])
+        for s, r in images:
+            rows = torch.from_numpy(np.ascontiguousarray(r, dtype=np.float32))
+            splices.append((0, s, rows @ w.T))
+            vis[0, s : s + rows.shape[0]] = rows
+    hidden = student.hidden(x, keep, splices=splices,
+                            position_ids=None if at is None else torch.tensor([at]))
     with torch.no_grad():
         seeds = None if seed_ids is None else torch.tensor([seed_ids])
-        out = adapter(hidden, seed_ids=seeds)
+        out = adapter(hidden, seed_ids=seeds, vis=vis)
     return out[0].float().cpu().numpy(), ids, hidden[0].float().cpu().numpy()
 
 
@@ -228,7 +281,8 @@ def run_check(
 
         tokenizer_dir = qwen_tokenizer_dir()
     student = load_student(student_path, tokenizer_dir)
-    pred, ids, hidden = predict(adapter, student, prompt, pack_id, seed_ids)
+    images = read_vision_dump(dump_dir, adapter.config.vis_dim)
+    pred, ids, hidden = predict(adapter, student, prompt, pack_id, seed_ids, images)
     ref = read_dump(dump, pred.shape[1])
     if ref.shape[0] != pred.shape[0]:
         raise UserError(
@@ -266,6 +320,7 @@ def run_check(
         "pack": pack_id,
         "prompt": prompt,
         "student_tokens": len(ids),
+        "images": len(images or ()),
         "tokens_checked": engine_ids is not None,
         **figures,
         "per_tap": per_tap,
@@ -307,7 +362,10 @@ def format_check(res: dict) -> str:
             f"adapter:  {res['adapter']} ({res['pack']})",
             (
                 f"dump:     {res['dump']} ({res['rows']} rows; student tokens "
-                f"{'match' if res['tokens_checked'] else 'not checked: no tokens.txt'})"
+                f"{'match' if res['tokens_checked'] else 'not checked: no tokens.txt'}"
+                + (f"; {res['images']} reference image(s) from {VIS_EMBEDS}"
+                   if res.get("images") else "")
+                + ")"
             ),
             (
                 f"cosine {res['cos']:.6f}   centred cosine {res['cos_centered']:.6f}   "

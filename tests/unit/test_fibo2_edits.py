@@ -263,3 +263,63 @@ def test_the_preflight_counts_the_vision_tower(teacher):
     text_gib = text_stack_params(root) * 4 / 1024**3
     got = PACK.teacher_gib({"teacher": root}, "cpu")
     assert got == pytest.approx(text_gib + tower * 4 / 1024**3, rel=1e-6) and got > text_gib
+
+
+def _fibo2_edit_dump(tmp_path, tiny_materials, shift=0):
+    """A tiny Fibo 2.0 vision adapter and what ggk's SD_DUMP_COND writes for one edit pass with
+    it: adapter_out.bin (tests/engine_reference.py's forward), qwen_hidden.bin, tokens.txt,
+    vis_embeds.bin and vis_pos.txt (`shift` moves the written start row)."""
+    from engine_reference import engine_forward
+
+    from gguf_trainer.adapters import AdapterConfig
+    from gguf_trainer.export import write_adapter_gguf
+    from gguf_trainer.student import load_student
+
+    student = load_student(tiny_materials["student"], tiny_materials["tokenizer"])
+    cfg = AdapterConfig("layerwise", 64, 15 * 16, 64, 1, vis_dim=16, taps=PACK.taps)
+    torch.manual_seed(0)
+    module = build_adapter(cfg)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    path = tmp_path / "pig_qwen3vl_fibo2_adapter-f16.gguf"
+    write_adapter_gguf(path, module.state_dict(), cfg, metadata={"adapter.pack": PACK.id})
+    raw = torch.randn(4, 16, generator=torch.Generator().manual_seed(2))
+    sample = Sample("make it night", images=("ref.png",))
+    ids = PACK.student_ids(engine_bpe(student.tokenizer).encode, sample, [4])
+    (start, _), = image_runs(ids, PAD)
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        proj = raw @ module.vision_proj.weight.T
+        hidden = student.hidden(x, torch.ones_like(x), splices=[(0, start, proj)])[0]
+    vis = torch.zeros(len(ids), 16)
+    vis[start : start + 4] = raw
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    engine_forward(path, hidden.numpy(), vis=vis.numpy()).astype("<f4").tofile(
+        dump / "adapter_out.bin")
+    hidden.numpy().astype("<f4").tofile(dump / "qwen_hidden.bin")
+    (dump / "tokens.txt").write_text("".join(f"{i}\n" for i in ids))
+    raw.numpy().astype("<f4").tofile(dump / "vis_embeds.bin")
+    (dump / "vis_pos.txt").write_text(f"{start + shift} 4\n")
+    return path, dump
+
+
+def test_check_reads_an_edit_dump(tmp_path, tiny_materials):
+    """`gguf-trainer check` of a Fibo 2.0 vision adapter against an edit dump: the images come
+    from the dump (raw rows, splice rows), the figures are the engine's (cos 1 against the
+    engine's own forward); a dump whose rows sit elsewhere is one sentence."""
+    from gguf_trainer.check import format_check, run_check
+    from gguf_trainer.errors import UserError
+
+    adapter, dump = _fibo2_edit_dump(tmp_path / "ok", tiny_materials)
+    got = run_check(adapter, tiny_materials["student"], dump, "make it night",
+                    tokenizer_dir=tiny_materials["tokenizer"])
+    assert got["images"] == 1 and got["tokens_checked"] and got["pack"] == PACK.id
+    assert got["cos"] > 0.99999 and got["student_cos"] > 0.99999
+    assert min(got["per_tap"]["cos"]) > 0.99999
+    assert "1 reference image(s) from vis_embeds.bin" in format_check(got)
+    adapter, dump = _fibo2_edit_dump(tmp_path / "moved", tiny_materials, shift=1)
+    with pytest.raises(UserError, match="splices the images at rows"):
+        run_check(adapter, tiny_materials["student"], dump, "make it night",
+                  tokenizer_dir=tiny_materials["tokenizer"])
