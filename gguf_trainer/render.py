@@ -134,7 +134,7 @@ def render_plan(project, prompt: str, seed: int, ggk: str | None,
     )
     adapter_argv = base
     runs = [("adapter", adapter_argv)]
-    teacher_args = getattr(pack, "engine_teacher_args", "")
+    teacher_args = pack.engine_teacher_args
     if teacher_args:
         runs.insert(0, ("teacher", _drop(base, ADAPTER_FLAGS) + shlex.split(teacher_args)))
     else:
