@@ -19,7 +19,8 @@ needs vision_proj + vis_in (3068-3071) and hands it the tower's MAIN merger rows
 (`encode_image(..., nullptr)` at 3123, no image extras: every rope axis the token index), while
 the reference it was distilled from, the full Qwen3-VL-8B, sees the tower WITH its deepstack
 features and M-RoPE image positions (3052-3060, llm.hpp 2336-2364, 2442-2470): so the teacher
-here runs that full path (teachers/qwen3vl.py `full_vision`) and the student stores the main rows.
+here runs that full path (the tap teacher, teachers/qwen_taps.py, at the last layer with the
+tower: `teacher_full_vision`) and the student stores the main rows.
 The DiT replaces the image-slot rows with the reference latents (c_token_types 3781-3797,
 qwen_image_2_1.hpp 279-288): only the text rows it reads are this adapter's output there.
 
@@ -50,9 +51,7 @@ class QwenImage21Pack(QwenVisionTokenAlignedPack):
     serves = "Qwen Image 2.1 (text-to-image, edits)"
     image_size = staticmethod(default_ref_size)  # at the default 1024×1024 render
     edit_prefix = SYSTEM_TURN + "<|im_start|>user\n"
-    image_header = "<image{n}><|vision_start|>"  # 3128: n = the 1-based image number
-    image_separator = " "  # before every image but the first (3128)
-    teacher_full_vision = True
+    teacher_full_vision = True  # deepstack + M-RoPE, at the last layer: the tap teacher
     teacher_arch = "qwen3_vl"
     teacher_hidden = 4096
     tap_last_layer = True
@@ -110,7 +109,7 @@ class QwenImage21Pack(QwenVisionTokenAlignedPack):
         """3079-3152: system turn + user marker, one `<imageN>` block per reference (a space
         before every one but the first, 3128-3143, one piece with the text before the range),
         the range (" " for an empty prompt), the assistant tail."""
-        blocks = "".join((self.image_separator if i else "") + self.image_header.format(n=i + 1)
+        blocks = "".join((" " if i else "") + f"<image{i + 1}><|vision_start|>"
                          + IMAGE_PAD * n + "<|vision_end|>" for i, n in enumerate(image_tokens))
         return (Piece(self.prefix + blocks), Piece(sample.text or " ", prompt=True),
                 Piece(self.suffix))

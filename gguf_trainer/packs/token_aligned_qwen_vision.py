@@ -15,9 +15,10 @@ The tower's main merger rows only (no deepstack) at plain positions: the engine 
 `encode_image(..., false, true, true)` for these families and passes no image extras
 (conditioner.hpp 3029, 3266). A pack still writes its own `student_pieces` (where the blocks
 go is the family's template). A family whose TEACHER runs the full Qwen3-VL (Qwen Image 2.1:
-deepstack + M-RoPE image positions, while the adapter still gets the main merger rows alone)
-sets `teacher_full_vision`; one whose pictures are not sized from the path alone (Qwen Image
-2.1: by the render) hands its own `vision_inputs(sample)` and `image_pixels(item)`.
+deepstack + M-RoPE image positions, at its tap, while the adapter still gets the main merger
+rows alone) sets `teacher_full_vision`: its teacher is the tap teacher (teachers/qwen_taps.py)
+with the tower, shown the family's pixels; one whose pictures are not sized from the path alone
+(Qwen Image 2.1: by the render) hands its own `vision_inputs(sample)` and `image_pixels(item)`.
 """
 
 from __future__ import annotations
@@ -48,8 +49,6 @@ class QwenVisionTokenAlignedPack(QwenTokenAlignedPack):
     image_pad_id = IMAGE_PAD_ID
     image_size = staticmethod(target_size)  # each family declares its own rule
     edit_prefix = ""  # the template's text before the first image
-    image_header = "<|vision_start|>"  # before each image's pads ({n}: its 1-based number)
-    image_separator = ""  # before every header but the first
     teacher_full_vision = False  # the teacher sees deepstack + M-RoPE positions (Qwen Image 2.1)
 
     @property
@@ -61,13 +60,9 @@ class QwenVisionTokenAlignedPack(QwenTokenAlignedPack):
         pack): the engine counts the rows before each image with its tokenizer."""
         from ..teachers.qwen3vl import Template
 
-        # a lone <|vision_start|> header is one token; others are counted image by image
-        plain = self.image_header == "<|vision_start|>" and not self.image_separator
-        return Template(self.edit_prefix, self.start, self.format_prompt(""), self.start,
-                        1 if plain else None, image_header=self.image_header,
-                        counts_hard_coded=False, image_size=self.image_size, family=self.family,
-                        image_separator=self.image_separator, prepare=self.image_pixels,
-                        full_vision=self.teacher_full_vision, pre_norm=self.tap_last_layer)
+        return Template(self.edit_prefix, self.start, self.format_prompt(""), self.start, 1,
+                        image_header="<|vision_start|>", counts_hard_coded=False,
+                        image_size=self.image_size, family=self.family, prepare=self.image_pixels)
 
     def image_pixels(self, item):
         """(3, h̄, w̄) float32 pixels of one vision input, as the engine preprocesses it."""
@@ -75,15 +70,27 @@ class QwenVisionTokenAlignedPack(QwenTokenAlignedPack):
 
         return preprocess_image(item, self.image_size)
 
+    def tap_layout(self, num_layers: int = 0):
+        """A full-vision family's layout shows the tap teacher its pictures as the engine does."""
+        from dataclasses import replace
+
+        layout = super().tap_layout(num_layers)
+        if not self.teacher_full_vision:
+            return layout
+        return replace(layout, image_preprocess=self.image_pixels,
+                       vision_inputs=self.vision_inputs)
+
     def load_teacher(self, materials, plan, device):
         """Qwen3-VL with its tower (the final norm is its last_hidden_state), placed as
-        planned; the template's image header checked against its tokenizer first."""
+        planned; the template's image header checked against its tokenizer first. A
+        full-vision family: the tap teacher at its tap, with the tower (qwen_taps)."""
         from ..teachers.qwen3vl import load_qwen3vl_teacher
 
+        if self.teacher_full_vision:
+            return super().load_teacher(materials, plan, device)
         return load_qwen3vl_teacher(materials["teacher"], device, plan.mode,
                                     student_pieces=self.student_pieces,
-                                    template=self.teacher_template(), ram_limit_gib=plan.cpu_gib,
-                                    vision_inputs=self.vision_inputs)
+                                    template=self.teacher_template(), ram_limit_gib=plan.cpu_gib)
 
     def check_teacher(self, materials) -> str:
         from ..teachers.qwen3vl import check_snapshot

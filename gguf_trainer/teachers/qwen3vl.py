@@ -60,31 +60,24 @@ class Template:
     MageFlow (the defaults): the engine hard-codes the prefixes' counts (64 / 34, which are
     also the first rows the DiT reads) and splices image i at 64 + 6 + ... Boogu: the engine
     counts the tokens before each image with its tokenizer (`counts_hard_coded` False), the
-    header is `<|vision_start|>` alone and the DiT reads from row 0. Qwen Image 2.1: headers
-    `<imageN><|vision_start|>` after a space from the second image on (their counts vary:
-    `image_header_tokens` None), its own pixels (`prepare`), and the engine's full Qwen3-VL
-    path (`full_vision`: deepstack + M-RoPE image positions) read before the final norm."""
+    header is `<|vision_start|>` alone and the DiT reads from row 0. (The families whose
+    teacher runs the full Qwen3-VL path, deepstack + M-RoPE, use the tap teacher: qwen_taps.)"""
 
     edit_prefix: str
     edit_start: int  # the first row the DiT reads with images (MageFlow: the prefix's 64 tokens)
     t2i_prefix: str
     t2i_start: int  # the first row the DiT reads without images (MageFlow: 34)
-    # the header's tokens, <|vision_start|> included (MageFlow: 6); None: each header's own
-    # count by the tokenizer (Qwen Image 2.1's differ by the image number and the separator)
-    image_header_tokens: int | None
+    image_header_tokens: int  # the header's tokens, <|vision_start|> included (MageFlow: 6)
     image_header: str = "Image {n}: <|vision_start|>"  # n = the 1-based image number
     counts_hard_coded: bool = True  # the prefix counts are the engine's constants (MageFlow)
     image_size: Callable | None = None  # (h, w) -> (h̄, w̄); None = MageFlow's rule
     family: str = "MageFlow"
-    image_separator: str = ""  # text before every header but the first (Qwen Image 2.1: " ")
     # a vision input -> (3, h̄, w̄) pixels; None: preprocess_image(path, image_size)
     prepare: Callable | None = None
-    full_vision: bool = False  # deepstack + M-RoPE image positions (llm.hpp 1909-1919)
-    pre_norm: bool = False  # the last decoder layer before the final norm, not the norm
 
     def header(self, i: int) -> str:
         """The header of image i (0-based)."""
-        return (self.image_separator if i else "") + self.image_header.format(n=i + 1)
+        return self.image_header.format(n=i + 1)
 
 
 def count_tokens(tokenizer, text: str) -> int:
@@ -123,38 +116,26 @@ def check_templates(tokenizer, p: Template, max_images: int = 9) -> dict[str, in
 
 
 def splice_starts(
-    counts: Sequence[int],
-    p: Template,
-    prefix_tokens: int | None = None,
-    header_tokens: Sequence[int] | None = None,
+    counts: Sequence[int], p: Template, prefix_tokens: int | None = None
 ) -> list[int]:
     """Where the engine splices each image's rows: the edit prefix's tokens (`prefix_tokens`,
     as the tokenizer counts them; MageFlow: its hard-coded 64) + the header (6) = 70 for the
     first, then each next image 1 (`<|vision_end|>`) + n_prev + the header later (Boogu: the
-    engine's tokenizer count of everything before the image, the same rows). `header_tokens`:
-    each image's header count where they differ (Qwen Image 2.1)."""
-    heads = list(header_tokens) if header_tokens is not None else [p.image_header_tokens] * len(
-        counts
-    )
-    at = p.edit_start if prefix_tokens is None else prefix_tokens
+    engine's tokenizer count of everything before the image, the same rows)."""
+    at = (p.edit_start if prefix_tokens is None else prefix_tokens) + p.image_header_tokens
     out = []
-    for n, head in zip(counts, heads):
-        at += head
+    for n in counts:
         out.append(at)
-        at += n + 1
+        at += n + 1 + p.image_header_tokens
     return out
 
 
 def check_splices(
-    ids: Sequence[int],
-    counts: Sequence[int],
-    p: Template,
-    prefix_tokens: int | None = None,
-    header_tokens: Sequence[int] | None = None,
+    ids: Sequence[int], counts: Sequence[int], p: Template, prefix_tokens: int | None = None
 ) -> None:
     """The image runs of `ids` sit where the engine splices them, framed by vision start/end;
     UserError otherwise (the sample's text would shift the engine's rows)."""
-    for start, n in zip(splice_starts(counts, p, prefix_tokens, header_tokens), counts):
+    for start, n in zip(splice_starts(counts, p, prefix_tokens), counts):
         ok = (
             start + n < len(ids)
             and ids[start - 1] == VISION_START_ID
@@ -378,14 +359,10 @@ class Qwen3VLTeacher:
         template: Template,
         report: SnapshotReport | None = None,
         prefix_tokens: int | None = None,
-        vision_inputs: Callable | None = None,
     ):
         import torch
 
         self.model, self.tokenizer, self.mode = model, tokenizer, mode
-        # a sample's vision inputs as the pack hands them to `vision` (default: its image paths);
-        # the full-vision path runs the tower again on them for the deepstack features
-        self.vision_inputs = vision_inputs or (lambda sample: list(sample.images))
         self.text = model.language_model
         self.visual = model.visual
         self.device = torch.device(device) if mode != "cpu" else torch.device("cpu")
@@ -393,10 +370,7 @@ class Qwen3VLTeacher:
         self.student_pieces, self.template = student_pieces, template
         self.prefix_tokens = prefix_tokens  # the edit prefix as the tokenizer counts it
         self.report = report
-        self.identity = {"teacher": "qwen3_vl",
-                         "tap": "pre_norm_last_layer" if template.pre_norm else "final_norm"}
-        if template.full_vision:
-            self.identity["vision"] = "deepstack+mrope"
+        self.identity = {"teacher": "qwen3_vl", "tap": "final_norm"}
         self._table = self.text.embed_tokens.weight  # offload: the plain RAM module place() kept
         vc = model.config.vision_config
         self.merge = int(vc.spatial_merge_size)
@@ -405,18 +379,15 @@ class Qwen3VLTeacher:
 
     # -- vision tower -------------------------------------------------------------------------
 
-    def vision(self, images: Sequence, full: bool = False) -> list:
+    def vision(self, images: Sequence) -> list[torch.Tensor]:
         """Raw merger rows (n_i, vis_dim) float32 on the CPU for each vision input (an image
         path, or what the family's `prepare` takes), in order: the engine's preprocessing, the
-        tower in batches of ≤ VIS_TOKENS_PER_BATCH merged tokens (images are prepared batch by
-        batch: a shard's 500 pictures at 144 tokens would be ~2 GB of patch rows at once),
-        `pooler_output` only: what ggk splices for the student. `full`: per image (main rows,
-        [deepstack rows per merger], (gh, gw) merged grid) for the full-vision teacher."""
+        tower by run_tower, `pooler_output` only (deepstack is not used by ggk here)."""
         from ..mageflow_images import preprocess_image, target_size
 
         size = self.template.image_size or target_size  # the family's size rule
         prepare = self.template.prepare or (lambda path: preprocess_image(path, size))
-        return run_tower(self.visual, images, prepare, self.device, self.dtype, full)
+        return run_tower(self.visual, images, prepare, self.device, self.dtype)
 
     def embed_table(self) -> torch.Tensor:
         """The token embedding table as float32 on the CPU (the vision_proj fit)."""
@@ -438,26 +409,11 @@ class Qwen3VLTeacher:
                 "are the Qwen vocabulary)."
             )
         if counts:
-            heads = None
-            if self.template.image_header_tokens is None:  # each header as the engine counts it
-                heads = [count_tokens(self.tokenizer, self.template.header(i))
-                         for i in range(len(counts))]
-            check_splices(ids, counts, self.template, self.prefix_tokens, heads)
+            check_splices(ids, counts, self.template, self.prefix_tokens)
         return list(ids)
 
-    def _full_images(self, sample, segs) -> list:
-        """(main rows, deepstack rows, grid) of the sample's images, the tower run again on its
-        vision inputs (the deepstack features are not stored); UserError when the counts differ
-        from the stored rows'."""
-        got = self.vision(self.vision_inputs(sample), full=True)
-        if [m.shape[0] for m, _, _ in got] != [seg.rows.shape[0] for seg in segs]:
-            raise UserError("the teacher's vision rows of a sample no longer match the stored "
-                            "ones; clear the precompute stage and run it again.")
-        return got
-
     def targets(self, samples: Sequence, student_ids: Sequence[Sequence[int]], vision=None) -> list:
-        """Final-norm rows (or the last layer's, `pre_norm`) of every token (L, hidden) per
-        sample, images spliced; `full_vision`: with deepstack and M-RoPE image positions."""
+        """Final-norm rows of every token (L, hidden) per sample, images spliced."""
         import torch
 
         from .base import TargetRows
@@ -467,53 +423,24 @@ class Qwen3VLTeacher:
             self._ids(s, sid, [seg.rows.shape[0] for seg in segs])
             for s, sid, segs in zip(samples, student_ids, vision)
         ]
-        full = self.template.full_vision
-        images = [self._full_images(s, segs) if full and segs else []
-                  for s, segs in zip(samples, vision)]
         width = max(len(x) for x in ids)
         table_dev = self._table.device
         embeds = torch.zeros(len(ids), width, self.out_dim, dtype=self.dtype, device=self.device)
         mask = torch.zeros(len(ids), width, dtype=torch.long, device=self.device)
-        pos = torch.zeros(3, len(ids), width, dtype=torch.long)
-        vis_mask = torch.zeros(len(ids), width, dtype=torch.bool)
-        deep: list[list] = []  # per merger, the images' rows in the mask's (row-major) order
-        for b, (row_ids, segs, imgs) in enumerate(zip(ids, vision, images)):
+        for b, (row_ids, segs) in enumerate(zip(ids, vision)):
             e = self._table[torch.tensor(row_ids, dtype=torch.long, device=table_dev)]
             e = e.to(self.device, self.dtype).clone()
-            for k, seg in enumerate(segs):  # raw merger rows over the <|image_pad|> run
-                rows = imgs[k][0] if imgs else seg.rows
-                e[seg.start : seg.start + rows.shape[0]] = rows.to(self.device, self.dtype)
-                vis_mask[b, seg.start : seg.start + rows.shape[0]] = True
-                for m, d in enumerate(imgs[k][1] if imgs else ()):
-                    deep += [[] for _ in range(m + 1 - len(deep))]
-                    deep[m].append(d)
+            for seg in segs:  # raw merger rows over the <|image_pad|> run, as the engine splices
+                e[seg.start : seg.start + seg.rows.shape[0]] = seg.rows.to(self.device, self.dtype)
             embeds[b, : len(row_ids)] = e
             mask[b, : len(row_ids)] = 1
-            placed = [(seg.start, *img[2]) for seg, img in zip(segs, imgs)]
-            pos[:, b] = torch.tensor(mrope_positions(width, placed))
-        kwargs = {}
-        if full:  # the engine's full Qwen3-VL path (llm.hpp 2336-2364, 2442-2470)
-            kwargs["position_ids"] = pos.to(self.device)
-            if deep:
-                kwargs["visual_pos_masks"] = vis_mask.to(self.device)
-                kwargs["deepstack_visual_embeds"] = [
-                    torch.cat(d).to(self.device, self.dtype) for d in deep
-                ]
-        # Without `full` position_ids stay None: every M-RoPE axis gets arange(L), i.e. plain
-        # 1-D rope, as ggk runs MageFlow's text stack; no deepstack embeds are passed.
-        caught: dict = {}
-        hook = (self.text.norm.register_forward_pre_hook(
-            lambda _m, args: caught.__setitem__("x", args[0])) if self.template.pre_norm else None)
-        try:
-            with torch.inference_mode():
-                out = self.text(inputs_embeds=embeds, attention_mask=mask, use_cache=False,
-                                **kwargs)
-        finally:
-            if hook is not None:
-                hook.remove()
-        # pre_norm: the final RMSNorm's input = decoder layer num_layers' raw output (out_layers
-        # {num_layers}, conditioner.hpp 3082-3083)
-        h = (caught["x"] if self.template.pre_norm else out.last_hidden_state).float().cpu()
+        with torch.inference_mode():
+            # position_ids None: every M-RoPE axis gets arange(L), i.e. plain 1-D rope, as ggk
+            # runs MageFlow's text stack; no deepstack embeds are passed.
+            h = self.text(
+                inputs_embeds=embeds, attention_mask=mask, use_cache=False
+            ).last_hidden_state
+        h = h.float().cpu()
         return [
             TargetRows(rows=h[b, : len(x)].clone(), sup_start=sup_start(bool(segs), self.template))
             for b, (x, segs) in enumerate(zip(ids, vision))
@@ -543,7 +470,6 @@ def load_qwen3vl_teacher(
     student_pieces: Callable,
     template: Template,
     ram_limit_gib: float = 0.0,
-    vision_inputs: Callable | None = None,
 ) -> Qwen3VLTeacher:
     """Check the snapshot from its headers and the templates against its tokenizer (both fail
     in seconds, before any weight loads), then load `Qwen3VLModel` placed for `mode`."""
@@ -592,7 +518,6 @@ def load_qwen3vl_teacher(
         template,
         report,
         prefix_tokens=counts["edit prefix"],
-        vision_inputs=vision_inputs,
     )
 
 

@@ -70,6 +70,9 @@ class TapLayout:
     # The family's reference-image preprocessing, path -> (3, h̄, w̄) float32 as the engine hands
     # it to the tower; None: a text-only family (the tower is dropped at load).
     image_preprocess: Callable | None = None
+    # sample -> what image_preprocess takes for each of its pictures; None: its image paths (a
+    # family that sizes a picture by more than its file hands its own: Qwen Image 2.1's render)
+    vision_inputs: Callable | None = None
 
 
 def read_config(root: Path) -> dict:
@@ -235,7 +238,8 @@ class QwenTapTeacher:
 
         ids, towers = [], []
         for sample, sid, segs in zip(samples, student_ids, vision):
-            tower = self._tower(sample.images) if segs else []
+            inputs = self.layout.vision_inputs(sample) if self.layout.vision_inputs else None
+            tower = self._tower(sample.images if inputs is None else inputs) if segs else []
             counts = [seg.rows.shape[0] for seg in segs]
             if [t[0].shape[0] for t in tower] != counts:
                 raise UserError(

@@ -7,10 +7,13 @@ before the final norm; the student side keeps the main merger rows (token_aligne
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
 from PIL import Image
+from transformers import Qwen3VLModel
 
 from gguf_trainer.errors import UserError
 from gguf_trainer.mageflow_images import engine_refuses, patchify, vision_tokens
@@ -108,13 +111,8 @@ def test_the_edit_template_and_its_runs_are_the_engines(encode):
     assert empty == template_ids(encode, [Piece(SYSTEM + USER + "<image1><|vision_start|>" + PAD * 2
                                                 + "<|vision_end|>"), Piece(" ", prompt=True),
                                           Piece(TAIL)])
-    # the teacher's splice check counts each header with the tokenizer (" <image2>" differs)
-    template = PACK.teacher_template()
-    tok = load_tokenizer(qwen_tokenizer_dir())
-    heads = [qwen3vl.count_tokens(tok, template.header(i)) for i in range(2)]
-    prefix = qwen3vl.check_templates(tok, template)["edit prefix"]
-    assert qwen3vl.splice_starts([6, 4], template, prefix, heads) == starts
-    assert template.full_vision and template.pre_norm and template.image_header_tokens is None
+    layout = PACK.tap_layout(36)  # the teacher: the tap teacher at the last layer, with pictures
+    assert layout.taps == (36,) and layout.start == 14 and layout.vision_inputs is not None
 
 
 def test_the_export_keeps_the_vision_extension_text_only_packs_do_not():
@@ -128,19 +126,20 @@ def test_the_export_keeps_the_vision_extension_text_only_packs_do_not():
 @pytest.fixture(scope="module")
 def teacher(tmp_path_factory):
     root = copy_tiny_qwen3vl(tmp_path_factory.mktemp("qi21") / "Qwen3-VL-tiny")
-    t = qwen3vl.load_qwen3vl_teacher(root, "cpu", "cpu", student_pieces=PACK.student_pieces,
-                                     template=PACK.teacher_template(),
-                                     vision_inputs=PACK.vision_inputs)
-    yield t
+    t = PACK.load_teacher({"teacher": root}, SimpleNamespace(mode="cpu", cpu_gib=0.0), "cpu")
+    assert t.layout.taps == (2,) and t.visual is not None  # the tiny one's last layer, its tower
+    hf = Qwen3VLModel.from_pretrained(str(root), dtype=torch.float32).eval()
+    yield t, hf
     t.close()
 
 
 def test_mrope_positions_are_transformers_get_rope_index(teacher):
+    _, hf_model = teacher
     ids = [7] * 5 + [qwen3vl.IMAGE_PAD_ID] * 6 + [7] * 3 + [qwen3vl.IMAGE_PAD_ID] * 4 + [7] * 2
     grids = [(2, 3), (4, 1)]  # merged (gh, gw)
     ours = torch.tensor(qwen3vl.mrope_positions(len(ids), [(5, 2, 3), (14, 4, 1)]))
     x = torch.tensor([ids])
-    hf, _ = teacher.model.get_rope_index(
+    hf, _ = hf_model.get_rope_index(
         x, (x == qwen3vl.IMAGE_PAD_ID).int(),
         image_grid_thw=torch.tensor([[1, 2 * gh, 2 * gw] for gh, gw in grids]))
     assert torch.equal(ours, hf[:, 0])
@@ -159,6 +158,7 @@ def _picture(tmp_path, name, h, w, seed):
 
 
 def test_the_teacher_is_transformers_full_qwen3vl_before_the_norm(teacher, tmp_path, encode):
+    teacher, hf = teacher
     """Targets = transformers' own Qwen3VLModel forward (its vision tower, deepstack injection and
     get_rope_index) on the engine's pixels, the final norm's input; the stored vision rows are
     the main merger's alone (what the engine splices for the student)."""
@@ -178,10 +178,11 @@ def test_the_teacher_is_transformers_full_qwen3vl_before_the_norm(teacher, tmp_p
     pixel_values = torch.from_numpy(np.concatenate([r for r, _ in prepared]))
     grid = torch.tensor([g for _, g in prepared])
     caught = {}
-    hook = teacher.text.norm.register_forward_pre_hook(lambda _m, a: caught.__setitem__("x", a[0]))
+    hook = hf.language_model.norm.register_forward_pre_hook(
+        lambda _m, a: caught.__setitem__("x", a[0]))
     x = torch.tensor([ids])
     with torch.no_grad():
-        out = teacher.model(input_ids=x, attention_mask=torch.ones_like(x),
+        out = hf(input_ids=x, attention_mask=torch.ones_like(x),
                             pixel_values=pixel_values, image_grid_thw=grid,
                             mm_token_type_ids=(x == qwen3vl.IMAGE_PAD_ID).int())
     hook.remove()
