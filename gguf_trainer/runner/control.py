@@ -44,7 +44,7 @@ from gguf_trainer.runner.views import (
     StepsResult,
     UpdateResult,
 )
-from gguf_trainer.stage_list import EVALUATING, EXPORTING, SHARD_STAGES, TRAINING, stages_from
+from gguf_trainer.stage_list import EVALUATING, EXPORTING, TRAINING, stages_from
 
 PathLike = str | os.PathLike
 LOGS = ("pipeline", "snapshot", "download")
@@ -399,59 +399,11 @@ def preflight(root: PathLike, only: list[str] | None = None) -> list[str]:
     if holder is not None:
         raise locks.LockHeld(holder)
     project.check_name_clash(proj)
-    linked = _check_materials(proj, only)
+    from gguf_trainer.runner import downloads
+
+    linked = downloads.check_materials(proj, only)
     clear_stale_requests(paths.root)
     return linked
-
-
-def _check_materials(proj, only: list[str] | None) -> list[str]:
-    """Precompute still to do: the student and the teacher must be there now, so `start`
-    says what is missing (the path tried, the command that fixes it) instead of launching a
-    pipeline that fails a few seconds later. A copied or moved project whose materials are
-    not at their recorded paths first looks for them by identity where discovery looks
-    (GGUF_TRAINER_MATERIALS, other projects, the Hugging Face cache) and links each copy it
-    finds; what is still missing is named with the `link` command. Torch-free."""
-    from gguf_trainer import project
-
-    if only and not any(s in SHARD_STAGES for s in only):
-        return []
-    done = all(
-        (proj.paths.shard_dir(split) / "manifest.json").is_file() for split in ("val", "train")
-    )
-    if done:  # a resume or a re-export: the pipeline decides what it needs
-        return []
-    try:
-        _need_materials(proj)
-        return []
-    except UserError as e:
-        from gguf_trainer.runner import downloads
-
-        unverified: dict[str, list[str]] = {}  # copied by hand: the user links it, not we
-        linked = downloads.link_found(proj.paths.root, unverified_over=unverified)
-        if not linked:
-            raise _with_found(e, unverified) from None
-    try:
-        _need_materials(project.load_project(proj.paths.root))  # the rest, named with `link`
-    except UserError as e:
-        raise _with_found(e, unverified) from None
-    return [it["message"] for it in linked]
-
-
-def _with_found(error: UserError, unverified: dict[str, list[str]]) -> UserError:
-    """The missing-material sentence, with the first complete copy found on disk that has no
-    download record (it was not linked; the sentence says how to accept it)."""
-    lines = [f"{mid}: {line}" for mid, found in unverified.items() for line in found]
-    if not lines:
-        return error
-    return UserError(f"{str(error).rstrip('.')}; found for {lines[0]}.")
-
-
-def _need_materials(proj) -> None:
-    from gguf_trainer import materials
-
-    materials.student_paths(proj)
-    if not (proj.settings.precompute.mock_teacher or env_wants_mock()):
-        materials.teacher_paths(proj)
 
 
 def clear_stale_requests(root: PathLike) -> list[str]:

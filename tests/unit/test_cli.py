@@ -16,7 +16,7 @@ import pytest
 from gguf_trainer import atomic, cli, locks
 from gguf_trainer.errors import UserError
 from gguf_trainer.paths import ProjectPaths
-from gguf_trainer.runner import control, lock, state, supervisor
+from gguf_trainer.runner import control, downloads, lock, state, supervisor
 
 STATUS_KEYS = {"status", "message", "pid", "stage", "stages", "step", "steps", "val_cos",
                "best_val_cos", "error", "mock", "heartbeat", "heartbeat_age_s",
@@ -128,7 +128,7 @@ def test_error_mapping(capsys, project, monkeypatch):
 
     monkeypatch.setattr(supervisor, "stop", raiser(supervisor.StopTimeout("still finishing")))
     assert run_cli(capsys, "stop", "--project", str(project))[0] == 3
-    monkeypatch.setattr(control, "_check_materials", lambda *a: None)  # a bare project
+    monkeypatch.setattr(downloads, "check_materials", lambda *a: None)  # a bare project
     monkeypatch.setattr(supervisor, "start", raiser(locks.LockHeld(4242)))
     code, _, err = run_cli(capsys, "start", "--project", str(project))
     assert code == 1 and "already running (pid 4242)" in err and "Traceback" not in err
