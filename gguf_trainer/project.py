@@ -29,7 +29,7 @@ from pydantic import ValidationError
 
 from . import atomic, locks, places, project_file
 from .errors import QUOTE_MAX_CHARS, NoProjectError, UserError, quote
-from .paths import ProjectPaths
+from .paths import PROJECT_JSON, ProjectPaths
 from .project_schema import (
     ProjectSettings,
     default_name,
@@ -323,7 +323,7 @@ def check_name_clash(project: Project) -> None:
     except OSError:
         siblings = []
     for other in siblings:
-        pj = other / "project.json"
+        pj = other / PROJECT_JSON
         try:
             if not pj.is_file():
                 continue

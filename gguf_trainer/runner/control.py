@@ -31,7 +31,7 @@ from typing import Any
 
 from gguf_trainer import atomic, locks, places, project_file
 from gguf_trainer.errors import NoProjectError, UserError, quote
-from gguf_trainer.paths import ProjectPaths
+from gguf_trainer.paths import PROJECT_JSON, ProjectPaths
 from gguf_trainer.runner import capacity, lock, supervisor
 from gguf_trainer.runner import status as status_mod
 from gguf_trainer.runner.stages import env_wants_mock
@@ -70,7 +70,7 @@ def new_project(root: PathLike, pack_id: str, name: str | None = None,
     from gguf_trainer import project
 
     path = _root(root)
-    if not (path / "project.json").exists():
+    if not (path / PROJECT_JSON).exists():
         _refuse_foreign_folder(path, "a project", f"gguf-trainer new --pack {pack_id} "
                                f"{path / 'gguf_project'}")
     project.create_project(path, pack_id, name, overrides)
@@ -84,7 +84,7 @@ def check_demo_folder(root: PathLike) -> None:
     (the demo reuses it), and one holding only the `materials` folder a demo set-up that was
     cut short before writing project.json leaves behind."""
     path = _root(root)
-    if (path / "project.json").exists():
+    if (path / PROJECT_JSON).exists():
         return
     _refuse_foreign_folder(path, "the demo", f"--dir {path / 'gguf_demo'}", {"materials"})
 

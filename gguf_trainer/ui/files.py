@@ -21,6 +21,7 @@ from pathlib import Path
 
 from gguf_trainer import atomic
 from gguf_trainer.errors import UserError
+from gguf_trainer.paths import PROJECT_JSON
 from gguf_trainer.runner import supervisor
 
 SETTINGS_KEY = "browse_roots"
@@ -181,7 +182,7 @@ def list_dir(path: str, roots: list[str],
                 str(full),
                 is_dir,
                 None if is_dir else st.st_size,
-                is_dir and (real / "project.json").exists(),
+                is_dir and (real / PROJECT_JSON).exists(),
             )
         )
         if len(entries) >= MAX_ENTRIES:
