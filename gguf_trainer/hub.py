@@ -412,6 +412,9 @@ def fetch_file(
     f = check_remote_file(listing.repo, f)  # a listing built by hand or read back from disk
     rel = f.path
     final = Path(dest) / rel
+    part = partial_path(dest, f)
+    _check_inside(Path(dest), final, listing.repo, rel)
+    _check_inside(Path(dest), part, listing.repo, rel)
     # Same size is not the same file; a hash recorded with this size and mtime stands for it.
     if (
         final.is_file()
@@ -421,7 +424,6 @@ def fetch_file(
         if on_progress:
             on_progress(f.path, f.size, f.size)
         return final
-    part = partial_path(dest, f)
     part.parent.mkdir(parents=True, exist_ok=True)
     for wait_s in (*RETRY_WAITS_S, None):
         before = part.stat().st_size if part.exists() else 0
@@ -449,6 +451,20 @@ def fetch_file(
     record_hash(Path(dest), rel, *listed_hash(f), source=part)
     os.replace(part, final)
     return final
+
+
+def _check_inside(dest: Path, path: Path, repo: str, rel: str) -> None:
+    """`path` (a file of the download or its partial) must stay under the destination's real
+    path once the links on the way are resolved: a folder inside the destination linked
+    elsewhere (planted, or left by another tool) must not receive the download. The
+    destination itself may be a link (a materials folder on a bigger disk)."""
+    base = os.path.realpath(dest)
+    real = os.path.realpath(path)
+    if real != base and not real.startswith(base.rstrip(os.sep) + os.sep):
+        raise UserError(
+            f"{repo}/{rel} would be written to {real}, outside its download folder {dest} "
+            "(a folder there is a link leading out); remove that link, then retry."
+        )
 
 
 def _transfer(listing: Listing, f: RemoteFile, part: Path, on_progress: Progress | None) -> None:

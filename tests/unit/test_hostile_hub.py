@@ -123,3 +123,27 @@ def test_a_hand_built_or_tampered_listing_entry_is_checked_at_fetch(tmp_path, ba
     with pytest.raises(UserError, match="not a valid listing entry"):
         hub.fetch_file(listing, f, tmp_path / "a" / "dest")
     assert not list(tmp_path.rglob("*.part")) and not (tmp_path / "a").exists()
+
+
+def test_a_folder_in_the_destination_linked_outside_never_receives_the_download(
+    hub_server, tmp_path
+):
+    """A link planted inside the download folder (`text_encoder -> ~/somewhere`) would take
+    the listed file, and its partial, out of the destination: refused before a byte moves."""
+    outside = tmp_path / "home" / "docs"
+    outside.mkdir(parents=True)
+    dest = tmp_path / "materials" / "teacher"
+    dest.mkdir(parents=True)
+    (dest / "text_encoder").symlink_to(outside, target_is_directory=True)
+    hub_server.add_repo("org/m", {"text_encoder/config.json": b"{}", "config.json": b"{}"})
+    listing = hub.list_remote("org/m", "model", ("*config.json",))
+    with pytest.raises(UserError, match="outside its download folder .*remove that link"):
+        hub.fetch_listing(listing, dest)
+    assert not list(outside.iterdir())
+    assert not hub_server.get_requests("/text_encoder/config.json")
+    linked = tmp_path / "big-disk" / "teacher"  # the destination itself may be a link
+    linked.mkdir(parents=True)
+    (tmp_path / "materials" / "t2").symlink_to(linked, target_is_directory=True)
+    hub.fetch_listing(hub.list_remote("org/m", "model", ("config.json",)),
+                      tmp_path / "materials" / "t2")
+    assert (linked / "config.json").read_bytes() == b"{}"
