@@ -14,6 +14,7 @@ validation score and optional eval of each snapshot. Imports no torch at module 
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import time
 from pathlib import Path
@@ -127,19 +128,27 @@ def record_export(project, path: Path, kind: str, pending: bool = False) -> None
         man = {}
     files = man.get("files") if isinstance(man, dict) and isinstance(man.get("files"), dict) else {}
     path = Path(path).resolve()
-    # the writer's real path: a copied project's records then name another writer
-    # (project.written_by_another), so the copy neither deletes nor overwrites the file
-    entry = {"kind": kind, "time": time.time(), "project": str(project.dir.resolve())}
+    entry = {"kind": kind, "time": time.time()}
     if not pending:
         entry.update(file_record(path))
     # Beside the project: relative to its parent, so a moved or copied project names the
     # file beside itself, never the one at its old place (places.py).
     key = places.record_key(path, project.dir.resolve())
+    _note_writer(entry, key, project)
     files.pop(str(path), None)  # an older version's absolute key for the same file
     files[key] = entry
     atomic.write_json(
         project.paths.exports_json, {**(man if isinstance(man, dict) else {}), "files": files}
     )
+
+
+def _note_writer(entry: dict, key: str, project) -> None:
+    """An export recorded by an absolute path (outside the project's parent: an absolute
+    export.output_dir, export.copy_to) is the very file a `cp -a` copy's records name too:
+    the writer's real path goes with it (project.written_by_another), so the copy neither
+    deletes nor overwrites it. Relative records name the file beside each copy: no writer."""
+    if os.path.isabs(key):
+        entry["project"] = str(project.dir.resolve())
 
 
 def exported_files(project) -> list[Path]:
@@ -178,8 +187,8 @@ def run_export(project, report) -> None:
 def record_snapshot(project, entry: dict) -> None:
     """Add or replace (same path) an entry of snapshots.json, sorted by step."""
     man = atomic.read_json(project.paths.snapshots_json, {"snapshots": []}) or {"snapshots": []}
-    entry = {**entry, "path": places.record_key(entry["path"], project.dir.resolve()),
-             "project": str(project.dir.resolve())}  # its writer, as record_export's
+    entry = {**entry, "path": places.record_key(entry["path"], project.dir.resolve())}
+    _note_writer(entry, entry["path"], project)
     items = [e for e in man["snapshots"] if e.get("path") != entry["path"]] + [entry]
     man["snapshots"] = sorted(items, key=lambda e: (e["step"], e["time"]))
     atomic.write_json(project.paths.snapshots_json, man)

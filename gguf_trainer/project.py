@@ -366,8 +366,9 @@ def written_by_another(path: Path, root: Path, record: dict | None) -> Path | No
     `root` and it still records the file: a copied project (`cp -a`) carries the original's
     records, and with an output folder outside both (an absolute export.output_dir,
     export.copy_to) they name the original's very file, which the copy must neither delete
-    nor overwrite. Each record keeps its writer's real path (outputs.record_export); a moved
-    project's writer is gone (or no longer records the file), so a move is not a copy."""
+    nor overwrite. Such a record (an absolute one) keeps its writer's real path
+    (outputs.record_export); a moved project's writer is gone (or no longer records the file),
+    so a move is not a copy."""
     writer = record.get("project") if isinstance(record, dict) else None
     if not isinstance(writer, str) or not writer or not os.path.isabs(writer):
         return None  # an older record: reset's sibling search is all there is
