@@ -62,6 +62,10 @@ def default_ref_size(h: int, w: int) -> tuple[int, int]:
 # The engine resizes these straight to the size (no cover-and-crop that could throw): the
 # corpus refuses no shape for it (mageflow_images.engine_refuses reads this flag).
 default_ref_size.direct_resize = True  # type: ignore[attr-defined]
+# ... and it is the PIPELINE that sizes them, before the conditioner, which takes the sized
+# pictures as they are (the engine tier hands its driver sized pictures; Fibo 2.0's
+# conditioner sizes its own, from the picture as loaded).
+default_ref_size.sized_by_pipeline = True  # type: ignore[attr-defined]
 
 
 def align_render(w: int, h: int) -> tuple[int, int]:

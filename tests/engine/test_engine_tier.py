@@ -223,7 +223,7 @@ def test_image_sizes_runs_and_refusals(driver, encode, pack_id):
         shapes = [(h, w)] + ([SIZES[(k + 1) % len(SIZES)]] if k % 4 == 0 else [])
         # Qwen Image 2.1's pipeline resizes before the conditioner (test_qwen_image_2_1_refs.py
         # runs that rule): the conditioner gets the sized pictures
-        given = [size(*s) for s in shapes] if getattr(size, "direct_resize", False) else shapes
+        given = [size(*s) for s in shapes] if getattr(size, "sized_by_pipeline", False) else shapes
         got = driver.ask("tmpl", pack_id, hexs(text), len(shapes), *[x for s in given for x in s])
         if got.startswith("throw"):
             refused += 1
