@@ -24,7 +24,8 @@ from ..template_ids import Piece, student_ids
 from ..template_padding import Padding
 
 # token_aligned: text-only families (no vision tensors); token_aligned_vision splices images;
-# layerwise: a stack of teacher taps per token (the pack's `taps`).
+# layerwise: a stack of teacher taps per token (the pack's `taps`; with vis_dim > 0 also
+# vision_proj + vis_in: Fibo 2.0 edits).
 ADAPTER_KINDS = (
     "resampler", "seeded_resampler", "token_aligned", "token_aligned_vision", "layerwise"
 )
