@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from decimal import Decimal
 
 from ..fibo2_images import fibo2_target_size, preprocess_fibo2
@@ -275,8 +276,7 @@ class Fibo2Pack(LayerwisePack):
         return (Piece(expand_markers(prompt, image_tokens)),)
 
     def tap_layout(self):
-        from dataclasses import replace
-
+        """The text taps, and the pictures as fibo2.hpp prepares them for the tower."""
         return replace(super().tap_layout(), image_preprocess=preprocess_fibo2)
 
     def teacher_gib(self, materials, device) -> float:
