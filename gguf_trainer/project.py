@@ -338,12 +338,12 @@ def check_name_clash(project: Project) -> None:
     final = project.final_gguf
     if final.exists() or final.is_symlink():
         recorded = _recorded_exports(project.dir)
-        record = recorded.get(str(final.resolve()), recorded.get(str(final)))
-        if record is None:
+        key = next((k for k in (str(final.resolve()), str(final)) if k in recorded), None)
+        if key is None:
             raise UserError(f"{final} already exists and this project did not write it (another "
                             "project with the same name?); give this project another \"name\" or "
                             "export.output_dir, or move that file away.")
-        writer = written_by_another(final, project.dir, record)
+        writer = written_by_another(final, project.dir, recorded[key])
         if writer is not None:
             raise UserError(f"{final} was written by the project {writer}, which still records it "
                             "(this one is a copy of it?); give this project another \"name\" or "
