@@ -22,6 +22,7 @@ from pathlib import Path
 from . import __version__, atomic, places
 from .errors import UserError
 from .paths import BEST
+from .project import refuse_anothers_file
 from .stage_list import Stage
 
 log = logging.getLogger(__name__)
@@ -92,6 +93,7 @@ def export_checkpoint(project, which: str, dest, is_snapshot: bool, ck: dict | N
         )
     # Recorded before the file lands, so a kill between the two never leaves a GGUF of this
     # project that it does not know it wrote (a restart would take it for another project's).
+    refuse_anothers_file(project, dest)  # a copy's snapshot at the original's step, say
     record_export(project, dest, kind=kind, pending=True)
     info = write_adapter_gguf(dest, state, cfg, metadata=meta, name=project.settings.name, **fold)
     record_export(project, dest, kind=kind)
@@ -176,6 +178,7 @@ def run_export(project, report) -> None:
     if copy_to:
         dest = Path(copy_to).expanduser() / project.final_gguf.name
         dest.parent.mkdir(parents=True, exist_ok=True)
+        refuse_anothers_file(project, dest)
         record_export(project, dest, kind="copy", pending=True)
         with atomic.atomic_path(dest) as tmp:
             shutil.copyfile(project.final_gguf, tmp)

@@ -338,16 +338,24 @@ def check_name_clash(project: Project) -> None:
     final = project.final_gguf
     if final.exists() or final.is_symlink():
         recorded = _recorded_exports(project.dir)
-        key = next((k for k in (str(final.resolve()), str(final)) if k in recorded), None)
-        if key is None:
+        if not any(k in recorded for k in (str(final.resolve()), str(final))):
             raise UserError(f"{final} already exists and this project did not write it (another "
                             "project with the same name?); give this project another \"name\" or "
                             "export.output_dir, or move that file away.")
-        writer = written_by_another(final, project.dir, recorded[key])
-        if writer is not None:
-            raise UserError(f"{final} was written by the project {writer}, which still records it "
-                            "(this one is a copy of it?); give this project another \"name\" or "
-                            "export.output_dir so the original's GGUF is not overwritten.")
+        refuse_anothers_file(project, final)
+
+
+def refuse_anothers_file(project: Project, path: Path) -> None:
+    """UserError when the export about to be written at `path` (the final GGUF, a snapshot,
+    export.copy_to's copy) is a file another project wrote and still records: this project
+    is a copy of it (written_by_another), and writing would overwrite the original's GGUF."""
+    recorded = _recorded_exports(project.dir)
+    key = next((k for k in (str(Path(path).resolve()), str(path)) if k in recorded), None)
+    writer = written_by_another(Path(path), project.dir, recorded[key]) if key else None
+    if writer is not None:
+        raise UserError(f"{path} was written by the project {writer}, which still records it "
+                        "(this one is a copy of it?); give this project another \"name\" or "
+                        "export.output_dir so the original's GGUF is not overwritten.")
 
 
 def _recorded_exports(root: Path) -> dict:

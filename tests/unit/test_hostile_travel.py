@@ -582,3 +582,27 @@ def test_a_copy_with_an_outside_output_folder_never_deletes_or_overwrites_the_or
     a.rename(moved)  # a move is not a copy: the writer's old place holds no project
     check_name_clash(load_project(moved))
     assert str(gguf) in control.reset(moved, "output").deleted and not gguf.exists()
+
+
+def test_a_copys_snapshot_never_overwrites_the_originals_in_an_outside_output_folder(
+    inside, tmp_path
+):
+    """The snapshot GGUF is `<name>-step<N>-f16.gguf` in the output folder: with that folder
+    outside both projects, a `cp -a` copy's snapshot at the original's step would overwrite
+    the original's file. Refused with the sentence; the original's own snapshot still works."""
+    from gguf_trainer.runner import snapshot
+
+    src = tmp_path / "a"
+    shutil.copytree(inside, src, symlinks=True)
+    out = tmp_path / "models"
+    update_settings(src / "proj", {"export.output_dir": str(out)})
+    first = snapshot.run_snapshot(src / "proj", "last", fresh=False)
+    gguf = out / first["path"].rsplit("/", 1)[-1]
+    kept = gguf.read_bytes()
+    copy = tmp_path / "b" / "proj"
+    copy.parent.mkdir()
+    subprocess.run(["cp", "-a", str(src / "proj"), str(copy)], check=True)
+    with pytest.raises(UserError, match="written by the project .* is not overwritten"):
+        snapshot.run_snapshot(copy, "last", fresh=False)
+    assert gguf.read_bytes() == kept
+    assert snapshot.run_snapshot(src / "proj", "last", fresh=False)["path"] == first["path"]
