@@ -333,6 +333,8 @@ def run_check(
         "student_tokens": len(ids),
         "images": len(images or ()),
         "tokens_checked": engine_ids is not None,
+        # PixArt: whether t5_ids.txt was compared with this prompt's ids (needs --t5-model)
+        "t5_ids_checked": (t5_model is not None) if pack_id == "t5xxl_pixart" else None,
         **figures,
         "per_tap": per_tap,
         "verdict": _verdict(pack_id, figures, ref_name(dump)),
@@ -363,6 +365,12 @@ def _verdict(pack_id: str, figures: dict, ref: str) -> str:
 
 def format_check(res: dict) -> str:
     student = []
+    if res.get("t5_ids_checked") is False:
+        student.append(
+            f"t5 ids:   {T5_IDS_TXT} not compared with this prompt's (pass --t5-model with the "
+            "T5 teacher's spiece.model): a dump of another prompt of the same length is not "
+            "refused, only its figure drops"
+        )
     if res.get("student_cos") is not None:
         student.append(
             f"student:  cosine {res['student_cos']:.6f} to the engine's {QWEN_HIDDEN} "

@@ -11,7 +11,14 @@ import torch
 from engine_reference import engine_forward
 
 from gguf_trainer.adapters import AdapterConfig, build_adapter
-from gguf_trainer.check import check_main, compare, read_dump, run_check, verdict_line
+from gguf_trainer.check import (
+    check_main,
+    compare,
+    format_check,
+    read_dump,
+    run_check,
+    verdict_line,
+)
 from gguf_trainer.errors import UserError
 from gguf_trainer.export import write_adapter_gguf
 from gguf_trainer.packs import get_pack
@@ -159,6 +166,11 @@ def test_pixart_figure_is_a_port_check_and_refuses_other_dumps(tmp_path, student
     res = run_check(adapter, s, dump, PROMPT, tok, t5_model=spiece)
     assert res["cos"] >= 0.9999 and res["verdict"].startswith("port check")
     assert "not that the adapter is good" in res["verdict"]
+    assert res["t5_ids_checked"] is True and "--t5-model" not in format_check(res)
+    unchecked = run_check(adapter, s, dump, PROMPT, tok)  # without --t5-model: said, not silent
+    assert unchecked["t5_ids_checked"] is False
+    assert "t5 ids:   t5_ids.txt not compared with this prompt's (pass --t5-model" in \
+        format_check(unchecked)
     # another prompt of the same student length: only the T5 ids tell
     with pytest.raises(UserError, match="not this prompt's T5 ids"):
         run_check(adapter, s, dump, "a sheep in raincoats", tok, t5_model=spiece)
