@@ -117,9 +117,10 @@ def start_job(folder: str | os.PathLike, name: str, target: str, kwargs: dict | 
 
 
 def read_state(folder: str | os.PathLike, name: str) -> dict | None:
-    """The recorded state, or None when absent or not a JSON object (any garbage)."""
+    """The recorded state, or None when absent or not a JSON object (any garbage), or when
+    the file leads outside the folder (a planted link: its content would be shown)."""
     try:
-        data = atomic.read_json(state_path(Path(folder), name))
+        data = atomic.read_json(state_path(Path(folder), name), inside=Path(folder))
     except (ValueError, OSError):
         return None
     return data if isinstance(data, dict) else None

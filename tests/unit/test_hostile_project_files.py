@@ -18,7 +18,7 @@ import pytest
 from gguf_trainer import project_file
 from gguf_trainer.paths import ProjectPaths
 from gguf_trainer.project import load_project
-from gguf_trainer.runner import control, downloads, processes, state
+from gguf_trainer.runner import control, downloads, jobs, processes, state
 from gguf_trainer.ui import live
 
 PACK = "t5xxl_pixart"
@@ -164,3 +164,13 @@ def test_logs_and_metrics_are_never_appended_through_a_link(proj, tmp_path):
     with state._open_metrics_for_append(paths.metrics_jsonl) as f:
         f.write('{"step": 2}\n')
     assert (proj / "metrics.jsonl").read_text() == '{"step": 1}\n{"step": 2}\n'
+
+
+def test_a_job_state_linked_to_a_secret_is_never_shown(proj, secret):
+    """snapshot-job.json / verify-job.json / render-job.json are shown by the Output tab and
+    returned by the API (error, result, progress): a link out reads as no job."""
+    for job in ("snapshot", "verify", "render"):
+        (proj / f"{job}-job.json").symlink_to(secret)
+    shown = [control.snapshot_job(proj), control.verify_job(proj), jobs.job_status(proj, "render")]
+    assert all(j["status"] == "idle" for j in shown)
+    assert SECRET not in json.dumps(shown)
