@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> dict:
                 continue
             if mode == "offload":
                 model.to("cpu")
-                place(model, device, "offload")
+                place(model.language_model, model.visual, device, "offload")
             if cuda:
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats()

@@ -242,8 +242,9 @@ ACTIVATION_HEADROOM = 0.25  # GPU memory beside a resident teacher, as a share o
 MIN_HEADROOM_GIB = 1.0  # ...and at least this much (activations of one budget batch)
 CLOSE_MARGIN = 0.10  # a fit within 10 % of the limit is warned about
 # How a pack's offload mode holds the weights: "stream" keeps them all in RAM and streams one
-# block at a time through the card (T5, Qwen3-VL: accelerate hooks); "split" places them once
-# with a device map, the card filled up to its budget and the rest in RAM (LLaDA).
+# block at a time through the card (T5, Qwen3-VL, the Qwen tap teacher: teachers/offload.py);
+# "split" places them once with a device map, the card filled up to its budget and the rest in
+# RAM (LLaDA).
 OFFLOAD_KINDS = ("stream", "split")
 
 

@@ -80,12 +80,13 @@ class LayerwisePack(TrainerPack):
                          start_prefix=self.prefix if self.start else "", padding=self.padding)
 
     def load_teacher(self, materials, plan, device):
-        """The tap teacher over the snapshot's text stack (fp32 on a CPU, bf16 on a card)."""
+        """The tap teacher over the snapshot's text stack, placed as the planner says (gpu,
+        offload: streamed through the card from RAM, cpu in fp32)."""
         from ..teachers.qwen_taps import load_tap_teacher
 
-        return load_tap_teacher(materials["teacher"], device if plan.mode != "cpu" else "cpu",
-                                student_pieces=self.student_pieces, layout=self.tap_layout(),
-                                family=self.family)
+        return load_tap_teacher(materials["teacher"], device, student_pieces=self.student_pieces,
+                                layout=self.tap_layout(), family=self.family, mode=plan.mode,
+                                ram_limit_gib=plan.cpu_gib)
 
     def check_teacher(self, materials) -> str:
         """config.json only: a Qwen3 / Qwen3-VL deep enough for every tap, and its width."""

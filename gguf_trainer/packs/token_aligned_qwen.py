@@ -65,15 +65,18 @@ class QwenTokenAlignedPack(LayerwisePack):
         return self.tap_layout(layers)
 
     def load_teacher(self, materials, plan, device):
-        """The tap teacher over the snapshot's text stack (fp32 on a CPU, bf16 on a card)."""
+        """The tap teacher over the snapshot's text stack, placed as the planner says (gpu,
+        offload: streamed through the card from RAM, cpu in fp32)."""
         from ..teachers.qwen_taps import load_tap_teacher
 
         return load_tap_teacher(
             materials["teacher"],
-            device if plan.mode != "cpu" else "cpu",
+            device,
             student_pieces=self.student_pieces,
             layout=self._layout_for(materials["teacher"]),
             family=self.family,
+            mode=plan.mode,
+            ram_limit_gib=plan.cpu_gib,
         )
 
     def check_teacher(self, materials) -> str:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 from ..errors import UserError
 from ..qwen_bpe import engine_bpe
 from ..template_ids import student_ids as engine_ids
+from .offload import stream_offload, teacher_device, weights_dtype
 from .snapshot_files import weight_files
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -41,7 +42,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
-TEACHER_MODES = ("gpu", "offload", "cpu")
 VISION_START_ID, VISION_END_ID, IMAGE_PAD_ID = 151652, 151653, 151655
 # Vision tokens per vision-tower batch (the tower's attention is per image: this only bounds
 # the activations held at once).
@@ -455,14 +455,6 @@ class Qwen3VLTeacher:
             torch.cuda.empty_cache()
 
 
-def compute_dtype(device, mode: str):
-    import torch
-
-    return (
-        torch.bfloat16 if mode != "cpu" and torch.device(device).type == "cuda" else torch.float32
-    )
-
-
 def load_qwen3vl_teacher(
     root: Path,
     device,
@@ -473,19 +465,12 @@ def load_qwen3vl_teacher(
 ) -> Qwen3VLTeacher:
     """Check the snapshot from its headers and the templates against its tokenizer (both fail
     in seconds, before any weight loads), then load `Qwen3VLModel` placed for `mode`."""
-    import torch
     from transformers import Qwen3VLModel
 
     from ..student import load_tokenizer
     from .t5 import _quiet_progress
 
-    if mode not in TEACHER_MODES:
-        raise ValueError(f"teacher mode {mode!r} is not one of {TEACHER_MODES}")
-    device = torch.device(device)
-    if mode != "cpu" and device.type != "cuda":
-        raise UserError(
-            f"teacher mode {mode} needs a CUDA device; set precompute.teacher_mode to cpu or auto."
-        )
+    device = teacher_device(mode, device)
     report = check_snapshot(root)
     need = report.gib(mode)
     if mode in ("offload", "cpu") and ram_limit_gib and need > ram_limit_gib:
@@ -505,10 +490,10 @@ def load_qwen3vl_teacher(
         counts["image 1 header"],
     )
     with _quiet_progress():
-        model = Qwen3VLModel.from_pretrained(str(root), dtype=compute_dtype(device, mode))
+        model = Qwen3VLModel.from_pretrained(str(root), dtype=weights_dtype(mode, device))
     model.eval().requires_grad_(False)
     _check_rotary(model.language_model)
-    place(model, device, mode)
+    place(model.language_model, model.visual, device, mode)
     return Qwen3VLTeacher(
         model,
         tokenizer,
@@ -521,19 +506,17 @@ def load_qwen3vl_teacher(
     )
 
 
-def place(model, device, mode: str) -> None:
-    """Put a loaded (CPU) Qwen3VLModel where `mode` says: gpu = all on `device`; offload = the
-    vision tower on `device`, the text stack's weights in RAM, each module copied to `device`
-    just for its forward (accelerate cpu_offload; the embedding table stays a plain RAM module,
-    rows are gathered on the CPU); cpu = left as is."""
+def place(text, tower, device, mode: str) -> None:
+    """Put a loaded (CPU) Qwen text stack and its vision tower (None: a text-only teacher)
+    where `mode` says: gpu = both on `device`; offload = the tower on `device` (small, and it
+    runs once per picture), the text stack streamed through the card (offload.stream_offload,
+    the embedding table kept a plain RAM module: callers gather its rows on the CPU and pass
+    `inputs_embeds`); cpu = left as is. One placement for both Qwen teachers (qwen_taps too)."""
+    if mode == "cpu":
+        return
+    if tower is not None:
+        tower.to(device)
     if mode == "gpu":
-        model.to(device)
-    elif mode == "offload":
-        from accelerate import cpu_offload
-
-        model.visual.to(device)
-        text = model.language_model
-        emb = text.embed_tokens
-        text.embed_tokens = None
-        cpu_offload(text, execution_device=device)
-        text.embed_tokens = emb
+        text.to(device)
+    else:
+        stream_offload(text, device, keep=("embed_tokens",))

@@ -24,8 +24,13 @@ is taken where the engine takes it: after the deepstack addition of its layer, i
 of the next layer (of the final norm for k = num_layers). `vision(paths)` returns the main
 merger rows alone: what the engine hands the student (vision_proj) and the adapter (vis_in).
 
+Placement: the planner's mode, as the Qwen3-VL and T5 teachers take it (offload.py, and
+qwen3vl.place): gpu resident in bf16, offload the text stack streamed through the card from
+RAM (the tower resident, the embedding table indexed in RAM), cpu in fp32.
+
     layout = TapLayout(taps=(9, 18, 27), start=0, padding=Padding(min_length=512))
-    teacher = load_tap_teacher(root, "cpu", student_pieces=pack.student_pieces, layout=layout)
+    teacher = load_tap_teacher(root, device, student_pieces=pack.student_pieces, layout=layout,
+                               mode=plan.mode, ram_limit_gib=plan.cpu_gib)
     out = teacher.targets(samples, student_ids)    # [TargetRows(rows [L, n * hidden])]
     rows = teacher.vision([path, ...])             # image layouts: [n_i, hidden] per picture
     out = teacher.targets(samples, student_ids, segments)   # images spliced, deepstack, M-RoPE
@@ -46,7 +51,8 @@ from ..qwen_bpe import engine_bpe
 from ..template_ids import Piece
 from ..template_ids import student_ids as engine_ids
 from ..template_padding import PAD_ID, Padding
-from .qwen3vl import IMAGE_PAD_ID, mrope_positions, run_tower
+from .offload import teacher_device, weights_dtype
+from .qwen3vl import IMAGE_PAD_ID, mrope_positions, place, run_tower
 from .snapshot_files import weight_files
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -114,11 +120,13 @@ class QwenTapTeacher:
     is_mock = False
 
     def __init__(self, text, tokenizer, device, student_pieces: Callable, layout: TapLayout,
-                 identity: dict, visual=None):
+                 identity: dict, visual=None, mode: str | None = None):
         import torch
 
         self.text, self.tokenizer, self.visual = text, tokenizer, visual
         self.device = torch.device(device)
+        # offload.TEACHER_MODES; None: resident where `device` is
+        self.mode = mode or ("gpu" if self.device.type == "cuda" else "cpu")
         self.dtype = next(text.parameters()).dtype
         self.student_pieces, self.layout = student_pieces, layout
         self.identity = identity
@@ -178,9 +186,12 @@ class QwenTapTeacher:
     def run(self, input_ids, keep, position_ids, **images) -> torch.Tensor:
         """(B, L) ids, key mask and positions -> (B, L, n * hidden) float32 on the CPU. With
         images (`_image_targets`): input_ids None and `inputs_embeds`, `visual_pos_masks`,
-        `deepstack_visual_embeds` passed on to the text stack."""
+        `deepstack_visual_embeds` passed on to the text stack. Ids are embedded here (`_embed`),
+        never by the stack: under offload its table is a RAM module outside the hooks."""
         import torch
 
+        if input_ids is not None:
+            images = {"inputs_embeds": self._embed(input_ids)}
         taps = self.layout.taps
         caught: dict[int, torch.Tensor] = {}
         hooks = []
@@ -198,7 +209,6 @@ class QwenTapTeacher:
         try:
             with torch.inference_mode():
                 out = self.text(
-                    input_ids=None if input_ids is None else input_ids.to(self.device),
                     attention_mask=keep.to(self.device),
                     position_ids=position_ids.to(self.device),
                     use_cache=False,
@@ -210,6 +220,12 @@ class QwenTapTeacher:
         if not taps:
             return out.last_hidden_state.float().cpu()
         return torch.cat([caught[k] for k in taps], dim=-1)  # ascending: the engine's stack order
+
+    def _embed(self, ids) -> torch.Tensor:
+        """Token ids -> their embedding rows on the compute device, gathered where the table
+        sits: offload keeps it in RAM (offload.stream_offload), so only the rows travel."""
+        table = self.text.embed_tokens.weight
+        return table[ids.to(table.device)].to(self.device, self.dtype)
 
     # -- reference images (layouts with image_preprocess) -----------------------------------
 
@@ -249,7 +265,6 @@ class QwenTapTeacher:
             ids.append(self._ids(sample, sid, counts))
             towers.append(tower)
         width = max(len(x) for x in ids)
-        table = self.text.embed_tokens.weight
         embeds = torch.zeros(len(ids), width, self.hidden, dtype=self.dtype, device=self.device)
         keep = torch.zeros(len(ids), width, dtype=torch.long)
         pos = torch.zeros(3, len(ids), width, dtype=torch.long)
@@ -257,7 +272,7 @@ class QwenTapTeacher:
         n_deep = max((len(t[1]) for tower in towers for t in tower), default=0)
         deep: list[list] = [[] for _ in range(n_deep)]
         for b, (row, segs, tower) in enumerate(zip(ids, vision, towers)):
-            e = table[torch.tensor(row, dtype=torch.long, device=table.device)].to(self.dtype)
+            e = self._embed(torch.tensor(row, dtype=torch.long))
             placed = []
             for seg, (main, ds, (gh, gw)) in zip(segs, tower):
                 n = main.shape[0]
@@ -297,9 +312,9 @@ class QwenTapTeacher:
             torch.cuda.empty_cache()
 
 
-def text_stack_params(root: Path) -> int:
-    """Parameters of the snapshot's text stack (no vision tower, no LM head), from the weight
-    headers alone; UserError naming a missing or broken shard."""
+def text_stack_params(root: Path, tower: bool = False) -> int:
+    """Parameters of the snapshot's text stack (no LM head; the vision tower only with `tower`),
+    from the weight headers alone; UserError naming a missing or broken shard."""
     from .t5 import _numel, read_safetensors_header
 
     root = Path(root)
@@ -311,7 +326,8 @@ def text_stack_params(root: Path) -> int:
                 f"{root / name} is missing (named by the weight index); run the download again."
             )
         for tensor, info in read_safetensors_header(root / name).items():
-            if not tensor.startswith(("lm_head.", "model.visual.", "visual.")):
+            skip = ("lm_head.",) if tower else ("lm_head.", "model.visual.", "visual.")
+            if not tensor.startswith(skip):
                 n += _numel(info["shape"])
     return n
 
@@ -330,10 +346,14 @@ def check_start(tokenizer, layout: TapLayout, family: str) -> None:
 
 
 def load_tap_teacher(
-    root: Path, device, student_pieces: Callable, layout: TapLayout, family: str = "the family"
+    root: Path, device, student_pieces: Callable, layout: TapLayout, family: str = "the family",
+    mode: str | None = None, ram_limit_gib: float = 0.0,
 ) -> QwenTapTeacher:
-    """Check the snapshot's config and the template start, then load the text stack (fp32 off
-    CUDA: bf16 CPU matmul is far slower; bf16 on a card)."""
+    """Check the snapshot's config, the template start and, where `mode` keeps the weights in
+    RAM (offload: bf16, cpu: fp32), that they fit `ram_limit_gib` (0 = no limit); then load the
+    text stack (and the tower for an image layout) placed as the planner's `mode` says
+    (offload.py: gpu resident, offload streamed through the card, cpu in fp32). `mode` None:
+    resident where `device` is."""
     import torch
     from transformers import AutoModel
 
@@ -343,14 +363,24 @@ def load_tap_teacher(
     root = Path(root)
     config = read_config(root)
     check_layout(config, layout, f"the {family} teacher")
+    mode = mode or ("gpu" if torch.device(device).type == "cuda" else "cpu")
+    device = teacher_device(mode, device)
+    if mode in ("offload", "cpu") and ram_limit_gib:
+        tower = layout.image_preprocess is not None
+        need = text_stack_params(root, tower) * (4 if mode == "cpu" else 2) / 1024**3
+        if need > ram_limit_gib:
+            raise UserError(
+                f"the {family} teacher needs {need:.1f} GiB of RAM in teacher mode {mode} but "
+                f"only {ram_limit_gib:.1f} GiB is available; use a CUDA card, raise "
+                "precompute.cpu_mem_gib, or close other programs."
+            )
     if not (root / "tokenizer.json").is_file():
         raise UserError(
             f"{root / 'tokenizer.json'} is missing; download the teacher snapshot again."
         )
     tokenizer = load_tokenizer(root)
     check_start(tokenizer, layout, family)
-    device = torch.device(device)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = weights_dtype(mode, device)
     with _quiet_progress():
         model = AutoModel.from_pretrained(str(root), dtype=dtype)
     text = getattr(model, "language_model", model)
@@ -360,9 +390,12 @@ def load_tap_teacher(
     if layout.image_preprocess is not None and visual is None:
         raise UserError(f"{root} is a text-only snapshot, but {family} edits show the reference "
                         "images to Qwen3-VL's vision tower; use the family's Qwen3-VL snapshot.")
-    text.eval().requires_grad_(False).to(device)
+    text.eval().requires_grad_(False)
     if visual is not None:
-        visual.eval().requires_grad_(False).to(device)
+        visual.eval().requires_grad_(False)
+    # the forward pre-hooks of `run` go on after this: they see each layer's input whether the
+    # stack is resident or streamed (accelerate wraps forward, torch calls hooks around it)
+    place(text, visual, device, mode)
     identity = {
         "teacher": config["model_type"],
         "taps": list(layout.taps),
@@ -375,12 +408,13 @@ def load_tap_teacher(
         **({"vision": "deepstack+mrope"} if visual is not None else {}),
     }
     log.info(
-        "teacher: %s, %d layers, hidden %d; taps %s on %s as %s",
+        "teacher: %s, %d layers, hidden %d; taps %s; mode %s on %s as %s",
         ARCHITECTURES[config["model_type"]],
         text.config.num_hidden_layers,
         text.config.hidden_size,
         list(layout.taps) or "final norm",
+        mode,
         device,
         dtype,
     )
-    return QwenTapTeacher(text, tokenizer, device, student_pieces, layout, identity, visual)
+    return QwenTapTeacher(text, tokenizer, device, student_pieces, layout, identity, visual, mode)

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import UserError
 from ..t5_unigram import T5Unigram
 from ..template_ids import Piece, template_ids
+from .offload import stream_offload, teacher_device, weights_dtype
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -59,7 +60,6 @@ SPIECE = "spiece.model"
 CONFIG = "config.json"
 SINGLE_WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
-TEACHER_MODES = ("gpu", "offload", "cpu")
 
 
 def check_window(window: int, lengths: Mapping[int, str] = CAPTION_LENGTHS) -> int:
@@ -360,14 +360,6 @@ def encoder_gib(n_params: int, mode: str) -> float:
 # ---------------------------------------------------------------- the encoder
 
 
-def encoder_dtype(device) -> torch.dtype:
-    """bf16 on CUDA (what the snapshot stores and T5 v1.1 was trained in; fp16 overflows), fp32
-    elsewhere."""
-    import torch
-
-    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
-
-
 @contextlib.contextmanager
 def _quiet_progress():
     from transformers.utils import logging as hf_logging
@@ -387,26 +379,18 @@ def load_encoder(root: Path, device, mode: str):
     offload  weights in RAM (bf16), each module's weights copied to `device` just for its
              forward by accelerate hooks: ~0.25 GiB of VRAM for the XXL encoder;
     cpu      everything on the CPU in fp32."""
-    import torch
     from transformers import T5EncoderModel, UMT5EncoderModel
 
-    if mode not in TEACHER_MODES:
-        raise ValueError(f"teacher mode {mode!r} is not one of {TEACHER_MODES}")
-    device = torch.device(device)
-    if mode != "cpu" and device.type != "cuda":
-        raise UserError(
-            f"teacher mode {mode} needs a CUDA device; set precompute.teacher_mode to cpu or auto."
-        )
-    dtype = encoder_dtype(device if mode != "cpu" else "cpu")
+    device = teacher_device(mode, device)
+    # bf16 on a card: what the snapshot stores and T5 v1.1 was trained in (fp16 overflows)
+    dtype = weights_dtype(mode, device)
     kwargs = {"device_map": {"": str(device)}} if mode == "gpu" else {}
     with _quiet_progress():  # a tqdm bar per load would garble the pipeline log and CLI bars
         cls = UMT5EncoderModel if read_config(root)["model_type"] == "umt5" else T5EncoderModel
         model = cls.from_pretrained(str(root), dtype=dtype, **kwargs)
     model.eval().requires_grad_(False)
     if mode == "offload":
-        from accelerate import cpu_offload
-
-        cpu_offload(model, execution_device=device)
+        stream_offload(model, device)
     return model
 
 

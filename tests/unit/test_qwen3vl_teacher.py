@@ -212,7 +212,7 @@ def test_offload_placement_streams_the_text_stack_and_keeps_the_rows(teacher, sn
     from transformers import Qwen3VLModel
 
     model = Qwen3VLModel.from_pretrained(str(snapshot), dtype=torch.float32).eval()
-    qwen3vl.place(model, torch.device("cpu"), "offload")
+    qwen3vl.place(model.language_model, model.visual, torch.device("cpu"), "offload")
     assert model.language_model.layers[0].mlp.up_proj.weight.device.type == "meta"
     assert model.language_model.embed_tokens.weight.device.type == "cpu"
     streamed = qwen3vl.Qwen3VLTeacher(
