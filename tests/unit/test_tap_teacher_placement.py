@@ -90,7 +90,8 @@ def _edit_batch(teacher, tmp_path):
 
 def test_offload_keeps_the_deepstack_path_and_the_tower(tmp_path, card_is_cpu):
     """Fibo 2.0 edits under offload: the tower resident, the deepstack rows added at the image
-    rows of the streamed stack and taken by the pre-hooks after the addition, as on the CPU."""
+    rows of the streamed stack and taken by the pre-hooks after the addition: the CPU teacher's
+    targets (whose path test_fibo2_edits checks against transformers' own Qwen3VLModel)."""
     root = write_tiny_tap_teacher(tmp_path / "vl", "qwen3_vl", 4)
     layout = TapLayout(taps=(1, 2, 3, 4), image_preprocess=preprocess_fibo2)
     cpu = load_tap_teacher(root, "cpu", _pieces, layout, mode="cpu")
@@ -105,11 +106,6 @@ def test_offload_keeps_the_deepstack_path_and_the_tower(tmp_path, card_is_cpu):
     got = off.targets(samples, ids, segs)
     for a, b in zip(got, want):
         torch.testing.assert_close(a.rows, b.rows, rtol=0, atol=1e-6)
-    # the deepstack addition happened (tap 1 differs from a run without it at the image rows)
-    plain = cpu.run(torch.tensor([ids[0]]), torch.ones(1, len(ids[0]), dtype=torch.long),
-                    torch.arange(len(ids[0]))[None])[0]
-    image = torch.tensor(ids[0]) == PAD
-    assert (got[0].rows[image, :16] - plain[image, :16]).abs().max() > 1e-2
 
 
 @pytest.mark.parametrize("pid, layers", [("qwen3vl_krea2", 35), ("qwen3vl_minimax_h3", 50),
