@@ -39,7 +39,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load, save_file
 
-from . import atomic
+from . import atomic, safe_delete
 from .errors import UserError
 
 log = logging.getLogger(__name__)
@@ -141,10 +141,12 @@ class ShardCorrupted(UserError):
         super().__init__(f"shard {path} is {reason}; delete it and start again to recompute "
                          "it (training resumes from last.pt).")
 
-    def discard(self) -> None:
-        """Delete the shard (derived data: the precompute stage recomputes a missing shard)."""
-        if not self.path.is_symlink() and self.path.is_file():
-            self.path.unlink()
+    def discard(self, inside: Path) -> None:
+        """Delete the shard (derived data: the precompute stage recomputes a missing shard),
+        by safe_delete's rule: only a regular file under `inside` (the project), never through
+        a link (a shards/<split> linked elsewhere is one sentence, nothing deleted)."""
+        if self.path.is_file() or self.path.is_symlink():
+            safe_delete.unlink_owned(self.path, inside, safe_delete.DAMAGED_SHARD)
 
 
 def load_verified(path: Path) -> dict[str, torch.Tensor]:

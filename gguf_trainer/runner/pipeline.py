@@ -57,7 +57,7 @@ def _default_run(paths: ProjectPaths, report: Report, only: list[str] | None, fo
             # Without the shard, running the stages again recomputes it (precompute) and
             # resumes training from last.pt.
             log.warning("shard %s is %s: recomputing it, then resuming", e.path.name, e.reason)
-            e.discard()
+            e.discard(paths.root)
             if only:
                 only = [s for s in STAGES if s in only or s in SHARD_STAGES]
     return run_stages(paths, report, only, force)  # corrupt again: a failing disk, say so

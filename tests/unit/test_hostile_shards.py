@@ -104,7 +104,7 @@ def test_a_changed_shard_is_refused_on_read(shard_file, edit):
         shards.Shard(shard_file)
     assert e.value.path == shard_file and shard_file.exists()  # the reader deletes nothing
     assert str(shard_file) in str(e.value) and "\n" not in str(e.value)
-    e.value.discard()
+    e.value.discard(shard_file.parent)
     assert not shard_file.exists()
 
 
@@ -124,7 +124,7 @@ def test_a_broken_or_missing_shard_is_refused_on_read(shard_file, how):
     assert str(shard_file) in str(e.value)
     assert (how == "replaced_by_folder") == (shard_file / "keep-me").is_dir()
     if isinstance(e.value, shards.ShardCorrupted):
-        e.value.discard()  # a folder is never deleted (it is not a ShardCorrupted anyway)
+        e.value.discard(shard_file.parent)  # a folder is never deleted (not a ShardCorrupted)
 
 
 def test_the_stream_refuses_a_shard_corrupted_after_it_started(shard_file):
@@ -205,3 +205,18 @@ def test_eval_on_a_changed_val_shard_recomputes_it(finished, tmp_path):
     assert pipeline.run_foreground(paths, only=["eval"], force=True) == 0
     assert shards.read_meta(victim)["checksum"] == original and shards.Shard(victim).n > 0
     assert "changed since it was written" in paths.pipeline_log.read_text()
+
+
+def test_a_corrupted_shard_in_a_folder_linked_outside_is_not_deleted(shard_file, tmp_path):
+    """The pipeline discards a shard found corrupted while training; in a shards/<split>
+    linked out of the project the file is not the project's to delete: one sentence."""
+    root = tmp_path / "proj"
+    (root / "shards").mkdir(parents=True)
+    (root / "shards" / "train").symlink_to(shard_file.parent, target_is_directory=True)
+    linked = root / "shards" / "train" / shard_file.name
+    _in_place(shard_file, IN_PLACE["garble_header"])
+    with pytest.raises(shards.ShardCorrupted) as e:
+        shards.Shard(linked)
+    with pytest.raises(UserError, match="is not inside .*damaged shard cannot be deleted"):
+        e.value.discard(root)
+    assert shard_file.exists()
