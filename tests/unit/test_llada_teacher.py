@@ -703,12 +703,13 @@ def test_header_check_passes_the_released_layout(snapshot):
     assert (snapshot / "text_encoder" / "model.safetensors.index.json").is_file()
 
 
-def test_old_key_names_are_refused_in_milliseconds_without_the_remote_code(
+def test_old_key_names_are_refused_from_headers_without_the_remote_code(
     llada_env, snapshot, monkeypatch
 ):
     import sys
-    import time
 
+    import safetensors
+    import safetensors.torch
     import transformers.dynamic_module_utils as dmu
 
     root, _ = _old_layout_copy(snapshot, llada_env / "old_layout")
@@ -718,15 +719,16 @@ def test_old_key_names_are_refused_in_milliseconds_without_the_remote_code(
         lambda *a, **k: pytest.fail("remote code imported by the header check"),
     )
     before = {m for m in sys.modules if "llada2uni" in m}
-    t0 = time.perf_counter()
-    with pytest.raises(UserError) as err:
-        PACK.check_teacher({"teacher": root})
-    took = time.perf_counter() - t0
-    print(f"old-layout snapshot refused in {1000 * took:.1f} ms: {err.value}")
+    # headers only: no tensor of any file is read (the check costs milliseconds, not a load)
+    with monkeypatch.context() as m:
+        for mod, name in ((safetensors, "safe_open"), (safetensors.torch, "load_file"),
+                          (safetensors.torch, "load"), (torch, "load")):
+            m.setattr(mod, name, lambda *a, _n=name, **k: pytest.fail(f"{_n} during the check"))
+        with pytest.raises(UserError) as err:
+            PACK.check_teacher({"teacher": root})
     msg = str(err.value)
     assert str(root / "text_projection" / "config.json") in msg and "\n" not in msg
     assert "older gguf-trainer layout" in msg and "num_hidden_layers, norm_eps" in msg
-    assert took < 0.5  # headers only: milliseconds even on a busy machine
     assert {m for m in sys.modules if "llada2uni" in m} == before
     # released keys over the old weight names: the weights sentence lists what is missing and extra
     (root / "text_projection" / "config.json").write_text(json.dumps(TEXT_PROJECTION))
