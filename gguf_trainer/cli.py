@@ -365,7 +365,7 @@ def _parse_seed(text) -> int:
 
 
 def cmd_inspect(args) -> int:
-    from gguf_trainer.adapter_file import inspect_main  # lazy: reads GGUF
+    from gguf_trainer.adapter_report import inspect_main  # lazy: reads GGUF
 
     return inspect_main(args.file, args.json)
 

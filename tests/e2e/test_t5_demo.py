@@ -155,7 +155,8 @@ def test_a_factorized_export_is_what_the_engine_runs(demo, tmp_path, capsys):
     import numpy as np
     from engine_reference import engine_forward
 
-    from gguf_trainer.adapter_file import read_adapter, seed_table
+    from gguf_trainer.adapter_file import read_adapter
+    from gguf_trainer.adapter_report import seed_table
     from gguf_trainer.adapters import load_gguf
     from gguf_trainer.outputs import export_checkpoint
     from gguf_trainer.student import load_student, tokenize

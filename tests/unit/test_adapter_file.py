@@ -19,13 +19,11 @@ from adapter_cases import CFGS, DEPTH, IN, OUT, QUERIES, VIS, VOCAB, WIDTH
 
 from gguf_trainer.adapter_file import (
     expected_tensors,
-    format_report,
-    inspect_main,
     read_adapter,
     read_adapter_arrays,
-    report_dict,
     trainer_kind,
 )
+from gguf_trainer.adapter_report import format_report, inspect_main, report_dict
 from gguf_trainer.adapters import build_adapter, load_gguf
 from gguf_trainer.errors import UserError
 from gguf_trainer.export import write_adapter_gguf

@@ -248,3 +248,14 @@ print(json.dumps({{m: m in sys.modules for m in {list(HEAVY)!r}}}))
 """
     loaded = run_py(code, tmp_path)
     assert loaded == {m: False for m in HEAVY}, loaded
+
+
+MAX_MODULE_LINES = 700  # issue 21: a module that outgrows this holds more than one idea
+
+
+def test_no_module_outgrows_one_idea():
+    sizes = {p.relative_to(PKG).as_posix(): len(p.read_text(encoding="utf-8").splitlines())
+             for p in PKG.rglob("*.py")}
+    assert sizes, "no modules found"
+    too_long = {m: n for m, n in sizes.items() if n > MAX_MODULE_LINES}
+    assert not too_long, f"split these modules (over {MAX_MODULE_LINES} lines): {too_long}"

@@ -19,11 +19,10 @@ from engine_reference import (
 from gguf_trainer.adapter_file import (
     LAYERWISE_FAMILIES,
     families_for,
-    format_report,
     read_adapter,
-    report_dict,
     trainer_kind,
 )
+from gguf_trainer.adapter_report import format_report, report_dict
 from gguf_trainer.adapters import AdapterConfig, build_adapter, load_gguf
 from gguf_trainer.errors import UserError
 from gguf_trainer.export import write_adapter_gguf
