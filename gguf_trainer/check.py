@@ -11,10 +11,13 @@ each tap's cosine beside the whole stack's) can be checked; a layerwise adapter 
 extension (Fibo 2.0 edits) also against an edit dump, whose reference images it reads from the
 dump itself (`vis_embeds.bin`, the raw mmproj rows, and `vis_pos.txt`, the row each image was
 spliced at): the student gets vision_proj of them spliced there, the adapter the raw rows.
+A T5 dump's ids are compared with the prompt's through the teacher's tokenizer: `--t5-model`,
+else the project's linked teacher (`--project`, and the render of a project).
 Must not: write anything.
 
     gguf-trainer check --adapter pig_llada_adapter-f16.gguf --student pig_clip-f16.gguf \
         --dump dumps/run1 --prompt "a sheep in sunglasses"
+    gguf-trainer check ... --project DIR     # a PixArt dump: t5_ids.txt vs the prompt's ids
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ from pathlib import Path
 import numpy as np
 
 from .errors import UserError
+from .materials import seed_tokenizer
 from .packs import get_pack, pack_ids
+from .project import load_project
 from .qwen_bpe import engine_bpe
 
 # Reference files, first found wins: an external teacher context (trainer8's m1 dump),
@@ -36,6 +41,9 @@ TOKENS_TXT = "tokens.txt"
 # the engine's student states: tells a student problem from an adapter one
 QWEN_HIDDEN = "qwen_hidden.bin"
 T5_IDS_TXT = "t5_ids.txt"
+# why t5_ids.txt was not compared, when neither --t5-model nor a project's teacher gave a tokenizer
+NO_T5_MODEL = ("pass --t5-model with the T5 teacher's spiece.model, or --project DIR with its "
+               "teacher linked")
 # an edit dump's reference images (conditioner.hpp 2753-2775): raw mmproj rows, "start n" each
 VIS_EMBEDS = "vis_embeds.bin"
 VIS_POS = "vis_pos.txt"
@@ -238,6 +246,7 @@ def check_seed_ids(
     prompt's is the CFG negative pass (written last); with the teacher's `spiece.model` the ids
     must be this prompt's (the engine's T5 rule, t5_unigram.py)."""
     from .t5_unigram import T5Unigram
+    from .teachers.t5 import window_ids
     from .template_ids import Piece, template_ids
 
     if len(seed_ids) != window:
@@ -258,25 +267,52 @@ def check_seed_ids(
             "engine writes is the empty negative prompt; dump again with --cfg-scale 1."
         )
     if t5_model is not None:
-        pieces = template_ids(T5Unigram.from_spm(t5_model).encode, [Piece(prompt, prompt=True)])
-        want = (pieces[: window - 1] + [1] + [0] * window)[:window]
-        if want != seed_ids:
+        try:
+            encode = T5Unigram.from_spm(t5_model).encode
+        except (OSError, RuntimeError) as e:
+            raise UserError(f"{t5_model} is not a sentencepiece model ({e}); pass the T5 "
+                            "teacher's spiece.model.") from None
+        if window_ids(template_ids(encode, [Piece(prompt, prompt=True)]), window) != seed_ids:
             raise UserError(
                 f"the dump's {T5_IDS_TXT} is not this prompt's T5 ids; pass the exact "
                 "--prompt the engine ran (a dump is overwritten by each pass)."
             )
 
 
+def _project_t5_model(adapter, project) -> tuple[Path | None, str]:
+    """The project's teacher tokenizer for this adapter's seed ids (materials.seed_tokenizer), or
+    None and why; an adapter that names another pack than the project's is refused."""
+    named = (getattr(adapter, "metadata", {}) or {}).get("adapter.pack")
+    if named and named != project.pack.id:
+        raise UserError(
+            f"this adapter was trained by the {named} pack but the project {project.dir} is "
+            f"{project.pack.id}; pass the --project it was trained in."
+        )
+    path, why = seed_tokenizer(project)
+    if path is None:
+        why = why or f"the {project.pack.title} pack reads no T5 ids"
+        why = f"the project's teacher tokenizer is not found: {why}; link the teacher or pass " \
+              "--t5-model"
+    return path, why
+
+
 def run_check(
-    adapter_path, student_path, dump, prompt: str, tokenizer_dir=None, t5_model=None
+    adapter_path, student_path, dump, prompt: str, tokenizer_dir=None, t5_model=None,
+    project=None,
 ) -> dict:
     """Every figure of the check as a dict (see `format_check`). `t5_model`: the T5 teacher's
-    spiece.model, to compare a PixArt dump's ids with the prompt's."""
+    spiece.model, to compare a PixArt dump's ids with the prompt's; without it, the loaded
+    `project`'s linked teacher's (materials.seed_tokenizer)."""
     from .adapters import load_gguf
     from .student import load_student
 
     adapter = load_gguf(adapter_path)
     pack_id = _pack_for(adapter)
+    t5_why = "" if t5_model is not None else NO_T5_MODEL
+    if project is not None:
+        found, why = _project_t5_model(adapter, project)
+        if t5_model is None:
+            t5_model, t5_why = found, why
     dump_dir = Path(dump) if Path(dump).is_dir() else Path(dump).parent
     seed_ids = read_ids(dump_dir / T5_IDS_TXT)
     if pack_id == "t5xxl_pixart":
@@ -333,8 +369,11 @@ def run_check(
         "student_tokens": len(ids),
         "images": len(images or ()),
         "tokens_checked": engine_ids is not None,
-        # PixArt: whether t5_ids.txt was compared with this prompt's ids (needs --t5-model)
+        # PixArt: whether t5_ids.txt was compared with this prompt's ids (the T5 tokenizer of
+        # --t5-model or the project's teacher), with which file, or why not
         "t5_ids_checked": (t5_model is not None) if pack_id == "t5xxl_pixart" else None,
+        "t5_model": str(t5_model) if t5_model is not None and pack_id == "t5xxl_pixart" else None,
+        "t5_ids_why_not": t5_why if t5_model is None and pack_id == "t5xxl_pixart" else None,
         **figures,
         "per_tap": per_tap,
         "verdict": _verdict(pack_id, figures, ref_name(dump)),
@@ -367,10 +406,12 @@ def format_check(res: dict) -> str:
     student = []
     if res.get("t5_ids_checked") is False:
         student.append(
-            f"t5 ids:   {T5_IDS_TXT} not compared with this prompt's (pass --t5-model with the "
-            "T5 teacher's spiece.model): a dump of another prompt of the same length is not "
-            "refused, only its figure drops"
+            f"t5 ids:   {T5_IDS_TXT} not compared with this prompt's "
+            f"({res.get('t5_ids_why_not') or NO_T5_MODEL}): a dump of another prompt of the same "
+            "length is not refused, only its figure drops"
         )
+    elif res.get("t5_ids_checked"):
+        student.append(f"t5 ids:   {T5_IDS_TXT} is this prompt's ({res.get('t5_model')})")
     if res.get("student_cos") is not None:
         student.append(
             f"student:  cosine {res['student_cos']:.6f} to the engine's {QWEN_HIDDEN} "
@@ -409,12 +450,15 @@ def format_check(res: dict) -> str:
 
 
 def check_main(
-    adapter, student, dump, prompt, tokenizer=None, as_json=False, out=None, t5_model=None
+    adapter, student, dump, prompt, tokenizer=None, as_json=False, out=None, t5_model=None,
+    project=None,
 ) -> int:
     """The body of `gguf-trainer check`: prints the figures and the verdict. Exit 0 whenever
-    the check ran (the verdict is a finding, not a failure); bad input is a UserError."""
+    the check ran (the verdict is a finding, not a failure); bad input is a UserError.
+    `project`: the project folder whose linked teacher gives the T5 tokenizer."""
     import sys
 
-    res = run_check(adapter, student, dump, prompt, tokenizer, t5_model)
+    loaded = load_project(project) if project is not None else None
+    res = run_check(adapter, student, dump, prompt, tokenizer, t5_model, loaded)
     print(json.dumps(res, indent=2) if as_json else format_check(res), file=out or sys.stdout)
     return 0

@@ -26,7 +26,7 @@ Usage:
     gguf-trainer render --project DIR --prompt P [--seed S] [--ggk PATH] [--models DIR] [--wait]
     gguf-trainer inspect FILE [--json]
     gguf-trainer check  --adapter A --student S --dump DIR --prompt P [--tokenizer DIR]
-                        [--t5-model F] [--json]
+                        [--t5-model F] [--project DIR] [--json]
     gguf-trainer demo   [--pack ID] [--dir DIR] [--steps N] [--no-run]
     gguf-trainer --auto-resume | --version | --help
 
@@ -374,7 +374,7 @@ def cmd_check(args) -> int:
     from gguf_trainer.check import check_main  # lazy: runs the student and the adapter
 
     return check_main(args.adapter, args.student, args.dump, args.prompt, args.tokenizer, args.json,
-                      t5_model=args.t5_model)
+                      t5_model=args.t5_model, project=args.project)
 
 
 def cmd_demo(args) -> int:
@@ -620,6 +620,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--t5-model",
         metavar="FILE",
         help="PixArt: the T5 teacher's spiece.model, to check t5_ids.txt is this prompt's",
+    )
+    p.add_argument(
+        "--project",
+        metavar="DIR",
+        help="the adapter's project: its linked teacher's tokenizer checks t5_ids.txt",
     )
     p.add_argument("--json", action="store_true")
     p = command("demo", cmd_demo, "build an offline demo project and train it", project=False)

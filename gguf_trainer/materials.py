@@ -9,6 +9,7 @@ torch.
 
     gguf, tok = student_paths(project)
     folders = teacher_paths(project)            # {"teacher": Path(...)} for the pack's teacher
+    spiece, why = seed_tokenizer(project)       # a T5 pack's spiece.model, or None and why
     materials
     ident = teacher_identity(project)           # {"snapshot": "<sha256>", "files": 7}
 """
@@ -164,6 +165,29 @@ def teacher_paths(project) -> dict[str, Path]:
                 "or turn on precompute.mock_teacher."
             )
     return out
+
+
+def seed_tokenizer(project) -> tuple[Path | None, str]:
+    """The teacher's tokenizer file the pack's seed ids come from (pack.seed_tokenizer_file of
+    the project's teacher material, wherever it resolves), or None and why not in words ("":
+    the pack's adapter reads no seed ids). Never raises: `check` works without it."""
+    pack = project.pack
+    if pack.adapter_kind != "seeded_resampler":
+        return None, ""
+    found = {}
+    for m in pack.teacher_materials:
+        path = project.material_path(m.id)
+        if path is None:
+            return None, f"materials.{m.id}.path is not set"
+        if not (path.is_dir() if m.kind == "hf_snapshot" else path.is_file()):
+            return None, f"the teacher {path} does not exist"
+        found[m.id] = path
+    file = pack.seed_tokenizer_file(found) if found else None
+    if file is None:
+        return None, f"the {pack.title} pack names no teacher tokenizer"
+    if not Path(file).is_file():
+        return None, f"{file} does not exist"
+    return Path(file), ""
 
 
 # ---------------------------------------------------------------- identity

@@ -211,6 +211,12 @@ class TrainerPack:
         pre-flight's need); default: the pack's reference figure."""
         return self.teacher_memory_gib
 
+    def seed_tokenizer_file(self, materials: dict[str, Path]) -> Path | None:
+        """The file in the resolved teacher `materials` whose pieces make the engine's seed ids
+        (a T5 pack's spiece.model): `check` compares a dump's t5_ids.txt with the prompt's
+        through it. None (the default): the pack's adapter reads no seed ids."""
+        return None
+
     # Settings the demo lays over its laptop-sized ones (demo.py), for a pack whose tiny run
     # needs them (Wan: a 256384-row seed table); dotted keys like `defaults`.
     demo_settings: dict[str, Any] = {}

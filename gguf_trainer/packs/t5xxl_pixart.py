@@ -5,6 +5,7 @@ encoder's last_hidden_state at the real slots (incl. EOS). Engine facts: contrac
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 from .base import Material, TrainerPack, Verdict
 
@@ -165,6 +166,12 @@ class PixArtT5Pack(TrainerPack):
         from ..teachers.t5 import check_snapshot
 
         return check_snapshot(materials["teacher"], vocab_limit=self.seed_vocab).summary()
+
+    def seed_tokenizer_file(self, materials):
+        """The snapshot's spiece.model: the seed ids' pieces (teachers/t5.py loads the same)."""
+        from ..teachers.t5 import SPIECE
+
+        return Path(materials["teacher"]) / SPIECE
 
     def demo_materials(self, folder):
         """The tiny real T5 snapshot shipped with the package (random 2-block encoder, d_model

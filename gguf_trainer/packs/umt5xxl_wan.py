@@ -136,6 +136,10 @@ class WanUMT5Pack(PixArtT5Pack):
         encoder, spiece = umt5_layout(materials["teacher"])
         return check_snapshot(encoder, vocab_limit=self.seed_vocab, spiece=spiece).summary()
 
+    def seed_tokenizer_file(self, materials):
+        """tokenizer/spiece.model of the diffusers layout, or a flat folder's (umt5_layout)."""
+        return umt5_layout(materials["teacher"])[1]
+
     def load_teacher(self, materials, plan, device):
         """UMT5EncoderModel from text_encoder/, masked (Wan's use_mask), the real slots as
         targets."""

@@ -248,6 +248,7 @@ def _figures(project, prompt: str, out: Path, plan: render.RenderPlan) -> tuple[
             out / halves["adapter"].dump,
             prompt,
             tok,
+            project=project,  # its linked teacher's tokenizer: t5_ids.txt vs this prompt's ids
         )
     except UserError as e:  # a token-aligned adapter, another engine's dump: say why
         return None, f"no cosine: {e}"

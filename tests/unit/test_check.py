@@ -26,6 +26,8 @@ from gguf_trainer.student import load_student, tokenize
 
 PROMPT = "a sheep in sunglasses"
 HIDDEN = 64  # the tiny student's hidden size
+# the tiny student reads it as 4 tokens like PROMPT: only the T5 ids tell the two dumps apart
+OTHER = "a goat in sunglasses"
 
 
 def _write_adapter(path, cfg: AdapterConfig, pack: str, seed: int = 0):
@@ -249,3 +251,128 @@ def test_pixart_seed_ids_outside_the_seed_table_are_a_sentence(tmp_path, student
         with pytest.raises(UserError, match=f"holds the id {bad}, outside this adapter's "
                                             "240-row seed table"):
             run_check(adapter, s, dump, PROMPT, tok)
+
+
+def _pixart_project(tmp_path, tiny_materials, teacher: bool = True, pack: str = "t5xxl_pixart"):
+    """The tiny PixArt demo project: the tiny student, and (teacher=True) the demo's T5 snapshot
+    linked as its teacher material."""
+    from gguf_trainer.project import create_project, load_project
+
+    overrides = {
+        "materials.student.path": str(tiny_materials["student"]),
+        "materials.student_tokenizer.path": str(tiny_materials["tokenizer"]),
+        "export.output_dir": str(tmp_path / "out"),
+    }
+    if teacher:
+        linked = get_pack(pack).demo_materials(tmp_path / "teacher")["teacher"]
+        overrides["materials.teacher.path"] = str(linked)
+    create_project(tmp_path / "project", pack, overrides=overrides)
+    return load_project(tmp_path / "project")
+
+
+def test_check_with_project_compares_t5_ids_through_its_teacher(
+    tmp_path, student, tiny_materials, capsys
+):
+    """`check --project DIR` takes the project's linked teacher tokenizer: a dump of another
+    prompt of the same student length and T5 window is refused (without it, only the figure
+    would drop), the prompt's own dump passes and says which tokenizer compared it."""
+    from gguf_trainer.cli import main
+
+    s, tok = tiny_materials["student"], tiny_materials["tokenizer"]
+    adapter, dump, _spiece = _pixart_case(tmp_path, student)
+    project = _pixart_project(tmp_path, tiny_materials)
+    assert run_check(adapter, s, dump, OTHER, tok)["t5_ids_checked"] is False  # not refused
+    base = ["check", "--adapter", str(adapter), "--student", str(s), "--dump", str(dump),
+            "--tokenizer", str(tok), "--project", str(project.dir)]
+    assert main([*base, "--prompt", OTHER]) == 1
+    assert "the dump's t5_ids.txt is not this prompt's T5 ids" in capsys.readouterr().err
+    assert main([*base, "--prompt", PROMPT]) == 0
+    text = capsys.readouterr().out
+    spiece = project.material_path("teacher") / "spiece.model"
+    assert f"t5 ids:   t5_ids.txt is this prompt's ({spiece})" in text
+    assert "not compared" not in text and "verdict:  port check" in text
+    assert main([*base, "--prompt", PROMPT, "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["t5_ids_checked"] is True and res["t5_model"] == str(spiece)
+
+
+def test_check_project_without_a_teacher_says_why_and_t5_model_overrides(
+    tmp_path, student, tiny_materials
+):
+    s, tok = tiny_materials["student"], tiny_materials["tokenizer"]
+    adapter, dump, spiece = _pixart_case(tmp_path, student)
+    project = _pixart_project(tmp_path, tiny_materials, teacher=False)
+    res = run_check(adapter, s, dump, OTHER, tok, project=project)
+    assert res["t5_ids_checked"] is False
+    assert ("t5 ids:   t5_ids.txt not compared with this prompt's (the project's teacher "
+            "tokenizer is not found: materials.teacher.path is not set; link the teacher or pass "
+            "--t5-model)") in format_check(res)
+    with pytest.raises(UserError, match="not this prompt's T5 ids"):  # --t5-model still serves
+        run_check(adapter, s, dump, OTHER, tok, t5_model=spiece, project=project)
+    # --t5-model overrides the project's: a file that is no sentencepiece model is one sentence
+    bogus = tmp_path / "bogus.model"
+    bogus.write_bytes(b"not a model")
+    with pytest.raises(UserError, match="bogus.model is not a sentencepiece model"):
+        run_check(adapter, s, dump, PROMPT, tok, t5_model=bogus, project=project)
+
+
+def test_check_refuses_a_project_of_another_pack(tmp_path, student, tiny_materials):
+    s, tok = tiny_materials["student"], tiny_materials["tokenizer"]
+    adapter, dump, _spiece = _pixart_case(tmp_path, student)
+    chroma = _pixart_project(tmp_path, tiny_materials, pack="t5xxl_chroma")
+    with pytest.raises(UserError, match="trained by the t5xxl_pixart pack but the project .* "
+                                        "is t5xxl_chroma"):
+        run_check(adapter, s, dump, PROMPT, tok, project=chroma)
+
+
+def test_seed_tokenizer_follows_each_t5_packs_teacher_layout(tmp_path):
+    """materials.seed_tokenizer: PixArt and Chroma read the snapshot's spiece.model, Wan the
+    diffusers layout's tokenizer/spiece.model (or a flat folder's), LLaDA none."""
+    from gguf_trainer.materials import seed_tokenizer
+    from gguf_trainer.project import create_project, load_project
+
+    def project(pack, teacher=None):
+        over = {"materials.teacher.path": str(teacher)} if teacher else {}
+        create_project(tmp_path / pack / "p", pack, overrides=over)
+        return load_project(tmp_path / pack / "p")
+
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    (flat / "spiece.model").write_bytes(b"x")
+    diffusers = tmp_path / "wan"
+    (diffusers / "text_encoder").mkdir(parents=True)
+    (diffusers / "tokenizer").mkdir()
+    (diffusers / "tokenizer" / "spiece.model").write_bytes(b"x")
+    assert seed_tokenizer(project("t5xxl_pixart", flat)) == (flat / "spiece.model", "")
+    assert seed_tokenizer(project("t5xxl_chroma", flat)) == (flat / "spiece.model", "")
+    assert seed_tokenizer(project("umt5xxl_wan", diffusers)) == (
+        diffusers / "tokenizer" / "spiece.model", "")
+    assert seed_tokenizer(project("llada_image")) == (None, "")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (tmp_path / "t5xxl_pixart" / "p" / "project.json").unlink()
+    assert seed_tokenizer(project("t5xxl_pixart", empty)) == (
+        None, f"{empty / 'spiece.model'} does not exist")
+    (tmp_path / "t5xxl_pixart" / "p" / "project.json").unlink()
+    gone = tmp_path / "gone"
+    assert seed_tokenizer(project("t5xxl_pixart", gone)) == (
+        None, f"the teacher {gone} does not exist")
+
+
+def test_render_check_compares_t5_ids_through_the_project(tmp_path, student, tiny_materials):
+    """A render's figure (and the GUI's Output render) runs `check` with the render's project,
+    so a PixArt dump of another prompt is named, not given a figure."""
+    import shutil
+
+    from gguf_trainer.render import RenderPlan, Run
+    from gguf_trainer.runner.render_job import _figures
+
+    adapter, dump, _spiece = _pixart_case(tmp_path, student)
+    project = _pixart_project(tmp_path, tiny_materials)
+    project.final_gguf.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(adapter, project.final_gguf)
+    plan = RenderPlan(runs=[Run("adapter", ["ggk"], "adapter.png", dump.name)])
+    fig, note = _figures(project, PROMPT, dump.parent, plan)
+    assert fig is not None and fig["t5_ids_checked"] is True and fig["cos"] >= 0.9999, note
+    fig, note = _figures(project, OTHER, dump.parent, plan)
+    assert fig is None and "not this prompt's T5 ids" in note
