@@ -246,7 +246,7 @@ def check_seed_ids(
     prompt's is the CFG negative pass (written last); with the teacher's `spiece.model` the ids
     must be this prompt's (the engine's T5 rule, t5_unigram.py)."""
     from .t5_unigram import T5Unigram
-    from .teachers.t5 import window_ids
+    from .teachers.t5 import T5_VOCAB, window_ids
     from .template_ids import Piece, template_ids
 
     if len(seed_ids) != window:
@@ -260,23 +260,33 @@ def check_seed_ids(
             f"the dump's {T5_IDS_TXT} holds the id {bad}, outside this adapter's {vocab}-row "
             "seed table; the dump was written by another model (another T5 vocabulary)."
         )
-    real = [i for i in seed_ids if i != 0]
-    if prompt.strip() and real == [3, 1]:
-        raise UserError(
-            f"the dump's {T5_IDS_TXT} is the empty prompt's: with CFG on, the last pass the "
-            "engine writes is the empty negative prompt; dump again with --cfg-scale 1."
-        )
+    encode = None
     if t5_model is not None:
         try:
             encode = T5Unigram.from_spm(t5_model).encode
         except (OSError, RuntimeError) as e:
             raise UserError(f"{t5_model} is not a sentencepiece model ({e}); pass the T5 "
                             "teacher's spiece.model.") from None
-        if window_ids(template_ids(encode, [Piece(prompt, prompt=True)]), window) != seed_ids:
-            raise UserError(
-                f"the dump's {T5_IDS_TXT} is not this prompt's T5 ids; pass the exact "
-                "--prompt the engine ran (a dump is overwritten by each pass)."
-            )
+
+    def ids_of(text: str) -> list[int]:
+        return window_ids(template_ids(encode, [Piece(text, prompt=True)]), window)
+
+    # "" is [▁, EOS]: [3, 1] in T5 v1.1's vocabulary (and the tiny demos'); a larger one (UMT5)
+    # is known only through its tokenizer
+    if encode is not None:
+        empty = [i for i in ids_of("") if i != 0]
+    else:
+        empty = [3, 1] if vocab is None or vocab <= T5_VOCAB else None
+    if prompt.strip() and [i for i in seed_ids if i != 0] == empty:
+        raise UserError(
+            f"the dump's {T5_IDS_TXT} is the empty prompt's: with CFG on, the last pass the "
+            "engine writes is the empty negative prompt; dump again with --cfg-scale 1."
+        )
+    if encode is not None and ids_of(prompt) != seed_ids:
+        raise UserError(
+            f"the dump's {T5_IDS_TXT} is not this prompt's T5 ids; pass the exact "
+            "--prompt the engine ran (a dump is overwritten by each pass)."
+        )
 
 
 def _project_t5_model(adapter, project) -> tuple[Path | None, str]:

@@ -13,6 +13,7 @@ from engine_reference import engine_forward
 from gguf_trainer.adapters import AdapterConfig, build_adapter
 from gguf_trainer.check import (
     check_main,
+    check_seed_ids,
     compare,
     format_check,
     read_dump,
@@ -376,3 +377,12 @@ def test_render_check_compares_t5_ids_through_the_project(tmp_path, student, tin
     assert fig is not None and fig["t5_ids_checked"] is True and fig["cos"] >= 0.9999, note
     fig, note = _figures(project, OTHER, dump.parent, plan)
     assert fig is None and "not this prompt's T5 ids" in note
+
+
+def test_the_empty_prompt_rule_knows_t5_from_other_vocabularies():
+    window = 8
+    t5_empty = [3, 1] + [0] * (window - 2)
+    with pytest.raises(UserError, match="--cfg-scale 1"):  # T5 v1.1: "" is ▁ EOS
+        check_seed_ids(t5_empty, window, "a cat", vocab=32128)
+    # UMT5's ▁ is not id 3: without its tokenizer the rule cannot say, so it does not refuse
+    check_seed_ids(t5_empty, window, "a cat", vocab=256384)
