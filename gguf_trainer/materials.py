@@ -10,7 +10,6 @@ torch.
     gguf, tok = student_paths(project)
     folders = teacher_paths(project)            # {"teacher": Path(...)} for the pack's teacher
     spiece, why = seed_tokenizer(project)       # a T5 pack's spiece.model, or None and why
-    materials
     ident = teacher_identity(project)           # {"snapshot": "<sha256>", "files": 7}
 """
 
