@@ -204,8 +204,13 @@ def build_shard(
         "target_len": torch.tensor([t.rows.shape[0] for t in targets], dtype=torch.int32),
         "sample_index": torch.tensor([s.index for s in samples], dtype=torch.int64),
     }
-    # Moments of the rows as stored (bf16), so the statistics describe the training targets.
+    if ctx.vision_proj is not None and not ctx.pack.dit_reads_vision_rows:
+        tensors["target_keep"] = _keep_rows(samples, targets)
+    # Moments of the rows as stored (bf16) that the loss reads, so the statistics describe
+    # the training targets.
     stored = tensors["target_rows"].double()
+    if "target_keep" in tensors:
+        stored = stored[tensors["target_keep"]]
     tensors["moment_sum"] = stored.sum(0)
     tensors["moment_sq"] = (stored * stored).sum(0)
     tensors["moment_n"] = torch.tensor([stored.shape[0]], dtype=torch.int64)
@@ -216,6 +221,20 @@ def build_shard(
     if ctx.vision_proj is not None:
         tensors.update(_vision_tensors(samples, ctx.vision_proj.shape[1]))
     return tensors
+
+
+def _keep_rows(samples: list[_Sample], targets: list) -> torch.Tensor:
+    """(Tt,) bool: every target row but the image slots (the pads each image's rows are
+    spliced at), which a DiT that lays reference latents there never reads
+    (pack.dit_reads_vision_rows False). Token-aligned: target row j is student token j."""
+    keep = []
+    for s, t in zip(samples, targets):
+        assert t.rows.shape[0] == len(s.ids), "image slots are student positions: token-aligned"
+        k = torch.ones(t.rows.shape[0], dtype=torch.bool)
+        for seg in s.vision or ():
+            k[seg.start : seg.start + seg.rows.shape[0]] = False
+        keep.append(k)
+    return torch.cat(keep)
 
 
 def _vision_tensors(samples: list[_Sample], vis_dim: int) -> dict[str, torch.Tensor]:

@@ -8,13 +8,15 @@ in bf16, concatenated over its samples:
     student_len  [S] int32
     target_rows  [Tt, out_dim] bf16  teacher rows: all queries / real slots / every token
     target_len   [S] int32
+    target_keep  [Tt] bool           rows the loss and the figures read (absent: every row);
+                                     0 at image slots whose rows the DiT never reads
     seed_ids     [S, Q] int32        seeded resampler only: the T5 window
     sup_start    [S] int32           token-aligned only: first row the DiT consumes
     sample_index [S] int64           line of the corpus file
     vis_rows     [Tv, vis_dim] bf16  vision packs only: raw vision-tower rows of every image
     vis_pos      [Tv] int32          ...the student-token position each row is spliced at
     vis_len      [S] int32           ...rows per sample (0 for a text-only sample)
-    moment_sum, moment_sq [out_dim] f64, moment_n [1] i64   per-dimension target moments
+    moment_sum, moment_sq [out_dim] f64, moment_n [1] i64   per-dimension moments of the kept rows
 
 The adapter's dims are read from the header (`dims`): in_dim = student_rows' width,
 out_dim = target_rows', vis_dim = vis_rows' (0 without vision).
@@ -224,6 +226,8 @@ def linear_fit(files: list[Path], stats: Stats | None = None, max_rows: int = 65
         if not torch.equal(t["student_len"], t["target_len"]):
             raise ValueError(f"{path} is not token-aligned: a linear start needs one row per token")
         x, y = t["student_rows"].float(), t["target_rows"].float()
+        if "target_keep" in t:  # fit the rows the loss reads
+            x, y = x[t["target_keep"]], y[t["target_keep"]]
         if stats is not None:
             y = (y - stats.mu) / stats.sigma_f
         acc = acc or RidgeAccumulator(x.shape[1], y.shape[1])
@@ -244,6 +248,14 @@ class Shard:
         self.s_off = _offsets(self.t["student_len"])
         self.t_off = _offsets(self.t["target_len"])
         self.v_off = _offsets(self.t["vis_len"]) if "vis_len" in self.t else None
+        self.keep = self.t.get("target_keep")
+
+    def target_keep(self, i: int) -> torch.Tensor:
+        """(R,) bool: the target rows of sample i that the loss and the figures read."""
+        a, b = self.t_off[i], self.t_off[i + 1]
+        if self.keep is None:
+            return torch.ones(b - a, dtype=torch.bool)
+        return self.keep[a:b]
 
     def student(self, i: int) -> torch.Tensor:
         return self.t["student_rows"][self.s_off[i]: self.s_off[i + 1]]
@@ -266,10 +278,12 @@ class Batch:
     """A padded training/validation batch (float32, batch-first).
 
     hidden [B, L, in], mask [B, L] (real student tokens); target [B, R, out] with
-    row_mask [B, R] (rows that are supervised); seed_ids [B, Q] or None; sup_start [B] or None.
-    For token-aligned kinds R == L and row_mask == mask. Vision packs: vis [B, L, vis_dim] raw
-    vision rows at image positions, zeros elsewhere (None when no sample has an image: the
-    same as zeros for `vis_in`, which has no bias) and vis_mask [B, L] (True at image tokens).
+    row_mask [B, R] (rows that are supervised: real rows the shard's target_keep keeps, the one
+    mask of the loss and of every figure); seed_ids [B, Q] or None; sup_start [B] or None.
+    For token-aligned kinds R == L and row_mask == mask, less the rows target_keep drops.
+    Vision packs: vis [B, L, vis_dim] raw vision rows at image positions, zeros elsewhere (None
+    when no sample has an image: the same as zeros for `vis_in`, which has no bias) and
+    vis_mask [B, L] (True at image tokens, supervised or not).
     """
 
     hidden: torch.Tensor
@@ -304,6 +318,12 @@ def collate(shard: Shard, rows: list[int], file_index: int, fixed_rows: int = 0)
     fixed window (seeded resampler: the num_queries slots)."""
     hidden, mask = _pad([shard.student(i) for i in rows])
     target, row_mask = _pad([shard.target(i) for i in rows])
+    if shard.keep is not None:  # image slots the DiT replaces: inputs, never supervised
+        keep = torch.zeros_like(row_mask)
+        for b, i in enumerate(rows):
+            k = shard.target_keep(i)
+            keep[b, : k.shape[0]] = k
+        row_mask &= keep
     if fixed_rows and target.shape[1] < fixed_rows:
         extra = fixed_rows - target.shape[1]
         target = torch.nn.functional.pad(target, (0, 0, 0, extra))

@@ -122,6 +122,11 @@ class TrainerPack:
     export_kv: dict[str, Any] = {}
     bytes_per_sample: int = 0  # shard bytes per sample at the reference corpus
     image_pad_id: int = 0  # vision packs: the student token whose runs receive image embeds
+    # Vision packs: the DiT reads the adapter's rows at the image slots (the image_pad runs).
+    # False where the engine's DiT replaces them (Qwen Image 2.1 puts the reference latents
+    # there): they stay in the adapter's input and attention, but precompute marks them
+    # `target_keep` 0, so the loss, every eval figure and the target moments leave them out.
+    dit_reads_vision_rows: bool = True
     remote_code: bool = False  # the teacher snapshot runs its own Python: trust records first
     # The recipe's published run (figures and where it ran), copied into eval.json to compare.
     reference: dict[str, Any] = {}

@@ -21,8 +21,15 @@ the reference it was distilled from, the full Qwen3-VL-8B, sees the tower WITH i
 features and M-RoPE image positions (3052-3060, llm.hpp 2336-2364, 2442-2470): so the teacher
 here runs that full path (the tap teacher, teachers/qwen_taps.py, at the last layer with the
 tower: `teacher_full_vision`) and the student stores the main rows.
-The DiT replaces the image-slot rows with the reference latents (c_token_types 3781-3797,
-qwen_image_2_1.hpp 279-288): only the text rows it reads are this adapter's output there.
+The DiT never reads the adapter's rows at the image slots: the conditioner tags each context
+row with its slot (conditioner.hpp 3781-3797: 0 = text, i + 1 = the pad run of reference i,
+from image_embeds[i].first for the image's row count, so `<|vision_start|>`/`<|vision_end|>`
+stay text), the DiT's layout makes an image segment of each tagged run (qwen_image_2_1.hpp
+74-120) and fills it with img_in(patchify(reference latent)) instead of the context rows
+(279-288). So `dit_reads_vision_rows = False`: those rows stay in the adapter's input and
+attention (its self-attention sees them, and the teacher's text rows after an image attend to
+it), but the shards mark them `target_keep` 0 and the loss, every eval figure (cos_slice, the
+headline) and the target moments leave them out; there is no cos_vis for this pack.
 
 Teacher: the engine names the full "Qwen3-VL-8B" (3064-3075) but no citable public source names
 the repo of Qwen Image 2.1's text encoder, so the pack declares "link a local copy": the
@@ -61,7 +68,9 @@ class QwenImage21Pack(QwenVisionTokenAlignedPack):
     start = 14
     start_prefix = SYSTEM_TURN
     default_name = "qwen3vl_qwen_image_2_1_adapter"
-    shard_contract = "qwen3vl_qwen_image_2_1/2"  # 2: edits, deepstack teacher, raw vision rows
+    # 2: edits, deepstack teacher, raw vision rows; 3: target_keep drops the image slots
+    shard_contract = "qwen3vl_qwen_image_2_1/3"
+    dit_reads_vision_rows = False  # the DiT puts img_in(reference latent) there (docstring)
     engine_template = {"file": "diffusion/src/conditioning/conditioner.hpp", "lines": (3051, 3153),
                        "version": "VERSION_QWEN_IMAGE_2_1"}
     # Where ggk turns a reference file into the tower's pixels (tests/engine cuts and runs these
@@ -87,7 +96,8 @@ class QwenImage21Pack(QwenVisionTokenAlignedPack):
     max_len_student = max_len_teacher = 2304  # two references at 1024² (2 × 1024) + the text
     hints = {"train": "Targets: the last Qwen3-VL-8B layer before the norm (4096) of every row, "
                       "the teacher seeing its references with deepstack and M-RoPE; rows from "
-                      "14 reach the DiT.",
+                      "14 reach the DiT, except the image slots (the reference latents go "
+                      "there): inputs only, never in the loss.",
              "eval": "Judge by cos_slice against the mean baseline (no reference run)."}
     engine_command_template = (
         "ggk diffuser engine -- --diffusion-model <qwen-image-2.1 DiT .gguf> "
