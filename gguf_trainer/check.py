@@ -12,12 +12,13 @@ extension (Fibo 2.0 edits) also against an edit dump, whose reference images it 
 dump itself (`vis_embeds.bin`, the raw mmproj rows, and `vis_pos.txt`, the row each image was
 spliced at): the student gets vision_proj of them spliced there, the adapter the raw rows.
 A T5 dump's ids are compared with the prompt's through the teacher's tokenizer: `--t5-model`,
-else the project's linked teacher (`--project`, and the render of a project).
+else the project's linked teacher (`--project`, and the render of a project). With a project,
+the adapter, student and student tokenizer not given are the project's (check_inputs).
 Must not: write anything.
 
     gguf-trainer check --adapter pig_llada_adapter-f16.gguf --student pig_clip-f16.gguf \
         --dump dumps/run1 --prompt "a sheep in sunglasses"
-    gguf-trainer check ... --project DIR     # a PixArt dump: t5_ids.txt vs the prompt's ids
+    gguf-trainer check --project DIR --dump D --prompt P   # its export, student, T5 tokenizer
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import numpy as np
 
 from .errors import UserError
 from .materials import seed_tokenizer
+from .materials import student_path as linked_student
 from .packs import get_pack, pack_ids
 from .project import load_project
 from .qwen_bpe import engine_bpe
@@ -306,16 +308,49 @@ def _project_t5_model(adapter, project) -> tuple[Path | None, str]:
     return path, why
 
 
+def check_inputs(project, adapter=None, student=None, tokenizer=None) -> tuple[Path, Path, Path]:
+    """The adapter GGUF, student GGUF and student tokenizer folder a check runs: each one given
+    as given, else the `project`'s (loaded, or None): its export (what `status` names, the
+    render's adapter) and its linked student materials; one that is neither is a sentence
+    saying what to do. Without a project and a tokenizer: the real Qwen BPE files."""
+    if project is None:
+        for value, flag in ((adapter, "--adapter FILE"), (student, "--student FILE")):
+            if value is None:
+                raise UserError(f"pass {flag}, or --project DIR to take it from the project.")
+        if tokenizer is None:
+            from .tiny import qwen_tokenizer_dir  # the real Qwen BPE files pig_clip uses
+
+            tokenizer = qwen_tokenizer_dir()
+        return Path(adapter), Path(student), Path(tokenizer)
+    if adapter is None:
+        adapter = project.final_gguf
+        if not adapter.is_file():
+            raise UserError(
+                f"the project {project.dir} has no exported adapter yet ({adapter} does not "
+                f"exist); run it first (gguf-trainer run --project {project.dir}) or pass "
+                "--adapter FILE."
+            )
+    if student is None:
+        student = linked_student(project, "student", "--student FILE")
+    if tokenizer is None:
+        tokenizer = linked_student(project, "student_tokenizer", "--tokenizer DIR")
+    return Path(adapter), Path(student), Path(tokenizer)
+
+
 def run_check(
     adapter_path, student_path, dump, prompt: str, tokenizer_dir=None, t5_model=None,
     project=None,
 ) -> dict:
     """Every figure of the check as a dict (see `format_check`). `t5_model`: the T5 teacher's
     spiece.model, to compare a PixArt dump's ids with the prompt's; without it, the loaded
-    `project`'s linked teacher's (materials.seed_tokenizer)."""
+    `project`'s linked teacher's (materials.seed_tokenizer). The adapter, student and
+    tokenizer left None are the project's (check_inputs)."""
     from .adapters import load_gguf
     from .student import load_student
 
+    adapter_path, student_path, tokenizer_dir = check_inputs(
+        project, adapter_path, student_path, tokenizer_dir
+    )
     adapter = load_gguf(adapter_path)
     pack_id = _pack_for(adapter)
     t5_why = "" if t5_model is not None else NO_T5_MODEL
@@ -333,10 +368,6 @@ def run_check(
         check_seed_ids(
             seed_ids, adapter.config.num_queries, prompt, t5_model, adapter.config.seed_vocab
         )
-    if tokenizer_dir is None:
-        from .tiny import qwen_tokenizer_dir  # the real Qwen BPE files pig_clip uses
-
-        tokenizer_dir = qwen_tokenizer_dir()
     student = load_student(student_path, tokenizer_dir)
     images = read_vision_dump(dump_dir, adapter.config.vis_dim)
     pred, ids, hidden = predict(adapter, student, prompt, pack_id, seed_ids, images)
@@ -465,7 +496,8 @@ def check_main(
 ) -> int:
     """The body of `gguf-trainer check`: prints the figures and the verdict. Exit 0 whenever
     the check ran (the verdict is a finding, not a failure); bad input is a UserError.
-    `project`: the project folder whose linked teacher gives the T5 tokenizer."""
+    `project`: the project folder whose export, linked student and tokenizer stand in for the
+    ones not given and whose linked teacher gives the T5 tokenizer."""
     import sys
 
     loaded = load_project(project) if project is not None else None

@@ -25,8 +25,8 @@ Usage:
     gguf-trainer verify --project DIR [--repair]
     gguf-trainer render --project DIR --prompt P [--seed S] [--ggk PATH] [--models DIR] [--wait]
     gguf-trainer inspect FILE [--json]
-    gguf-trainer check  --adapter A --student S --dump DIR --prompt P [--tokenizer DIR]
-                        [--t5-model F] [--project DIR] [--json]
+    gguf-trainer check  --dump DIR --prompt P [--project DIR] [--adapter A] [--student S]
+                        [--tokenizer DIR] [--t5-model F] [--json]   (no --project: A and S)
     gguf-trainer demo   [--pack ID] [--dir DIR] [--steps N] [--no-run]
     gguf-trainer --auto-resume | --version | --help
 
@@ -607,14 +607,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = command(
         "check", cmd_check, "compare an adapter with the engine's SD_DUMP_COND dump", project=False
     )
-    p.add_argument("--adapter", required=True, metavar="A", help="the exported adapter GGUF")
-    p.add_argument("--student", required=True, metavar="S", help="the pig_clip GGUF the engine ran")
+    p.add_argument(
+        "--adapter", metavar="A", help="the exported adapter GGUF (default: the project's export)"
+    )
+    p.add_argument(
+        "--student", metavar="S",
+        help="the pig_clip GGUF the engine ran (default: the project's linked student)",
+    )
     p.add_argument(
         "--dump", required=True, metavar="DIR", help="the SD_DUMP_COND folder (or a .bin in it)"
     )
     p.add_argument("--prompt", required=True, metavar="P", help="the exact prompt the engine ran")
     p.add_argument(
-        "--tokenizer", metavar="DIR", help="the student tokenizer folder (default: Qwen BPE)"
+        "--tokenizer", metavar="DIR",
+        help="the student tokenizer folder (default: the project's linked one, else Qwen BPE)",
     )
     p.add_argument(
         "--t5-model",
@@ -624,7 +630,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--project",
         metavar="DIR",
-        help="the adapter's project: its linked teacher's tokenizer checks t5_ids.txt",
+        help="the adapter's project: its export, linked student and tokenizer stand in for "
+        "--adapter, --student, --tokenizer; its linked teacher's tokenizer checks t5_ids.txt",
     )
     p.add_argument("--json", action="store_true")
     p = command("demo", cmd_demo, "build an offline demo project and train it", project=False)

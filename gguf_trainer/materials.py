@@ -107,42 +107,50 @@ def materials_for(project) -> tuple:
     return tuple(wanted)
 
 
-def _fix_for(material, project_dir=None) -> str:
+def _fix_for(material, project_dir=None, instead: str = "") -> str:
     proj = project_dir or "DIR"
+    # `instead`: the command's own flag that names the file in place of the project's (check's
+    # --student FILE), offered last
+    alt = f", or pass {instead}" if instead else ""
     if material.repo:  # runner/downloads.py: resumable, verified, records the path itself
         return (
             f"download {material.repo} (gguf-trainer download --project {proj} --id "
             f"{material.id}, or Download under Setup → Materials) or link a copy you have "
-            f"(gguf-trainer link --project {proj} {material.id} PATH)"
+            f"(gguf-trainer link --project {proj} {material.id} PATH){alt}"
         )
     # A local file: name the commands that record it, with this project's folder.
     return (
         f"link your file with `gguf-trainer link --project {proj} {material.id} PATH` or "
         f"`gguf-trainer set --project {proj} materials.{material.id}.path=PATH`"
-        + (f" ({material.hint})" if material.hint else "")
+        + (f" ({material.hint})" if material.hint else "") + alt
     )
+
+
+def student_path(project, material_id: str, instead: str = "") -> Path:
+    """The linked student GGUF (`student`) or tokenizer folder (`student_tokenizer`); a
+    UserError naming the path tried and the fix (`instead`: the caller's flag that names the
+    file directly, e.g. check's `--student FILE`)."""
+    from .packs.base import STUDENT_MATERIALS
+
+    mat = next(m for m in STUDENT_MATERIALS if m.id == material_id)
+    path = project.material_path(material_id)
+    if material_id == "student":
+        ok, what, absent = path is not None and path.is_file(), "GGUF", "does not exist"
+    else:
+        ok = path is not None and (path / "tokenizer.json").is_file()
+        what, absent = "tokenizer", "has no tokenizer.json"
+    if not ok:
+        tried = f"{path} {absent}" if path else f"materials.{material_id}.path is not set"
+        raise UserError(
+            f"the student {what} is missing ({tried}); "
+            f"{_fix_for(mat, project.paths.root, instead)}."
+        )
+    return path
 
 
 def student_paths(project) -> tuple[Path, Path]:
     """The student GGUF and its tokenizer folder; a UserError naming the path tried and the fix."""
-    from .packs.base import STUDENT_MATERIALS
-
-    gguf_mat, tok_mat = STUDENT_MATERIALS
-    gguf = project.material_path("student")
-    tok = project.material_path("student_tokenizer")
-    if gguf is None or not gguf.is_file():
-        tried = f"{gguf} does not exist" if gguf else "materials.student.path is not set"
-        raise UserError(
-            f"the student GGUF is missing ({tried}); {_fix_for(gguf_mat, project.paths.root)}."
-        )
-    if tok is None or not (tok / "tokenizer.json").is_file():
-        tried = (
-            f"{tok} has no tokenizer.json" if tok else "materials.student_tokenizer.path is not set"
-        )
-        raise UserError(
-            f"the student tokenizer is missing ({tried}); {_fix_for(tok_mat, project.paths.root)}."
-        )
-    return gguf, tok
+    return student_path(project, "student"), student_path(project, "student_tokenizer")
 
 
 def teacher_paths(project) -> dict[str, Path]:

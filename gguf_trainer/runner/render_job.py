@@ -240,16 +240,10 @@ def _figures(project, prompt: str, out: Path, plan: render.RenderPlan) -> tuple[
         got = render.dump_cosine(out / halves["teacher"].dump, out / halves["adapter"].dump)
         if got is not None:
             return got, "adapter vs teacher, from the two SD_DUMP_COND dumps"
-    tok = project.material_path("student_tokenizer")
     try:
-        got = run_check(
-            project.final_gguf,
-            project.material_path("student"),
-            out / halves["adapter"].dump,
-            prompt,
-            tok,
-            project=project,  # its linked teacher's tokenizer: t5_ids.txt vs this prompt's ids
-        )
+        # the project's export, student and tokenizer (check.check_inputs, as `check
+        # --project`), and its linked teacher's tokenizer: t5_ids.txt vs this prompt's ids
+        got = run_check(None, None, out / halves["adapter"].dump, prompt, project=project)
     except UserError as e:  # a token-aligned adapter, another engine's dump: say why
         return None, f"no cosine: {e}"
     return (

@@ -386,3 +386,92 @@ def test_the_empty_prompt_rule_knows_t5_from_other_vocabularies():
         check_seed_ids(t5_empty, window, "a cat", vocab=32128)
     # UMT5's ▁ is not id 3: without its tokenizer the rule cannot say, so it does not refuse
     check_seed_ids(t5_empty, window, "a cat", vocab=256384)
+
+
+def _exported(project, adapter):
+    """The project with `adapter` as its export (what `status` names and a render runs)."""
+    import shutil
+
+    project.final_gguf.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(adapter, project.final_gguf)
+    return project.final_gguf
+
+
+def test_check_project_alone_takes_its_export_student_and_tokenizer(
+    tmp_path, student, tiny_materials, capsys
+):
+    """`check --project DIR --dump D --prompt P` runs the project's export with its linked
+    student and tokenizer: the same figures as the command spelled out in full (the default
+    Qwen BPE config would not even load the tiny student)."""
+    from gguf_trainer.cli import main
+
+    s, tok = tiny_materials["student"], tiny_materials["tokenizer"]
+    adapter, dump, _spiece = _pixart_case(tmp_path, student)
+    project = _pixart_project(tmp_path, tiny_materials)
+    final = _exported(project, adapter)
+    short = ["check", "--project", str(project.dir), "--dump", str(dump), "--prompt", PROMPT]
+    assert main([*short, "--json"]) == 0
+    alone = json.loads(capsys.readouterr().out)
+    assert main([*short, "--adapter", str(adapter), "--student", str(s), "--tokenizer", str(tok),
+                 "--json"]) == 0
+    spelled = json.loads(capsys.readouterr().out)
+    assert alone["adapter"] == str(final) and spelled["adapter"] == str(adapter)
+    for key in ("rows", "cos", "cos_centered", "rel_mse", "student_cos", "student_tokens",
+                "t5_ids_checked", "verdict"):
+        assert alone[key] == spelled[key], key
+    assert alone["cos"] >= 0.9999 and alone["t5_ids_checked"] is True
+    assert main(short[:-1] + [OTHER]) == 1  # the project's teacher still checks t5_ids.txt
+    assert "not this prompt's T5 ids" in capsys.readouterr().err
+
+
+def test_check_project_defaults_say_what_is_missing_and_flags_win(
+    tmp_path, student, tiny_materials, capsys
+):
+    """No export yet, no student or tokenizer linked: one sentence naming the fix and the flag
+    (exit 1); an explicit flag always wins over the project's."""
+    from gguf_trainer.cli import main
+    from gguf_trainer.exit_codes import EXIT_USER
+    from gguf_trainer.project import update_settings
+    from gguf_trainer.render import RenderPlan, Run
+    from gguf_trainer.runner.render_job import _figures
+
+    s, tok = tiny_materials["student"], tiny_materials["tokenizer"]
+    adapter, dump, _spiece = _pixart_case(tmp_path, student)
+    project = _pixart_project(tmp_path, tiny_materials)
+    short = ["check", "--project", str(project.dir), "--dump", str(dump), "--prompt", PROMPT]
+
+    def refused(argv, *words):
+        assert main(argv) == EXIT_USER
+        err = capsys.readouterr().err
+        assert all(w in err for w in words) and "Traceback" not in err, err
+        assert err.strip().count("\n") == 0, err
+
+    refused(short, f"the project {project.dir} has no exported adapter yet",
+            "run it first", "or pass --adapter FILE")
+    # the GUI's render figure resolves the same way
+    plan = RenderPlan(runs=[Run("adapter", ["ggk"], "adapter.png", dump.name)])
+    fig, note = _figures(project, PROMPT, dump.parent, plan)
+    assert fig is None and "has no exported adapter yet" in note
+    refused(["check", "--dump", str(dump), "--prompt", PROMPT],
+            "pass --adapter FILE, or --project DIR")
+    # an explicit --adapter wins over the project's (missing) export
+    assert main([*short, "--adapter", str(adapter), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["adapter"] == str(adapter)
+
+    _exported(project, adapter)
+    other = _write_adapter(tmp_path / "other-f16.gguf", AdapterConfig(
+        "seeded_resampler", HIDDEN, 48, 64, 1, num_queries=120, seed_vocab=240),
+        "t5xxl_pixart", seed=9)
+    assert main([*short, "--adapter", str(other), "--json"]) == 0  # wins over the export
+    res = json.loads(capsys.readouterr().out)
+    assert res["adapter"] == str(other) and res["cos"] < 0.99
+
+    gone = tmp_path / "gone"
+    update_settings(project.dir, {"materials.student.path": str(gone / "pig_clip-f16.gguf"),
+                                  "materials.student_tokenizer.path": str(gone)})
+    refused(short, "the student GGUF is missing", "does not exist",
+            f"gguf-trainer link --project {project.dir} student PATH", "or pass --student FILE")
+    refused([*short, "--student", str(s)], "the student tokenizer is missing",
+            "has no tokenizer.json", "or pass --tokenizer DIR")
+    assert main([*short, "--student", str(s), "--tokenizer", str(tok)]) == 0
+    assert "verdict:  port check" in capsys.readouterr().out
