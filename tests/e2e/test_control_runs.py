@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 from pipeline_helpers import make_project
-from test_supervisor import wait_for as _wait_for
+from waiting import wait_for as _wait_for
 
 from gguf_trainer.errors import UserError
 from gguf_trainer.runner import control
@@ -15,7 +15,7 @@ from gguf_trainer.runner import control
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
-def wait_for(pred, timeout_s=180.0, every_s=0.2):
+def wait_for(pred, timeout_s=300.0, every_s=0.2):
     return _wait_for(pred, timeout_s=timeout_s, every_s=every_s)
 
 

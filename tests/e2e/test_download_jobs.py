@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -27,6 +26,7 @@ from material_repos import (
     vidprom_files,
     vidprom_prompt,
 )
+from waiting import wait_for as _wait
 
 from gguf_trainer.project import create_project, load_project
 from gguf_trainer.prompt_presets import PRESETS, read_preset
@@ -57,16 +57,6 @@ def project(hub_server, tmp_path, monkeypatch):
     root = tmp_path / "projects" / "t5"
     create_project(root, "t5xxl_pixart", overrides={"corpus.presets": ["vidprom"]})
     return root, files
-
-
-def _wait(predicate, timeout_s: float = 60.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _status(root, material_id: str) -> dict:
@@ -104,7 +94,7 @@ def test_killed_download_resumes_to_identical_bytes(project, hub_server):
 
     again = downloads.start_download(root, [VIDPROM.id])
     assert again[0]["action"] == "started"
-    done = jobs.wait(downloads.job_folder(dest), "download", timeout_s=60)
+    done = jobs.wait(downloads.job_folder(dest), "download", timeout_s=300)
     assert done["status"] == "done", done
     assert (dest / BIG).read_bytes() == files[BIG]
     ranges = [h.get("range") for h in hub_server.get_requests("/" + BIG)]
@@ -144,7 +134,7 @@ def test_two_concurrent_starts_download_once(project, hub_server):
     assert st["state"] == "partial" and "interrupted" in st["note"], st
     hub_server.release(BIG)
     assert downloads.start_download(root, [VIDPROM.id])[0]["action"] == "started"
-    assert jobs.wait(downloads.job_folder(dest), "download", timeout_s=60)["status"] == "done"
+    assert jobs.wait(downloads.job_folder(dest), "download", timeout_s=300)["status"] == "done"
     assert [h.get("range") is None for h in hub_server.get_requests("/" + BIG)] == [True, False]
     assert (dest / BIG).read_bytes() == files[BIG]
 
@@ -154,7 +144,7 @@ def test_token_reaches_the_hub_but_no_file_or_payload(project, hub_server, monke
     hub_server.add_repo(T5_REPO, tiny_t5_files(), gated=True)
     failed = downloads.start_download(root, ["teacher"])[0]
     dest = root / "materials" / "t5-v1_1-xxl-encoder-bf16"
-    st = jobs.wait(downloads.job_folder(dest), "download", timeout_s=60)
+    st = jobs.wait(downloads.job_folder(dest), "download", timeout_s=300)
     assert st["status"] == "failed" and "hf auth login" in st["error"], (failed, st)
     row = _status(root, "teacher")
     assert row["state"] == "failed" and "gated" in row["error"]
@@ -162,7 +152,7 @@ def test_token_reaches_the_hub_but_no_file_or_payload(project, hub_server, monke
     hub_server.tokens.add(TOKEN)
     monkeypatch.setenv("HF_TOKEN", TOKEN)  # the job gets it through its environment only
     payloads = downloads.start_download(root, ["teacher"])
-    assert jobs.wait(downloads.job_folder(dest), "download", timeout_s=60)["status"] == "done"
+    assert jobs.wait(downloads.job_folder(dest), "download", timeout_s=300)["status"] == "done"
     payloads += downloads.material_statuses(root)
     assert _status(root, "teacher")["state"] == "ready"
     # the job's content check

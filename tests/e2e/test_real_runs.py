@@ -16,7 +16,7 @@ import time
 
 import pytest
 from pipeline_helpers import adapter_tensors, assert_same_tensors, make_project
-from test_supervisor import wait_for as _wait_for
+from waiting import wait_for as _wait_for
 
 from gguf_trainer.paths import ProjectPaths
 from gguf_trainer.runner import lock
@@ -52,7 +52,7 @@ def read_state(root) -> dict:
         return {}
 
 
-def wait_for(predicate, timeout_s=120.0, poll_s=0.02):
+def wait_for(predicate, timeout_s=300.0, poll_s=0.02):
     return _wait_for(predicate, timeout_s=timeout_s, every_s=poll_s)
 
 
@@ -102,7 +102,7 @@ def test_kill9_in_every_stage_then_resume_is_bit_identical(
         if target:  # wait for that stage (or a later one: a fast stage can pass between two
             # polls), then a random moment inside it
             try:
-                wait_for(lambda t=target: _reached(read_state(root), t), timeout_s=60, poll_s=0.005)
+                wait_for(lambda t=target: _reached(read_state(root), t), poll_s=0.005)
             except AssertionError:
                 pass
         time.sleep(rng.uniform(0.0, 0.4))
@@ -141,7 +141,7 @@ def test_sigterm_saves_last_then_set_steps_while_running(tmp_path, tiny_material
     wait_for(lambda: (read_state(root).get("step") or 0) >= 4, timeout_s=180)
     res = cli("set", "--project", root, "--steps", "15000")  # honoured within log_every steps
     assert res.returncode == 0 and "15000" in res.stdout
-    wait_for(lambda: read_state(root).get("steps") == 15000, timeout_s=60)
+    wait_for(lambda: read_state(root).get("steps") == 15000)
     os.kill(lock.probe(paths), signal.SIGTERM)  # far from the end: a graceful stop that saves
     wait_idle(paths)
     st = read_state(root)

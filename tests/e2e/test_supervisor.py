@@ -15,6 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from waiting import wait_for
 
 from gguf_trainer import atomic, locks
 from gguf_trainer.exit_codes import EXIT_INTERNAL, EXIT_USER
@@ -53,17 +54,7 @@ def _cleanup(paths: ProjectPaths) -> None:
         processes.signal_verified(*found, signal.SIGKILL)
 
 
-def wait_for(pred, timeout_s=15.0, every_s=0.05):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(every_s)
-    raise AssertionError(f"timed out waiting for {pred}")
-
-
-def wait_status(root, *wanted, timeout_s=15.0):
+def wait_status(root, *wanted, timeout_s=300.0):
     def reached():
         info = supervisor.status(root)
         return info if info["status"] in wanted else None
@@ -198,7 +189,7 @@ def test_supervisor_kill_also_kills_children_and_reads_as_stopped(project, monke
     assert supervisor.kill(project) == "killed"
     info = supervisor.status(project)
     assert info["status"] == "stopped" and "kill" in info["message"]
-    wait_for(lambda: locks.process_start_time(child) is None, 5)
+    wait_for(lambda: locks.process_start_time(child) is None)
 
 
 @pytest.mark.parametrize("fail,code,error", [

@@ -16,6 +16,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from waiting import wait_for  # noqa: F401  (the ui tests import it from here)
+
 CHROMIUM = os.environ.get("GGUF_TRAINER_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu"]
 REPO = Path(__file__).resolve().parents[2]
@@ -132,12 +134,3 @@ def demo_project(env: dict, dest: Path, steps: int) -> Path:
     return dest
 
 
-def wait_for(predicate, timeout_s: float, what: str, every_s: float = 0.3):
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(every_s)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what} (last: {last!r})")

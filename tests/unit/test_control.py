@@ -629,14 +629,14 @@ def test_jobs_run_detached_and_record_their_end(tmp_path, job_module):
     folder.mkdir()
     st = jobs.start_job(folder, "demo", f"{job_module}:work", {"n": 3})
     assert st["status"] in ("running", "done")
-    end = jobs.wait(folder, "demo", timeout_s=60)
+    end = jobs.wait(folder, "demo", timeout_s=300)
     assert end["status"] == "done" and end["result"] == {"made": 3}
     assert end["progress"] == {"done": 3, "total": 3}
     jobs.start_job(folder, "demo", f"{job_module}:work", {"n": 1, "fail": True})
-    end = jobs.wait(folder, "demo", timeout_s=60)
+    end = jobs.wait(folder, "demo", timeout_s=300)
     assert end["status"] == "failed" and end["error"] == "the input is wrong; fix it."
     jobs.start_job(folder, "demo", f"{job_module}:work", {"n": 1, "crash": True})
-    end = jobs.wait(folder, "demo", timeout_s=60)
+    end = jobs.wait(folder, "demo", timeout_s=300)
     assert end["status"] == "failed" and "internal error" in end["error"]
     assert "KeyError" in jobs.log_path(folder, "demo").read_text()
 
@@ -655,7 +655,7 @@ def test_one_job_per_name_stop_and_kill_reads_interrupted(tmp_path, job_module):
     assert jobs.job_status(folder, "snapshot")["status"] == "stopped"
     st = jobs.start_job(folder, "snapshot", f"{job_module}:slow", {})
     os.kill(st["pid"], signal.SIGKILL)
-    end = jobs.wait(folder, "snapshot", timeout_s=30)
+    end = jobs.wait(folder, "snapshot", timeout_s=300)
     assert end["status"] == "interrupted" and "without recording a result" in end["error"]
 
 

@@ -27,10 +27,10 @@ def test_job_stopped_raised_by_an_importing_target_is_stopped(tmp_path, monkeypa
     folder = tmp_path / "work"
     folder.mkdir()
     jobs.start_job(folder, "stopper", "stop_target:stop_now")
-    st = jobs.wait(folder, "stopper", timeout_s=60)
+    st = jobs.wait(folder, "stopper", timeout_s=300)
     assert st["status"] == "stopped" and st["error"] == "stopped on request", st
     assert "internal error" not in jobs.log_path(folder, "stopper").read_text()
 
     jobs.start_job(folder, "handle", "stop_target:is_imported_module")
-    st = jobs.wait(folder, "handle", timeout_s=60)
+    st = jobs.wait(folder, "handle", timeout_s=300)
     assert st["status"] == "done" and st["result"] == {"same": True}, st
