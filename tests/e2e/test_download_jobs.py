@@ -182,16 +182,16 @@ def test_cli_download_ctrl_c_keeps_a_partial_that_resumes(project, hub_server):
     proc = _cli(root, "download")
     _wait(lambda: _partial_size(dest) >= CHUNK, what="the first chunk on disk")
     proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=60)
+    out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 130, out
     assert "Traceback" not in out and "student_tokenizer: ready" in out and "teacher: ready" in out
     hub_server.release(BIG)
     proc = _cli(root, "download")
-    out, _ = proc.communicate(timeout=120)
+    out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 1, out  # the student GGUF is a local file nobody set yet
     assert f"{VIDPROM.id}: ready at" in out and "student: missing" in out
     assert (dest / BIG).read_bytes() == files[BIG]
     assert int(hub_server.get_requests("/" + BIG)[-1]["range"][len("bytes=") : -1]) >= CHUNK
     proc = _cli(root, "materials", "--json")
-    rows = {r["id"]: r for r in json.loads(proc.communicate(timeout=60)[0])}
+    rows = {r["id"]: r for r in json.loads(proc.communicate(timeout=300)[0])}
     assert {rows[i]["state"] for i in ("teacher", "student_tokenizer", VIDPROM.id)} == {"ready"}

@@ -59,6 +59,8 @@ def page(browser, gui):
     ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
     ctx.grant_permissions(["clipboard-read", "clipboard-write"], origin=gui.url.rstrip("/"))
     pg = ctx.new_page()
+    # a busy machine serves the GUI slowly: Playwright's waits are bounds on a hang, not speed
+    pg.set_default_timeout(120_000)
     pg.errors = []
     pg.on("console", lambda m: pg.errors.append(m.text) if m.type == "error" else None)
     pg.on("pageerror", lambda e: pg.errors.append(str(e)))
@@ -263,7 +265,7 @@ def test_file_browser_and_field_errors(page, gui, demo_root):
     assert 0 <= box["y"] < 1000 - 200 and 0 <= box["x"] < 1400, box
     use = pg.locator("#fb-use").bounding_box()
     assert 0 <= use["y"] and use["y"] + use["height"] <= 1000, use  # its button is on screen
-    pg.locator("#fb-use").click(trial=True, timeout=5000)  # and nothing covers it
+    pg.locator("#fb-use").click(trial=True, timeout=60_000)  # and nothing covers it
     assert "student" in pg.locator("#fb-for").inner_text().lower()
     folder = pg.locator("#fb-folder textarea, #fb-folder input").first
     folder.fill("/etc")
