@@ -5,16 +5,20 @@ engine command into the two runs of a render (the adapter: `--llm <student> --ll
 <GGUF>`; the teacher: the pack's `engine_teacher_args` in their place, or none where ggk has
 no teacher path for the family), the conditioning pass (`--cfg-scale 1`, SD_DUMP_COND: with
 CFG the dump left on disk is the empty negative prompt's, engine-contract §4b), the model
-files the commands name that must be in the user's model folder, and the cosine between the
-dumps. Must not: spawn, wait or write (runner/render_job.py runs the plan).
+files the commands name that must be in the user's model folder, the files the user set for
+the command's `<placeholders>` (a pack that cannot name ggk's file prints `<z-image-turbo DiT
+.gguf>`: one argument, the user's file), and the cosine between the dumps. Must not: spawn,
+wait or write (runner/render_job.py runs the plan).
 
-    plan = render_plan(project, "a red fox", seed=42, ggk=find_ggk(None), models=Path("~/ggk"))
+    plan = render_plan(project, "a red fox", seed=42, ggk=find_ggk(None), models=Path("~/ggk"),
+                       files={"<z-image-turbo DiT .gguf>": "/m/z_image_turbo-q8_0.gguf"})
     plan.missing          # what to install or point at, one sentence each ([] = ready)
     plan.runs             # [Run(half="teacher"|"adapter", argv, image, dump, cond_argv)]
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 import shutil
 from dataclasses import dataclass, field
@@ -30,6 +34,9 @@ ADAPTER_FLAGS = ("--llm", "--llm-adapter")  # replaced by the teacher's args in 
 TEACHER_DUMP = "llm_hidden.bin"  # the full teacher's conditioning (MageFlow's Qwen3-VL path)
 ADAPTER_DUMP = "adapter_out.bin"
 TOKENS_TXT = "tokens.txt"
+PLACEHOLDER = re.compile(r"<[^<>]+>")  # a pack's `<qwen3-4b .gguf>`: one file, spaces and all
+FILE_FLAG = "--file"  # `gguf-trainer render --file "<placeholder>=PATH"`
+FILES_FIELD = "Output › Render it in your ggk › Files for the placeholders"
 
 
 @dataclass
@@ -102,6 +109,36 @@ def _runs(half: str, argv: list[str], ggk: str, prompt: str, seed: int) -> Run:
     return Run(half, argv, f"{half}.png", f"{half}-dump", cond)
 
 
+def split_command(command: str) -> list[str]:
+    """A pack's printed ggk command as argv, each `<...>` placeholder one word (shlex alone
+    would cut `<z-image-turbo DiT .gguf>` into three). A placeholder inside a quoted word (a
+    prompt) stays part of that word."""
+    spans: list[str] = []
+
+    def keep(m: re.Match) -> str:
+        spans.append(m.group(0))
+        return f"\0{len(spans) - 1}\0"  # no space, no quote: shlex leaves it whole
+
+    words = shlex.split(PLACEHOLDER.sub(keep, command))
+    return [re.sub(r"\0(\d+)\0", lambda m: spans[int(m.group(1))], w) for w in words]
+
+
+def is_placeholder(word: str) -> bool:
+    return PLACEHOLDER.fullmatch(word) is not None
+
+
+def placeholder_key(name: str) -> str:
+    """The placeholder as the settings key it: bracketed, inner spaces collapsed, so
+    `z-image-turbo DiT .gguf` and `<z-image-turbo  DiT .gguf>` name the same one."""
+    inner = " ".join(name.strip().removeprefix("<").removesuffix(">").split())
+    return f"<{inner}>"
+
+
+def placeholders(argv: list[str]) -> list[str]:
+    """The command's placeholders, in order, once each."""
+    return list(dict.fromkeys(a for a in argv if is_placeholder(a)))
+
+
 def model_files(argv: list[str], skip: tuple[str, ...]) -> list[str]:
     """The file names a command reads besides the student and adapter (diffusion model, VAE,
     encoders, a reference image), in order: each must be in the model folder."""
@@ -114,10 +151,14 @@ def model_files(argv: list[str], skip: tuple[str, ...]) -> list[str]:
 
 
 def render_plan(project, prompt: str, seed: int, ggk: str | None,
-                models: Path | None) -> RenderPlan:
-    """The runs of a render of `prompt` at `seed` for this project, and what is missing."""
+                models: Path | None, files: dict[str, str] | None = None) -> RenderPlan:
+    """The runs of a render of `prompt` at `seed` for this project, and what is missing.
+    `files`: the user's file for each placeholder of the command (placeholder_key -> path; a
+    relative one is a name in the model folder, as the command's own file names are)."""
     pack = project.pack
-    plan = RenderPlan(models=str(models or ""))
+    # ggk runs in the model folder (the command names its files relative to it); "" when
+    # there is none: render_job runs it in the render folder then (every file is a full path)
+    plan = RenderPlan(models=str(models) if models and Path(models).is_dir() else "")
     student = project.material_path("student")
     adapter = project.final_gguf
     if ggk is None:
@@ -129,32 +170,59 @@ def render_plan(project, prompt: str, seed: int, ggk: str | None,
         plan.missing.append("the student pig_clip-f16.gguf: link it in Setup → Materials")
     if not adapter.is_file():
         plan.missing.append(f"the adapter {adapter.name}: train and export it first")
-    base = shlex.split(
-        pack.engine_command(student=str(student or "pig_clip-f16.gguf"), adapter=str(adapter))
+    student_arg = str(student or "pig_clip-f16.gguf")  # unlinked: named, and said missing above
+    # quoted: a project folder with a space stays one argument
+    base = split_command(
+        pack.engine_command(student=shlex.quote(student_arg), adapter=shlex.quote(str(adapter)))
     )
     adapter_argv = base
     runs = [("adapter", adapter_argv)]
     teacher_args = pack.engine_teacher_args
     if teacher_args:
-        runs.insert(0, ("teacher", _drop(base, ADAPTER_FLAGS) + shlex.split(teacher_args)))
+        runs.insert(0, ("teacher", _drop(base, ADAPTER_FLAGS) + split_command(teacher_args)))
     else:
         plan.no_teacher = (
             f"ggk has no teacher path for {pack.title}: it runs only through "
             "the adapter, so the adapter's image is shown alone"
         )
+    given = {placeholder_key(k): v for k, v in (files or {}).items() if v}
+    unset: list[str] = []
+    chosen: dict[str, str] = {}  # placeholder -> the argument in its place
     names = []
     for _half, argv in runs:
-        names += [n for n in model_files(argv, (str(student), str(adapter))) if n not in names]
-    if models is None or not Path(models).is_dir():
+        names += [n for n in model_files(argv, (student_arg, str(adapter))) if n not in names]
+    for ph in placeholders([a for _half, argv in runs for a in argv]):
+        path = given.get(placeholder_key(ph))
+        if not path:
+            unset.append(ph)
+        elif not Path(path).expanduser().is_absolute():
+            chosen[ph] = path
+            names += [path] if path not in names else []  # in the model folder
+        else:
+            chosen[ph] = str(Path(path).expanduser())
+            if not Path(chosen[ph]).is_file():
+                plan.missing.append(
+                    f"the file set for {ph}, {chosen[ph]}: it is not a file; set the right path"
+                )
+    if unset:
+        example = f'{FILE_FLAG} "{unset[0]}=PATH"'
+        plan.missing.append(
+            f"a file for each placeholder in the pack's ggk command ({', '.join(unset)}): "
+            f"set each with `gguf-trainer render {example}` (remembered) or in {FILES_FIELD}"
+        )
+    if names and (models is None or not Path(models).is_dir()):
         plan.missing.append(f"the folder with ggk's model files ({', '.join(names)}): choose it")
-    else:
+    elif names:
         absent = [n for n in names if not (Path(models) / n).exists()]
         if absent:
             plan.missing.append(
                 f"{', '.join(absent)} in {models}: put ggk's model files there "
                 "or choose the folder that holds them"
             )
-    plan.runs = [_runs(half, argv, ggk or GGK, prompt, seed) for half, argv in runs]
+    plan.runs = [
+        _runs(half, [chosen.get(a, a) for a in argv], ggk or GGK, prompt, seed)
+        for half, argv in runs
+    ]
     return plan
 
 

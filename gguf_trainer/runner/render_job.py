@@ -8,7 +8,8 @@ stays readable after the job and the GUI are gone. The plan (commands, model fil
 is gguf_trainer.render's; this module only runs it.
 
     start_render(root, "a red fox", seed=42) -> job state       (raises UserError / LockHeld)
-    render_settings() / save_render_settings(ggk=..., models=...)   user settings, not project
+    render_settings() / save_render_settings(ggk=..., models=..., files=...)   user settings
+    parse_files(['<z-image-turbo DiT .gguf>=/m/z.gguf']) -> {placeholder: path}
     render_status(root) -> {job, plan_missing, latest}          what the Output tab shows
     list_renders(root) -> [render.json dicts], newest first
 """
@@ -29,25 +30,65 @@ from gguf_trainer.runner import jobs, supervisor
 
 JOB_NAME = "render"
 JOB_TARGET = "gguf_trainer.runner.render_job:render_main"
-SETTINGS_KEY = "render"  # in ~/.gguf-trainer/settings.json: {"ggk": path, "models": folder}
+# in ~/.gguf-trainer/settings.json: {"ggk": path, "models": folder, "files": {placeholder: path}}
+SETTINGS_KEY = "render"
 POLL_S = 0.2
 
 
 def render_settings() -> dict:
-    """{"ggk": configured ggk path or "", "models": ggk's model folder or ""}."""
+    """{"ggk": configured ggk path or "", "models": ggk's model folder or "", "files": the
+    file set for each placeholder of a pack's ggk command}."""
     got = supervisor.read_settings().get(SETTINGS_KEY)
     got = got if isinstance(got, dict) else {}
-    return {k: got.get(k) if isinstance(got.get(k), str) else "" for k in ("ggk", "models")}
+    out = {k: got.get(k) if isinstance(got.get(k), str) else "" for k in ("ggk", "models")}
+    files = got.get("files") if isinstance(got.get("files"), dict) else {}
+    out["files"] = {
+        render.placeholder_key(k): v for k, v in files.items() if isinstance(v, str) and v
+    }
+    return out
 
 
-def save_render_settings(ggk: str | None = None, models: str | None = None) -> dict:
-    """Remember where ggk and its model files are (user settings: they serve every project)."""
+def parse_files(items) -> dict[str, str]:
+    """`<placeholder>=PATH` items (the CLI's --file, the GUI's lines) as {placeholder: path};
+    an empty PATH unsets it. A malformed item is a sentence."""
+    out = {}
+    for item in items or ():
+        if not item.strip():
+            continue
+        name, eq, path = item.partition("=")
+        if not eq or not name.strip() or not name.strip().strip("<>").strip():
+            raise UserError(
+                f"{item.strip()!r} is not a placeholder's file: write it as "
+                '"<placeholder>=PATH", e.g. "<z-image-turbo DiT .gguf>=/models/z-image.gguf"'
+            )
+        out[render.placeholder_key(name)] = path.strip()
+    return out
+
+
+def files_text(files: dict[str, str]) -> str:
+    """The placeholder files as the GUI's lines (parse_files reads them back)."""
+    return "\n".join(f"{k}={v}" for k, v in sorted(files.items()))
+
+
+def save_render_settings(ggk: str | None = None, models: str | None = None,
+                         files: dict[str, str] | None = None, replace_files: bool = False) -> dict:
+    """Remember where ggk and its model files are (user settings: they serve every project).
+    `files` adds or (empty path) unsets placeholder files; replace_files: they are all of them
+    (the GUI's box holds the whole list)."""
     settings = supervisor.read_settings()
     cur = render_settings()
     if ggk is not None:
         cur["ggk"] = str(Path(ggk).expanduser()) if ggk.strip() else ""
     if models is not None:
         cur["models"] = str(Path(models).expanduser()) if models.strip() else ""
+    if files is not None:
+        merged = {} if replace_files else dict(cur["files"])
+        for k, v in files.items():
+            if v:
+                merged[render.placeholder_key(k)] = str(Path(v).expanduser())
+            else:
+                merged.pop(render.placeholder_key(k), None)
+        cur["files"] = merged
     settings[SETTINGS_KEY] = cur
     atomic.write_json(supervisor.settings_path(), settings)
     return cur
@@ -59,7 +100,8 @@ def plan_for(root, prompt: str = "a red fox", seed: int = 42) -> render.RenderPl
     conf = render_settings()
     models = Path(conf["models"]).expanduser() if conf["models"] else None
     return render.render_plan(
-        load_project(root), prompt, seed, render.find_ggk(conf["ggk"] or None), models
+        load_project(root), prompt, seed, render.find_ggk(conf["ggk"] or None), models,
+        conf["files"],
     )
 
 
@@ -175,13 +217,14 @@ def render_main(folder: Path, job, *, prompt: str, seed: int) -> dict:
         (out / run.dump).mkdir(exist_ok=True)
         job.update(phase=f"{run.half}: rendering", folder=str(out))
         dump_env = None if run.cond_argv else out / run.dump
-        _run_ggk(job, run.argv, plan.models, out, f"{run.half}.log", dump_env, out / run.image)
+        cwd = plan.models or str(out)  # no model folder: every file the command names is a path
+        _run_ggk(job, run.argv, cwd, out, f"{run.half}.log", dump_env, out / run.image)
         half["image"] = str(out / run.image)
         if run.cond_argv:
             half["cond_command"] = shlex.join(run.cond_argv)
             job.update(phase=f"{run.half}: conditioning pass (CFG 1)")
             _run_ggk(
-                job, run.cond_argv, plan.models, out, f"{run.half}-cond.log", out / run.dump, None
+                job, run.cond_argv, cwd, out, f"{run.half}-cond.log", out / run.dump, None
             )
         half["dump"] = str(out / run.dump)
     job.update(phase="comparing the conditioning")

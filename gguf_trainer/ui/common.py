@@ -56,6 +56,8 @@ _GUI_WORDS = (
      r"(Setup → Materials: Replace, or the \1 path field)"),
     (re.compile(r"`?gguf-trainer stop --project \S+?`?(?=[ ;,.)]|$)"), "Stop on the Train tab"),
     (re.compile(r"--project DIR"), "the project folder"),
+    (re.compile(r"with `gguf-trainer render --file \"<[^<>]*>=PATH\"` \(remembered\) or in "),
+     "in "),  # render.py's placeholder sentence: the GUI has its own field for them
 )
 
 

@@ -27,6 +27,7 @@ class RenderParts:
     status: gr.Markdown
     ggk: gr.Textbox
     models: gr.Textbox
+    files: gr.Textbox
     save: gr.Button
     prompt: gr.Textbox
     seed: gr.Number
@@ -57,6 +58,15 @@ def build() -> RenderParts:
                 elem_id="render-models",
             )
             save = gr.Button("Save", scale=0, elem_id="btn-render-save")
+        # a pack that cannot name ggk's file prints a placeholder (`<qwen3-4b .gguf>`): the
+        # user's file for each, one `<placeholder>=PATH` a line (the CLI's --file)
+        files = gr.Textbox(
+            render_job.files_text(conf["files"]),
+            label="Files for the placeholders (one a line: <placeholder>=PATH; a relative PATH "
+            "is in the model folder)",
+            lines=2,
+            elem_id="render-files",
+        )
         with gr.Row(equal_height=True):
             prompt = gr.Textbox(
                 "a red fox in the snow, 35mm photo",
@@ -87,6 +97,7 @@ def build() -> RenderParts:
         status,
         ggk,
         models,
+        files,
         save,
         prompt,
         seed,
@@ -206,9 +217,11 @@ def wire(p: RenderParts, project: gr.State, tab: gr.Tab) -> None:
     tab.select(lambda proj: view(proj, None), [project], outs, api_visibility="private")
 
     @common.shown_errors
-    def do_save(ggk, models):
-        conf = render_job.save_render_settings(ggk or "", models or "")
-        gr.Info(f"ggk: {conf['ggk'] or 'on PATH'}; model files: {conf['models'] or 'not set'}")
+    def do_save(ggk, models, files):
+        placeholders = render_job.parse_files((files or "").splitlines())
+        conf = render_job.save_render_settings(ggk or "", models or "", placeholders, True)
+        gr.Info(f"ggk: {conf['ggk'] or 'on PATH'}; model files: {conf['models'] or 'not set'}; "
+                f"placeholder files: {len(conf['files'])}")
 
     @common.shown_errors
     def do_render(proj, prompt, seed):
@@ -227,7 +240,7 @@ def wire(p: RenderParts, project: gr.State, tab: gr.Tab) -> None:
         "outputs": outs,
         "api_visibility": "private",
     }
-    p.save.click(do_save, [p.ggk, p.models], None, api_visibility="private").then(**reset)
+    p.save.click(do_save, [p.ggk, p.models, p.files], None, api_visibility="private").then(**reset)
     p.start.click(do_render, [project, p.prompt, p.seed], None, api_visibility="private").then(
         **reset
     )

@@ -134,7 +134,10 @@ def test_one_render_per_project_and_stop_ends_it(setup, monkeypatch):
     assert render_job.stop_render(root) == "stopped"
     assert jobs.job_status(root, "render")["status"] == "stopped"
     log = next((root / "renders").iterdir()) / "teacher.log"
-    assert "stand-in ggk" not in log.read_text()  # killed in its sleep: it never wrote the image
+    # killed in its sleep: it never wrote the image (no log: stopped before ggk even started,
+    # the phase is set just before the process is)
+    assert not log.exists() or "stand-in ggk" not in log.read_text()
+    assert not (log.parent / "teacher.png").exists()
 
 
 def test_a_family_without_a_teacher_path_renders_the_adapter_alone(tmp_path, monkeypatch):
@@ -152,3 +155,41 @@ def test_a_family_without_a_teacher_path_renders_the_adapter_alone(tmp_path, mon
     assert "--llm-adapter" in adapter.argv and "--t5xxl" not in adapter.argv
     # PixArt renders at its own CFG; the dump comes from a CFG-1 conditioning pass
     assert teacher.cond_argv[teacher.cond_argv.index("--cfg-scale") + 1] == "1"
+
+
+def test_placeholders_in_a_packs_command_take_the_users_files(setup, tmp_path):
+    """Z-Image prints `--diffusion-model <z-image-turbo DiT .gguf> --vae <flux ae .gguf>` and
+    the teacher `--llm <qwen3-4b .gguf>`: unset, the CLI refuses in one sentence naming them
+    before anything runs; set with --file, each is one argument of the command ggk gets."""
+    _root, _models, home = setup
+    root = tmp_path / "z image"
+    create_project(root, "qwen3_zimage",
+                   overrides={"materials.student.path": str(tmp_path / "pig_clip-f16.gguf")})
+    adapter = load_project(root).final_gguf
+    adapter.parent.mkdir(parents=True, exist_ok=True)
+    adapter.write_bytes(b"GGUF")
+    res = cli_at_home("render", "--project", root, "--prompt", "a pig", home=home)
+    assert res.returncode == 1
+    for ph in ("<z-image-turbo DiT .gguf>", "<flux ae .gguf>", "<qwen3-4b .gguf>"):
+        assert ph in res.stderr
+    assert '--file "<z-image-turbo DiT .gguf>=PATH"' in res.stderr
+    assert not (root / "renders").exists()  # nothing ran
+    files = {ph: tmp_path / "ggk files" / f"{ph.strip('<>')}.gguf"
+             for ph in ("<z-image-turbo DiT .gguf>", "<flux ae .gguf>", "<qwen3-4b .gguf>")}
+    files["<z-image-turbo DiT .gguf>"].parent.mkdir()
+    for path in files.values():
+        path.write_bytes(b"x")
+    flags = [a for ph, path in files.items() for a in ("--file", f"{ph}={path}")]
+    res = cli_at_home("render", "--project", root, "--prompt", "a pig", *flags, "--wait",
+                      home=home)
+    assert res.returncode == 0, res.stderr + res.stdout
+    (folder,) = (root / "renders").iterdir()
+    record = json.loads((folder / "render.json").read_text())
+    teacher = shlex.split(record["halves"]["teacher"]["command"])
+    adapter_argv = shlex.split(record["halves"]["adapter"]["command"])
+    for argv in (teacher, adapter_argv):
+        assert not [a for a in argv if "<" in a or ">" in a], argv
+        assert argv[argv.index("--diffusion-model") + 1] == str(files["<z-image-turbo DiT .gguf>"])
+        assert argv[argv.index("--vae") + 1] == str(files["<flux ae .gguf>"])
+    assert teacher[teacher.index("--llm") + 1] == str(files["<qwen3-4b .gguf>"])
+    assert "adapter vs teacher" in record["figures_note"]  # the stand-in's --llm teacher dump

@@ -89,3 +89,24 @@ def test_a_moved_projects_render_is_shown_from_where_it_is_now(tmp_path, monkeyp
     assert teacher.getpixel((0, 0)) == (0, 0, 255) and adapter.getpixel((0, 0)) == (255, 0, 0)
     lines = render_section.render_job.describe(render_section.render_job.list_renders(new)[0])
     assert f"teacher:   {new / 'renders' / '20260101-000000-s7' / 'teacher.png'}" in lines
+
+
+def test_a_packs_placeholders_are_named_with_the_field_that_sets_them(tmp_path, monkeypatch):
+    """Z-Image's command prints `<z-image-turbo DiT .gguf>`, `<flux ae .gguf>` and the teacher's
+    `<qwen3-4b .gguf>`: the section names each and this box's field (not the CLI's flag), and
+    once the box's lines are saved they are no longer missing."""
+    monkeypatch.setenv("GGUF_TRAINER_HOME", str(tmp_path / "home"))
+    root = tmp_path / "p"
+    create_project(root, "qwen3_zimage")
+    status = render_section.view(str(root), None)[0]
+    assert all(ph in status for ph in ("<z-image-turbo DiT .gguf>", "<flux ae .gguf>",
+                                       "<qwen3-4b .gguf>"))
+    assert "Files for the placeholders" in status and "--file" not in status
+    for name in ("dit.gguf", "ae.gguf", "qwen.gguf"):
+        (tmp_path / name).write_bytes(b"x")
+    lines = (f"<z-image-turbo DiT .gguf>={tmp_path / 'dit.gguf'}\n"
+             f"flux ae .gguf = {tmp_path / 'ae.gguf'}\n<qwen3-4b .gguf>={tmp_path / 'qwen.gguf'}")
+    render_section.render_job.save_render_settings(
+        files=render_section.render_job.parse_files(lines.splitlines()), replace_files=True
+    )
+    assert "placeholder" not in render_section.view(str(root), None)[0]
