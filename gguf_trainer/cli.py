@@ -342,12 +342,9 @@ def cmd_render(args) -> int:
     from gguf_trainer.runner import jobs, render_job  # torch-free; the job process runs ggk
 
     paths = supervisor.project_paths(args.project)
-    files = render_job.parse_files(args.file) if args.file else None
-    if args.ggk is not None or args.models is not None or files is not None:
-        conf = render_job.save_render_settings(args.ggk, args.models, files)
-        _out(f"ggk: {conf['ggk'] or '(on PATH)'}; model files: {conf['models'] or '(not set)'}")
-        for name in files or {}:
-            _out(f"{name}: {conf['files'].get(name) or '(not set)'}")
+    if args.ggk is not None or args.models is not None or args.file:
+        for line in render_job.save_cli_settings(args.ggk, args.models, args.file):
+            _out(line)
     seed = _parse_seed(args.seed)
     st = render_job.start_render(paths.root, args.prompt, seed)
     _out(f"render started (pid {st['pid']}); each result goes to {paths.root / 'renders'}")
@@ -604,11 +601,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", default="42", metavar="S", help="the seed of both runs (default 42)")
     p.add_argument("--ggk", metavar="PATH", help="the ggk command, if not on PATH (remembered)")
     p.add_argument("--models", metavar="DIR", help="the folder with ggk's model files (remembered)")
-    p.add_argument(
-        "--file", action="append", metavar='"<placeholder>=PATH"',
-        help="your file for a <placeholder> in the pack's ggk command (repeat for each; a "
-             "relative PATH is in --models; an empty PATH unsets it; remembered)",
-    )
+    p.add_argument("--file", action="append", metavar='"<placeholder>=PATH"', help="your file "
+                   "for a <placeholder> of the pack's ggk command (repeatable; remembered)")
     p.add_argument("--wait", action="store_true", help="wait for the images and print the result")
     p = command("inspect", cmd_inspect, "describe an adapter GGUF file", project=False)
     p.add_argument("file", metavar="FILE")

@@ -10,6 +10,7 @@ is gguf_trainer.render's; this module only runs it.
     start_render(root, "a red fox", seed=42) -> job state       (raises UserError / LockHeld)
     render_settings() / save_render_settings(ggk=..., models=..., files=...)   user settings
     parse_files(['<z-image-turbo DiT .gguf>=/m/z.gguf']) -> {placeholder: path}
+    save_cli_settings(ggk, models, ["<ph>=PATH", ...]) -> lines      the CLI's flags, remembered
     render_status(root) -> {job, plan_missing, latest}          what the Output tab shows
     list_renders(root) -> [render.json dicts], newest first
 """
@@ -92,6 +93,14 @@ def save_render_settings(ggk: str | None = None, models: str | None = None,
     settings[SETTINGS_KEY] = cur
     atomic.write_json(supervisor.settings_path(), settings)
     return cur
+
+
+def save_cli_settings(ggk: str | None, models: str | None, files: list[str] | None) -> list[str]:
+    """`gguf-trainer render --ggk/--models/--file`: remember them; what is set now, as lines."""
+    given = parse_files(files) if files else None
+    conf = save_render_settings(ggk, models, given)
+    lines = [f"ggk: {conf['ggk'] or '(on PATH)'}; model files: {conf['models'] or '(not set)'}"]
+    return lines + [f"{k}: {conf['files'].get(k) or '(not set)'}" for k in given or {}]
 
 
 def plan_for(root, prompt: str = "a red fox", seed: int = 42) -> render.RenderPlan:
