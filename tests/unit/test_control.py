@@ -623,7 +623,6 @@ def job_module(tmp_path, monkeypatch):
     return "jobmod_for_tests"
 
 
-@pytest.mark.timeout(120)
 def test_jobs_run_detached_and_record_their_end(tmp_path, job_module):
     folder = tmp_path / "f"
     folder.mkdir()
@@ -641,7 +640,6 @@ def test_jobs_run_detached_and_record_their_end(tmp_path, job_module):
     assert "KeyError" in jobs.log_path(folder, "demo").read_text()
 
 
-@pytest.mark.timeout(120)
 def test_one_job_per_name_stop_and_kill_reads_interrupted(tmp_path, job_module):
     import signal
 
@@ -659,7 +657,6 @@ def test_one_job_per_name_stop_and_kill_reads_interrupted(tmp_path, job_module):
     assert end["status"] == "interrupted" and "without recording a result" in end["error"]
 
 
-@pytest.mark.timeout(120)
 def test_a_running_snapshot_job_shows_in_status_json_and_blocks_reset(proj, capsys, job_module):
     jobs.start_job(proj, "snapshot", f"{job_module}:slow", {})
     try:
