@@ -113,7 +113,8 @@ def build() -> SetupParts:
             with gr.Row(equal_height=True):
                 pack = gr.Dropdown(
                     choices,
-                    value=choices[0][1] if choices else None,
+                    # the first registered pack (PixArt, the demo's), not the first by family
+                    value=(control.list_packs() or [{"id": None}])[0]["id"],
                     label="New project: trainer pack",
                     scale=2,
                     elem_id="new-pack",

@@ -235,3 +235,14 @@ def test_kill_is_neutral_until_the_run_is_stalled():
     stalled = train_tab.render(live.Cursor(), {**base, "status": "stalled"}, False, False)[3]
     assert running["variant"] == "secondary" and running["interactive"] is True
     assert stalled["variant"] == "stop"
+
+
+def test_a_new_project_starts_on_the_reference_pack():
+    """The picker is sorted by family (Boogu Image comes first), yet a newcomer's default is
+    the first registered pack, PixArt, the one the demo and the README start with."""
+    from gguf_trainer.packs import pack_ids
+
+    app = build_app()
+    picker = next(b for b in app.blocks.values() if getattr(b, "elem_id", None) == "new-pack")
+    assert picker.value == pack_ids()[0] == "t5xxl_pixart"
+    assert picker.choices[0][1] != "t5xxl_pixart"  # the sort alone would have picked another
