@@ -165,9 +165,18 @@ def test_token_reaches_the_hub_but_no_file_or_payload(project, hub_server, monke
             assert TOKEN.encode() not in p.read_bytes(), p
 
 
+# A suite started in the background (`cmd &`, nohup, some CI runners) hands its children SIGINT
+# ignored, and Python then installs no KeyboardInterrupt handler: the CLI gets the handler a
+# terminal's Ctrl-C finds, whatever started the suite.
+_CLI_AS_FROM_A_TERMINAL = (
+    "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "sys.argv[0] = 'gguf-trainer'; runpy.run_module('gguf_trainer.cli', run_name='__main__')"
+)
+
+
 def _cli(root, *args, **kw) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "gguf_trainer.cli", *args, "--project", str(root)],
+        [sys.executable, "-c", _CLI_AS_FROM_A_TERMINAL, *args, "--project", str(root)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
