@@ -24,6 +24,7 @@ from pipeline_helpers import cli_at_home, run_pipeline
 from gguf_trainer.adapters import load_gguf
 from gguf_trainer.check import read_ids
 from gguf_trainer.demo import prepare_demo
+from gguf_trainer.materials import seed_tokenizer
 from gguf_trainer.project import load_project
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -70,6 +71,12 @@ def test_pixart_render_cosine_through_check_on_a_real_export(tmp_path, monkeypat
     export = project.final_gguf
     window = load_gguf(export).config.num_queries
     monkeypatch.setenv("STAND_IN_TOKENIZER", str(project.material_path("student_tokenizer")))
+    # The demo's tiny teacher tokenizes with its own small spiece.model, the engine here with its
+    # built-in T5 vocabulary, so check's comparison of the two (check --project, which a render
+    # runs) would rightly refuse every dump. With a real teacher they are the same vocabulary;
+    # here the spiece.model steps aside and check says it compared no ids.
+    spm, _ = seed_tokenizer(project)
+    spm.rename(spm.with_name("spiece.model.aside"))
     for seed, prompt in enumerate(PROMPTS):
         res = cli_at_home("render", "--project", root, "--prompt", prompt, "--seed", seed,
                           "--models", engine_ggk, "--wait", home=home)
@@ -92,6 +99,7 @@ def test_pixart_render_cosine_through_check_on_a_real_export(tmp_path, monkeypat
         assert fig["pack"] == "t5xxl_pixart" and fig["rows"] == real
         assert fig["student_cos"] == pytest.approx(1.0, abs=1e-6)  # the engine's student ids
         assert fig["tokens_checked"] is False  # PixArt writes t5_ids.txt, not tokens.txt
+        assert fig["t5_ids_checked"] is False and "does not exist" in fig["t5_ids_why_not"]
         print(
             f"render of {len(prompt)} chars: {real} real slots of {window} x "
             f"{engine_rows.shape[1]}; cos {fig['cos']:.8f}, rel_mse {fig['rel_mse']:.3g}"
