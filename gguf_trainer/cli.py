@@ -292,16 +292,8 @@ def cmd_materials(args) -> int:
     from gguf_trainer.runner import downloads
 
     if args.link_found:  # with --online a copy made by hand is checked against the Hub
-        passed: dict[str, list[str]] = {}
-        unverified: dict[str, list[str]] = {}
-        for d in downloads.link_found(args.project, passed, args.online, unverified):
-            _out(d["message"])
-        for mid, lines in passed.items():
-            for line in lines:
-                _out(f"{mid}: not linked: {line}")
-        for mid, lines in unverified.items():
-            for line in lines:
-                _out(f"{mid}: {line}")
+        for line in downloads.link_found_lines(args.project, args.online):
+            _out(line)
     rows = downloads.material_statuses(args.project, online=args.online)
     _out(json.dumps(rows, indent=2) if args.json else downloads.format_statuses(rows))
     return EXIT_OK

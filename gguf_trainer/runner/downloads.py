@@ -103,6 +103,17 @@ def link_material(root, material_id: str, path) -> dict:
     return material_status(load_project(root), material)
 
 
+def link_found_lines(root, online: bool) -> list[str]:
+    """link_found's report for a person, a line each: what was linked, what a copy was passed
+    over for, and the copies left unverified with how to accept them."""
+    passed: dict[str, list[str]] = {}
+    unverified: dict[str, list[str]] = {}
+    lines = [d["message"] for d in link_found(root, passed, online, unverified)]
+    lines += [f"{mid}: not linked: {line}" for mid, said in passed.items() for line in said]
+    lines += [f"{mid}: {line}" for mid, said in unverified.items() for line in said]
+    return lines
+
+
 def link_found(root, passed_over: dict[str, list[str]] | None = None, online: bool = False,
                unverified_over: dict[str, list[str]] | None = None) -> list[dict]:
     """Link every wanted material that is not ready to a complete copy found on disk whose
@@ -415,16 +426,8 @@ def download_foreground(
     Ctrl-C (KeyboardInterrupt) propagates; the partial file stays and resumes next time."""
     from gguf_trainer.project import load_project
 
-    passed: dict[str, list[str]] = {}
-    unverified: dict[str, list[str]] = {}
-    for d in link_found(root, passed, online=True, unverified_over=unverified):
-        on_line(d["message"])
-    for mid, lines in passed.items():
-        for line in lines:
-            on_line(f"{mid}: not linked: {line}")
-    for mid, lines in unverified.items():
-        for line in lines:
-            on_line(f"{mid}: {line}")
+    for line in link_found_lines(root, online=True):
+        on_line(line)
     project = load_project(root)
     failures = 0
     for m in select(project, ids, required_only):
