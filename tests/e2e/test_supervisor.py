@@ -297,8 +297,11 @@ def test_stale_pid_pointing_at_an_unrelated_process_is_left_alone(project):
 
 # ---- CLI in a subprocess --------------------------------------------------------------
 def test_cli_stop_timeout_is_exit_3_then_kill(project, monkeypatch):
-    monkeypatch.setenv("FAKE_UNIT_S", "4")  # a unit outlasts the stop timeout
+    # A unit outlasts any stop timeout however slow the machine (kill ends it), and the stop
+    # comes once the run is inside its first unit: a busy machine cannot let it finish first.
+    monkeypatch.setenv("FAKE_UNIT_S", "600")
     supervisor.start(project, module=FAKE)
+    wait_for(lambda: supervisor.status(project)["stage"] == "corpus")
     cli = [sys.executable, "-m", "gguf_trainer.cli"]
     r = subprocess.run([*cli, "stop", "--project", str(project), "--timeout", "1"],
                        capture_output=True, text=True, timeout=30, check=False)
@@ -319,11 +322,11 @@ def test_a_leftover_stop_request_does_not_stop_the_next_start(project, how, monk
     if how == "hand_written":
         paths.stop_request.write_text("{}")
     else:
-        monkeypatch.setenv("FAKE_UNIT_S", "4")  # a unit outlasts the stop timeout
+        monkeypatch.setenv("FAKE_UNIT_S", "600")  # a unit outlasts the stop timeout; kill ends it
         supervisor.start(project, module=FAKE)
         monkeypatch.setenv("FAKE_UNIT_S", "0.05")
         wait_for(lambda: supervisor.status(project)["stage"] == "corpus")
-        time.sleep(0.3)  # inside its first 4 s unit: the request waits for the unit's end
+        time.sleep(0.3)  # inside its first unit: the request waits for the unit's end
         if how == "timed_out_then_kill":
             with pytest.raises(supervisor.StopTimeout):
                 supervisor.stop(project, timeout_s=0.2, grace_s=100)
