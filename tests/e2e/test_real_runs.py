@@ -76,6 +76,7 @@ def _reached(state: dict, target: str) -> bool:
     )
 
 
+@pytest.mark.slow  # real runs in subprocesses; "not slow" keeps the in-process crash tests
 def test_kill9_in_every_stage_then_resume_is_bit_identical(
     reference, tmp_path, tiny_materials, home
 ):
