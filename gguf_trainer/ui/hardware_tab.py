@@ -29,9 +29,9 @@ def build() -> HardwareParts:
     return HardwareParts(refresh, text, poll)
 
 
-def render(project: str | None) -> str:
+def render(project: str | None, env: dict | None = None) -> str:
     m = hardware.machine(project)
-    env = hardware.environment()
+    env = env or hardware.environment()
     out = ["### Machine", common.md_table(["", ""], [
         ["OS", env["os"]], ["Host", env["host"]],
         ["CPU", f"{m['cpu_count']} threads, {m['cpu_percent']:.0f}% busy"],
@@ -97,9 +97,10 @@ def render(project: str | None) -> str:
 
 def render_and_poll(project: str | None) -> tuple:
     """(the tab's text, the poll timer): polling only while torch's facts are on their way,
-    so they appear without pressing Refresh."""
-    text = render(project)
-    return text, gr.Timer(active=hardware.environment()["torch_facts"] is None)
+    so they appear without pressing Refresh. One reading decides both: facts that arrive
+    between two readings would stop the timer under a text that still says "asking"."""
+    env = hardware.environment()
+    return render(project, env), gr.Timer(active=env["torch_facts"] is None)
 
 
 def wire(p: HardwareParts, project: gr.State, tab: gr.Tab) -> None:

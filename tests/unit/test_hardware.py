@@ -213,3 +213,16 @@ def test_resolve_device_refuses_what_is_not_there(monkeypatch):
     assert hardware.resolve_device("cuda:1") == torch.device("cuda:1")
     with pytest.raises(UserError, match="has 2 CUDA device"):
         hardware.resolve_device("cuda:7")
+
+
+def test_the_tab_polls_exactly_while_it_says_torch_is_being_asked(monkeypatch):
+    """torch's facts arriving between two readings once stopped the poll under a text that
+    still said "asking": the tab never showed them (a browser test waited 180 s in vain)."""
+    from gguf_trainer.ui import hardware as ui_hardware
+    from gguf_trainer.ui import hardware_tab
+
+    arrived = {**ui_hardware.environment(), "torch_facts": {"error": "stand-in facts"}}
+    readings = iter([{**arrived, "torch_facts": None}] + [arrived] * 5)
+    monkeypatch.setattr(ui_hardware, "environment", lambda: next(readings))
+    text, poll = hardware_tab.render_and_poll(None)
+    assert "asking torch" in text and poll.active
