@@ -29,9 +29,8 @@ def build() -> HardwareParts:
     return HardwareParts(refresh, text, poll)
 
 
-def render(project: str | None, env: dict | None = None) -> str:
+def render(project: str | None, env: dict) -> str:
     m = hardware.machine(project)
-    env = env or hardware.environment()
     out = ["### Machine", common.md_table(["", ""], [
         ["OS", env["os"]], ["Host", env["host"]],
         ["CPU", f"{m['cpu_count']} threads, {m['cpu_percent']:.0f}% busy"],
