@@ -24,9 +24,9 @@ from pathlib import Path
 
 
 def make_project(base: Path, history: int) -> Path:
-    from gguf_trainer import atomic
-    from gguf_trainer.project import create_project
+    from gguf_trainer.base import atomic
     from gguf_trainer.runner.state import empty_state
+    from gguf_trainer.store.project import create_project
 
     root = base / f"p{history}"
     create_project(root, "t5xxl_pixart", overrides={"train.steps": history + 100_000})
@@ -75,7 +75,7 @@ def postprocess(block_fn, outputs) -> None:
 def measure(app, root: Path, ticks: int) -> tuple[float, float, float]:
     """(first tick after a page load, mean steady tick, median steady tick) in seconds. The
     mean counts the ticks that re-send a plot (every `stride`-th row once thinned)."""
-    from gguf_trainer import atomic
+    from gguf_trainer.base import atomic
     from gguf_trainer.ui import live
 
     block_fn = find_tick(app)

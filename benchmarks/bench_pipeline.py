@@ -6,7 +6,7 @@
                 a CPU, a small (12 GB) and a big (80 GB) card; teacher and student. Target >= 0.9.
                 For contrast, the naive figure: fixed-size batches in corpus order.
 2. loading      train-step time with batches from `ShardStream` over real shard files
-                (`write_shard`, laid out by `precompute.build_shard` with the pack's mock
+                (`write_shard`, laid out by `precompute_shard.build_shard` with the pack's mock
                 teacher) ÷ the same steps with the same batches pre-collated in memory.
                 Target <= 1.05. Files are in the page cache (a cold read adds file size ÷ disk
                 bandwidth per shard); shards are small (few steps per shard load), so the load
@@ -39,15 +39,15 @@ from unittest import mock
 import numpy as np
 import torch
 
-from gguf_trainer.adapters import build_adapter, trainable_parameters
-from gguf_trainer.hardware import Budgets, budget_batches, choose_budgets
+from gguf_trainer.data.samples import Sample
+from gguf_trainer.data.scoring import forward
+from gguf_trainer.data.shards import ShardStream, load_stats, shard_name, write_shard
+from gguf_trainer.machine.hardware import Budgets, budget_batches, choose_budgets
+from gguf_trainer.model.adapters import build_adapter, trainable_parameters
 from gguf_trainer.packs import get_pack
-from gguf_trainer.precompute import _Sample, build_shard
-from gguf_trainer.project_schema import PrecomputeSettings, TrainSettings
-from gguf_trainer.samples import Sample
-from gguf_trainer.scoring import forward
-from gguf_trainer.shards import ShardStream, load_stats, shard_name, write_shard
-from gguf_trainer.train import compute_loss
+from gguf_trainer.stages.precompute_shard import _Sample, build_shard
+from gguf_trainer.stages.train import compute_loss
+from gguf_trainer.store.project_schema import PrecomputeSettings, TrainSettings
 
 # ---- settings
 FULL = {

@@ -104,7 +104,7 @@ def make_samples(n: int, folder: Path, rng: random.Random):
     import numpy as np
     from PIL import Image
 
-    from gguf_trainer.samples import Sample
+    from gguf_trainer.data.samples import Sample
 
     out = []
     for i in range(n):
@@ -120,10 +120,10 @@ def make_samples(n: int, folder: Path, rng: random.Random):
 
 
 def run_mode(teacher, samples, tokenizer, pack, sync) -> dict:
-    from gguf_trainer.hardware import budget_batches
-    from gguf_trainer.qwen_bpe import engine_bpe
+    from gguf_trainer.engine.qwen_bpe import engine_bpe
+    from gguf_trainer.machine.hardware import budget_batches
+    from gguf_trainer.model.vision import image_runs
     from gguf_trainer.teachers.base import VisionSegment
-    from gguf_trainer.vision import image_runs
 
     sync()
     t0 = time.perf_counter()
@@ -164,8 +164,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     from transformers import Qwen3VLConfig
 
+    from gguf_trainer.model.student import load_tokenizer
     from gguf_trainer.packs import get_pack
-    from gguf_trainer.student import load_tokenizer
     from gguf_trainer.teachers.qwen3vl import Qwen3VLTeacher, check_templates, place
     from gguf_trainer.tiny import qwen_tokenizer_dir
     from gguf_trainer.tiny.qwen3vl import CONFIG as TINY

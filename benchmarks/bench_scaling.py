@@ -30,9 +30,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gguf_trainer.base.paths import ProjectPaths
 from gguf_trainer.demo import prepare_demo
-from gguf_trainer.paths import ProjectPaths
-from gguf_trainer.project import update_settings
+from gguf_trainer.store.project import update_settings
 from gguf_trainer.tiny.prompts import demo_prompts
 
 PRE = ["--only", "corpus", "precompute_val", "precompute_train"]

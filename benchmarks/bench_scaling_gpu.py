@@ -25,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_scaling import PRE, cli, precompute_rate, train_rate
 
+from gguf_trainer.base.paths import ProjectPaths
 from gguf_trainer.demo import prepare_demo
-from gguf_trainer.paths import ProjectPaths
-from gguf_trainer.project import update_settings
+from gguf_trainer.store.project import update_settings
 
 
 def main() -> None:

@@ -30,16 +30,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 def measure(root: Path, mode: str, corpus: Path, student: Path, tok: Path, steps: int) -> dict:
     from pipeline_helpers import run_pipeline
 
-    from gguf_trainer import train
-    from gguf_trainer.adapters import TOKEN_ALIGNED_KINDS
+    from gguf_trainer.data.scoring import validate
+    from gguf_trainer.data.shards import dims, linear_fit, load_stats, shard_files
     from gguf_trainer.demo import demo_overrides
-    from gguf_trainer.project import create_project, load_project
+    from gguf_trainer.model.adapters import TOKEN_ALIGNED_KINDS
+    from gguf_trainer.model.vision import load_vision_proj
     from gguf_trainer.runner.stages import digest, stage_inputs, write_manifest
     from gguf_trainer.runner.state import Report, StateWriter
-    from gguf_trainer.scoring import validate
-    from gguf_trainer.shards import dims, linear_fit, load_stats, shard_files
-    from gguf_trainer.stage_list import STAGES
-    from gguf_trainer.vision import load_vision_proj
+    from gguf_trainer.stages import train
+    from gguf_trainer.stages.stage_list import STAGES
+    from gguf_trainer.store.project import create_project, load_project
 
     overrides = {
         **demo_overrides("qwen3vl_mageflow", corpus, steps),
@@ -89,7 +89,7 @@ def measure(root: Path, mode: str, corpus: Path, student: Path, tok: Path, steps
 
 
 def main() -> None:
-    from gguf_trainer.packs.mageflow_demo import write_demo_corpus
+    from gguf_trainer.tiny.mageflow_demo import write_demo_corpus
     from gguf_trainer.tiny.prompts import demo_prompts
     from gguf_trainer.tiny.student import (
         tiny_qwen3_config,

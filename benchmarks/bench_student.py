@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from gguf_trainer.student import load_student, pad_batch
+from gguf_trainer.model.student import load_student, pad_batch
 from gguf_trainer.tiny import qwen_tokenizer_dir
 from gguf_trainer.tiny.student import build_tiny_qwen3, write_student_gguf
 

@@ -31,11 +31,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gguf_trainer import hardware
-from gguf_trainer.adapters import AdapterConfig, build_adapter, trainable_parameters
-from gguf_trainer.scoring import forward
-from gguf_trainer.shards import Batch, Stats
-from gguf_trainer.train import compute_loss, make_optimizer, train_step
+from gguf_trainer.data.scoring import forward
+from gguf_trainer.data.shards import Batch, Stats
+from gguf_trainer.machine import hardware
+from gguf_trainer.model.adapters import AdapterConfig, build_adapter, trainable_parameters
+from gguf_trainer.stages.train import compute_loss, make_optimizer, train_step
 
 # ---- settings
 SHAPES = {  # adapter config + batch geometry (student tokens L, supervised rows R)

@@ -29,12 +29,13 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import UserError
-from .materials import seed_tokenizer
-from .materials import student_path as linked_student
+from gguf_trainer.base.errors import UserError
+from gguf_trainer.engine.qwen_bpe import engine_bpe
+from gguf_trainer.materials.materials import seed_tokenizer
+from gguf_trainer.materials.materials import student_path as linked_student
+from gguf_trainer.store.project import load_project
+
 from .packs import get_pack, pack_ids
-from .project import load_project
-from .qwen_bpe import engine_bpe
 
 # Reference files, first found wins: an external teacher context (trainer8's m1 dump),
 # the engine's adapter output, a plain LLM run.
@@ -203,9 +204,10 @@ def predict(adapter, student, prompt: str, pack_id: str, seed_ids=None, images=N
     images, spliced as the engine splices them (conditioner.hpp 2676-2695)."""
     import torch
 
+    from gguf_trainer.data.samples import Sample
+    from gguf_trainer.model.vision import image_runs
+
     from .packs import get_pack
-    from .samples import Sample
-    from .vision import image_runs
 
     pack = get_pack(pack_id)
     images = images or []
@@ -247,9 +249,10 @@ def check_seed_ids(
     (another T5 vocabulary's dump is not this adapter's); a non-empty prompt whose ids are the empty
     prompt's is the CFG negative pass (written last); with the teacher's `spiece.model` the ids
     must be this prompt's (the engine's T5 rule, t5_unigram.py)."""
-    from .t5_unigram import T5Unigram
+    from gguf_trainer.engine.t5_unigram import T5Unigram
+    from gguf_trainer.engine.template_ids import Piece, template_ids
+
     from .teachers.t5 import T5_VOCAB, window_ids
-    from .template_ids import Piece, template_ids
 
     if len(seed_ids) != window:
         raise UserError(
@@ -345,8 +348,8 @@ def run_check(
     spiece.model, to compare a PixArt dump's ids with the prompt's; without it, the loaded
     `project`'s linked teacher's (materials.seed_tokenizer). The adapter, student and
     tokenizer left None are the project's (check_inputs)."""
-    from .adapters import load_gguf
-    from .student import load_student
+    from gguf_trainer.model.adapters import load_gguf
+    from gguf_trainer.model.student import load_student
 
     adapter_path, student_path, tokenizer_dir = check_inputs(
         project, adapter_path, student_path, tokenizer_dir

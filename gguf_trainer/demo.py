@@ -13,9 +13,10 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from .errors import UserError
-from .paths import PROJECTS_ROOT
-from .project import create_project, load_project, update_settings
+from gguf_trainer.base.errors import UserError
+from gguf_trainer.base.paths import PROJECTS_ROOT
+from gguf_trainer.store.project import create_project, load_project, update_settings
+
 from .tiny.prompts import demo_prompts
 
 log = logging.getLogger(__name__)

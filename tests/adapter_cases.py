@@ -1,6 +1,6 @@
 """The tiny adapter geometry shared by the adapter, export and inspect tests."""
 
-from gguf_trainer.adapters import AdapterConfig
+from gguf_trainer.model.adapters import AdapterConfig
 
 IN, WIDTH, DEPTH, OUT, QUERIES, VOCAB, VIS = 32, 128, 2, 48, 8, 50, 24  # width 128 = 2 heads
 CFGS = {

@@ -1,6 +1,6 @@
 """An engine-faithful NumPy forward of an adapter GGUF, written from engine-contract §1.3–§2.
 
-Independent of gguf_trainer.adapters and gguf_trainer.adapter_file on purpose: it has its own
+Independent of gguf_trainer.model.adapters and model.adapter_file on purpose: it has its own
 reader (gguf.GGUFReader), its own variant detection (the §1.3 table, with the engine's
 defaults for absent tensors) and its own math, so the tests compare two implementations.
 Data is read the way the engine converts it on load (f16 -> f32, quants dequantized) and the

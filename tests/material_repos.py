@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 from gguf_trainer.packs import get_pack
-from gguf_trainer.teachers.t5_tiny import DEMO_DIR
+from gguf_trainer.tiny.t5_tiny import DEMO_DIR
 
 T5_REPO = "callgg/t5-v1_1-xxl-encoder-bf16"
 TOK_REPO = "callgg/pig-clip-tokenizer"
@@ -49,7 +49,7 @@ def pig_clip_header_gguf(path, hidden: int = 1024, layers: int = 28, vocab: int 
     import numpy as np
     from gguf import GGMLQuantizationType, GGUFWriter
 
-    from gguf_trainer.paths import TINY_GGUF_KEY
+    from gguf_trainer.base.paths import TINY_GGUF_KEY
 
     writer = GGUFWriter(str(path), "qwen3")
     if tiny_key:

@@ -11,11 +11,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gguf_trainer import project as project_mod
-from gguf_trainer.adapter_file import read_adapter_arrays
-from gguf_trainer.paths import ProjectPaths
+from gguf_trainer.base.paths import ProjectPaths
+from gguf_trainer.model.adapter_file import read_adapter_arrays
 from gguf_trainer.runner.stages import run_stages
 from gguf_trainer.runner.state import Report, StateWriter
+from gguf_trainer.store import project as project_mod
 
 TINY = {
     "corpus.n_train": 40,

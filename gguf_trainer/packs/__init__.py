@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ..errors import UserError
+from gguf_trainer.base.errors import UserError
+
 from .base import ADAPTER_KINDS, TrainerPack
 
 _PACKS: dict[str, TrainerPack] = {}

@@ -19,46 +19,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gguf_trainer.engine.template_ids import Piece, student_ids
+from gguf_trainer.engine.template_padding import Padding
+from gguf_trainer.materials.spec import STUDENT_MATERIALS, Material
+
 from ..teachers.base import Teacher
-from ..template_ids import Piece, student_ids
-from ..template_padding import Padding
 
 # token_aligned: text-only families (no vision tensors); token_aligned_vision splices images;
 # layerwise: a stack of teacher taps per token (the pack's `taps`; with vis_dim > 0 also
 # vision_proj + vis_in: Fibo 2.0 edits).
 ADAPTER_KINDS = (
     "resampler", "seeded_resampler", "token_aligned", "token_aligned_vision", "layerwise"
-)
-
-
-@dataclass(frozen=True)
-class Material:
-    """Something a pack needs on disk: a Hugging Face snapshot or a local file."""
-
-    id: str
-    title: str
-    kind: str  # "hf_snapshot" | "local_file"
-    repo: str = ""
-    patterns: tuple[str, ...] = ()
-    subdir: str = ""
-    required: bool = True
-    size_gb: float = 0.0
-    repo_type: str = "model"
-    suffixes: tuple[str, ...] = ()
-    hint: str = ""
-    wanted_when: str = ""  # optional materials: a dotted setting that, when on, makes it wanted
-
-
-# Shared by every pack: the student GGUF and its tokenizer/config snapshot.
-STUDENT_MATERIALS = (
-    Material("student", "Student: pig_clip GGUF", "local_file", suffixes=(".gguf",),
-             hint="pig_clip-f16.gguf: every recipe trains against the f16 file"),
-    Material("student_tokenizer", "Student tokenizer + config", "hf_snapshot",
-             repo="callgg/pig-clip-tokenizer", subdir="pig-clip-tokenizer", size_gb=0.011,
-             # What load_student reads (the config and the BPE files); the material is
-             # "ready" when these are whole, so no file the tool never opens is required.
-             patterns=("config.json", "tokenizer.json", "tokenizer_config.json", "vocab.json",
-                       "merges.txt")),
 )
 
 
@@ -113,7 +84,7 @@ class TrainerPack:
     defaults: dict[str, Any] = {}
     hints: dict[str, str] = {}
     # Per-field GUI metadata for the settings this pack changes (dotted key -> label, help,
-    # ge/le, choices ...), laid over the schema's own (project_schema.field_metadata merges them).
+    # ge/le, choices ...), laid over the schema's own (schema_fields.field_metadata merges them).
     field_meta: dict[str, dict] = {}
     teacher_memory_gib: float = 0.0  # the teacher's weights in memory; the placement planner's need
     teacher_offload: str = "stream"  # how offload mode holds the weights: hardware.OFFLOAD_KINDS
@@ -196,10 +167,10 @@ class TrainerPack:
 
     def load_teacher(self, materials: dict[str, Path], plan, device) -> Teacher:
         """The real teacher from resolved material paths ({material id: path}, see
-        gguf_trainer.materials.teacher_paths) placed as `plan` says (a hardware.Plan: mode
+        gguf_trainer.materials.materials.teacher_paths) placed as `plan` says (a hardware.Plan: mode
         gpu|offload|cpu, memory caps, placement). It must not resolve paths itself, and its
         close() frees what it loaded."""
-        from ..errors import UserError
+        from gguf_trainer.base.errors import UserError
 
         raise UserError(f"the {self.title} pack has no real teacher; turn on "
                         "precompute.mock_teacher (or set GGUF_TRAINER_MOCK_TEACHER=1) to run the "
@@ -235,7 +206,7 @@ class TrainerPack:
     def demo_corpus(self, folder: Path, prompts: list[str]) -> Path:
         """The demo's corpus file written under `folder` from `prompts` (one per line); image
         packs write sample records with small synthetic images instead (see samples.py)."""
-        from ..atomic import write_text
+        from gguf_trainer.base.atomic import write_text
 
         path = folder / "demo_prompts.txt"
         write_text(path, "".join(p + "\n" for p in prompts))
@@ -279,7 +250,7 @@ class TrainerPack:
     def adapter_config(self, train, in_dim: int, out_dim: int = 0, vis_dim: int = 0):
         """The AdapterConfig for these train settings and the dims read from the shards
         (0 = the pack's declared out_dim / vis_dim)."""
-        from ..adapters import AdapterConfig
+        from gguf_trainer.model.adapters import AdapterConfig
 
         return AdapterConfig(kind=self.adapter_kind, in_dim=in_dim, out_dim=out_dim or self.out_dim,
                              width=train.width, depth=train.depth, num_queries=self.num_queries,

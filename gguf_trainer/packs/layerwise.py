@@ -17,8 +17,9 @@ per-tap cosines against their mean baselines (eval.json `per_tap`).
 
 from __future__ import annotations
 
-from ..template_ids import Piece
-from ..template_padding import Padding
+from gguf_trainer.engine.template_ids import Piece
+from gguf_trainer.engine.template_padding import Padding
+
 from .base import TrainerPack
 
 # Shard bytes per template row: the student's state (1024) and the stack, both bf16, plus its id.

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..prompt_syntax import engine_text
-from ..template_ids import Piece
-from .base import Material, TrainerPack, Verdict
+from gguf_trainer.engine.prompt_syntax import engine_text
+from gguf_trainer.engine.template_ids import Piece
+from gguf_trainer.materials.spec import Material
+
+from .base import TrainerPack, Verdict
 
 # The engine's template (conditioner.hpp 3444-3464, LLMEmbedder::get_learned_condition, LLaDA):
 # the prefix, " " + the prompt as the prompt range (the space belongs to it), the suffix;
@@ -138,7 +140,7 @@ class LLaDAImagePack(TrainerPack):
         file exists (text-to-image works without it); with placeholders it is always shown."""
         import shlex
 
-        from ..sigvq_export import sigvq_file_for
+        from gguf_trainer.model.sigvq_export import sigvq_file_for
 
         sigvq = (extras or {}).get("sigvq")
         if sigvq is None and adapter.startswith("<"):
@@ -205,7 +207,12 @@ class LLaDAImagePack(TrainerPack):
         its source is newer); none, said in one line, when it is off or not downloaded."""
         import logging
 
-        from ..sigvq_export import SOURCE, sigvq_file_for, source_in, write_sigvq_gguf
+        from gguf_trainer.model.sigvq_export import (
+            SOURCE,
+            sigvq_file_for,
+            source_in,
+            write_sigvq_gguf,
+        )
 
         if not project.settings.export.export_sigvq:
             return []

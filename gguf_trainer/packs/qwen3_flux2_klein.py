@@ -15,7 +15,8 @@ snapshot instead and the adapter's width follows the snapshot (3 x its hidden si
 
 from __future__ import annotations
 
-from ..template_padding import Padding
+from gguf_trainer.engine.template_padding import Padding
+
 from .layerwise import LayerwisePack
 from .teacher_repos import QWEN3_4B, QWEN3_4B_TEACHER
 

@@ -20,8 +20,9 @@ its tokenizer files beside config.json. The adapter's width follows the snapshot
 
 from __future__ import annotations
 
-from ..template_padding import Padding
-from .base import Material
+from gguf_trainer.engine.template_padding import Padding
+from gguf_trainer.materials.spec import Material
+
 from .token_aligned_qwen import QwenTokenAlignedPack
 
 OVIS_PREFIX = (
@@ -77,7 +78,7 @@ class OvisImagePack(QwenTokenAlignedPack):
 
     def student_pieces(self, sample, image_tokens=()):
         """3589-3596: the fixed text, the range ` ` + prompt (parsed), the assistant tail."""
-        from ..template_ids import Piece
+        from gguf_trainer.engine.template_ids import Piece
 
         return (Piece(self.prefix), Piece(" " + sample.text, prompt=True), Piece(self.suffix))
 

@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import math
 
-from ..mageflow_images import FACTOR
-from ..template_ids import Piece
-from .base import Material
-from .token_aligned_qwen_vision import QwenVisionTokenAlignedPack, std_round, vision_block
+from gguf_trainer.engine.c_round import c_round
+from gguf_trainer.engine.qwen_vl_images import FACTOR
+from gguf_trainer.engine.template_ids import Piece
+from gguf_trainer.materials.spec import Material
+
+from .token_aligned_qwen_vision import QwenVisionTokenAlignedPack, vision_block
 
 T2I_SYSTEM = ("You are a helpful assistant that generates high-quality images based on user "
               "instructions. The instructions are as follows.")
@@ -47,7 +49,7 @@ def boogu_target_size(h: int, w: int) -> tuple[int, int]:
     if h < 1 or w < 1:
         raise ValueError(f"an image of {w}×{h} pixels has no content")
     beta = math.sqrt(AREA / (float(h) * float(w)))
-    return tuple(max(FACTOR, std_round(s * beta / FACTOR) * FACTOR) for s in (h, w))
+    return tuple(max(FACTOR, c_round(s * beta / FACTOR) * FACTOR) for s in (h, w))
 
 
 EDIT_PREFIX = "<|im_start|>system\n" + EDIT_SYSTEM + "<|im_end|>\n<|im_start|>user\n"

@@ -4,7 +4,7 @@ extension replaces the Qwen3-VL-4B-Instruct text encoder of Fibo 2.0 (engine-fam
 Engine (ggk 0.9.7 conditioning/fibo2.hpp): the prompt `<|im_start|>user\\n{caption}<|im_end|>\\n
 <|im_start|>assistant\\n` (227) tokenized as one piece (`{0, 0}`, 322-332), start 0, max 4096; the
 caption is plain text as typed, a JSON object cleaned and dumped, and the empty prompt the null
-caption (`format_prompt`, 88-151, ported below); taps {5, 7, 9, 11,
+caption (`format_prompt`, 88-151, ported in engine/fibo2.py); taps {5, 7, 9, 11,
 13, 16, 18, 20, 22, 24, 27, 29, 31, 33, 35} (39-42); the stack must be 15 x 2560 = 38400 wide
 (336-340).
 
@@ -12,7 +12,7 @@ Normalisation. `get_learned_condition` hands `make_bundles` whatever `encode_pro
 (342): the full teacher's taps and an adapter's output alike. make_bundles RMS-normalises every
 tap (eps 1e-6, no weight), rounds to bf16 and gathers the bundles (167-193). So the adapter emits
 the RAW tap stack and the engine normalises it once; the targets here are the raw taps
-(tests/unit/test_layerwise_packs.py pins it against fibo2.hpp's arithmetic).
+(tests/unit/packs/test_layerwise_packs.py pins it against fibo2.hpp's arithmetic).
 
 Teacher: Qwen3-VL-4B (hidden 2560, 36 layers; fibo2.hpp 49-53, the `qwen3vl-4b-it` GGUF of the
 ggk README).
@@ -24,7 +24,7 @@ prompt when it has none), M = `<|vision_start|><|image_pad|><|vision_end|>`; ima
 (the first `<|image_pad|>` after image i - 1's run) is expanded to its n_i vision rows and the
 whole template is still one piece. Each reference (loaded with 3 channels) is scaled to 768 px on
 its long side when longer (llround, antialiased bicubic rounded to 8 bit), then to the
-processor's 32-px grid (fibo2_images.py), and shown as 2·v − 1. With --llm-adapter the engine
+processor's 32-px grid (engine/fibo2.py), and shown as 2·v − 1. With --llm-adapter the engine
 runs the tower's main merger only (no deepstack, 282), splices vision_proj of those rows over the
 pads for the student and hands the raw rows to vis_in (conditioner.hpp 2676-2695): the adapter
 needs both (217-221), so the export is layerwise + vision_proj + vis_in. The teacher runs the
@@ -38,172 +38,23 @@ then sees that crop. Training feeds each corpus picture to the conditioner's ste
 
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import replace
-from decimal import Decimal
 
-from ..fibo2_images import fibo2_target_size, preprocess_fibo2
-from ..template_ids import Piece
-from ..template_padding import Padding
+from gguf_trainer.engine.fibo2 import (
+    expand_markers,
+    fibo2_caption,
+    fibo2_target_size,
+    preprocess_fibo2,
+)
+from gguf_trainer.engine.qwen_ids import IMAGE_PAD_ID
+from gguf_trainer.engine.template_ids import Piece
+from gguf_trainer.engine.template_padding import Padding
+
 from .layerwise import LayerwisePack
 from .qwen3vl_krea2 import Krea2Pack
 from .teacher_repos import QWEN3VL_4B
 
-NULL_CAPTION = (
-    '{"short_description":"","objects":[],"background_setting":"","lighting":{},"aesthetics":{},'
-    '"photographic_characteristics":{},"style_medium":"","context":"","artistic_style":""}'
-)
 FIBO2_WIDTH = 2560  # kTextWidth
-IMAGE_MARKER = "<|vision_start|><|image_pad|><|vision_end|>"  # one per reference (135)
-IMAGE_PAD = "<|image_pad|>"
-IMAGE_PAD_ID = 151655
-
-
-def _empty(v) -> bool:
-    return (
-        v is None
-        or (isinstance(v, str) and not v)
-        or (isinstance(v, float) and math.isnan(v))
-        or (isinstance(v, (list, dict)) and not v)
-    )
-
-
-def _clean(v):
-    """fibo2.hpp clean_caption (64-86): drop empty values, recursively."""
-    if isinstance(v, dict):
-        return {k: c for k, c in ((k, _clean(x)) for k, x in v.items()) if not _empty(c)}
-    if isinstance(v, list):
-        return [c for c in map(_clean, v) if not _empty(c)]
-    return v
-
-
-def _number(text: str, kind):
-    """A JSON number as nlohmann's parser reads it: an integer within int64 / uint64 stays one,
-    a larger one becomes a double; a number that overflows a double is a parse error."""
-    value = kind(text)
-    if kind is int and -(2**63) <= value < 2**64:
-        return value
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"number overflow parsing {text!r}")
-    return value
-
-
-def _refuse(name: str):
-    raise ValueError(f"{name} is not JSON")  # Python reads NaN / Infinity; nlohmann does not
-
-
-def _parse(text: str):
-    """nlohmann::json::parse(text, nullptr, false) (fibo2.hpp 91): a UTF-8 BOM is skipped, NaN /
-    Infinity, numbers past a double and lone surrogates are errors (ValueError)."""
-    value = json.loads(
-        text.removeprefix("\ufeff"),
-        parse_constant=_refuse,
-        parse_float=lambda t: _number(t, float),
-        parse_int=lambda t: _number(t, int),
-    )
-    json.dumps(value, ensure_ascii=False).encode("utf-8")  # UnicodeEncodeError: a lone surrogate
-    return value
-
-
-def _float(v: float) -> str:
-    """A double as nlohmann's dump writes it (serializer dump_float -> to_chars / format_buffer):
-    the shortest digits, fixed notation for decimal points 10^-3 .. 10^15, else d.igitse+XX."""
-    if v == 0:
-        return "-0.0" if math.copysign(1.0, v) < 0 else "0.0"
-    _, digits, exp = Decimal(repr(abs(v))).as_tuple()
-    d = "".join(map(str, digits)).rstrip("0")
-    exp += len(digits) - len(d)
-    k, n = len(d), len(d) + exp  # n: the decimal point's place after the first digit
-    if k <= n <= 15:
-        text = d + "0" * (n - k) + ".0"
-    elif 0 < n <= 15:
-        text = d[:n] + "." + d[n:]
-    elif -4 < n <= 0:
-        text = "0." + "0" * -n + d
-    else:
-        text = (
-            d[0] + ("." + d[1:] if k > 1 else "") + f"e{'-' if n - 1 < 0 else '+'}{abs(n - 1):02d}"
-        )
-    return ("-" if v < 0 else "") + text
-
-
-def _dump(v) -> str:
-    """nlohmann::ordered_json::dump(): compact, keys in order, UTF-8 as is; strings, integers,
-    booleans and null read as Python's json writes them, doubles as _float."""
-    if isinstance(v, dict):
-        return "{" + ",".join(f"{_dump(k)}:{_dump(x)}" for k, x in v.items()) + "}"
-    if isinstance(v, list):
-        return "[" + ",".join(map(_dump, v)) + "]"
-    if isinstance(v, float):
-        return _float(v)
-    return json.dumps(v, ensure_ascii=False)
-
-
-def _parse_prompt(text: str):
-    """fibo2.hpp parse_prompt (88-123): (caption, edit instruction), None standing for JSON
-    null; a prompt that is not a JSON object comes back as it is, with no instruction."""
-    try:
-        caption = _parse(text)
-    except (ValueError, UnicodeError):
-        return text, None
-    if not isinstance(caption, dict):
-        return text, None
-    instruction = caption.pop("edit_instruction", None)
-    if "structured_caption" in caption:
-        caption = caption["structured_caption"]
-        if not isinstance(caption, dict):
-            return caption, instruction
-    short = len(caption) == 2 and "short_description" in caption and "text_render" in caption
-    for score in ("aesthetic_score", "preference_score"):
-        caption.pop(score, None)
-        for value in caption.values():
-            if isinstance(value, dict):
-                value.pop(score, None)
-    caption = _clean(caption)
-    if short:
-        caption = {
-            "short_description": caption.get("short_description", ""),
-            "text_render": caption.get("text_render", []),
-        }
-    return caption, instruction
-
-
-def fibo2_caption(text: str, num_images: int = 0) -> str:
-    """fibo2.hpp format_prompt(text, num_images) (125-151): what the template carries between
-    `<|im_start|>user\\n` and `<|im_end|>`, each image as one unexpanded marker."""
-    caption, instruction = _parse_prompt(text)
-    if num_images > 0:
-        if instruction is None:  # a plain prompt with images is the edit instruction
-            caption, instruction = None, text
-        edit = {
-            ("image" if num_images == 1 else f"image_{i + 1}"): IMAGE_MARKER
-            for i in range(num_images)
-        }
-        if not _empty(caption):
-            edit["structured_caption"] = caption
-        edit["edit_instruction"] = instruction
-        return _dump(edit)
-    if not text:
-        return NULL_CAPTION
-    if isinstance(caption, str):
-        return caption
-    return "{}" if _empty(caption) else _dump(caption)
-
-
-def expand_markers(prompt: str, counts) -> str:
-    """fibo2.hpp 292-316: image i's marker (the first `<|image_pad|>` at or after the end of
-    image i - 1's run) replaced by counts[i] pads."""
-    at = 0
-    for n in counts:
-        pos = prompt.find(IMAGE_PAD, at)
-        if pos < 0:
-            raise ValueError(f"reference image marker {n} is missing from the prompt")
-        run = IMAGE_PAD * n
-        prompt = prompt[:pos] + run + prompt[pos + len(IMAGE_PAD) :]
-        at = pos + len(run)
-    return prompt
 
 
 class Fibo2Pack(LayerwisePack):
@@ -292,7 +143,7 @@ class Fibo2Pack(LayerwisePack):
     def demo_corpus(self, folder, prompts):
         """The MageFlow demo's synthetic pictures (64-160 px) in one- and two-image edit
         samples, plus the text-only prompts."""
-        from .mageflow_demo import write_demo_corpus
+        from gguf_trainer.tiny.mageflow_demo import write_demo_corpus
 
         return write_demo_corpus(folder, prompts)
 

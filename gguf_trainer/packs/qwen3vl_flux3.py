@@ -15,7 +15,8 @@ NVIDIA NeMo's FLUX.3 text encoding
 
 from __future__ import annotations
 
-from ..template_padding import Padding
+from gguf_trainer.engine.template_padding import Padding
+
 from .layerwise import LayerwisePack
 from .qwen3vl_krea2 import Krea2Pack
 from .teacher_repos import QWEN3VL_4B

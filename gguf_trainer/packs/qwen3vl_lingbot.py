@@ -30,10 +30,12 @@ from __future__ import annotations
 
 import math
 
-from ..mageflow_images import FACTOR
-from ..template_ids import Piece
-from .base import Material
-from .token_aligned_qwen_vision import QwenVisionTokenAlignedPack, std_round, vision_block
+from gguf_trainer.engine.c_round import c_round
+from gguf_trainer.engine.qwen_vl_images import FACTOR
+from gguf_trainer.engine.template_ids import Piece
+from gguf_trainer.materials.spec import Material
+
+from .token_aligned_qwen_vision import QwenVisionTokenAlignedPack, vision_block
 
 LINGBOT_PREFIX = (
     "<|im_start|>system\nGiven a user input that may include a text prompt alone, "
@@ -57,7 +59,7 @@ def lingbot_target_size(h: int, w: int) -> tuple[int, int]:
     max(32, ⌊side/β/32⌋·32); an area under 4·32² by β = sqrt(min/(h·w)) with ⌈side·β/32⌉·32."""
     if h < 1 or w < 1:
         raise ValueError(f"an image of {w}×{h} pixels has no content")
-    hb, wb = (max(FACTOR, std_round(s / FACTOR) * FACTOR) for s in (h, w))
+    hb, wb = (max(FACTOR, c_round(s / FACTOR) * FACTOR) for s in (h, w))
     area = float(hb) * wb
     if area > MAX_PIXELS:
         beta = math.sqrt(float(h) * w / MAX_PIXELS)

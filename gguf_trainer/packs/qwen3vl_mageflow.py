@@ -4,10 +4,13 @@ final-norm state of every token. Engine facts: engine-contract §3.2."""
 
 from __future__ import annotations
 
-# Reference-image preprocessing (engine-contract §3.2) lives in mageflow_images; re-exported
-# here because tests and the mock teacher take these names from the pack.
-from ..mageflow_images import CLIP_MEAN, CLIP_STD, FACTOR, MAX_SIDE, preprocess_image, target_size  # noqa: F401
-from ..template_ids import Piece
+from gguf_trainer.engine.qwen_ids import IMAGE_PAD_ID
+from gguf_trainer.engine.qwen_vl_images import (
+    preprocess_image,
+    target_size,
+)
+from gguf_trainer.engine.template_ids import Piece
+
 from .base import TrainerPack
 from .teacher_repos import QWEN3VL_4B_TEACHER
 
@@ -30,7 +33,7 @@ EDIT_START = 64
 T2I_START = 34
 IMAGE_HEADER_TOKENS = 6  # "Image i: <|vision_start|>"
 IMAGE_PAD = "<|image_pad|>"
-IMAGE_PAD_ID = 151655
+
 # Shard bytes (bf16 rows): an image sample of ~235 tokens stores the teacher's and the
 # student's state of every token, 144 raw vision rows and its ids; a text sample ~60 tokens.
 IMAGE_SAMPLE_BYTES = 235 * (2560 + 1024) * 2 + 144 * 2560 * 2 + 235 * 4  # ~2.4 MB
@@ -142,7 +145,7 @@ class MageFlowPack(TrainerPack):
     def demo_corpus(self, folder, prompts):
         """The demo's corpus: small synthetic images (64–160 px, 4–20 vision tokens each) in
         one- and two-image edit samples, plus the text-only prompts. Returns the .jsonl path."""
-        from .mageflow_demo import write_demo_corpus
+        from gguf_trainer.tiny.mageflow_demo import write_demo_corpus
 
         return write_demo_corpus(folder, prompts)
 

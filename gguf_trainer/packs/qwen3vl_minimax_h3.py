@@ -16,8 +16,9 @@ Qwen3-VL, hidden 5120, at least 50 decoder layers: Qwen3-VL-32B's shape cut to 5
 
 from __future__ import annotations
 
-from ..template_ids import template_ids
-from .base import Material
+from gguf_trainer.engine.template_ids import template_ids
+from gguf_trainer.materials.spec import Material
+
 from .token_aligned_qwen import QwenTokenAlignedPack
 
 

@@ -39,9 +39,10 @@ layers, ~8.8 B parameters with the tower, ~17.5 GB bf16) with its tokenizer file
 
 from __future__ import annotations
 
-from ..qwen_image_refs import RefImage, default_ref_size, render_area
-from ..template_ids import Piece
-from .base import Material
+from gguf_trainer.engine.qwen_image_refs import RefImage, default_ref_size, render_area
+from gguf_trainer.engine.template_ids import Piece
+from gguf_trainer.materials.spec import Material
+
 from .qwen3vl_mageflow import IMAGE_PAD
 from .token_aligned_qwen_vision import QwenVisionTokenAlignedPack
 
@@ -141,7 +142,7 @@ class QwenImage21Pack(QwenVisionTokenAlignedPack):
         6×6 cells, 36 vision rows per reference) so the tiny demo stays quick on a CPU."""
         import json
 
-        from ..atomic import write_text
+        from gguf_trainer.base.atomic import write_text
 
         path = super().demo_corpus(folder, prompts)
         records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]

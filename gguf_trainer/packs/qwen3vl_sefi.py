@@ -15,8 +15,9 @@ layers; Qwen3-VL-4B: hidden 2560, 36 layers). The adapter's width follows the sn
 
 from __future__ import annotations
 
-from ..template_padding import Padding
-from .base import Material
+from gguf_trainer.engine.template_padding import Padding
+from gguf_trainer.materials.spec import Material
+
 from .layerwise import LayerwisePack
 
 

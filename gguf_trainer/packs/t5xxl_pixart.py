@@ -7,7 +7,9 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-from .base import Material, TrainerPack, Verdict
+from gguf_trainer.materials.spec import Material
+
+from .base import TrainerPack, Verdict
 
 T5_WINDOW = 120  # PixArt-alpha caption_length
 # PixArtT5Embedder (conditioner.hpp 1781-1822): the raw prompt's weight chunks, no template
@@ -178,7 +180,7 @@ class PixArtT5Pack(TrainerPack):
         64, a 239-piece sentencepiece model): the demo runs the real teacher code offline."""
         import shutil
 
-        from ..teachers.t5_tiny import DEMO_DIR
+        from gguf_trainer.tiny.t5_tiny import DEMO_DIR
 
         dest = folder / "t5-tiny-encoder"
         shutil.copytree(DEMO_DIR, dest, dirs_exist_ok=True)

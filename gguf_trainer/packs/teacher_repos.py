@@ -5,7 +5,7 @@ keeps) one copy with one file list. A pack whose teacher is private says so in i
 
 from __future__ import annotations
 
-from .base import Material
+from gguf_trainer.materials.spec import Material
 
 QWEN3VL_4B = "Qwen/Qwen3-VL-4B-Instruct"
 QWEN3VL_8B = "Qwen/Qwen3-VL-8B-Instruct"

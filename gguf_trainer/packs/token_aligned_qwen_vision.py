@@ -23,18 +23,11 @@ with the tower, shown the family's pixels; one whose pictures are not sized from
 
 from __future__ import annotations
 
-import math
+from gguf_trainer.engine.qwen_ids import IMAGE_PAD_ID
+from gguf_trainer.engine.qwen_vl_images import target_size
 
-from ..mageflow_images import target_size
-from .qwen3vl_mageflow import IMAGE_PAD, IMAGE_PAD_ID
+from .qwen3vl_mageflow import IMAGE_PAD
 from .token_aligned_qwen import QwenTokenAlignedPack
-
-
-def std_round(x: float) -> int:
-    """C++ std::round for x >= 0 (halves away from zero), exact in double: the families' size
-    rules round with it."""
-    f = math.floor(x)
-    return f + 1 if x - f >= 0.5 else f
 
 
 def vision_block(n: int) -> str:
@@ -66,7 +59,7 @@ class QwenVisionTokenAlignedPack(QwenTokenAlignedPack):
 
     def image_pixels(self, item):
         """(3, h̄, w̄) float32 pixels of one vision input, as the engine preprocesses it."""
-        from ..mageflow_images import preprocess_image
+        from gguf_trainer.engine.qwen_vl_images import preprocess_image
 
         return preprocess_image(item, self.image_size)
 
@@ -115,7 +108,7 @@ class QwenVisionTokenAlignedPack(QwenTokenAlignedPack):
     def demo_corpus(self, folder, prompts):
         """The MageFlow demo's synthetic pictures (64-160 px) in one- and two-image samples,
         plus the text-only prompts; each family sizes them by its own rule."""
-        from .mageflow_demo import write_demo_corpus
+        from gguf_trainer.tiny.mageflow_demo import write_demo_corpus
 
         return write_demo_corpus(folder, prompts)
 

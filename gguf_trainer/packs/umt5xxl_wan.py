@@ -31,7 +31,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .base import Material
+from gguf_trainer.materials.spec import Material
+
 from .t5xxl_chroma import T5CLIP_WINDOW
 from .t5xxl_pixart import PixArtT5Pack
 

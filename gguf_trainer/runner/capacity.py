@@ -26,7 +26,7 @@ from pathlib import Path
 
 import psutil
 
-from gguf_trainer.errors import UserError
+from gguf_trainer.base.errors import UserError
 
 GIB = 1024**3
 WEIGHT_GLOBS = ("*.safetensors", "*.bin", "*.pt", "*.gguf")

@@ -32,9 +32,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gguf_trainer import discovery, disk_space, hub, locks, project_file
-from gguf_trainer.errors import UserError
-from gguf_trainer.folder_check import check_folder
+from gguf_trainer.base import locks, project_file
+from gguf_trainer.base.errors import UserError
+from gguf_trainer.machine import disk_space
+from gguf_trainer.materials import discovery, hub
+from gguf_trainer.materials.folder_check import check_folder
 from gguf_trainer.runner import jobs
 from gguf_trainer.runner.material_status import (  # noqa: F401 - the GUI's one module for materials
     JOB_NAME,
@@ -51,7 +53,7 @@ from gguf_trainer.runner.material_status import (  # noqa: F401 - the GUI's one 
     wanted_ids,
 )
 from gguf_trainer.runner.stages import env_wants_mock
-from gguf_trainer.stage_list import SHARD_STAGES
+from gguf_trainer.stages.stage_list import SHARD_STAGES
 
 log = logging.getLogger(__name__)
 
@@ -63,14 +65,14 @@ DISK_MARGIN = 1.02  # free space needed beyond the bytes still to fetch
 
 # ---- linking --------------------------------------------------------------------------------
 def _record_path(root, material_id: str, path: Path) -> None:
-    from gguf_trainer.project import update_settings
+    from gguf_trainer.store.project import update_settings
 
     update_settings(root, {f"materials.{material_id}.path": str(Path(path).resolve())})
 
 
 def link_material(root, material_id: str, path) -> dict:
     """Point a material at a folder/file the user names; refused unless it is complete."""
-    from gguf_trainer.project import load_project
+    from gguf_trainer.store.project import load_project
 
     project = load_project(root)
     material = next((m for m in all_materials(project) if m.id == material_id), None)
@@ -123,7 +125,7 @@ def link_found(root, passed_over: dict[str, list[str]] | None = None, online: bo
     Hub's listing when `online` (linked when its files and sizes match, passed over when
     not); otherwise, or when the Hub cannot be asked, `unverified_over` receives the sentence
     saying how to accept it, and it is not linked."""
-    from gguf_trainer.project import load_project
+    from gguf_trainer.store.project import load_project
 
     project = load_project(root)
     roots = discovery.candidate_roots(project.dir)
@@ -306,7 +308,7 @@ def download_job(
     )
     if project:
         _record_path(project, material_id, Path(dest))
-        from gguf_trainer.project import load_project
+        from gguf_trainer.store.project import load_project
 
         loaded = load_project(project)
         _note(loaded, f"{material_id}: {repo} is complete at {dest}")
@@ -329,7 +331,7 @@ def start_download(root, ids: list[str] | None = None, required_only: bool = Fal
     after a {id, action: passed, message} for each copy on disk that is not this material
     and a {id, action: unverified, message} for each complete copy that nothing identifies
     (copied by hand) while the Hub cannot be asked: the message says how to accept it."""
-    from gguf_trainer.project import load_project
+    from gguf_trainer.store.project import load_project
 
     passed: dict[str, list[str]] = {}
     unverified: dict[str, list[str]] = {}
@@ -405,7 +407,7 @@ def _start_one(project, m) -> dict:
 
 
 def stop_download(root, material_id: str) -> str:
-    from gguf_trainer.project import load_project
+    from gguf_trainer.store.project import load_project
 
     project = load_project(root)
     m = next((m for m in all_materials(project) if m.id == material_id), None)
@@ -424,7 +426,7 @@ def download_foreground(
     """`gguf-trainer download`: link copies, then fetch each selected material here, under
     the same per-folder lock as the detached job. Returns the number of failures.
     Ctrl-C (KeyboardInterrupt) propagates; the partial file stays and resumes next time."""
-    from gguf_trainer.project import load_project
+    from gguf_trainer.store.project import load_project
 
     for line in link_found_lines(root, online=True):
         on_line(line)
@@ -550,7 +552,7 @@ def check_materials(proj, only: list[str] | None) -> list[str]:
     not at their recorded paths first looks for them by identity where discovery looks
     (GGUF_TRAINER_MATERIALS, other projects, the Hugging Face cache) and links each copy it
     finds; what is still missing is named with the `link` command. Torch-free."""
-    from gguf_trainer.project import load_project  # as every function here
+    from gguf_trainer.store.project import load_project  # as every function here
 
     if only and not any(s in SHARD_STAGES for s in only):
         return []
@@ -584,7 +586,7 @@ def _with_found(error: UserError, unverified: dict[str, list[str]]) -> UserError
 
 
 def _need_materials(proj) -> None:
-    from gguf_trainer import materials
+    from gguf_trainer.materials import materials
 
     materials.student_paths(proj)
     if not (proj.settings.precompute.mock_teacher or env_wants_mock()):

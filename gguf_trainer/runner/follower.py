@@ -12,9 +12,10 @@ import logging
 import signal
 import sys
 
-from gguf_trainer import distributed, project_file
-from gguf_trainer.errors import UserError, as_user_error
-from gguf_trainer.exit_codes import EXIT_INTERNAL, EXIT_OK, EXIT_USER
+from gguf_trainer.base import project_file
+from gguf_trainer.base.errors import UserError, as_user_error
+from gguf_trainer.base.exit_codes import EXIT_INTERNAL, EXIT_OK, EXIT_USER
+from gguf_trainer.machine import distributed
 from gguf_trainer.runner import processes, ranks
 
 log = logging.getLogger("gguf_trainer.follower")
@@ -42,9 +43,9 @@ def main(paths) -> int:
 
 
 def _follow(paths, w) -> int:
-    from gguf_trainer import hardware
-    from gguf_trainer.project import load_project
+    from gguf_trainer.machine import hardware
     from gguf_trainer.runner.stages import RunContext, stage_objects
+    from gguf_trainer.store.project import load_project
 
     distributed.init(cpu=distributed.wants_cpu(load_project(paths.root)))
     run_id = ranks.hello(paths, None)

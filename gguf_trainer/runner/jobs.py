@@ -46,10 +46,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from gguf_trainer import atomic, locks
-from gguf_trainer.errors import UserError, as_user_error
-from gguf_trainer.exit_codes import EXIT_INTERNAL, EXIT_OK, EXIT_USER
-from gguf_trainer.jsonvals import jsonable, number
+from gguf_trainer.base import atomic, locks
+from gguf_trainer.base.errors import UserError, as_user_error
+from gguf_trainer.base.exit_codes import EXIT_INTERNAL, EXIT_OK, EXIT_USER
+from gguf_trainer.base.jsonvals import jsonable, number
 from gguf_trainer.runner import processes
 
 log = logging.getLogger(__name__)

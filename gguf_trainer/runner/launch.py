@@ -7,7 +7,7 @@ launcher (`python -m accelerate.commands.launch`, i.e. `accelerate launch`) in f
     Launch(config_file="acc.yaml")                   an `accelerate config` file, as it is
 
 Several machines share the project folder; machine rank 0 holds the lock and owns the state
-(gguf_trainer.distributed). Torch-free: the CLI and the supervisor build it.
+(gguf_trainer.machine.distributed). Torch-free: the CLI and the supervisor build it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import socket
 import sys
 from dataclasses import dataclass
 
-from gguf_trainer.errors import UserError
+from gguf_trainer.base.errors import UserError
 
 ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch"]
 PIPELINE_MODULE = "gguf_trainer.runner.pipeline"
@@ -92,7 +92,7 @@ class Launch:
             n = self.processes or 1
             port = self.main_process_port or (free_port() if self.num_machines == 1 else 29500)
             # --multi_gpu is accelerate's torchrun launcher; on a machine without CUDA the
-            # ranks use gloo (gguf_trainer.distributed.init). --num_processes counts all machines.
+            # ranks use gloo (machine.distributed.init). --num_processes counts all machines.
             cmd += [
                 "--multi_gpu",
                 "--num_processes",

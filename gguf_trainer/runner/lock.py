@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import contextlib
 
-from gguf_trainer import locks
-from gguf_trainer.paths import ProjectPaths
+from gguf_trainer.base import locks
+from gguf_trainer.base.paths import ProjectPaths
 
 
 def hold(paths: ProjectPaths, retry_s: float = 1.0,

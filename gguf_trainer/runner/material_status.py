@@ -24,10 +24,15 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from gguf_trainer import discovery, hub
-from gguf_trainer.corpus_sources import corpus_materials
-from gguf_trainer.errors import UserError
-from gguf_trainer.folder_check import LISTING_JSON, MANIFEST_DIR, FolderCheck, check_folder
+from gguf_trainer.base.errors import UserError
+from gguf_trainer.materials import discovery, hub
+from gguf_trainer.materials.corpus_sources import corpus_materials
+from gguf_trainer.materials.folder_check import (
+    LISTING_JSON,
+    MANIFEST_DIR,
+    FolderCheck,
+    check_folder,
+)
 from gguf_trainer.runner import jobs
 
 JOB_NAME = "download"
@@ -46,7 +51,7 @@ def all_materials(project) -> tuple:
 
 
 def wanted_ids(project) -> set[str]:
-    from gguf_trainer.materials import materials_for
+    from gguf_trainer.materials.materials import materials_for
 
     return {m.id for m in materials_for(project) + corpus_materials(project.settings)}
 
@@ -221,7 +226,7 @@ def _apply_check(out: dict, check: FolderCheck) -> None:
 
 def material_statuses(root, online: bool = False) -> list[dict]:
     """Status of every material of the project's pack (wanted ones marked `wanted`)."""
-    from gguf_trainer.project import load_project
+    from gguf_trainer.store.project import load_project
 
     project = load_project(root)
     wanted = wanted_ids(project)

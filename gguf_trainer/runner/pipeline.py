@@ -9,7 +9,7 @@ let a UserError end as a traceback.
 Usage:
     python -m gguf_trainer.runner.pipeline --project DIR [--only STAGE ...] [--force]
 
-Exit codes (gguf_trainer.exit_codes, the same protocol as the CLI): 0 done or stopped on
+Exit codes (gguf_trainer.base.exit_codes, the same protocol as the CLI): 0 done or stopped on
 request; 1 user error or the project is already locked by another pipeline (the sentence is
 in state.json "error" and in the log); 2 no such project; 4 internal error (traceback in
 pipeline.log).
@@ -26,14 +26,14 @@ import signal
 import sys
 from collections.abc import Callable, Iterator
 
-from gguf_trainer import atomic, locks, project_file
-from gguf_trainer.errors import UserError, as_user_error
-from gguf_trainer.exit_codes import EXIT_INTERNAL, EXIT_NO_PROJECT, EXIT_OK, EXIT_USER
-from gguf_trainer.jsonvals import jsonable
-from gguf_trainer.paths import ProjectPaths
+from gguf_trainer.base import atomic, locks, project_file
+from gguf_trainer.base.errors import UserError, as_user_error
+from gguf_trainer.base.exit_codes import EXIT_INTERNAL, EXIT_NO_PROJECT, EXIT_OK, EXIT_USER
+from gguf_trainer.base.jsonvals import jsonable
+from gguf_trainer.base.paths import ProjectPaths
 from gguf_trainer.runner import lock, processes
 from gguf_trainer.runner.state import Report, StateWriter
-from gguf_trainer.stage_list import SHARD_STAGES, STAGES
+from gguf_trainer.stages.stage_list import SHARD_STAGES, STAGES
 
 log = logging.getLogger("gguf_trainer.pipeline")
 
@@ -43,12 +43,12 @@ StageRunner = Callable[[ProjectPaths, Report, "list[str] | None", bool], str]
 
 def _default_run(paths: ProjectPaths, report: Report, only: list[str] | None, force: bool) -> str:
     """The real stages: load + validate the project, record the mock flag, run them."""
-    from gguf_trainer.project import load_project  # lazy: keeps the shell import-light
+    from gguf_trainer.store.project import load_project  # lazy: keeps the shell import-light
 
     project = load_project(paths.root)
     report.fields(mock=bool(project.settings.precompute.mock_teacher))
+    from gguf_trainer.data.shards import ShardCorrupted
     from gguf_trainer.runner.stages import run_stages  # lazy: imports torch
-    from gguf_trainer.shards import ShardCorrupted
 
     for _ in range(MAX_SHARD_REPAIRS):
         try:

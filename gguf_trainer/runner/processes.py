@@ -23,8 +23,8 @@ import threading
 from pathlib import Path
 
 import gguf_trainer
-from gguf_trainer import locks, project_file
-from gguf_trainer.errors import UserError
+from gguf_trainer.base import locks, project_file
+from gguf_trainer.base.errors import UserError
 
 MONITOR_MODULE = "gguf_trainer.runner.supervisor"  # records how a detached job ended
 # Every log line the tool's processes write (pipeline.log, the rank logs, the job logs).

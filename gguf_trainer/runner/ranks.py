@@ -9,7 +9,7 @@ leaves without closing state.json, so status reads "interrupted".
 
 Liveness across machines cannot use pids or flock (one host only): a follower on another host
 proves it lives by the heartbeat in its rank file. The world and the collectives are
-gguf_trainer.distributed. Importing this module is torch-free (the supervisor's kill and the
+gguf_trainer.machine.distributed. Importing this module is torch-free (the supervisor's kill and the
 status lines read the rank files).
 """
 
@@ -23,8 +23,10 @@ import threading
 import time
 from pathlib import Path
 
-from gguf_trainer import atomic, locks
-from gguf_trainer.distributed import (
+from gguf_trainer.base import atomic, locks
+from gguf_trainer.base.errors import UserError
+from gguf_trainer.base.paths import RANK_GLOB, RANKS_DIR, ProjectPaths
+from gguf_trainer.machine.distributed import (
     broadcast_object,
     group,
     group_ctrl,
@@ -34,9 +36,7 @@ from gguf_trainer.distributed import (
     wants_cpu,
     world,
 )
-from gguf_trainer.errors import UserError
-from gguf_trainer.paths import RANK_GLOB, RANKS_DIR, ProjectPaths
-from gguf_trainer.project import load_project
+from gguf_trainer.store.project import load_project
 
 log = logging.getLogger(__name__)
 

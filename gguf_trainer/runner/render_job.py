@@ -10,7 +10,6 @@ is gguf_trainer.render's; this module only runs it.
     start_render(root, "a red fox", seed=42) -> job state       (raises UserError / LockHeld)
     render_settings() / save_render_settings(ggk=..., models=..., files=...)   user settings
     parse_files(['<z-image-turbo DiT .gguf>=/m/z.gguf']) -> {placeholder: path}
-    save_cli_settings(ggk, models, ["<ph>=PATH", ...]) -> lines      the CLI's flags, remembered
     render_status(root) -> {job, plan_missing, latest}          what the Output tab shows
     list_renders(root) -> [render.json dicts], newest first
 """
@@ -23,10 +22,11 @@ import subprocess
 import time
 from pathlib import Path
 
-from gguf_trainer import atomic, render
+from gguf_trainer import render
+from gguf_trainer.base import atomic
+from gguf_trainer.base.errors import UserError
+from gguf_trainer.base.paths import RENDER_JSON, RENDERS_DIR
 from gguf_trainer.check import run_check
-from gguf_trainer.errors import UserError
-from gguf_trainer.paths import RENDER_JSON, RENDERS_DIR
 from gguf_trainer.runner import jobs, supervisor
 
 JOB_NAME = "render"
@@ -95,16 +95,8 @@ def save_render_settings(ggk: str | None = None, models: str | None = None,
     return cur
 
 
-def save_cli_settings(ggk: str | None, models: str | None, files: list[str] | None) -> list[str]:
-    """`gguf-trainer render --ggk/--models/--file`: remember them; what is set now, as lines."""
-    given = parse_files(files) if files else None
-    conf = save_render_settings(ggk, models, given)
-    lines = [f"ggk: {conf['ggk'] or '(on PATH)'}; model files: {conf['models'] or '(not set)'}"]
-    return lines + [f"{k}: {conf['files'].get(k) or '(not set)'}" for k in given or {}]
-
-
 def plan_for(root, prompt: str = "a red fox", seed: int = 42) -> render.RenderPlan:
-    from gguf_trainer.project import load_project
+    from gguf_trainer.store.project import load_project
 
     conf = render_settings()
     models = Path(conf["models"]).expanduser() if conf["models"] else None
@@ -117,7 +109,7 @@ def plan_for(root, prompt: str = "a red fox", seed: int = 42) -> render.RenderPl
 def start_render(root, prompt: str, seed: int = 42) -> dict:
     """Start the render job (detached); a UserError naming everything missing, or LockHeld
     when a render of this project already runs."""
-    from gguf_trainer.project import load_project
+    from gguf_trainer.store.project import load_project
 
     prompt = (prompt or "").strip()
     if not prompt:
@@ -132,7 +124,7 @@ def start_render(root, prompt: str, seed: int = 42) -> dict:
 
 
 def stop_render(root) -> str:
-    from gguf_trainer.project import load_project
+    from gguf_trainer.store.project import load_project
 
     return jobs.stop_job(load_project(root).dir, JOB_NAME)
 
@@ -199,7 +191,7 @@ def describe(result: dict | None) -> list[str]:
 # ---- the job ----------------------------------------------------------------------------
 def render_main(folder: Path, job, *, prompt: str, seed: int) -> dict:
     """The job body: each half's image pass and conditioning pass, then the figures."""
-    from gguf_trainer.project import load_project
+    from gguf_trainer.store.project import load_project
 
     project = load_project(folder)
     plan = plan_for(folder, prompt, seed)

@@ -7,7 +7,7 @@
               recorded in exports.json and snapshots.json, never by name prefix; then those
               two records
 
-Every delete goes through gguf_trainer.safe_delete: project folders only inside the
+Every delete goes through gguf_trainer.base.safe_delete: project folders only inside the
 project and never through a symlink; recorded exports only when they are still the
 regular file the tool wrote (size + sha256, or GGUF metadata naming this project).
 `ranks/` (a launched run's rank progress files and logs) goes with the stages these
@@ -26,12 +26,13 @@ import os
 import time
 from pathlib import Path
 
-from .. import atomic, places, safe_delete
-from ..errors import UserError, quote
-from ..jsonvals import number
-from ..paths import TOOL_FILES, ProjectPaths
-from ..project import written_by_another
-from ..stage_list import EXPORTING, SHARD_STAGES, STAGES, TRAINING, stages_from
+from gguf_trainer.base import atomic, places, safe_delete
+from gguf_trainer.base.errors import UserError, quote
+from gguf_trainer.base.jsonvals import number
+from gguf_trainer.base.paths import TOOL_FILES, ProjectPaths
+from gguf_trainer.stages.stage_list import EXPORTING, SHARD_STAGES, STAGES, TRAINING, stages_from
+from gguf_trainer.store.project import written_by_another
+
 from . import lock
 
 TARGETS = ("corpus", "shards", "train", "output")
@@ -81,7 +82,7 @@ def recorded_exports(paths: ProjectPaths) -> list[dict]:
 
 
 def _project_name(paths: ProjectPaths) -> str | None:
-    from ..project import load_project
+    from gguf_trainer.store.project import load_project
 
     try:
         return load_project(paths.root).settings.name
@@ -229,7 +230,7 @@ def _mark_pending(paths: ProjectPaths, stages: tuple[str, ...]) -> None:
 
 def reset_project(root, target: str) -> list[str]:
     """Back-compatible wrapper: deleted paths (see reset)."""
-    from ..project import load_project
+    from gguf_trainer.store.project import load_project
 
     _check_target(target)
     return reset(load_project(root).paths, target)["deleted"]

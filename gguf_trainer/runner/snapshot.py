@@ -19,9 +19,10 @@ import logging
 import time
 from pathlib import Path
 
-from .. import atomic, locks
-from ..errors import UserError, quote
-from ..stage_list import TRAINING
+from gguf_trainer.base import atomic, locks
+from gguf_trainer.base.errors import UserError, quote
+from gguf_trainer.stages.stage_list import TRAINING
+
 from . import jobs, lock
 from .status import read_state
 
@@ -45,8 +46,8 @@ def _request_fresh(paths, timeout_s: float) -> bool:
 
 def check_args(root, checkpoint: str, evaluate: bool, fresh: bool, device: str | None):
     """Validate everything a snapshot needs without torch; returns the project."""
-    from ..project import load_project
-    from ..project_schema import check_device
+    from gguf_trainer.store.project import load_project
+    from gguf_trainer.store.project_schema import check_device
 
     if checkpoint not in CHECKPOINTS:
         raise UserError(f"--checkpoint must be last or best, not {quote(checkpoint)}.")
@@ -90,10 +91,10 @@ def run_snapshot(root, checkpoint: str = "last", evaluate: bool = False, fresh: 
 
 
 def _snapshot(project, checkpoint, evaluate, fresh, device, timeout_s, job) -> dict:
-    from ..checkpoints import checkpoint_path, load_checkpoint
-    from ..evaluate import evaluate_gguf
-    from ..hardware import resolve_device
-    from ..outputs import export_checkpoint, record_snapshot
+    from gguf_trainer.data.checkpoints import checkpoint_path, load_checkpoint
+    from gguf_trainer.machine.hardware import resolve_device
+    from gguf_trainer.stages.evaluate import evaluate_gguf
+    from gguf_trainer.stages.export import export_checkpoint, record_snapshot
 
     paths = project.paths
     state = read_state(paths) or {}
@@ -129,7 +130,7 @@ def _snapshot(project, checkpoint, evaluate, fresh, device, timeout_s, job) -> d
         "eval": None,
     }
     try:
-        from ..safe_delete import sha256_file
+        from gguf_trainer.base.safe_delete import sha256_file
 
         entry["sha256"] = sha256_file(info["path"])  # lets `reset output` prove it is ours
     except OSError:

@@ -1,8 +1,8 @@
 """The stage loop and its bookkeeping: fingerprints, manifests, validation, invalidation.
 
 corpus -> precompute_val -> precompute_train -> train -> export -> eval
-(gguf_trainer.stage_list; each stage module exposes its stage object: gguf_trainer.corpus,
-precompute, train, outputs, evaluate. This module knows no stage by name.)
+(stages.stage_list; each stage module exposes its stage object: stages.corpus,
+precompute, train, export, evaluate. This module knows no stage by name.)
 
 Each fingerprinted stage records the inputs of its outputs in `<folder>/manifest.json`. A
 stage is done when its outputs exist and were made from the current inputs. When an input
@@ -30,10 +30,10 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from .. import atomic
-from ..errors import UserError
-from ..paths import MANIFEST_JSON, ProjectPaths
-from ..stage_list import FORCEABLE, STAGES, Stage, Stopped
+from gguf_trainer.base import atomic
+from gguf_trainer.base.errors import UserError
+from gguf_trainer.base.paths import MANIFEST_JSON, ProjectPaths
+from gguf_trainer.stages.stage_list import FORCEABLE, STAGES, Stage, Stopped
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +50,9 @@ def digest(obj) -> str:
 
 def stage_objects() -> tuple[Stage, ...]:
     """The stage objects in pipeline order (imports torch through the stage modules)."""
-    from .. import corpus, evaluate, outputs, precompute, train
+    from gguf_trainer.stages import corpus, evaluate, export, precompute, train
 
-    objs = (corpus.STAGE, *precompute.STAGE, train.STAGE, outputs.STAGE, evaluate.STAGE)
+    objs = (corpus.STAGE, *precompute.STAGE, train.STAGE, export.STAGE, evaluate.STAGE)
     names = tuple(s.name for s in objs)
     if names != STAGES:  # a programmer error: stage_list and the stage modules disagree
         raise RuntimeError(f"stage objects {names} do not match stage_list.STAGES {STAGES}")
@@ -268,7 +268,7 @@ def is_done(project, stage: Stage, inputs: dict[str, dict], run: RunContext) -> 
 
 def prepare_run(paths: ProjectPaths):
     """Record run settings that must stay fixed across resumes (mock flag, thread count)."""
-    from ..project import load_project, update_settings
+    from gguf_trainer.store.project import load_project, update_settings
 
     project = load_project(paths.root)
     changes = {}
@@ -299,7 +299,8 @@ def _check_stale(project, objs, stale: dict[str, str], run: RunContext) -> None:
 
 
 def run_stages(paths: ProjectPaths, report, only=None, force: bool = False) -> str:
-    from .. import distributed, hardware
+    from gguf_trainer.machine import distributed, hardware
+
     from . import ranks
 
     project = prepare_run(paths)

@@ -56,10 +56,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gguf_trainer import atomic, locks, project_file
-from gguf_trainer.jsonvals import jsonable
-from gguf_trainer.paths import ProjectPaths
-from gguf_trainer.stage_list import STAGES  # noqa: F401  (display order, re-exported)
+from gguf_trainer.base import atomic, locks, project_file
+from gguf_trainer.base.jsonvals import jsonable
+from gguf_trainer.base.paths import ProjectPaths
+from gguf_trainer.stages.stage_list import STAGES  # noqa: F401  (display order, re-exported)
 
 log = logging.getLogger(__name__)
 

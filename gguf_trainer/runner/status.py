@@ -13,9 +13,9 @@ import time
 
 import psutil
 
-from gguf_trainer import atomic, locks
-from gguf_trainer.jsonvals import finite_number as _num
-from gguf_trainer.paths import ProjectPaths
+from gguf_trainer.base import atomic, locks
+from gguf_trainer.base.jsonvals import finite_number as _num
+from gguf_trainer.base.paths import ProjectPaths
 from gguf_trainer.runner import lock
 from gguf_trainer.runner.state import (
     HEARTBEAT_STALE_S,
@@ -211,7 +211,7 @@ def derive_status(paths: ProjectPaths, now: float | None = None) -> dict:
     out["results"] = None
     if out["status"] == "done" and not out["settings_error"]:
         try:
-            from gguf_trainer.results import describe_results
+            from gguf_trainer.store.results import describe_results
 
             out["results"] = describe_results(paths.root)
         except Exception as e:  # noqa: BLE001 - observing never crashes; say what failed
@@ -220,8 +220,8 @@ def derive_status(paths: ProjectPaths, now: float | None = None) -> dict:
 
 
 def _settings_error(paths: ProjectPaths) -> str | None:
-    from gguf_trainer.errors import UserError
-    from gguf_trainer.project import load_project
+    from gguf_trainer.base.errors import UserError
+    from gguf_trainer.store.project import load_project
 
     try:
         load_project(paths.root)

@@ -34,9 +34,9 @@ from pathlib import Path
 
 import psutil
 
-from gguf_trainer import atomic, locks, project_file
-from gguf_trainer.errors import NoProjectError, UserError
-from gguf_trainer.paths import ProjectPaths
+from gguf_trainer.base import atomic, locks, project_file
+from gguf_trainer.base.errors import NoProjectError, UserError
+from gguf_trainer.base.paths import ProjectPaths
 from gguf_trainer.runner import lock, processes, state
 from gguf_trainer.runner import status as status_mod
 
@@ -93,7 +93,7 @@ def start(
     """
     paths = project_paths(project_dir)
     if module == PIPELINE_MODULE:  # test pipelines (other modules) run on dummy projects
-        from gguf_trainer.project import load_project  # lazy: pydantic, no torch
+        from gguf_trainer.store.project import load_project  # lazy: pydantic, no torch
 
         load_project(paths.root)
     unknown = [s for s in only or [] if s not in state.STAGES]
@@ -392,7 +392,7 @@ def auto_resume(module: str = PIPELINE_MODULE) -> str:
     if info["status"] != "interrupted":
         return f"auto-resume: {paths.root} is {info['status']}; nothing to resume"
     if module == PIPELINE_MODULE:  # the project's own switch (test pipelines have none)
-        from gguf_trainer.project import load_project  # lazy: pydantic, no torch
+        from gguf_trainer.store.project import load_project  # lazy: pydantic, no torch
 
         settings = load_project(paths.root).settings
         if not settings.auto_resume:

@@ -19,11 +19,13 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from .. import safe_delete, shards
-from ..checkpoints import checkpoint_path, load_checkpoint
-from ..errors import UserError
-from ..paths import BEST, LAST, ProjectPaths
-from ..stage_list import shard_stage
+from gguf_trainer.base import safe_delete
+from gguf_trainer.base.errors import UserError
+from gguf_trainer.base.paths import BEST, LAST, ProjectPaths
+from gguf_trainer.data import shards
+from gguf_trainer.data.checkpoints import checkpoint_path, load_checkpoint
+from gguf_trainer.stages.stage_list import shard_stage
+
 from . import lock, pipeline
 
 log = logging.getLogger(__name__)

@@ -1,11 +1,11 @@
 """What the control API returns: plain dataclasses (`asdict()` gives the JSON a GUI API
-returns). runner/control.py fills them; the CLI and the GUI read them."""
+returns). runner/control/ fills them; the CLI and the GUI read them."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from gguf_trainer.errors import quote
+from gguf_trainer.base.errors import quote
 
 
 @dataclass

@@ -46,7 +46,7 @@ class VisionSegment:
 
 class Teacher(Protocol):
     """What precompute needs from a teacher (real or mock). `samples` are
-    `gguf_trainer.samples.Sample` records (text, images, extra fields)."""
+    `gguf_trainer.data.samples.Sample` records (text, images, extra fields)."""
 
     identity: dict  # part of the shard fingerprint: snapshot revision or config hash, or "mock"
     is_mock: bool

@@ -27,7 +27,8 @@ from pathlib import Path
 
 import torch
 
-from ..errors import UserError
+from gguf_trainer.base.errors import UserError
+
 from . import trust
 from .llada_compat import install_attn_mask_utils, repair_rotary_tables, rotary_modules
 from .llada_layout import check_snapshot
@@ -203,7 +204,7 @@ def plan_budgets(plan, device) -> list[tuple[int | str, int]] | None:
     to its budget less activation headroom, every other card up to its total less 1.5 GiB (when
     that leaves > 2 GiB), then the CPU RAM budget. None when no device map is needed: a CPU run
     keeps everything on the CPU."""
-    from ..hardware import MIN_HEADROOM_GIB
+    from gguf_trainer.machine.hardware import MIN_HEADROOM_GIB
 
     device = torch.device(device)
     if device.type != "cuda" or plan.mode not in ("gpu", "offload"):
@@ -212,7 +213,7 @@ def plan_budgets(plan, device) -> list[tuple[int | str, int]] | None:
     budgets: list[tuple[int | str, int]] = [
         (chosen, int(max(0.0, plan.gpu_gib - MIN_HEADROOM_GIB) * GIB))
     ]
-    from ..distributed import world
+    from gguf_trainer.machine.distributed import world
 
     # Launched with one rank per card: the other cards are the other ranks' (data parallel).
     others = range(torch.cuda.device_count()) if not world().is_distributed else ()

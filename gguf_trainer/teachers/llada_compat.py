@@ -18,7 +18,7 @@ import types
 
 import torch
 
-from ..errors import UserError
+from gguf_trainer.base.errors import UserError
 
 log = logging.getLogger(__name__)
 MODULE_NAME = "transformers.modeling_attn_mask_utils"

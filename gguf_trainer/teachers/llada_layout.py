@@ -48,7 +48,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import UserError
+from gguf_trainer.base.errors import UserError
+
 from .t5 import read_safetensors_header
 
 WEIGHTS_FILE = "diffusion_pytorch_model.safetensors"

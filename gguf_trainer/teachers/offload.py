@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ..errors import UserError
+from gguf_trainer.base.errors import UserError
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..errors import UserError
+from gguf_trainer.base.errors import UserError
 
 log = logging.getLogger(__name__)
 GIB = 1024**3

@@ -26,7 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import UserError
+from gguf_trainer.base.errors import UserError
+
 from .llada_layout import (
     QUERYFORMER,
     TEXT_PROJECTION,

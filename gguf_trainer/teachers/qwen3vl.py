@@ -31,9 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import UserError
-from ..qwen_bpe import engine_bpe
-from ..template_ids import student_ids as engine_ids
+from gguf_trainer.base.errors import UserError
+from gguf_trainer.engine.qwen_bpe import engine_bpe
+from gguf_trainer.engine.qwen_ids import IMAGE_PAD_ID, VISION_END_ID, VISION_START_ID
+from gguf_trainer.engine.template_ids import student_ids as engine_ids
+
 from .offload import stream_offload, teacher_device, weights_dtype
 from .snapshot_files import weight_files
 
@@ -42,7 +44,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
-VISION_START_ID, VISION_END_ID, IMAGE_PAD_ID = 151652, 151653, 151655
+
 # Vision tokens per vision-tower batch (the tower's attention is per image: this only bounds
 # the activations held at once).
 VIS_TOKENS_PER_BATCH = {"cuda": 8192, "cpu": 1024}
@@ -306,7 +308,7 @@ def run_tower(
     import numpy as np
     import torch
 
-    from ..mageflow_images import patchify
+    from gguf_trainer.engine.qwen_vl_images import patchify
 
     merge = int(visual.spatial_merge_size)
     cap = VIS_TOKENS_PER_BATCH["cuda" if torch.device(device).type == "cuda" else "cpu"]
@@ -383,7 +385,7 @@ class Qwen3VLTeacher:
         """Raw merger rows (n_i, vis_dim) float32 on the CPU for each vision input (an image
         path, or what the family's `prepare` takes), in order: the engine's preprocessing, the
         tower by run_tower, `pooler_output` only (deepstack is not used by ggk here)."""
-        from ..mageflow_images import preprocess_image, target_size
+        from gguf_trainer.engine.qwen_vl_images import preprocess_image, target_size
 
         size = self.template.image_size or target_size  # the family's size rule
         prepare = self.template.prepare or (lambda path: preprocess_image(path, size))
@@ -467,7 +469,8 @@ def load_qwen3vl_teacher(
     in seconds, before any weight loads), then load `Qwen3VLModel` placed for `mode`."""
     from transformers import Qwen3VLModel
 
-    from ..student import load_tokenizer
+    from gguf_trainer.model.student import load_tokenizer
+
     from .t5 import _quiet_progress
 
     device = teacher_device(mode, device)

@@ -46,13 +46,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import UserError
-from ..qwen_bpe import engine_bpe
-from ..template_ids import Piece
-from ..template_ids import student_ids as engine_ids
-from ..template_padding import PAD_ID, Padding
+from gguf_trainer.base.errors import UserError
+from gguf_trainer.engine.qwen_bpe import engine_bpe
+from gguf_trainer.engine.qwen_ids import IMAGE_PAD_ID, PAD_ID
+from gguf_trainer.engine.template_ids import Piece
+from gguf_trainer.engine.template_ids import student_ids as engine_ids
+from gguf_trainer.engine.template_padding import Padding
+
 from .offload import teacher_device, weights_dtype
-from .qwen3vl import IMAGE_PAD_ID, mrope_positions, place, run_tower
+from .qwen3vl import mrope_positions, place, run_tower
 from .snapshot_files import weight_files
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -357,7 +359,8 @@ def load_tap_teacher(
     import torch
     from transformers import AutoModel
 
-    from ..student import load_tokenizer
+    from gguf_trainer.model.student import load_tokenizer
+
     from .t5 import _quiet_progress
 
     root = Path(root)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..errors import UserError
+from gguf_trainer.base.errors import UserError
 
 
 def weight_files(root: Path) -> list[str]:

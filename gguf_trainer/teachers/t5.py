@@ -35,9 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import UserError
-from ..t5_unigram import T5Unigram
-from ..template_ids import Piece, template_ids
+from gguf_trainer.base.errors import UserError
+from gguf_trainer.engine.t5_unigram import T5Unigram
+from gguf_trainer.engine.template_ids import Piece, template_ids
+
 from .offload import stream_offload, teacher_device, weights_dtype
 
 if TYPE_CHECKING:  # pragma: no cover

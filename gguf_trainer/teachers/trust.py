@@ -20,8 +20,8 @@ import os
 import time
 from pathlib import Path
 
-from .. import atomic
-from ..errors import UserError
+from gguf_trainer.base import atomic
+from gguf_trainer.base.errors import UserError
 
 HOME_ENV = "GGUF_TRAINER_HOME"  # the same home the supervisor uses for its settings
 DEFAULT_HOME = "~/.gguf-trainer"

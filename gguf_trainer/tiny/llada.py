@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from gguf_trainer.paths import TINY_MARKER
+from gguf_trainer.base.paths import TINY_MARKER
 
 SHIPPED = Path(__file__).resolve().parent.parent / "packs" / "demo_materials" / "llada_image"
 CODE_FILES = ("configuration_llada2uni_moe.py", "modeling_llada2uni_moe.py", "fused_moe_ops.py")

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from gguf_trainer.atomic import atomic_path, write_text
-from gguf_trainer.paths import TINY_MARKER
+from gguf_trainer.base.atomic import atomic_path, write_text
+from gguf_trainer.base.paths import TINY_MARKER
 from gguf_trainer.tiny import qwen_tokenizer_dir
 
 SHIPPED = Path(__file__).resolve().parent.parent / "packs" / "demo_materials" / "qwen3vl_mageflow"

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from gguf_trainer.atomic import atomic_path, write_text
-from gguf_trainer.paths import TINY_MARKER
+from gguf_trainer.base.atomic import atomic_path, write_text
+from gguf_trainer.base.paths import TINY_MARKER
 from gguf_trainer.tiny import qwen_tokenizer_dir
 
 HIDDEN = 16  # text hidden = tap width of the tiny teachers

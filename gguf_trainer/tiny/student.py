@@ -22,9 +22,9 @@ import transformers
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import dequantize, quantize
 
-from gguf_trainer.atomic import atomic_path, write_text
-from gguf_trainer.paths import TINY_GGUF_KEY, TINY_MARKER
-from gguf_trainer.student import LLAMACPP_GLOBAL, LLAMACPP_LAYER, qwen3_config
+from gguf_trainer.base.atomic import atomic_path, write_text
+from gguf_trainer.base.paths import TINY_GGUF_KEY, TINY_MARKER
+from gguf_trainer.model.student import LLAMACPP_GLOBAL, LLAMACPP_LAYER, qwen3_config
 from gguf_trainer.tiny import qwen_tokenizer_dir
 
 log = logging.getLogger(__name__)

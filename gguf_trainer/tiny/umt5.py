@@ -19,9 +19,9 @@ import io
 import json
 from pathlib import Path
 
-from .. import atomic
-from ..paths import TINY_MARKER
-from ..teachers.t5_tiny import tiny_spm_corpus
+from gguf_trainer.base import atomic
+from gguf_trainer.base.paths import TINY_MARKER
+from gguf_trainer.tiny.t5_tiny import tiny_spm_corpus
 
 UMT5_VOCAB = 256384  # UMT5-XXL's embedding rows (config vocab_size) and ggk's UMT5 seed table
 SPECIAL = ("<pad>", "</s>", "<s>", "<unk>")  # ids 0-3 in UMT5 (the engine: PAD 0 EOS 1 BOS 2 UNK 3)

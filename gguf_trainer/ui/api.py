@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from gguf_trainer.errors import UserError, quote
+from gguf_trainer.base.errors import UserError, quote
 from gguf_trainer.runner import control, supervisor
 from gguf_trainer.ui import common, recent
 

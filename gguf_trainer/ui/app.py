@@ -14,8 +14,8 @@ import threading
 import gradio as gr
 
 from gguf_trainer import __version__
-from gguf_trainer.errors import UserError
-from gguf_trainer.paths import ProjectPaths
+from gguf_trainer.base.errors import UserError
+from gguf_trainer.base.paths import ProjectPaths
 from gguf_trainer.runner import control
 from gguf_trainer.ui import (
     api,
@@ -23,10 +23,12 @@ from gguf_trainer.ui import (
     hardware_tab,
     live,
     logs_tab,
+    materials_section,
     output_tab,
     recent,
     setup_tab,
     train_tab,
+    train_view,
 )
 
 TICK_S = 2.0
@@ -128,7 +130,7 @@ def build_app(roots: list[str] | None = None, project: str | None = None) -> gr.
                 cur.state_sig = sig
                 head = header_text(proj, info)
                 ups.append(head if cur.changed("header", head) else gr.skip())
-                ups += train_tab.render(cur, info, plot_changed, log10)
+                ups += train_view.render(cur, info, plot_changed, log10)
             else:
                 ups += [gr.skip()] * (1 + len(train_tab.tick_outputs(train)))
             ups.append(logs_tab.render(cur, paths, which_log, follow))
@@ -154,9 +156,9 @@ def build_app(roots: list[str] | None = None, project: str | None = None) -> gr.
         def hw_tick(proj):
             if not proj:
                 return gr.skip()
-            return train_tab.hardware_md(control.status(proj))
+            return train_view.hardware_md(control.status(proj))
 
-        mat_outs = [setup.materials_md, setup.download, setup.one_material, setup.one_download]
+        mat_outs = materials_section.outputs(setup.materials)
 
         def slow_tick(proj, cur: live.Cursor):
             """Every HW_TICK_S: live hardware readings and the material status (downloads
@@ -164,7 +166,7 @@ def build_app(roots: list[str] | None = None, project: str | None = None) -> gr.
             if not proj:
                 return [gr.skip()] * (1 + len(mat_outs))
             try:
-                mats = setup_tab.materials_view(proj)
+                mats = materials_section.materials_view(proj)
                 hw = hw_tick(proj)
             except UserError:  # the tick above says what is wrong with the project
                 return [gr.skip()] * (1 + len(mat_outs))
@@ -181,7 +183,7 @@ def build_app(roots: list[str] | None = None, project: str | None = None) -> gr.
         logs.which.change(**refresh)
 
         def after_open_fn(proj):
-            return train_tab.steps_value(proj), (hw_tick(proj) if proj else "")
+            return train_view.steps_value(proj), (hw_tick(proj) if proj else "")
 
         after_open = {
             "fn": after_open_fn,

@@ -1,6 +1,6 @@
 """Helpers every tab uses: errors as one sentence, number formatting.
 
-Every action of the GUI goes through runner/control.py (the functions the CLI calls).
+Every action of the GUI goes through runner/control/ (the functions the CLI calls).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import time
 
 import gradio as gr
 
-from gguf_trainer.errors import UserError
+from gguf_trainer.base.errors import UserError
 
 
 def user_errors(fn):

@@ -19,9 +19,9 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from gguf_trainer import atomic
-from gguf_trainer.errors import UserError
-from gguf_trainer.paths import PROJECT_JSON
+from gguf_trainer.base import atomic
+from gguf_trainer.base.errors import UserError
+from gguf_trainer.base.paths import PROJECT_JSON
 from gguf_trainer.runner import supervisor
 
 SETTINGS_KEY = "browse_roots"

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import gradio as gr
 
-from gguf_trainer.project_schema import get_dotted
 from gguf_trainer.runner import control
+from gguf_trainer.store.project_schema import get_dotted
 
 SECTION_ORDER = ("Project", "Materials", "Corpus", "Precompute", "Training", "Output")
 READ_ONLY = ("pack",)  # chosen when the project is created

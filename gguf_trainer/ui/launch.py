@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from gguf_trainer.errors import UserError
+from gguf_trainer.base.errors import UserError
 from gguf_trainer.ui import files, host_guard
 
 DEFAULT_HOST = "127.0.0.1"
@@ -232,7 +232,7 @@ def ours_for_gradios(opts: LaunchOptions):
         sys.stdout = real
 
 
-# ---- the command line (cli.py adds these to the top-level parser) ---------------------
+# ---- the command line (cli/gui.py adds these to the top-level parser) ---------------------
 def add_arguments(parser) -> None:
     """The GUI's options on bare `gguf-trainer` (and `--auto-resume`)."""
     g = parser.add_argument_group("GUI (bare gguf-trainer opens it)")

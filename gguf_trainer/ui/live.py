@@ -18,10 +18,10 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from gguf_trainer.errors import UserError
-from gguf_trainer.jsonvals import finite_number
-from gguf_trainer.paths import ProjectPaths
-from gguf_trainer.project_file import UnsafeProjectFile
+from gguf_trainer.base.errors import UserError
+from gguf_trainer.base.jsonvals import finite_number
+from gguf_trainer.base.paths import ProjectPaths
+from gguf_trainer.base.project_file import UnsafeProjectFile
 from gguf_trainer.runner.state import read_metrics
 
 MAX_POINTS = 2000

@@ -1,23 +1,100 @@
-"""Setup tab › Materials: the materials table, Replace, the teacher-code trust notice and
-the Hugging Face token, as the updates the Setup tab wires.
+"""Setup tab › Materials: the materials table, Download, Replace, the teacher-code trust
+notice and the Hugging Face token: the components, their views and their wiring.
 
-Thin views of runner/control.py (the same functions `gguf-trainer materials`, `link`,
+Thin views of runner/control/ (the same functions `gguf-trainer materials`, `link`,
 `trust` and `login` call), split from setup_tab.py so that one stays a form and its wiring.
 
-    table, fetch, choice, fetch_one = materials_view(project)
+    parts = build()
+    table, fetch, choice, fetch_one = materials_view(project)  # outputs(parts), in order
     notice, trust_button = trust_view(project)
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import gradio as gr
 
-from gguf_trainer.errors import UserError
+from gguf_trainer.base.errors import UserError
 from gguf_trainer.runner import control
 from gguf_trainer.runner.status import format_eta
 from gguf_trainer.ui import api, common
+
+
+@dataclass
+class MaterialsParts:
+    md: gr.Markdown
+    download: gr.Button
+    one_material: gr.Dropdown
+    one_download: gr.Button
+    replace_id: gr.Dropdown
+    replace_path: gr.Textbox
+    replace_browse: gr.Button
+    replace_button: gr.Button
+    trust_md: gr.Markdown
+    trust_button: gr.Button
+    token: gr.Textbox
+    token_save: gr.Button
+    token_md: gr.Markdown
+
+
+def build() -> MaterialsParts:
+    with gr.Accordion(
+        "Material status and Hugging Face token", open=True, elem_id="setup-materials"
+    ):
+        materials_md = gr.Markdown("", elem_id="materials-md")
+        with gr.Row(equal_height=True):
+            download = gr.Button("Download missing", interactive=False, elem_id="btn-download")
+            one_material = gr.Dropdown([], label="One material", scale=2, elem_id="one-material")
+            one_download = gr.Button(
+                "Download it", interactive=False, scale=0, elem_id="btn-download-one"
+            )
+        with gr.Row(equal_height=True):
+            replace_id = gr.Dropdown(
+                [], label="Replace a material", scale=2, elem_id="replace-material"
+            )
+            replace_path = gr.Textbox(
+                label="with this folder or file (checked, then linked where it is)",
+                scale=4,
+                elem_id="replace-path",
+            )
+            replace_browse = gr.Button("Browse…", size="sm", scale=0)
+            replace_button = gr.Button("Replace", scale=0, elem_id="btn-replace")
+        trust_md = gr.Markdown("", visible=False, elem_id="trust-md")
+        trust_button = gr.Button(
+            "Trust and run this code", visible=False, variant="stop", elem_id="btn-trust"
+        )
+        with gr.Row(equal_height=True):
+            token = gr.Textbox(
+                label="Hugging Face token (stored in huggingface_hub's "
+                "token file; never shown again)",
+                type="password",
+                scale=4,
+                elem_id="hf-token",
+            )
+            token_save = gr.Button("Store token", scale=0, elem_id="btn-token")
+        token_md = gr.Markdown(token_status(), elem_id="token-md")
+    return MaterialsParts(
+        materials_md,
+        download,
+        one_material,
+        one_download,
+        replace_id,
+        replace_path,
+        replace_browse,
+        replace_button,
+        trust_md,
+        trust_button,
+        token,
+        token_save,
+        token_md,
+    )
+
+
+def outputs(p: MaterialsParts) -> list:
+    """The components materials_view updates, in its order."""
+    return [p.md, p.download, p.one_material, p.one_download]
 
 
 # ---- HF token (control.store_token: the same store as `gguf-trainer login`) ------------
@@ -145,3 +222,50 @@ def trust_view(project: str | None) -> tuple:
             f"`{it['code_hash'][:16]}…`"
         )
     return gr.update(value="\n".join(lines), visible=True), gr.update(visible=True)
+
+def missing_materials(project: str) -> list[str]:
+    """The wanted, required materials that are not ready ("title (state)"), from material
+    status; [] when material status is not available in this version."""
+    got = api.materials(project)
+    return [
+        f"{m.get('title') or m['id']} ({m.get('state')})"
+        for m in got.get("materials") or []
+        if m.get("wanted", True) and m.get("required") and m.get("state") != "ready"
+    ]
+
+# ---- wiring ---------------------------------------------------------------------------
+def wire(p: MaterialsParts, project: gr.State, read: gr.State, outs: list, load) -> None:
+    """`outs` and `load(project) -> (updates for outs, read state)` are the Setup tab's:
+    after Replace the whole tab is refilled (the path field and the table show the new copy)."""
+
+    @common.shown_errors
+    def do_token(tok):
+        return "", store_token(tok)
+
+    @common.shown_errors
+    def do_download(proj, one=None):
+        res = api.download_missing(common.need_project(proj), [one] if one else None)
+        if res["started"]:  # one toast: a line per material
+            gr.Info("\n".join(line["message"] for line in res["started"]), title="Materials")
+        return materials_view(proj)
+
+    p.token_save.click(do_token, [p.token], [p.token, p.token_md])
+    mat_outs = outputs(p)
+
+    @common.shown_errors
+    def do_trust(proj):
+        for path in control.trust_code(common.need_project(proj)):
+            gr.Info(f"trusted: {path}")
+        return trust_view(proj)
+
+    p.trust_button.click(do_trust, [project], [p.trust_md, p.trust_button])
+
+    @common.shown_errors
+    def do_replace(proj, material_id, path):
+        gr.Info(replace_material(common.need_project(proj), material_id, path), title="Materials")
+        ups, rd = load(proj)  # the path field and the table show the new copy
+        return [rd, *ups]
+
+    p.replace_button.click(do_replace, [project, p.replace_id, p.replace_path], [read, *outs])
+    p.download.click(do_download, [project], mat_outs)
+    p.one_download.click(do_download, [project, p.one_material], mat_outs)

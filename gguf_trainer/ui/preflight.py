@@ -2,7 +2,7 @@
 
 The GUI process never imports torch, so the verdict comes from
 `python -m gguf_trainer.ui.preflight PROJECT`, which calls the planner precompute itself
-calls before any weights load (precompute.plan_teacher) and prints one JSON line: {"ok",
+calls before any weights load (precompute_context.plan_teacher) and prints one JSON line: {"ok",
 "mode", "budgets", "warnings", "error", "device"}. No decision is taken here.
 
     verdict(project_dir) -> dict          # in the GUI process (spawns the probe)
@@ -35,10 +35,10 @@ def verdict(project: str) -> dict:
 
 
 def _probe(project_dir: str) -> dict:
-    from gguf_trainer import hardware
-    from gguf_trainer.errors import UserError
-    from gguf_trainer.precompute import plan_teacher
-    from gguf_trainer.project import load_project
+    from gguf_trainer.base.errors import UserError
+    from gguf_trainer.machine import hardware
+    from gguf_trainer.stages.precompute_context import plan_teacher
+    from gguf_trainer.store.project import load_project
 
     try:
         project = load_project(project_dir)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gguf_trainer import atomic, paths
-from gguf_trainer.paths import ProjectPaths
+from gguf_trainer.base import atomic, paths
+from gguf_trainer.base.paths import ProjectPaths
 from gguf_trainer.runner import supervisor
 
 KEY = "recent_projects"

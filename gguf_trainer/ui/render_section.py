@@ -14,8 +14,8 @@ from pathlib import Path
 
 import gradio as gr
 
-from gguf_trainer import project_file
-from gguf_trainer.errors import UserError
+from gguf_trainer.base import project_file
+from gguf_trainer.base.errors import UserError
 from gguf_trainer.runner import render_job
 from gguf_trainer.ui import common
 

@@ -16,9 +16,9 @@ import subprocess
 import sys
 import time
 
-from gguf_trainer import locks
-from gguf_trainer.errors import UserError
-from gguf_trainer.paths import ProjectPaths
+from gguf_trainer.base import locks
+from gguf_trainer.base.errors import UserError
+from gguf_trainer.base.paths import ProjectPaths
 from gguf_trainer.runner import pipeline
 from gguf_trainer.runner.state import STAGES
 

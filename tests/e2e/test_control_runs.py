@@ -9,7 +9,7 @@ import pytest
 from pipeline_helpers import make_project
 from waiting import wait_for as _wait_for
 
-from gguf_trainer.errors import UserError
+from gguf_trainer.base.errors import UserError
 from gguf_trainer.runner import control
 
 pytestmark = pytest.mark.slow

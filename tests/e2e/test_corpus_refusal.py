@@ -12,11 +12,11 @@ import pytest
 from hostile_fs import tree_bytes
 from pipeline_helpers import make_project
 
-from gguf_trainer.errors import UserError
-from gguf_trainer.exit_codes import EXIT_USER
-from gguf_trainer.paths import ProjectPaths
-from gguf_trainer.project import update_settings
+from gguf_trainer.base.errors import UserError
+from gguf_trainer.base.exit_codes import EXIT_USER
+from gguf_trainer.base.paths import ProjectPaths
 from gguf_trainer.runner import pipeline
+from gguf_trainer.store.project import update_settings
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ import subprocess
 import pytest
 from pipeline_helpers import cli_at_home, run_demo
 
-from gguf_trainer.paths import STALE_PREFIX
+from gguf_trainer.base.paths import STALE_PREFIX
 
 pytestmark = pytest.mark.slow
 

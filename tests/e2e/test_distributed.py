@@ -17,8 +17,8 @@ import torch
 from pipeline_helpers import adapter_tensors, assert_same_tensors, make_project
 from test_real_runs import cli, read_state, wait_for, wait_idle
 
-from gguf_trainer import locks
-from gguf_trainer.paths import ProjectPaths
+from gguf_trainer.base import locks
+from gguf_trainer.base.paths import ProjectPaths
 from gguf_trainer.runner import lock
 from gguf_trainer.runner.launch import free_port
 

@@ -28,9 +28,9 @@ from material_repos import (
 )
 from waiting import wait_for as _wait
 
-from gguf_trainer.project import create_project, load_project
-from gguf_trainer.prompt_presets import PRESETS, read_preset
+from gguf_trainer.materials.prompt_presets import PRESETS, read_preset
 from gguf_trainer.runner import downloads, jobs
+from gguf_trainer.store.project import create_project, load_project
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +48,7 @@ def project(hub_server, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.delenv("GGUF_TRAINER_MATERIALS", raising=False)
-    monkeypatch.setattr("gguf_trainer.paths.PROJECTS_ROOT", tmp_path / "projects")
+    monkeypatch.setattr("gguf_trainer.base.paths.PROJECTS_ROOT", tmp_path / "projects")
     monkeypatch.setenv("GGUF_TRAINER_PROJECTS", str(tmp_path / "projects"))
     files = vidprom_files(N_ROWS)
     hub_server.add_repo(T5_REPO, tiny_t5_files())

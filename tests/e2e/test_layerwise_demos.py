@@ -19,12 +19,12 @@ import torch
 from engine_reference import conditioner_stack, engine_forward
 from pipeline_helpers import cli_at_home, run_demo
 
-from gguf_trainer.adapters import load_gguf
-from gguf_trainer.qwen_bpe import engine_bpe
-from gguf_trainer.samples import Sample
-from gguf_trainer.shards import Shard, load_verified, shard_files
-from gguf_trainer.student import load_student
-from gguf_trainer.vision import image_runs
+from gguf_trainer.data.samples import Sample
+from gguf_trainer.data.shards import Shard, load_verified, shard_files
+from gguf_trainer.engine.qwen_bpe import engine_bpe
+from gguf_trainer.model.adapters import load_gguf
+from gguf_trainer.model.student import load_student
+from gguf_trainer.model.vision import image_runs
 
 pytestmark = pytest.mark.slow
 

@@ -19,11 +19,11 @@ import pytest
 import torch
 from engine_reference import engine_forward
 
-from gguf_trainer.adapter_file import read_adapter
+from gguf_trainer.base.places import record_key
 from gguf_trainer.check import run_check
+from gguf_trainer.model.adapter_file import read_adapter
+from gguf_trainer.model.student import load_student, tokenize
 from gguf_trainer.packs.llada_image import PACK
-from gguf_trainer.places import record_key
-from gguf_trainer.student import load_student, tokenize
 
 pytestmark = pytest.mark.slow
 PROMPT = "a red fox, oil painting, at sunset"
@@ -142,7 +142,7 @@ def _released_layout_snapshot(dest):
 def _project(root, materials):
     """A llada_image project on the tiny student, demo-sized; no teacher path yet."""
     from gguf_trainer.demo import demo_overrides
-    from gguf_trainer.project import create_project
+    from gguf_trainer.store.project import create_project
     from gguf_trainer.tiny.prompts import demo_prompts
     from gguf_trainer.tiny.student import (
         tiny_qwen3_config,

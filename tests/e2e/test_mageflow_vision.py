@@ -20,13 +20,13 @@ import torch
 from engine_reference import engine_forward, vision_project
 from pipeline_helpers import make_project, run_pipeline
 
-from gguf_trainer.adapter_file import read_adapter_arrays
-from gguf_trainer.adapters import AdapterConfig, build_adapter, load_gguf
-from gguf_trainer.packs.mageflow_demo import write_demo_corpus
-from gguf_trainer.project import load_project
-from gguf_trainer.shards import Shard, shard_files
+from gguf_trainer.data.shards import Shard, shard_files
+from gguf_trainer.model.adapter_file import read_adapter_arrays
+from gguf_trainer.model.adapters import AdapterConfig, build_adapter, load_gguf
+from gguf_trainer.model.vision import image_runs, load_vision_proj, read_inputs
+from gguf_trainer.store.project import load_project
+from gguf_trainer.tiny.mageflow_demo import write_demo_corpus
 from gguf_trainer.tiny.prompts import demo_prompts
-from gguf_trainer.vision import image_runs, load_vision_proj, read_inputs
 
 pytestmark = pytest.mark.slow
 
@@ -78,7 +78,7 @@ def _val_image_sample(run):
 
 
 def test_shard_student_states_have_the_images_spliced_in(run):
-    from gguf_trainer.student import load_student, pad_batch
+    from gguf_trainer.model.student import load_student, pad_batch
 
     shard, i, rows, pos = _val_image_sample(run)
     ids = shard.t["student_ids"][shard.s_off[i]: shard.s_off[i + 1]].tolist()

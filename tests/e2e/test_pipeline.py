@@ -15,15 +15,15 @@ import shutil
 import pytest
 from pipeline_helpers import adapter_tensors, assert_same_tensors, make_project, run_pipeline
 
-from gguf_trainer import atomic
-from gguf_trainer import project as project_mod
-from gguf_trainer.errors import UserError
+from gguf_trainer.base import atomic
+from gguf_trainer.base.errors import UserError
+from gguf_trainer.base.paths import ProjectPaths
 from gguf_trainer.packs import register
 from gguf_trainer.packs.base import TrainerPack
-from gguf_trainer.paths import ProjectPaths
 from gguf_trainer.runner import reset as reset_mod
 from gguf_trainer.runner import stages
-from gguf_trainer.train import STAGE as train_stage
+from gguf_trainer.stages.train import STAGE as train_stage
+from gguf_trainer.store import project as project_mod
 
 
 class TinyResamplerPack(TrainerPack):
@@ -224,7 +224,7 @@ def test_interrupted_run_resumes_bit_identically(name, reference, tmp_path, tiny
 def test_crash_resumes_bit_identically(crash_at, reference, tmp_path, tiny_materials, monkeypatch):
     """An exception at an arbitrary point stands in for kill -9 (the e2e supervisor tests
     kill real processes): whatever was not saved is redone, with the same result."""
-    from gguf_trainer import precompute
+    from gguf_trainer.stages import precompute
 
     root = tmp_path / "proj"
     make_project(root, TINY_PACK, tiny_materials)
@@ -268,7 +268,7 @@ def test_crash_resumes_bit_identically(crash_at, reference, tmp_path, tiny_mater
 def _shard_content(path):
     from safetensors.torch import load_file
 
-    from gguf_trainer.shards import read_meta
+    from gguf_trainer.data.shards import read_meta
 
     # safetensors writes metadata keys in hash order: compare content, not bytes
     return read_meta(path), {k: v.tolist() for k, v in load_file(str(path)).items()}
@@ -357,7 +357,7 @@ def test_snapshot_during_training_leaves_the_result_unchanged(reference, tmp_pat
 
 
 def test_snapshot_export_and_manifest(reference, tmp_path):
-    from gguf_trainer.adapter_file import read_adapter
+    from gguf_trainer.model.adapter_file import read_adapter
     from gguf_trainer.runner.snapshot import run_snapshot
 
     root = _fresh_copy(reference, tmp_path)
@@ -427,7 +427,7 @@ def test_copy_to_and_forced_reexport(reference, tmp_path):
 def test_nan_loss_stops_with_a_sentence_and_keeps_the_last_good_checkpoint(
     tmp_path, tiny_materials, monkeypatch
 ):
-    from gguf_trainer import train
+    from gguf_trainer.stages import train
 
     root = tmp_path / "proj"
     proj = make_project(root, TINY_PACK, tiny_materials)
@@ -524,12 +524,12 @@ def test_a_bad_new_input_is_refused_before_anything_is_invalidated(kind, referen
 def test_export_is_recorded_before_the_file_lands(reference, tmp_path, monkeypatch):
     """A kill between writing the GGUF and recording it must not make the next start take the
     project's own GGUF for another project's (the name-clash refusal)."""
-    from gguf_trainer import outputs
-    from gguf_trainer.project import check_name_clash
+    from gguf_trainer.stages import export as export_stage
+    from gguf_trainer.store.project import check_name_clash
 
     root = _fresh_copy(reference, tmp_path)
     proj = project_mod.update_settings(root, {"export.output_dir": str(tmp_path / "out")})
-    real = outputs.record_export
+    real = export_stage.record_export
 
     class Killed(BaseException):
         pass
@@ -539,10 +539,10 @@ def test_export_is_recorded_before_the_file_lands(reference, tmp_path, monkeypat
             raise Killed()  # as if kill -9 landed between the write and the final record
         real(project, path, kind, pending)
 
-    monkeypatch.setattr(outputs, "record_export", die_after_write)
+    monkeypatch.setattr(export_stage, "record_export", die_after_write)
     with pytest.raises(Killed):
         run_pipeline(root, only=["export"], force=True)
-    monkeypatch.setattr(outputs, "record_export", real)
+    monkeypatch.setattr(export_stage, "record_export", real)
     assert proj.final_gguf.exists()
     check_name_clash(project_mod.load_project(root))  # ours: no refusal
     assert run_pipeline(root, only=["export"], force=True) == "done"

@@ -16,11 +16,11 @@ import pytest
 import torch
 from pipeline_helpers import cli_at_home, run_demo
 
-from gguf_trainer.adapter_file import read_adapter_arrays
-from gguf_trainer.samples import iter_samples
-from gguf_trainer.shards import Shard, shard_files
+from gguf_trainer.data.samples import iter_samples
+from gguf_trainer.data.shards import Shard, shard_files
+from gguf_trainer.model.adapter_file import read_adapter_arrays
+from gguf_trainer.model.vision import image_runs, load_vision_proj
 from gguf_trainer.teachers.base import VisionSegment
-from gguf_trainer.vision import image_runs, load_vision_proj
 
 pytestmark = pytest.mark.slow
 
@@ -84,7 +84,8 @@ def test_demo_beats_the_mean_baseline_on_vision_and_text_positions(demo):
 
 
 def test_shards_hold_the_teachers_rows_for_the_engine_template(demo):
-    from gguf_trainer.teachers.qwen3vl import IMAGE_PAD_ID, load_qwen3vl_teacher
+    from gguf_trainer.engine.qwen_ids import IMAGE_PAD_ID
+    from gguf_trainer.teachers.qwen3vl import load_qwen3vl_teacher
 
     proj = demo["project"]
     samples = list(iter_samples(proj.paths.samples("val")))
@@ -123,7 +124,7 @@ def test_shards_hold_the_teachers_rows_for_the_engine_template(demo):
 
 
 def test_inspect_reads_the_vision_extension_and_load_gguf_runs_with_vision(demo):
-    from gguf_trainer.adapters import load_gguf
+    from gguf_trainer.model.adapters import load_gguf
 
     proj = demo["project"]
     out = cli("inspect", "--json", proj.final_gguf, home=demo["home"], timeout=120)

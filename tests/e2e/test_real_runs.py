@@ -18,9 +18,9 @@ import pytest
 from pipeline_helpers import adapter_tensors, assert_same_tensors, make_project
 from waiting import wait_for as _wait_for
 
-from gguf_trainer.paths import ProjectPaths
+from gguf_trainer.base.paths import ProjectPaths
 from gguf_trainer.runner import lock
-from gguf_trainer.stage_list import STAGES
+from gguf_trainer.stages.stage_list import STAGES
 
 PACK = "qwen3vl_mageflow"  # the cheapest real pack on tiny settings
 # Long enough that a kill up to 0.4 s into the train stage lands inside it, however fast a

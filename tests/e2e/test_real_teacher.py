@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from pipeline_helpers import adapter_tensors, assert_same_tensors, make_project, run_pipeline
 
-from gguf_trainer import project as project_mod
-from gguf_trainer.errors import UserError
+from gguf_trainer.base.errors import UserError
+from gguf_trainer.materials.spec import Material
 from gguf_trainer.packs import register
-from gguf_trainer.packs.base import Material
 from gguf_trainer.packs.t5xxl_pixart import PixArtT5Pack
+from gguf_trainer.store import project as project_mod
 
 HIDDEN = 32
 SPIECE = (

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 from pipeline_helpers import cli_at_home
 
+from gguf_trainer.base.errors import UserError
 from gguf_trainer.check import compare
-from gguf_trainer.errors import UserError
-from gguf_trainer.project import create_project, load_project
 from gguf_trainer.runner import jobs, render_job
+from gguf_trainer.store.project import create_project, load_project
 
 STAND_IN = Path(__file__).with_name("stand_in_ggk.py")
 MAGEFLOW_FILES = ("mageflow-edit-turbo-nvfp4.gguf", "pig_mageflow_vae_fp32-f16.gguf",

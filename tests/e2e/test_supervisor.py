@@ -17,9 +17,9 @@ import psutil
 import pytest
 from waiting import wait_for
 
-from gguf_trainer import atomic, locks
-from gguf_trainer.exit_codes import EXIT_INTERNAL, EXIT_USER
-from gguf_trainer.paths import ProjectPaths
+from gguf_trainer.base import atomic, locks
+from gguf_trainer.base.exit_codes import EXIT_INTERNAL, EXIT_USER
+from gguf_trainer.base.paths import ProjectPaths
 from gguf_trainer.runner import lock, processes, state, status, supervisor
 
 E2E_DIR = Path(__file__).resolve().parent
@@ -83,7 +83,7 @@ def in_progress(root):
 # ---- lock traps (processes needed) ----------------------------------------------------
 HOLDER = textwrap.dedent("""
     import os, subprocess, sys, time
-    from gguf_trainer.paths import ProjectPaths
+    from gguf_trainer.base.paths import ProjectPaths
     from gguf_trainer.runner import lock
     with lock.hold(ProjectPaths(sys.argv[1])):
         child = subprocess.Popen(["sleep", "30"])   # fork + exec: O_CLOEXEC drops the fd

@@ -15,9 +15,9 @@ import pytest
 import torch
 from pipeline_helpers import cli_at_home, run_demo
 
-from gguf_trainer import project as project_mod
-from gguf_trainer.samples import iter_samples
-from gguf_trainer.shards import load_verified, shard_files
+from gguf_trainer.data.samples import iter_samples
+from gguf_trainer.data.shards import load_verified, shard_files
+from gguf_trainer.store import project as project_mod
 from gguf_trainer.teachers.t5 import SeedTokenizer
 
 pytestmark = pytest.mark.slow
@@ -69,8 +69,8 @@ def test_the_shards_hold_the_engine_t5_window_ids(demo):
 
 
 def test_inspect_reads_a_seeded_resampler_and_load_gguf_runs_it(demo):
-    from gguf_trainer.adapters import load_gguf
-    from gguf_trainer.student import load_student, pad_batch, tokenize
+    from gguf_trainer.model.adapters import load_gguf
+    from gguf_trainer.model.student import load_student, pad_batch, tokenize
 
     proj = demo["project"]
     out = cli("inspect", "--json", proj.final_gguf, home=demo["home"], timeout=120)
@@ -94,7 +94,7 @@ def test_inspect_reads_a_seeded_resampler_and_load_gguf_runs_it(demo):
 
 def test_a_changed_spiece_model_invalidates_the_shards(demo, tmp_path):
     from gguf_trainer.runner.stages import stage_inputs, stage_objects, stale_stages
-    from gguf_trainer.teachers.t5_tiny import train_tiny_spm
+    from gguf_trainer.tiny.t5_tiny import train_tiny_spm
 
     root = tmp_path / "proj"
     shutil.copytree(demo["root"], root)
@@ -155,11 +155,11 @@ def test_a_factorized_export_is_what_the_engine_runs(demo, tmp_path, capsys):
     import numpy as np
     from engine_reference import engine_forward
 
-    from gguf_trainer.adapter_file import read_adapter
-    from gguf_trainer.adapter_report import seed_table
-    from gguf_trainer.adapters import load_gguf
-    from gguf_trainer.outputs import export_checkpoint
-    from gguf_trainer.student import load_student, tokenize
+    from gguf_trainer.model.adapter_file import read_adapter
+    from gguf_trainer.model.adapter_report import seed_table
+    from gguf_trainer.model.adapters import load_gguf
+    from gguf_trainer.model.student import load_student, tokenize
+    from gguf_trainer.stages.export import export_checkpoint
 
     root = tmp_path / "fz"
     shutil.copytree(demo["root"], root, ignore=shutil.ignore_patterns("output"))

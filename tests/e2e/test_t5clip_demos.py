@@ -15,9 +15,9 @@ import torch
 from engine_reference import engine_forward
 from pipeline_helpers import cli_at_home, run_demo
 
-from gguf_trainer.adapters import load_gguf
-from gguf_trainer.shards import load_verified, shard_files
-from gguf_trainer.student import load_student, tokenize
+from gguf_trainer.data.shards import load_verified, shard_files
+from gguf_trainer.model.adapters import load_gguf
+from gguf_trainer.model.student import load_student, tokenize
 from gguf_trainer.teachers import t5
 
 pytestmark = pytest.mark.slow

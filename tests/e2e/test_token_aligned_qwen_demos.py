@@ -16,10 +16,10 @@ import torch
 from engine_reference import engine_forward
 from pipeline_helpers import cli_at_home, run_demo
 
-from gguf_trainer.adapters import load_gguf
-from gguf_trainer.qwen_bpe import engine_bpe
-from gguf_trainer.samples import Sample
-from gguf_trainer.student import load_student
+from gguf_trainer.data.samples import Sample
+from gguf_trainer.engine.qwen_bpe import engine_bpe
+from gguf_trainer.model.adapters import load_gguf
+from gguf_trainer.model.student import load_student
 
 pytestmark = pytest.mark.slow
 

@@ -18,9 +18,9 @@ import torch
 from engine_reference import engine_forward
 from pipeline_helpers import cli_at_home, run_demo
 
-from gguf_trainer.adapters import load_gguf
-from gguf_trainer.shards import Shard, shard_files
-from gguf_trainer.vision import image_runs
+from gguf_trainer.data.shards import Shard, shard_files
+from gguf_trainer.model.adapters import load_gguf
+from gguf_trainer.model.vision import image_runs
 
 pytestmark = pytest.mark.slow
 

@@ -58,8 +58,8 @@ def dump_adapter(out: Path, prompt: str) -> None:
     import numpy as np
     import torch
 
-    from gguf_trainer.adapters import load_gguf
-    from gguf_trainer.student import load_student
+    from gguf_trainer.model.adapters import load_gguf
+    from gguf_trainer.model.student import load_student
 
     adapter = Path(arg("--llm-adapter"))
     window = load_gguf(adapter).config.num_queries

@@ -28,13 +28,13 @@ import pytest
 from engine_build import build, unsupported_packs
 from tier_corpus import image_sizes, prompts
 
-from gguf_trainer.mageflow_images import engine_refuses, vision_tokens
+from gguf_trainer.data.samples import Sample
+from gguf_trainer.engine.prompt_syntax import PromptSyntaxError, parse_prompt_attention
+from gguf_trainer.engine.qwen_bpe import engine_bpe
+from gguf_trainer.engine.qwen_vl_images import engine_refuses, vision_tokens
+from gguf_trainer.engine.t5_unigram import T5Unigram
+from gguf_trainer.model.student import load_tokenizer
 from gguf_trainer.packs import get_pack, pack_ids
-from gguf_trainer.prompt_syntax import PromptSyntaxError, parse_prompt_attention
-from gguf_trainer.qwen_bpe import engine_bpe
-from gguf_trainer.samples import Sample
-from gguf_trainer.student import load_tokenizer
-from gguf_trainer.t5_unigram import T5Unigram
 from gguf_trainer.teachers.t5 import window_ids
 from gguf_trainer.tiny import qwen_tokenizer_dir
 
@@ -115,8 +115,8 @@ def test_the_ports_tables_are_the_engines(driver):
 
     from engine_build import ENGINE, cache_root
 
-    from gguf_trainer.qwen_cspace import LIMIT, cspace_bits
-    from gguf_trainer.qwen_letters import letter_ranges
+    from gguf_trainer.engine.qwen_cspace import LIMIT, cspace_bits
+    from gguf_trainer.engine.qwen_letters import letter_ranges
 
     util = f"*/src/{ENGINE}/diffusion/src/tokenizers/tokenize_util.cpp"
     src = next(cache_root().glob(util)).read_text()
@@ -190,7 +190,7 @@ def engine_t5(driver, tmp_path_factory):
 def test_t5_seed_windows(driver, engine_t5, pack_id):
     """The pack's seed rule (teachers/t5.py SeedTokenizer: the T5 port over each weight chunk, then
     the window) on the engine's own vocabulary, against the engine's T5UniGramTokenizer."""
-    from gguf_trainer.template_ids import Piece, template_ids
+    from gguf_trainer.engine.template_ids import Piece, template_ids
 
     bad, n = [], 0
     for window in (120, 300):
@@ -276,7 +276,7 @@ def test_fibo2_reference_pixels_are_the_engines(driver, tmp_path):
     from engine_build import ENGINE, cache_root
     from PIL import Image
 
-    from gguf_trainer.fibo2_images import MAX_SIDE, preprocess_fibo2
+    from gguf_trainer.engine.fibo2 import MAX_SIDE, preprocess_fibo2
 
     model = next(cache_root().glob(f"*/src/{ENGINE}/diffusion/src/model/diffusion/model.hpp"))
     preset = re.search(r'\{"fibo2", \[\] \{(.*?)\}\(\)\}', model.read_text(), re.DOTALL)[1]
@@ -333,9 +333,9 @@ def test_adapter_output_matches_the_engines_runner(
     import numpy as np
     import torch
 
-    from gguf_trainer.adapters import build_adapter, load_gguf
-    from gguf_trainer.export import factorize_seed, write_adapter_gguf
-    from gguf_trainer.student import load_student
+    from gguf_trainer.model.adapters import build_adapter, load_gguf
+    from gguf_trainer.model.export import factorize_seed, write_adapter_gguf
+    from gguf_trainer.model.student import load_student
 
     runner = driver.path.parent / "adapter_probe"
     student = load_student(tiny_materials["student"], tiny_materials["tokenizer"])

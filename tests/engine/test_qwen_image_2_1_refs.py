@@ -17,8 +17,8 @@ from engine_build import ENGINE, SDIST_SHA256, cache_root, fetch_sdist, source_l
 from PIL import Image
 from tier_corpus import image_sizes
 
+from gguf_trainer.engine.qwen_image_refs import ref_pixels, ref_size
 from gguf_trainer.packs import get_pack
-from gguf_trainer.qwen_image_refs import ref_pixels, ref_size
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 

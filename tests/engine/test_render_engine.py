@@ -21,11 +21,11 @@ import pytest
 from engine_build import build
 from pipeline_helpers import cli_at_home, run_pipeline
 
-from gguf_trainer.adapters import load_gguf
 from gguf_trainer.check import read_ids
 from gguf_trainer.demo import prepare_demo
-from gguf_trainer.materials import seed_tokenizer
-from gguf_trainer.project import load_project
+from gguf_trainer.materials.materials import seed_tokenizer
+from gguf_trainer.model.adapters import load_gguf
+from gguf_trainer.store.project import load_project
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 

@@ -15,10 +15,10 @@ from engine_build import build_t5clip
 from test_engine_tier import Driver, hexs, ids
 from tier_corpus import prompts
 
+from gguf_trainer.engine.t5_unigram import T5Unigram
+from gguf_trainer.engine.template_ids import Piece, template_ids
 from gguf_trainer.packs import get_pack, pack_ids
-from gguf_trainer.t5_unigram import T5Unigram
 from gguf_trainer.teachers.t5 import T5CLIP_WINDOWS, check_window, window_ids
-from gguf_trainer.template_ids import Piece, template_ids
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 

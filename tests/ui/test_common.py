@@ -6,8 +6,8 @@ import warnings
 
 import gradio as gr
 
-from gguf_trainer.errors import UserError
-from gguf_trainer.ui import common, form, train_tab
+from gguf_trainer.base.errors import UserError
+from gguf_trainer.ui import common, form, train_view
 
 
 def test_a_user_error_is_one_warning_and_no_error_badge():
@@ -68,5 +68,5 @@ def test_the_banner_shows_words_never_a_dict():
             }
         },
     }
-    text = train_tab.banner_text(info)
+    text = train_view.banner_text(info)
     assert "Snapshot export running (pid 9): exporting" in text and "{" not in text

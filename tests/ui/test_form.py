@@ -7,9 +7,9 @@ import gradio as gr
 import pytest
 
 from gguf_trainer.packs import pack_ids
-from gguf_trainer.project import create_project
-from gguf_trainer.project_schema import get_dotted
 from gguf_trainer.runner import control
+from gguf_trainer.store.project import create_project
+from gguf_trainer.store.project_schema import get_dotted
 from gguf_trainer.ui import form
 
 
@@ -53,7 +53,7 @@ def test_widgets_map_back_to_schema_values(built, tmp_path):
 @pytest.mark.parametrize("key, pick", [("corpus.presets", ["vidprom", "gustavosta"]),
                                        ("corpus.image_presets", ["coco_captions"])])
 def test_dataset_lists_are_multi_selects_of_the_known_ids(built, tmp_path, key, pick):
-    from gguf_trainer.corpus_sources import known_ids
+    from gguf_trainer.materials.corpus_sources import known_ids
 
     comp = built.fields[key].comp
     ids = known_ids(key.split(".")[1])

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gguf_trainer.errors import UserError
+from gguf_trainer.base.errors import UserError
 from gguf_trainer.ui import api
 
 PACK = "t5xxl_pixart"

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from gguf_trainer import cli
-from gguf_trainer.errors import UserError
+from gguf_trainer.base.errors import UserError
 from gguf_trainer.ui import launch
 from gguf_trainer.ui.launch import LaunchOptions
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from gguf_trainer.paths import ProjectPaths
+from gguf_trainer.base.paths import ProjectPaths
 from gguf_trainer.ui import live
 
 
@@ -85,7 +85,7 @@ def test_the_training_progress_view_is_a_line_per_metrics_row(tmp_path):
     per metrics row, reads only new rows, and restarts when a resume rewrote the file."""
     import json
 
-    from gguf_trainer.paths import ProjectPaths
+    from gguf_trainer.base.paths import ProjectPaths
     from gguf_trainer.ui import live, logs_tab
 
     paths = ProjectPaths(tmp_path)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from gguf_trainer.project import create_project
+from gguf_trainer.store.project import create_project
 from gguf_trainer.ui import output_tab, recent
 
 
 def test_recent_projects_include_the_demos(tmp_path, monkeypatch):
     monkeypatch.setenv("GGUF_TRAINER_HOME", str(tmp_path / "gt_home"))
-    monkeypatch.setattr("gguf_trainer.paths.PROJECTS_ROOT", tmp_path / "projects")
+    monkeypatch.setattr("gguf_trainer.base.paths.PROJECTS_ROOT", tmp_path / "projects")
     demo = tmp_path / "projects" / "demo_t5xxl_pixart"
     mine = tmp_path / "elsewhere" / "mine"
     create_project(demo, "t5xxl_pixart")

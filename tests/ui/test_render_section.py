@@ -8,7 +8,7 @@ import json
 import gradio as gr
 from PIL import Image
 
-from gguf_trainer.project import create_project
+from gguf_trainer.store.project import create_project
 from gguf_trainer.ui import render_section
 
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import gradio as gr
 import pytest
 
-from gguf_trainer.project import create_project
-from gguf_trainer.project_schema import get_dotted
 from gguf_trainer.runner import control
-from gguf_trainer.ui import form, train_tab
+from gguf_trainer.store.project import create_project
+from gguf_trainer.store.project_schema import get_dotted
+from gguf_trainer.ui import form, train_start
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +49,7 @@ def test_start_saves_unsaved_changes_then_starts_and_names_missing_materials(
     create_project(root, "t5xxl_pixart")
     read, widgets = page(fm, root)
     widgets["train.lr"] = 1e-3
-    out = train_tab.start_from_page(fm, str(root), read, list(widgets.values()))
+    out = train_start.start_from_page(fm, str(root), read, list(widgets.values()))
     assert out.started and out.pid == 4242 and launched == [str(root)]
     assert control.read_settings(root).values["train"]["lr"] == 1e-3  # saved before the start
     label = fm.fields["train.lr"].meta["label"]
@@ -60,12 +60,12 @@ def test_start_saves_unsaved_changes_then_starts_and_names_missing_materials(
     assert out.saved.read["values"]["train"]["lr"] == 1e-3  # the page now reads what it saved
     titles = " ".join(out.missing)
     assert "Student: pig_clip GGUF (missing)" in titles and "teacher" in titles.lower()
-    assert "Student" in train_tab.missing_warning(out.missing)
+    assert "Student" in train_start.missing_warning(out.missing)
     # nothing unsaved and nothing missing that is wanted: no save, and the mock teacher is not asked
     # for
     control.update_settings(root, {"precompute.mock_teacher": True}, None)
     read, widgets = page(fm, root)
-    out = train_tab.start_from_page(fm, str(root), read, list(widgets.values()))
+    out = train_start.start_from_page(fm, str(root), read, list(widgets.values()))
     assert out.started and out.saved is None and not any("T5" in m for m in out.missing)
 
 
@@ -76,7 +76,7 @@ def test_a_change_made_on_disk_since_the_page_read_it_starts_nothing(fm, tmp_pat
     control.set_steps(root, "12k")  # `gguf-trainer set --steps 12k` from a terminal
     widgets["train.steps"] = 5000
     widgets["train.lr"] = 1e-3
-    out = train_tab.start_from_page(fm, str(root), read, list(widgets.values()))
+    out = train_start.start_from_page(fm, str(root), read, list(widgets.values()))
     assert not out.started and launched == [] and "Not started" in out.message
     assert set(out.saved.result["conflicts"]) == {"train.steps"}
     now = control.read_settings(root).values["train"]
@@ -91,7 +91,7 @@ def test_an_invalid_change_starts_nothing_and_writes_nothing(fm, tmp_path, launc
     before = (root / "project.json").read_bytes()
     read, widgets = page(fm, root)
     widgets["train.width"] = 100
-    out = train_tab.start_from_page(fm, str(root), read, list(widgets.values()))
+    out = train_start.start_from_page(fm, str(root), read, list(widgets.values()))
     assert not out.started and launched == [] and (root / "project.json").read_bytes() == before
     marks = dict(zip(fm.fields, out.saved.marks))
     assert marks["train.width"]["info"].startswith("⚠ train.width: 100 is not")
@@ -102,7 +102,7 @@ def test_a_refused_start_is_the_control_sentence_after_the_save(fm, tmp_path):
     create_project(root, "t5xxl_pixart")
     read, widgets = page(fm, root)
     widgets["train.lr"] = 1e-3
-    out = train_tab.start_from_page(fm, str(root), read, list(widgets.values()))
+    out = train_start.start_from_page(fm, str(root), read, list(widgets.values()))
     assert not out.started and out.saved.ok  # saved, then refused by control.start
     assert f"gguf-trainer link --project {root.resolve()} student PATH" in out.message
     assert control.read_settings(root).values["train"]["lr"] == 1e-3
@@ -118,12 +118,12 @@ def test_start_never_saves_a_field_this_project_does_not_show(fm, tmp_path, laun
     assert "precompute.t5_window" in hidden  # PixArt's, hidden for MageFlow
     widgets["precompute.t5_window"] = 300  # left there by a PixArt project opened before
     before = (root / "project.json").read_bytes()
-    out = train_tab.start_from_page(fm, str(root), read, list(widgets.values()))
+    out = train_start.start_from_page(fm, str(root), read, list(widgets.values()))
     assert out.started and out.saved is None and (root / "project.json").read_bytes() == before
 
 
 def test_start_on_a_finished_project_says_done_and_offers_more_steps(fm, tmp_path, launched):
-    from gguf_trainer import atomic
+    from gguf_trainer.base import atomic
     from gguf_trainer.runner.state import empty_state
 
     root = tmp_path / "p"
@@ -138,9 +138,9 @@ def test_start_on_a_finished_project_says_done_and_offers_more_steps(fm, tmp_pat
     )
     atomic.write_json(root / "state.json", st)
     read, widgets = page(fm, root)
-    out = train_tab.start_from_page(fm, str(root), read, list(widgets.values()))
+    out = train_start.start_from_page(fm, str(root), read, list(widgets.values()))
     assert not out.started and launched == [] and out.suggest_steps == 1800
     assert "already done (800 / 800 steps)" in out.message and "1800" in out.message
     control.set_steps(root, 1800)  # Apply the offer: Start trains further
-    out = train_tab.start_from_page(fm, str(root), read, list(widgets.values()))
+    out = train_start.start_from_page(fm, str(root), read, list(widgets.values()))
     assert out.started and launched == [str(root)]

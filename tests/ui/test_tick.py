@@ -8,9 +8,9 @@ import shutil
 
 import pytest
 
-from gguf_trainer import atomic
-from gguf_trainer.project import create_project
+from gguf_trainer.base import atomic
 from gguf_trainer.runner.state import empty_state
+from gguf_trainer.store.project import create_project
 from gguf_trainer.ui import live
 from gguf_trainer.ui.app import build_app
 
@@ -60,8 +60,8 @@ def test_every_view_shows_the_same_step_counts(tick, tmp_path):
     banner, the stage box, the metrics table and the Planned steps box show one pair: the
     training stage's count and project.json's train.steps, also after Apply while stopped;
     steps/s and ETA are one rate, "—" when stopped, and the ETA is shown once."""
-    from gguf_trainer.project import update_settings
-    from gguf_trainer.ui import train_tab
+    from gguf_trainer.store.project import update_settings
+    from gguf_trainer.ui import train_view
 
     root = tmp_path / "p"
     create_project(root, "t5xxl_pixart", overrides={"train.steps": 8000})
@@ -78,8 +78,8 @@ def test_every_view_shows_the_same_step_counts(tick, tmp_path):
     atomic.write_json(root / "state.json", st)
     cur = live.Cursor()
     out = tick(str(root), cur, "pipeline", True, False)
-    n = len(train_tab.STAGES)
-    banner, box = out[1], out[5 + list(train_tab.STAGES).index("train")]["value"]
+    n = len(train_view.STAGES)
+    banner, box = out[1], out[5 + list(train_view.STAGES).index("train")]["value"]
     metrics, planned_box = out[6 + n], out[9 + n]
     assert "step 8000 / 8000" in banner and "8000/8000 steps" in box
     assert "| step | 8000 / 8000 |" in metrics and "| steps/s | — |" in metrics
@@ -88,7 +88,7 @@ def test_every_view_shows_the_same_step_counts(tick, tmp_path):
     out = tick(str(root), cur, "pipeline", True, False)
     assert (
         "step 8000 / 9000" in out[1]
-        and "8000/9000 steps" in out[5 + list(train_tab.STAGES).index("train")]["value"]
+        and "8000/9000 steps" in out[5 + list(train_view.STAGES).index("train")]["value"]
     )
     assert "| step | 8000 / 9000 |" in out[6 + n] and out[9 + n] == "9000"
 
@@ -109,7 +109,7 @@ def test_every_view_shows_the_same_step_counts(tick, tmp_path):
         },
         "message": "running (pid 7): train 120/9000 steps, ETA 4h 56m",
     }
-    ups = train_tab.render(live.Cursor(), running, False, False)
+    ups = train_view.render(live.Cursor(), running, False, False)
     text = " ".join(str(u.get("value", "")) if isinstance(u, dict) else str(u) for u in ups)
     assert text.count("ETA") == 1 and "120/9000 steps · 0.5 steps/s · ETA" in ups[4 + n]
     assert "| steps/s | 0.5 |" in ups[5 + n] and "step 120 / 9000" in ups[0]
@@ -136,13 +136,13 @@ def test_a_vanished_project_is_one_sentence(tick, tmp_path):
     ],
 )
 def test_run_states_read_as_such(tmp_path, status, label, says):
-    from gguf_trainer.ui import train_tab
+    from gguf_trainer.ui import train_view
 
     (tmp_path / "project.json").write_text("{}")
     info = {"status": status, "message": f"{status}: something", "mock": False, "stages": {}}
-    assert train_tab.run_label(info) == label
-    assert says in train_tab.banner_text(info)
-    ups = train_tab.render(live.Cursor(), info, False, False)
+    assert train_view.run_label(info) == label
+    assert says in train_view.banner_text(info)
+    ups = train_view.render(live.Cursor(), info, False, False)
     start, stop, kill = ups[1], ups[2], ups[3]
     active = status == "stalled"
     assert (
@@ -155,8 +155,8 @@ def test_run_states_read_as_such(tmp_path, status, label, says):
 def test_stopping_comes_from_status_not_from_the_request_file(tick, tmp_path):
     """control.status's `stopping` flag drives "Stopping…"; a request file left by a run
     that has ended is not "stopping" (the run is not alive)."""
-    from gguf_trainer.paths import ProjectPaths
-    from gguf_trainer.ui import train_tab
+    from gguf_trainer.base.paths import ProjectPaths
+    from gguf_trainer.ui import train_view
 
     info = {
         "status": "running",
@@ -165,11 +165,11 @@ def test_stopping_comes_from_status_not_from_the_request_file(tick, tmp_path):
         "stages": {},
         "stopping": True,
     }
-    ups = train_tab.render(live.Cursor(), info, False, False)
+    ups = train_view.render(live.Cursor(), info, False, False)
     assert (
         "STOPPING" in ups[0] and ups[2]["value"] == "Stopping…" and ups[2]["interactive"] is False
     )
-    ups = train_tab.render(live.Cursor(), {**info, "stopping": False}, False, False)
+    ups = train_view.render(live.Cursor(), {**info, "stopping": False}, False, False)
     assert "STOPPING" not in ups[0] and ups[2]["value"] == "Stop" and ups[2]["interactive"] is True
     root = tmp_path / "p"
     create_project(root, "t5xxl_pixart")
@@ -182,7 +182,7 @@ def test_stopping_comes_from_status_not_from_the_request_file(tick, tmp_path):
 
 
 def test_a_launched_run_shows_a_line_per_rank_under_the_run():
-    from gguf_trainer.ui import train_tab
+    from gguf_trainer.ui import train_view
 
     ranks = [
         {
@@ -218,21 +218,21 @@ def test_a_launched_run_shows_a_line_per_rank_under_the_run():
         "stages": {"train": {"status": "running", "done": 30, "total": 100, "unit": "steps"}},
         "ranks": ranks,
     }
-    prog = train_tab.render(live.Cursor(), info, False, False)[4 + len(train_tab.STAGES)]
+    prog = train_view.render(live.Cursor(), info, False, False)[4 + len(train_view.STAGES)]
     assert "rank 1 (pid 4101 on gpu-a): running train 30/100 steps, 1.50/s" in prog
     assert "rank 2 (pid 4202 on gpu-b): waiting" in prog
     assert prog.index("Now: **") < prog.index("rank 1") < prog.index("rank 2")
-    ended = train_tab.render(live.Cursor(), {**info, "status": "done"}, False, False)
-    ended = ended[4 + len(train_tab.STAGES)]
+    ended = train_view.render(live.Cursor(), {**info, "status": "done"}, False, False)
+    ended = ended[4 + len(train_view.STAGES)]
     assert isinstance(ended, str) and "rank 1" not in ended  # ranks show while the run runs
 
 
 def test_kill_is_neutral_until_the_run_is_stalled():
-    from gguf_trainer.ui import train_tab
+    from gguf_trainer.ui import train_view
 
     base = {"message": "m", "mock": False, "stages": {}}
-    running = train_tab.render(live.Cursor(), {**base, "status": "running"}, False, False)[3]
-    stalled = train_tab.render(live.Cursor(), {**base, "status": "stalled"}, False, False)[3]
+    running = train_view.render(live.Cursor(), {**base, "status": "running"}, False, False)[3]
+    stalled = train_view.render(live.Cursor(), {**base, "status": "stalled"}, False, False)[3]
     assert running["variant"] == "secondary" and running["interactive"] is True
     assert stalled["variant"] == "stop"
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from gguf_trainer.adapters import build_adapter
+from gguf_trainer.data.shards import Batch
+from gguf_trainer.model.adapters import build_adapter
 from gguf_trainer.packs import get_pack
-from gguf_trainer.project_schema import TrainSettings
-from gguf_trainer.shards import Batch
+from gguf_trainer.store.project_schema import TrainSettings
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_pipeline.py"
 WIDTH, DEPTH, IN_DIM, B, L = 64, 2, 32, 3, 11

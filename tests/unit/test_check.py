@@ -10,7 +10,7 @@ import pytest
 import torch
 from engine_reference import engine_forward
 
-from gguf_trainer.adapters import AdapterConfig, build_adapter
+from gguf_trainer.base.errors import UserError
 from gguf_trainer.check import (
     check_main,
     check_seed_ids,
@@ -20,10 +20,10 @@ from gguf_trainer.check import (
     run_check,
     verdict_line,
 )
-from gguf_trainer.errors import UserError
-from gguf_trainer.export import write_adapter_gguf
+from gguf_trainer.model.adapters import AdapterConfig, build_adapter
+from gguf_trainer.model.export import write_adapter_gguf
+from gguf_trainer.model.student import load_student, tokenize
 from gguf_trainer.packs import get_pack
-from gguf_trainer.student import load_student, tokenize
 
 PROMPT = "a sheep in sunglasses"
 HIDDEN = 64  # the tiny student's hidden size
@@ -151,7 +151,7 @@ def test_pixart_counts_only_real_slots(tmp_path, student, tiny_materials):
 def _pixart_case(tmp_path, student, prompt=PROMPT):
     """A tiny PixArt adapter and the engine's dump of `prompt`, seeded with the demo T5's ids."""
     from gguf_trainer.teachers.t5 import SeedTokenizer
-    from gguf_trainer.teachers.t5_tiny import DEMO_DIR
+    from gguf_trainer.tiny.t5_tiny import DEMO_DIR
 
     cfg = AdapterConfig("seeded_resampler", HIDDEN, 48, 64, 1, num_queries=120, seed_vocab=240)
     adapter = _write_adapter(tmp_path / "pig_t5_adapter-f16.gguf", cfg, "t5xxl_pixart", seed=4)
@@ -257,7 +257,7 @@ def test_pixart_seed_ids_outside_the_seed_table_are_a_sentence(tmp_path, student
 def _pixart_project(tmp_path, tiny_materials, teacher: bool = True, pack: str = "t5xxl_pixart"):
     """The tiny PixArt demo project: the tiny student, and (teacher=True) the demo's T5 snapshot
     linked as its teacher material."""
-    from gguf_trainer.project import create_project, load_project
+    from gguf_trainer.store.project import create_project, load_project
 
     overrides = {
         "materials.student.path": str(tiny_materials["student"]),
@@ -329,8 +329,8 @@ def test_check_refuses_a_project_of_another_pack(tmp_path, student, tiny_materia
 def test_seed_tokenizer_follows_each_t5_packs_teacher_layout(tmp_path):
     """materials.seed_tokenizer: PixArt and Chroma read the snapshot's spiece.model, Wan the
     diffusers layout's tokenizer/spiece.model (or a flat folder's), LLaDA none."""
-    from gguf_trainer.materials import seed_tokenizer
-    from gguf_trainer.project import create_project, load_project
+    from gguf_trainer.materials.materials import seed_tokenizer
+    from gguf_trainer.store.project import create_project, load_project
 
     def project(pack, teacher=None):
         over = {"materials.teacher.path": str(teacher)} if teacher else {}
@@ -429,11 +429,11 @@ def test_check_project_defaults_say_what_is_missing_and_flags_win(
 ):
     """No export yet, no student or tokenizer linked: one sentence naming the fix and the flag
     (exit 1); an explicit flag always wins over the project's."""
+    from gguf_trainer.base.exit_codes import EXIT_USER
     from gguf_trainer.cli import main
-    from gguf_trainer.exit_codes import EXIT_USER
-    from gguf_trainer.project import update_settings
     from gguf_trainer.render import RenderPlan, Run
     from gguf_trainer.runner.render_job import _figures
+    from gguf_trainer.store.project import update_settings
 
     s, tok = tiny_materials["student"], tiny_materials["tokenizer"]
     adapter, dump, _spiece = _pixart_case(tmp_path, student)

@@ -13,10 +13,12 @@ import time
 
 import pytest
 
-from gguf_trainer import atomic, cli, locks
-from gguf_trainer.errors import UserError
-from gguf_trainer.paths import ProjectPaths
+from gguf_trainer import cli
+from gguf_trainer.base import atomic, locks
+from gguf_trainer.base.errors import UserError
+from gguf_trainer.base.paths import ProjectPaths
 from gguf_trainer.runner import control, downloads, lock, state, supervisor
+from gguf_trainer.ui import launch as gui_launch
 
 STATUS_KEYS = {"status", "message", "pid", "stage", "stages", "step", "steps", "val_cos",
                "best_val_cos", "error", "mock", "heartbeat", "heartbeat_age_s",
@@ -33,7 +35,7 @@ def home(tmp_path, monkeypatch):
 def served(monkeypatch):
     """Bare `gguf-trainer` serves the GUI: record the launch instead of serving."""
     calls = []
-    monkeypatch.setattr(cli.gui_launch, "serve", lambda opts: calls.append(opts) or 0)
+    monkeypatch.setattr(gui_launch, "serve", lambda opts: calls.append(opts) or 0)
     return calls
 
 

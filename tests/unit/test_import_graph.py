@@ -1,5 +1,6 @@
-"""The import graph (style.md §1): stages are siblings over libraries, and the light paths
-(CLI, control API, stage list) load neither torch nor transformers."""
+"""The import graph (design.md, "Modules"): the package's folders are the ladder, each imports
+only folders below it (function-level imports count), no circle between folders, stages are
+siblings, and the light paths (CLI, control API, stage list) load neither torch nor transformers."""
 
 from __future__ import annotations
 
@@ -10,64 +11,29 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import gguf_trainer
 
 PKG = Path(gguf_trainer.__file__).parent
-STAGE_MODULES = ("corpus", "precompute", "train", "outputs", "evaluate")
-LIBRARIES = ("materials", "hardware", "checkpoints", "scoring", "student", "adapters", "shards",
-             "metrics", "export", "samples", "stage_list", "paths", "atomic", "errors")
 HEAVY = ("torch", "transformers")
-
-
-def imported_modules(module: str) -> set[str]:
-    """Every gguf_trainer module `module` imports, at module level or inside functions."""
-    path = PKG / (module.replace(".", "/") + ".py")
-    package = ("gguf_trainer." + module).rsplit(".", 1)[0]
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join(parent + ([base] if base else []))
-            names = [base] + [f"{base}.{a.name}" for a in node.names]
-        elif isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        else:
-            continue
-        out |= {n.removeprefix("gguf_trainer.") for n in names if n.startswith("gguf_trainer.")}
-    return out
-
-
-@pytest.mark.parametrize("module", STAGE_MODULES)
-def test_no_stage_imports_another_stage(module):
-    others = set(STAGE_MODULES) - {module}
-    assert not (imported_modules(module) & others), imported_modules(module) & others
-
-
-@pytest.mark.parametrize("module", [m for m in LIBRARIES if (PKG / f"{m}.py").exists()])
-def test_libraries_import_no_stage(module):
-    assert not (imported_modules(module) & set(STAGE_MODULES))
-
-
-def test_the_graph_reader_sees_imports():
-    """The reader above is not vacuous: it finds known edges, lazy ones included."""
-    assert {"hardware", "materials", "shards"} <= imported_modules("precompute")
-    assert "checkpoints" in imported_modules("outputs")  # imported inside a function
-
-
-# ---- the whole graph: no circle, the ladder's order, libraries below the runner and the GUI
-# The ladder, bottom to top. A module's rung is its package (teachers/, tiny/, packs/, runner/,
-# ui/) or, for a top-level module, the set naming it; any other top-level module is a library.
-BASE = {"paths", "errors", "atomic", "locks", "exit_codes", "project_file", "places"}
-# The project model: modules that read packs (settings schema, materials, corpus sources).
-PROJECT_MODEL = {"project_schema", "project", "results", "materials", "discovery", "prompt_presets",
-                 "image_sources", "corpus_sources", "instructions", "vision", "check", "render",
-                 "demo", "mageflow_demo"}
-RUNGS = ("base", "library", "teachers", "packs", "project model", "stages", "runner", "ui/cli")
-UPWARD_ALLOWED = 1  # at most one arrow may run back up the ladder
+# The ladder, bottom to top: a module's rung is its top folder (a top-level module is its own
+# rung). Names on one rung may import each other, but no circle may join them.
+LADDER = (
+    ("base",),
+    ("engine", "model"),
+    ("data",),
+    ("machine",),
+    ("teachers",),
+    ("materials", "tiny"),
+    ("packs",),
+    ("store",),
+    ("stages", "check", "demo"),
+    ("render",),
+    ("runner",),
+    ("ui",),
+    ("cli",),
+)
+RUNG = {name: i for i, names in enumerate(LADDER) for name in names}
+MAX_TOP_MODULES = 8  # .py files directly in gguf_trainer/, besides __init__ and __main__
 
 
 def module_files() -> dict[str, Path]:
@@ -121,15 +87,19 @@ def import_graph() -> dict[str, set[str]]:
 
 
 def rung(module: str) -> int:
-    top = module.split(".")[0]
-    name = ("base" if top in BASE or module == "" else
-            "teachers" if top in ("teachers", "tiny") else
-            "packs" if top == "packs" else
-            "project model" if top in PROJECT_MODEL else
-            "stages" if top in STAGE_MODULES else
-            "runner" if top == "runner" else
-            "ui/cli" if top in ("ui", "cli") else "library")
-    return RUNGS.index(name)
+    """The ladder rung of a module ("" is the package's own __init__, the floor)."""
+    return RUNG[module.split(".")[0]] if module else 0
+
+
+def folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """top folder -> the top folders its modules import (a top-level module is its own folder)."""
+    out: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        top = module.split(".")[0]
+        out.setdefault(top, set()).update(
+            t.split(".")[0] for t in targets if t and t.split(".")[0] != top
+        )
+    return out
 
 
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -172,11 +142,29 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
+def test_every_module_has_a_rung():
+    """A new top folder or top-level module must be placed on the ladder (here and in
+    design.md) before it can be imported."""
+    unplaced = sorted({m.split(".")[0] for m in import_graph() if m} - set(RUNG))
+    assert not unplaced, f"place these on the ladder: {unplaced}"
+
+
+def test_the_package_top_holds_few_modules():
+    top = sorted(p.name for p in PKG.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+    assert len(top) <= MAX_TOP_MODULES, top
+
+
 def test_the_import_graph_has_no_circle():
     """Function-level imports count: an import inside a function hides a circle from Python,
     not from the reader."""
     found = circles(import_graph())
     assert found == [], "import circles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_no_circle_joins_two_folders():
+    """Folders on one rung may import each other one way only."""
+    found = circles(folder_graph(import_graph()))
+    assert found == [], "folder circles: " + "; ".join(" <-> ".join(c) for c in found)
 
 
 def test_the_circle_finder_finds_circles():
@@ -187,34 +175,37 @@ def test_the_circle_finder_finds_circles():
 
 def test_arrows_run_down_the_ladder():
     graph = import_graph()
-    up = sorted(f"{a} ({RUNGS[rung(a)]}) -> {b} ({RUNGS[rung(b)]})"
-                for a in graph for b in graph[a] if rung(b) > rung(a))
-    assert len(up) <= UPWARD_ALLOWED, "imports pointing up the layers:\n" + "\n".join(up)
+    up = sorted(f"{a} -> {b}" for a in graph for b in graph[a] if rung(b) > rung(a))
+    assert up == [], "imports pointing up the ladder:\n" + "\n".join(up)
 
 
-def test_no_library_module_imports_the_runner_or_the_gui():
+def test_no_stage_imports_another_stage():
     graph = import_graph()
-    below = [m for m in graph if rung(m) < RUNGS.index("runner")]
-    bad = sorted(f"{m} -> {t}" for m in below for t in graph[m]
-                 if t.split(".")[0] in ("runner", "ui", "cli"))
-    assert bad == [], bad
+    stages = {m for m in graph if m.startswith("stages.") and m != "stages.stage_list"}
+    crossing = sorted(f"{a} -> {b}" for a in stages for b in graph[a]
+                      if b in stages and b.split("_")[0] != a.split("_")[0])
+    assert crossing == [], crossing
 
 
 def test_the_graph_sees_package_and_function_level_imports():
+    """The reader is not vacuous: it finds known edges, lazy ones included, and the rungs
+    are in the ladder's order (a teacher importing a pack would count as up)."""
     graph = import_graph()
-    assert "project" in graph["runner.control"]  # `from gguf_trainer import project`, in functions
-    assert "packs.base" in graph["materials"]  # inside a function
-    assert {"runner.lock", "runner.ranks"} <= set(graph) and "locks" in graph["runner.lock"]
-    # the rungs are in the ladder's order, so a teacher importing a pack would count as up
-    assert rung("locks") < rung("student") < rung("teachers.t5") < rung("packs.base") \
-        < rung("project") < rung("train") < rung("runner.control") < rung("ui.app") == rung("cli")
+    assert "base.locks" in graph["runner.lock"]
+    assert "model.checkpoints" in graph["stages.export"] or "data.checkpoints" in graph[
+        "stages.export"]  # imported inside a function
+    assert "materials.spec" in graph["packs.base"]
+    assert rung("base.locks") < rung("model.student") < rung("teachers.t5") \
+        < rung("packs.base") < rung("store.project") < rung("stages.train") \
+        < rung("runner.supervisor") < rung("ui.app") < rung("cli")
+    assert folder_graph({"a.x": {"b.y", "a.z"}, "b.y": set(), "a.z": set()}) == {
+        "a": {"b"}, "b": set()}
 
 
 def _light_modules() -> list[str]:
-    names = ["gguf_trainer.cli", "gguf_trainer.stage_list", "gguf_trainer.exit_codes",
-             "gguf_trainer.runner.supervisor", "gguf_trainer.runner.status", "gguf_trainer.project",
-             "gguf_trainer.project_schema", "gguf_trainer.results", "gguf_trainer.outputs",
-             "gguf_trainer.paths"]
+    names = ["gguf_trainer." + m for m in (
+        "cli", "stages.stage_list", "base.exit_codes", "runner.supervisor", "runner.status",
+        "store.project", "store.project_schema", "store.results", "stages.export", "base.paths")]
     if importlib.util.find_spec("gguf_trainer.runner.control") is not None:
         names.append("gguf_trainer.runner.control")
     return names
@@ -250,7 +241,7 @@ print(json.dumps({{m: m in sys.modules for m in {list(HEAVY)!r}}}))
     assert loaded == {m: False for m in HEAVY}, loaded
 
 
-MAX_MODULE_LINES = 700  # issue 21: a module that outgrows this holds more than one idea
+MAX_MODULE_LINES = 600  # style.md §5: split by role before 600 lines
 
 
 def test_no_module_outgrows_one_idea():

@@ -1,0 +1,247 @@
+"""State dict -> adapter GGUF the ggk engine loads (engine-contract §1.2, §1.4, §6).
+
+Owns: the standardization fold, the dtype policy (f32 for 1-D tensors, `query`,
+`vision_proj.weight`, `layer_map` and LayerNorm tensors; f16 for every other weight), the KV
+provenance, and the read-back check. Must not know about projects or checkpoints: the
+export stage passes a state dict and numbers.
+
+    info = write_adapter_gguf(out / "pig_t5_adapter-f16.gguf", model.state_dict(), cfg,
+                              metadata={"adapter.pack": "t5xxl_pixart"}, mu=mu, sigma_f=sigma_f)
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from gguf_trainer.base.atomic import atomic_path
+from gguf_trainer.base.errors import UserError
+from gguf_trainer.model.adapter_file import (
+    F32_NAMES,
+    PREFIX,
+    is_layernorm_name,
+    read_adapter,
+    trainer_kind,
+)
+from gguf_trainer.model.adapters import TOKEN_ALIGNED_KINDS, AdapterConfig
+
+log = logging.getLogger(__name__)
+
+ARCH = "pig"  # general.architecture of the shipped adapter files; the engine reads no KV
+U32_MAX = 2**32 - 1
+I32_MIN = -(2**31)
+
+
+def fold_standardization(state_dict: dict[str, torch.Tensor], mu, sigma_f) -> dict:
+    """Targets were (t - mu) / sigma_f: make the output layer emit teacher-scale rows.
+    W' = diag(sigma_f) W, b' = sigma_f * b + mu, in float64, cast back. `skip` (if any) is
+    scaled too, because the engine adds it after out_proj. Returns a new dict."""
+    out = dict(state_dict)
+    w = state_dict["out_proj.weight"]
+    mu64 = torch.as_tensor(mu, dtype=torch.float64).flatten().cpu()
+    sig64 = torch.as_tensor(sigma_f, dtype=torch.float64).flatten().cpu()
+    if mu64.numel() != w.shape[0] or sig64.numel() != w.shape[0]:
+        raise ValueError(
+            f"mu/sigma_f need {w.shape[0]} entries, got {mu64.numel()}/{sig64.numel()}"
+        )
+    if not (torch.isfinite(mu64).all() and torch.isfinite(sig64).all() and (sig64 > 0).all()):
+        raise ValueError(
+            "mu must be finite and sigma_f finite and positive (apply the floor first)"
+        )
+    for name in ("out_proj", "skip"):
+        if f"{name}.weight" not in state_dict:
+            continue
+        wt, bt = state_dict[f"{name}.weight"], state_dict[f"{name}.bias"]
+        w64 = (
+            wt.detach().cpu().to(torch.float64) * sig64[:, None]
+        )  # (out, W): row o scaled by sigma_o
+        b64 = bt.detach().cpu().to(torch.float64) * sig64 + (mu64 if name == "out_proj" else 0.0)
+        out[f"{name}.weight"] = w64.to(wt.dtype)
+        out[f"{name}.bias"] = b64.to(bt.dtype)
+    return out
+
+
+def factorize_seed(state_dict: dict[str, torch.Tensor], cfg: AdapterConfig, rank: int):
+    """The full seed table T (V, W) as its best rank-r factorization (truncated SVD, Eckart-Young):
+    t5_embed_a = T·V_r (V, r) and t5_embed_b.weight = V_r (W, r), so B(A[id]) = T[id]·V_r·V_rᵀ.
+    V_r are the top eigenvectors of TᵀT (W x W, float64): the same subspace as the SVD's right
+    singular vectors without decomposing a 256384-row table. Returns (state dict, config with
+    seed_rank, relative Frobenius error ||T - T·V_r·V_rᵀ|| / ||T||)."""
+    if cfg.kind != "seeded_resampler" or cfg.seed_rank or "t5_embed.weight" not in state_dict:
+        raise ValueError("only a full-table seeded_resampler can be factorized")
+    most = min(cfg.seed_vocab, cfg.width)
+    if not 0 < rank <= most:
+        raise UserError(
+            f"train.seed_rank {rank} cannot factorize a {cfg.seed_vocab} x {cfg.width} seed "
+            f"table; set it between 1 and {most}, or 0 to export the full table."
+        )
+    new_cfg = AdapterConfig.from_dict({**cfg.to_dict(), "seed_rank": rank})
+    table = state_dict["t5_embed.weight"].detach().to("cpu", torch.float64)
+    _, vecs = torch.linalg.eigh(table.T @ table)  # ascending eigenvalues
+    basis = vecs[:, -rank:].flip(1)  # (W, r), the strongest direction first
+    a = table @ basis
+    err = float(torch.linalg.norm(table - a @ basis.T) / torch.linalg.norm(table).clamp_min(1e-30))
+    out = {k: v for k, v in state_dict.items() if k != "t5_embed.weight"}
+    dtype = state_dict["t5_embed.weight"].dtype
+    out["t5_embed_a.weight"], out["t5_embed_b.weight"] = a.to(dtype), basis.to(dtype).contiguous()
+    return out, new_cfg, err
+
+
+def is_f32_tensor(name: str, ndim: int) -> bool:
+    """The export dtype policy: f32 here, f16 everywhere else."""
+    return ndim == 1 or name in F32_NAMES or is_layernorm_name(name)
+
+
+def _structural_kv(cfg: AdapterConfig) -> dict[str, int]:
+    kv = {
+        "adapter.in_dim": cfg.in_dim,
+        "adapter.out_dim": cfg.out_dim,
+        "adapter.width": cfg.width,
+        "adapter.depth": cfg.depth,
+        "adapter.heads": cfg.heads,
+    }
+    if cfg.vis_dim:  # token_aligned_vision, or a layerwise adapter with the vision extension
+        kv["adapter.vis_dim"] = cfg.vis_dim
+    elif cfg.kind not in TOKEN_ALIGNED_KINDS:
+        kv["adapter.num_queries"] = cfg.num_queries
+    if cfg.kind == "seeded_resampler":
+        kv["adapter.t5_vocab"] = cfg.seed_vocab
+    if cfg.seed_rank:
+        kv["adapter.seed_rank"] = cfg.seed_rank
+    if cfg.taps:
+        kv["adapter.n_layers"] = len(cfg.taps)
+    return kv
+
+
+def _add_kv(writer, key: str, value) -> None:
+    """str -> string, bool -> bool, int -> u32 (i32 if negative; 64-bit if out of range),
+    float -> f32 (non-finite skipped), None skipped."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if value is None:
+        return
+    if isinstance(value, bool):
+        writer.add_bool(key, value)
+    elif isinstance(value, int):
+        if 0 <= value <= U32_MAX:
+            writer.add_uint32(key, value)
+        elif I32_MIN <= value < 0:
+            writer.add_int32(key, value)
+        elif value > 0:
+            writer.add_uint64(key, value)
+        else:
+            writer.add_int64(key, value)
+    elif isinstance(value, float):
+        if math.isfinite(value):
+            writer.add_float32(key, value)
+    elif isinstance(value, str):
+        writer.add_string(key, value)
+    else:
+        raise TypeError(f"metadata {key!r} has unsupported type {type(value).__name__}")
+
+
+def _to_numpy(name: str, t: torch.Tensor) -> np.ndarray:
+    a = t.detach().to("cpu", torch.float32).contiguous().numpy()
+    with np.errstate(over="ignore"):  # an f16 overflow becomes inf, reported just below
+        a = a.astype(np.float32 if is_f32_tensor(name, a.ndim) else np.float16)
+    if not np.isfinite(a).all():
+        raise UserError(
+            f"adapter weight {name} is not finite (or overflows f16) in this checkpoint; "
+            "export an earlier checkpoint or lower the learning rate and retrain."
+        )
+    return a
+
+
+def _check_readback(tmp: Path, cfg: AdapterConfig, n_tensors: int) -> None:
+    """Programmer errors: the file we just wrote must be exactly what the engine expects."""
+    view = read_adapter(tmp)
+    if view.problems or view.notes:  # a note here means a tensor the engine would ignore
+        raise RuntimeError(f"exported adapter failed verification: {view.problems + view.notes}")
+    got = {
+        "kind": trainer_kind(view),
+        "in_dim": view.in_dim,
+        "out_dim": view.out_dim,
+        "width": view.width,
+        "depth": view.depth,
+        "mlp": view.mlp_hidden,
+        "queries": view.num_queries,
+        "vocab": view.t5_vocab,
+        "vis_dim": view.vis_dim,
+        "seed_rank": view.embed_rank,
+        "taps": view.taps,
+    }
+    want = {
+        "kind": cfg.kind,
+        "in_dim": cfg.in_dim,
+        "out_dim": cfg.out_dim,
+        "width": cfg.width,
+        "depth": cfg.depth,
+        "mlp": cfg.hidden_dim,
+        "queries": cfg.num_queries,
+        "vocab": cfg.seed_vocab,
+        "vis_dim": cfg.vis_dim,
+        "seed_rank": cfg.seed_rank,
+        "taps": cfg.taps,
+    }
+    if got != want:
+        raise RuntimeError(f"exported adapter reads back as {got}, expected {want}")
+    if len(view.tensors) != n_tensors:
+        raise RuntimeError(f"exported adapter has {len(view.tensors)} tensors, wrote {n_tensors}")
+
+
+def write_adapter_gguf(
+    path,
+    state_dict,
+    cfg: AdapterConfig,
+    *,
+    metadata: dict,
+    mu=None,
+    sigma_f=None,
+    name: str | None = None,
+) -> dict:
+    """Write `adapter.<name>` tensors + KVs to a temp file, verify it reads back as `cfg`,
+    then rename it into place. Returns {"path", "n_f16", "n_f32", "n_tensors", "bytes"}."""
+    import gguf
+
+    problems = cfg.validate()
+    if problems:
+        raise ValueError(f"cannot export an invalid config: {problems}")
+    if (mu is None) != (sigma_f is None):
+        raise ValueError("pass both mu and sigma_f, or neither")
+    if mu is not None:
+        state_dict = fold_standardization(state_dict, mu, sigma_f)
+    path = Path(path)
+    kv = _structural_kv(cfg)
+    clash = sorted((set(kv) | {"general.name", "general.architecture"}) & set(metadata))
+    if clash:
+        raise ValueError(f"metadata must not override the structural keys {clash}")
+    arrays = {k: _to_numpy(k, v) for k, v in state_dict.items()}
+    with atomic_path(path) as tmp:
+        writer = gguf.GGUFWriter(tmp, ARCH)
+        writer.add_name(name or path.stem)
+        for key, value in {**kv, **metadata}.items():
+            _add_kv(writer, key, value)
+        for k, a in arrays.items():
+            writer.add_tensor(PREFIX + k, a)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        _check_readback(tmp, cfg, len(arrays))
+        n_bytes = tmp.stat().st_size
+    n_f32 = sum(1 for a in arrays.values() if a.dtype == np.float32)
+    info = {
+        "path": str(path),
+        "n_f16": len(arrays) - n_f32,
+        "n_f32": n_f32,
+        "n_tensors": len(arrays),
+        "bytes": n_bytes,
+    }
+    log.debug(
+        "export: wrote %s: %d f16 + %d f32 tensors, %d bytes", path, info["n_f16"], n_f32, n_bytes
+    )
+    return info

@@ -1,0 +1,94 @@
+"""Where a project's results are: the exported GGUF, its eval line, the ggk command.
+
+What `gguf-trainer status`/`results` and the GUI's Output tab show after a run. Reads
+the project's files only; imports no torch.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from pathlib import Path
+
+from gguf_trainer.base import atomic
+from gguf_trainer.store.project import Project, load_project
+
+
+def ggk_command(project: Project) -> tuple[str, list[str]]:
+    """The pack's engine command with real, existing paths (pasteable: no <placeholders>);
+    and notes for what was left out or replaced."""
+    pack = project.pack
+    notes: list[str] = []
+    student = project.material_path("student")
+    if student is None or not student.is_file():
+        student_arg = "pig_clip-f16.gguf"
+        notes.append(f"link your pig_clip-f16.gguf (`gguf-trainer link --project {project.dir} "
+                     "student PATH`); until then the command names it by its file name")
+    else:
+        student_arg = str(student)
+    cmd = pack.engine_command(student=shlex.quote(student_arg),
+                              adapter=shlex.quote(str(project.final_gguf)))
+    notes += list(pack.engine_notes)  # the pack's advice for running it
+    if "tiny" in Path(student_arg).name:
+        notes.append("this project's student is the demo's tiny stand-in, not the real pig_clip: "
+                     "its adapter only fits that stand-in, so this command shows the shape of a "
+                     "real one; train against the real pig_clip-f16.gguf for ggk")
+    if project.settings.precompute.mock_teacher:
+        notes.append("MOCK teacher: this adapter is a smoke test of the machinery, not usable")
+    # Companion files the command names (VAE, diffusion model ...) that are not next to the
+    # adapter are the user's to fetch; say so instead of printing a broken path.
+    # A companion the pack names (LLaDA's SigVQ) that this project did not export is left
+    # out of the command by the pack; say so rather than leave the user wondering.
+    placeholders = re.findall(r"<([^<>\s]+)>", pack.engine_command())
+    left_out = [p for p in placeholders if p not in ("pig_clip.gguf", "adapter.gguf")
+                and f"<{p}>" not in cmd and p.rsplit(".", 1)[0].rsplit("-", 1)[0] not in cmd]
+    for name in left_out:
+        notes.append(f"{name} was not exported by this project, so the command leaves it out "
+                     "(text-to-image runs without it; for editing, export it: export.export_sigvq)")
+    engine_files = [t for t in shlex.split(cmd) if t.endswith(".gguf") and "/" not in t
+                    and t != Path(student_arg).name and not (project.output_dir / t).exists()]
+    if engine_files:
+        notes.append(f"{', '.join(engine_files)}: ggk's own model files (not made by "
+                     "gguf-trainer); run the command in the folder that holds them")
+    return cmd, notes
+
+
+def describe_results(root: str | os.PathLike) -> dict:
+    """Where the outputs are; see control.results."""
+    project = load_project(root)
+    out: dict = {"gguf": None, "eval_json": None, "eval_line": None, "ggk": None, "notes": [],
+                 "mock": bool(project.settings.precompute.mock_teacher),
+                 "planned_gguf": str(project.final_gguf)}
+    if project.final_gguf.is_file():
+        out["gguf"] = str(project.final_gguf)
+    else:
+        out["notes"].append(f"no adapter exported yet; it will be {project.final_gguf}")
+    try:
+        ev = atomic.read_json(project.paths.eval_json, inside=project.paths.root)  # not a link out
+    except (ValueError, OSError):
+        ev = None
+    if isinstance(ev, dict):
+        out["eval_json"] = str(project.paths.eval_json)
+        head, score = ev.get("headline"), ev.get("val_cos")
+        base = (ev.get("baseline") or {}).get(f"baseline_{head}") if isinstance(
+            ev.get("baseline"), dict) else None
+        if isinstance(score, (int, float)):
+            out["eval_line"] = f"{head} {score:.4f}" + (
+                f" vs mean baseline {base:.4f}" if isinstance(base, (int, float)) else "")
+            if out["mock"]:
+                out["eval_line"] += "; MOCK teacher: a smoke test, not a usable adapter"
+            elif isinstance(ev.get("health"), str):
+                out["eval_line"] += f"; {ev['health']}"
+        taps = ev.get("per_tap")
+        if isinstance(taps, dict) and isinstance(taps.get("cos"), list) and out["eval_line"]:
+            # layerwise: each tap's cosine (its mean baseline) beside the whole stack's
+            cells = [f"L{t} {c:.3f} ({b:.3f})" for t, c, b in
+                     zip(taps.get("taps", []), taps["cos"], taps.get("baseline_cos") or [])
+                     if isinstance(c, (int, float)) and isinstance(b, (int, float))]
+            if cells:
+                out["eval_line"] += "; per tap: " + ", ".join(cells)
+    if out["gguf"]:
+        out["ggk"], notes = ggk_command(project)
+        out["notes"] += notes
+    return out
