@@ -1,4 +1,5 @@
-"""How a token-aligned adapter's `skip` should start: measured, not guessed (issue 7 part 2).
+"""How a token-aligned adapter's `skip` should start: measured, not guessed (the vision
+extension's `skip` init is a recipe choice, and recipes are chosen by measurement).
 
 Both starts predict no worse than the per-dimension mean baseline at step 0:
   mean   out_proj 0 with bias = train mean, skip 0 (step 0 == the baseline exactly);

@@ -4,8 +4,9 @@ Owns: reading a ggk `SD_DUMP_COND` dump folder (headerless little-endian f32 `[r
 with `tokens.txt` / `t5_ids.txt` beside it; engine-contract §4b), running the student + the
 adapter GGUF on the same prompt, and the figures: cosine, centred cosine (centred by the
 dump's own per-dimension mean) and rel_mse, with the pack's verdict. Packs whose engine output
-has a fixed shape (LLaDA-Image, PixArt; for PixArt only the real slots, `t5_ids.txt` id != 0,
-EOS included, count) and the layerwise families (the whole padded template, `adapter_out.bin` or
+has a fixed shape (LLaDA-Image, the T5 families: only the rows the DiT reads count, by the dump's
+`t5_ids.txt` — the real slots, EOS included, and for Chroma the first pad; TrainerPack.check_rows)
+and the layerwise families (the whole padded template, `adapter_out.bin` or
 the full teacher's `llm_hidden.bin` of n * D per row, compared from the DiT's first row, with
 each tap's cosine beside the whole stack's) can be checked; a layerwise adapter with the vision
 extension (Fibo 2.0 edits) also against an edit dump, whose reference images it reads from the
@@ -29,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gguf_trainer.base import bounded
 from gguf_trainer.base.errors import UserError
 from gguf_trainer.engine.qwen_bpe import engine_bpe
 from gguf_trainer.materials.materials import seed_tokenizer
@@ -52,8 +54,11 @@ VIS_EMBEDS = "vis_embeds.bin"
 VIS_POS = "vis_pos.txt"
 
 
-def read_dump(path, dim: int) -> np.ndarray:
-    """A dump file (or the first of DUMP_FILES in a folder) as float32 [rows, dim]."""
+def read_dump(path, dim: int, max_rows: int) -> np.ndarray:
+    """A dump file (or the first of DUMP_FILES in a folder) as float32 [rows, dim].
+    `max_rows`: the most rows it can hold for this check (the rows the adapter makes for this
+    prompt, the prompt's student tokens, the images' rows in vis_pos.txt): a larger file (an
+    8 GiB context.bin, a 6 GiB sparse dump) is refused in one sentence before it is read."""
     path = Path(path)
     if path.is_dir():
         found = next((path / n for n in DUMP_FILES if (path / n).is_file()), None)
@@ -67,13 +72,28 @@ def read_dump(path, dim: int) -> np.ndarray:
         raise UserError(
             f"{path} does not exist; pass the SD_DUMP_COND folder or a .bin file in it."
         )
-    n_bytes = path.stat().st_size
-    if n_bytes == 0 or n_bytes % (4 * dim):
-        raise UserError(
-            f"{path} has {n_bytes} bytes, not a whole number of f32 rows of {dim}; "
-            "it was not written for this adapter's output width."
-        )
-    return np.fromfile(path, dtype="<f4").reshape(-1, dim)
+    with bounded.open_regular(path) as f:  # a FIFO or a device is refused, never read
+        n_bytes = bounded.size_of(f)
+        bounded.check_size(path, n_bytes, max_rows * dim * 4,
+                           f"a dump of {max_rows} rows of {dim} f32 values (what this adapter "
+                           "and prompt make)")
+        if n_bytes == 0 or n_bytes % (4 * dim):
+            raise UserError(
+                f"{path} has {n_bytes} bytes, not a whole number of f32 rows of {dim}; "
+                "it was not written for this adapter's output width."
+            )
+        with bounded.reading(path, n_bytes):
+            rows = np.fromfile(f, dtype="<f4", count=n_bytes // 4)
+    if rows.size != n_bytes // 4:  # shrunk while read
+        raise UserError(f"{path} changed while it was read; run the check again.")
+    rows = rows.reshape(-1, dim)
+    if not np.isfinite(rows).all():
+        raise UserError(f"{path} holds NaN or infinite values, so it is no measure of anything; "
+                        "rerun the engine (its run that wrote this dump went wrong).")
+    return rows
+
+
+MAX_IDS_BYTES = 1 << 20
 
 
 def read_ids(path) -> list[int] | None:
@@ -81,8 +101,11 @@ def read_ids(path) -> list[int] | None:
     path = Path(path)
     if not path.is_file():
         return None
+    # a line per token: bounded by 1 MiB, which no prompt's ids come near (ggk caps a prompt
+    # far below 100k tokens); a FIFO or device is refused in a sentence
+    data = bounded.read_bytes(path, MAX_IDS_BYTES, "an engine's tokens.txt")
     try:
-        return [int(line) for line in path.read_text(encoding="utf-8").split()]
+        return [int(line) for line in data.decode("utf-8").split()]
     except ValueError:
         raise UserError(f"{path} is not one id per line; use the file the engine wrote.") from None
 
@@ -93,10 +116,12 @@ def read_vision_dump(dump_dir: Path, vis_dim: int) -> list[tuple[int, np.ndarray
     path = dump_dir / VIS_POS
     if not path.is_file():
         return None
-    try:
-        runs = [tuple(int(v) for v in line.split()) for line in path.read_text().splitlines()
-                if line.strip()]
-    except ValueError:
+    try:  # a "start n" line per image: bounded as tokens.txt (a FIFO is a sentence)
+        text = bounded.read_text(path, MAX_IDS_BYTES, "an engine's vis_pos.txt")
+        runs = [tuple(int(v) for v in line.split()) for line in text.splitlines() if line.strip()]
+    except (bounded.LargerThanImplied, bounded.NotRegular):
+        raise
+    except ValueError:  # not numbers, not UTF-8
         runs = [()]
     if not runs or any(len(r) != 2 or r[0] < 0 or r[1] <= 0 for r in runs):
         raise UserError(f"{path} is not one \"start rows\" pair per image; use the file the "
@@ -104,7 +129,7 @@ def read_vision_dump(dump_dir: Path, vis_dim: int) -> list[tuple[int, np.ndarray
     if not vis_dim:
         raise UserError(f"{dump_dir} is an edit dump (it has {VIS_POS}) but this adapter has no "
                         "vision extension; check it against a text-to-image dump.")
-    rows = read_dump(dump_dir / VIS_EMBEDS, vis_dim)
+    rows = read_dump(dump_dir / VIS_EMBEDS, vis_dim, max_rows=sum(n for _, n in runs))
     if rows.shape[0] != sum(n for _, n in runs):
         raise UserError(f"{dump_dir / VIS_EMBEDS} holds {rows.shape[0]} rows but {VIS_POS} "
                         f"names {sum(n for _, n in runs)}; use the files of one engine run.")
@@ -174,25 +199,29 @@ def _layerwise_pack(module) -> str:
     return pack.id
 
 
+# The adapter kinds whose engine output has a fixed shape: the only ones a dump checks row by row.
+FIXED_KINDS = ("resampler", "seeded_resampler")
+
+
 def _pack_for(module) -> str:
-    """The pack whose verdict judges this adapter: the one it names (adapter.pack), else the
+    """The pack that judges this adapter: the fixed-shape pack it names (adapter.pack), else the
     pack declared the default for its kind (exports from before adapter.pack)."""
     if module.config.kind == "layerwise":
         return _layerwise_pack(module)
-    judged = [p for p in map(get_pack, pack_ids()) if p.verdict is not None]
+    fixed = [p for p in map(get_pack, pack_ids()) if p.adapter_kind in FIXED_KINDS]
     pack = (getattr(module, "metadata", {}) or {}).get("adapter.pack")
-    if pack not in [p.id for p in judged]:
+    if pack not in [p.id for p in fixed]:
         pack = next(
             (
                 p.id
-                for p in judged
+                for p in fixed
                 if p.check_default_for_kind and p.adapter_kind == module.config.kind
             ),
             None,
         )
     if pack is None:
         raise UserError(
-            "only fixed-shape adapters (LLaDA-Image resampler, PixArt seeded resampler) "
+            "only fixed-shape adapters (LLaDA-Image resampler, T5 seeded resampler) "
             "can be checked against a dump; a token-aligned adapter's rows follow the prompt."
         )
     return pack
@@ -244,7 +273,7 @@ def predict(adapter, student, prompt: str, pack_id: str, seed_ids=None, images=N
 def check_seed_ids(
     seed_ids: list[int], window: int, prompt: str, t5_model=None, vocab: int | None = None
 ) -> None:
-    """A PixArt dump's `t5_ids.txt` against the adapter and the prompt, one sentence per fault:
+    """A T5 dump's `t5_ids.txt` against the adapter and the prompt, one sentence per fault:
     its length must be the adapter's window, every id a row of its `vocab`-row seed table
     (another T5 vocabulary's dump is not this adapter's); a non-empty prompt whose ids are the empty
     prompt's is the CFG negative pass (written last); with the teacher's `spiece.model` the ids
@@ -257,7 +286,7 @@ def check_seed_ids(
     if len(seed_ids) != window:
         raise UserError(
             f"the dump's {T5_IDS_TXT} holds {len(seed_ids)} ids but this adapter reads a "
-            f"{window}-slot window; the dump was written by another PixArt model or adapter."
+            f"{window}-slot window; the dump was written by another model or adapter."
         )
     bad = next((i for i in seed_ids if i < 0 or (vocab is not None and i >= vocab)), None)
     if bad is not None:
@@ -345,7 +374,7 @@ def run_check(
     project=None,
 ) -> dict:
     """Every figure of the check as a dict (see `format_check`). `t5_model`: the T5 teacher's
-    spiece.model, to compare a PixArt dump's ids with the prompt's; without it, the loaded
+    spiece.model, to compare a T5 dump's ids with the prompt's; without it, the loaded
     `project`'s linked teacher's (materials.seed_tokenizer). The adapter, student and
     tokenizer left None are the project's (check_inputs)."""
     from gguf_trainer.model.adapters import load_gguf
@@ -363,10 +392,13 @@ def run_check(
             t5_model, t5_why = found, why
     dump_dir = Path(dump) if Path(dump).is_dir() else Path(dump).parent
     seed_ids = read_ids(dump_dir / T5_IDS_TXT)
-    if pack_id == "t5xxl_pixart":
+    pack = get_pack(pack_id)
+    seeded = adapter.config.kind == "seeded_resampler"  # its rows follow the T5 window's ids
+    if seeded:
         if seed_ids is None:
             raise UserError(
-                f"{dump_dir} has no {T5_IDS_TXT}; a PixArt check needs the engine's seed ids."
+                f"{dump_dir} has no {T5_IDS_TXT}; a {pack.title} check needs the engine's seed "
+                "ids."
             )
         check_seed_ids(
             seed_ids, adapter.config.num_queries, prompt, t5_model, adapter.config.seed_vocab
@@ -374,7 +406,7 @@ def run_check(
     student = load_student(student_path, tokenizer_dir)
     images = read_vision_dump(dump_dir, adapter.config.vis_dim)
     pred, ids, hidden = predict(adapter, student, prompt, pack_id, seed_ids, images)
-    ref = read_dump(dump, pred.shape[1])
+    ref = read_dump(dump, pred.shape[1], max_rows=pred.shape[0])
     if ref.shape[0] != pred.shape[0]:
         raise UserError(
             f"the dump has {ref.shape[0]} rows but the adapter makes {pred.shape[0]}; "
@@ -387,15 +419,16 @@ def run_check(
             f"tokenization of this prompt ({len(ids)} ids); pass the exact --prompt the "
             "engine ran, without weights syntax."
         )
-    keep = None if pack_id != "t5xxl_pixart" else np.array([i != 0 for i in seed_ids])
-    pack = get_pack(pack_id)
+    rows = pack.check_rows(seed_ids) if seeded else None  # the rows the DiT reads
+    keep = None if rows is None else np.array(rows)
     if pack.taps:  # the rows the DiT reads (Krea2 drops its 34 prefix rows)
         keep = np.arange(pred.shape[0]) >= pack.start
     figures = compare(pred, ref, keep)
     per_tap = tap_figures(pred, ref, pack.taps, keep) if pack.taps else None
     student_cos = None
     if (dump_dir / QWEN_HIDDEN).is_file():
-        engine_states = read_dump(dump_dir / QWEN_HIDDEN, hidden.shape[1])
+        engine_states = read_dump(dump_dir / QWEN_HIDDEN, hidden.shape[1],
+                                  max_rows=hidden.shape[0])
         if engine_states.shape != hidden.shape:
             raise UserError(
                 f"the dump's {QWEN_HIDDEN} has {engine_states.shape[0]} student rows but this "
@@ -413,11 +446,11 @@ def run_check(
         "student_tokens": len(ids),
         "images": len(images or ()),
         "tokens_checked": engine_ids is not None,
-        # PixArt: whether t5_ids.txt was compared with this prompt's ids (the T5 tokenizer of
+        # T5: whether t5_ids.txt was compared with this prompt's ids (the T5 tokenizer of
         # --t5-model or the project's teacher), with which file, or why not
-        "t5_ids_checked": (t5_model is not None) if pack_id == "t5xxl_pixart" else None,
-        "t5_model": str(t5_model) if t5_model is not None and pack_id == "t5xxl_pixart" else None,
-        "t5_ids_why_not": t5_why if t5_model is None and pack_id == "t5xxl_pixart" else None,
+        "t5_ids_checked": (t5_model is not None) if seeded else None,
+        "t5_model": str(t5_model) if t5_model is not None and seeded else None,
+        "t5_ids_why_not": t5_why if t5_model is None and seeded else None,
         **figures,
         "per_tap": per_tap,
         "verdict": _verdict(pack_id, figures, ref_name(dump)),
@@ -434,9 +467,11 @@ def ref_name(dump) -> str:
 
 
 def _verdict(pack_id: str, figures: dict, ref: str) -> str:
-    """PixArt's dump is the engine's run of this same adapter: its figure is a port check (the
-    engine vs this tool on one file), not a verdict on the adapter's quality."""
-    if pack_id == "t5xxl_pixart" and ref == "adapter_out.bin":
+    """A dump the engine writes only when it runs this very adapter (the pack's
+    `port_check_dump`: a T5 family's adapter_out.bin) gives a port check (the engine vs this
+    tool on one file), not a verdict on the adapter's quality."""
+    port = get_pack(pack_id).port_check_dump
+    if port and ref == port:
         return (
             "port check (the engine's run of this adapter vs this tool's): cos "
             f"{figures['cos']:.6f}; "

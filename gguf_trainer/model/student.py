@@ -2,14 +2,17 @@
 
 Owns: reading a student GGUF (HF or llama.cpp tensor names, any ggml type) into float32
 arrays, deriving the Qwen3 config from shapes as the engine does (engine-contract §3.1,
-§5.1), building a frozen transformers `Qwen3Model` from them, and the tokenizer helpers
-that reproduce the engine's input ids (Qwen2 BPE, special tokens parsed, no BOS/EOS).
+§5.1), building a frozen transformers `Qwen3Model` from them, loading the student tokenizer
+and batching id lists. The ids themselves are the engine's: its Qwen2 BPE port
+(engine/qwen_bpe.py) over a pack's template pieces (`pack.student_ids`, engine/template_ids.py),
+never the Hugging Face tokenizer's joined-string path.
 Must not: know about projects, packs or adapters, or reimplement the Qwen3 forward
 (transformers' Qwen3Model with the engine's config computes the same function).
 
 Usage:
     student = load_student("pig_clip-f16.gguf", tokenizer_dir)
-    ids, keep = pad_batch(tokenize(student.tokenizer, ["a cat"]))
+    ids = pack.student_ids(engine_bpe(student.tokenizer).encode, Sample("a cat"))
+    ids, keep = pad_batch([ids])
     states = student.hidden(ids, keep)  # (B, L, 1024) final-RMSNorm output
 """
 
@@ -400,16 +403,6 @@ def load_tokenizer(tokenizer_dir):
         raise UserError(f"{tokenizer_dir} is not a folder; choose the pig_clip tokenizer folder.")
     stamp = tuple(sorted((p.name, p.stat().st_mtime_ns) for p in folder.iterdir() if p.is_file()))
     return _cached_tokenizer(str(folder), stamp)
-
-
-def tokenize(tokenizer, texts: Sequence[str]) -> list[list[int]]:
-    """Engine ids: Qwen BPE, special-token strings as single ids, no BOS/EOS; "" -> [PAD_ID]."""
-    if isinstance(texts, str):
-        raise TypeError("tokenize() takes a list of texts")
-    if not texts:
-        return []
-    ids = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
-    return [list(row) if row else [PAD_ID] for row in ids]
 
 
 def pad_batch(

@@ -6,10 +6,12 @@ headline metric and the export key/values. Pipeline, CLI and GUI read everything
 pack-specific from here. Packs hold no loops and do no I/O; torch is imported only
 inside the teacher hooks.
 
-Adding a pack: subclass `TrainerPack`, fill the class attributes, implement
-`format_prompt`, `load_teacher` (from resolved material paths and a placement plan) and
-`build_mock_teacher`, optionally `demo_materials`, and register an instance
-with `gguf_trainer.packs.register`.
+Adding a family of an existing kind: subclass its kind base (t5_seeded.T5SeededPack,
+layerwise.LayerwisePack, token_aligned_qwen*.Qwen*TokenAlignedPack), which owns the behaviour,
+and declare the family's facts; never subclass another family. A new kind: subclass
+`TrainerPack`, fill the class attributes, implement `format_prompt`, `load_teacher` (from
+resolved material paths and a placement plan) and `build_mock_teacher`, optionally
+`demo_materials`. Register an instance with `gguf_trainer.packs.register`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gguf_trainer.engine.qwen_vl_images import target_size
 from gguf_trainer.engine.template_ids import Piece, student_ids
 from gguf_trainer.engine.template_padding import Padding
 from gguf_trainer.materials.spec import STUDENT_MATERIALS, Material
@@ -93,6 +96,10 @@ class TrainerPack:
     export_kv: dict[str, Any] = {}
     bytes_per_sample: int = 0  # shard bytes per sample at the reference corpus
     image_pad_id: int = 0  # vision packs: the student token whose runs receive image embeds
+    # Vision packs: the family's reference-image resize rule, (h, w) -> (h̄, w̄), read by the
+    # tower, the corpus refusals and the engine tier; default the Qwen-VL processor's
+    # (qwen_vl_images.target_size: long side <= 384, multiples of 32).
+    image_size = staticmethod(target_size)
     # Vision packs: the DiT reads the adapter's rows at the image slots (the image_pad runs).
     # False where the engine's DiT replaces them (Qwen Image 2.1 puts the reference latents
     # there): they stay in the adapter's input and attention, but precompute marks them
@@ -106,16 +113,38 @@ class TrainerPack:
     # engine command (the render's teacher half); "" = ggk has no teacher path for the family.
     engine_teacher_args: str = ""
     # healthy / weak / broken floors of a real teacher's eval and of `gguf-trainer check`;
-    # None: no verdict (no reference run to judge by).
+    # None: no verdict (no reference run to judge by): eval's health line reads "n/a" with the
+    # first of `na_keys` the metrics hold, against the mean baseline, then `na_note`.
     verdict: Verdict | None = None
+    na_keys: tuple[str, ...] = ("cos",)
+    na_note = ""
     # `gguf-trainer check` reads an adapter of this pack's kind that names no pack
     # (adapter.pack) as this pack's: at most one pack per adapter kind sets it.
     check_default_for_kind: bool = False
+    # `gguf-trainer check`: the dump file the engine writes only when it runs this very adapter
+    # (the T5 kind's adapter_out.bin): a figure against it is a port check, not a verdict.
+    port_check_dump = ""
 
     @property
     def fixed_rows(self) -> int:
         """Targets are padded to this window (seeded resampler: its T5 slots), else 0."""
         return self.num_queries if self.adapter_kind == "seeded_resampler" else 0
+
+    @property
+    def recipe_defaults(self) -> dict[str, Any]:
+        """The training recipe a new project stores (data/recipe.py, `train.*`): here the one
+        every pack trained with before the recipe keys; a kind measured on real activations
+        overrides it (README "Recipes on real activations")."""
+        return {
+            "train.target_space": "standardized" if self.standardized else "raw",
+            "train.cosine": "row", "train.sigma_floor_mode": "absolute", "train.pad_weight": "row",
+            "train.prefix_rows": "in", "train.stats_rows": "all", "train.sink": "none",
+        }
+
+    @property
+    def all_defaults(self) -> dict[str, Any]:
+        """What `new --pack` writes: the recipe, then the pack's own defaults over it."""
+        return {**self.recipe_defaults, **self.defaults}
 
     @property
     def materials(self) -> tuple[Material, ...]:
@@ -187,6 +216,11 @@ class TrainerPack:
         pre-flight's need); default: the pack's reference figure."""
         return self.teacher_memory_gib
 
+    def check_rows(self, seed_ids: Sequence[int]) -> list[bool] | None:
+        """`gguf-trainer check`: which rows of a dump of a seeded adapter the DiT reads, by the
+        dump's seed ids; None (the default): every row (a layerwise family: from `start`)."""
+        return None
+
     def seed_tokenizer_file(self, materials: dict[str, Path]) -> Path | None:
         """The file in the resolved teacher `materials` whose pieces make the engine's seed ids
         (a T5 pack's spiece.model): `check` compares a dump's t5_ids.txt with the prompt's
@@ -229,9 +263,19 @@ class TrainerPack:
 
     def health_line(self, metrics: dict) -> str | None:
         """For a real teacher's eval: healthy / weak / broken against the pack's reference
-        figures (one table, shared with `gguf-trainer check`), or None without one."""
+        figures (one table, shared with `gguf-trainer check`); "n/a" and the figure against the
+        mean baseline for a pack without them; None when the metrics lack the figure."""
         v = self.verdict
-        if not v or metrics.get(v.headline) is None:
+        if v is None:
+            key = next((k for k in self.na_keys if metrics.get(k) is not None), None)
+            if key is None:
+                return None
+            return (
+                f"n/a: no published pig_clip + {self.title} run to compare with; {key} "
+                f"{metrics[key]:.4f} (mean baseline "
+                f"{metrics.get('baseline_cos', float('nan')):.4f}){self.na_note}"
+            )
+        if metrics.get(v.headline) is None:
             return None
         line = v.line(metrics)
         steps = metrics.get("trained_steps")

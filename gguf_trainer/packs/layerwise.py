@@ -45,6 +45,7 @@ class LayerwisePack(TrainerPack):
     max_len_student = 1024
     max_len_teacher = 1024
     verdict = None  # no reference run: eval's health line is n/a, `check` reports figures only
+    na_note = "; the whole stack's cosine: see the per-tap cosines"
     health_reference = ""
     defaults = {
         "corpus.n_train": 100000, "corpus.n_val": 1024, "corpus.empty_frac": 0.015,
@@ -52,6 +53,23 @@ class LayerwisePack(TrainerPack):
         "train.width": 1024, "train.depth": 4, "train.steps": 20000, "train.batch_size": 32,
         "train.lr": 2e-4, "train.warmup": 1000,
     }
+
+    @property
+    def recipe_defaults(self) -> dict:
+        """Measured on a real pretrained model's activations (benchmarks/bench_recipe_real.py,
+        README "Recipes on real activations"): massive activations (the attention-sink row,
+        appended pads) need standardized targets folded at export, every row whitened by the
+        token rows' own sigma, statistics over the rows the loss reads, a cosine per tap and the
+        rows before the start row out. Pads to a multiple (FLUX.3: every pad at one rope position,
+        so one identical row per sample) weigh one row together; fixed-length pads, which differ
+        by position, stay a row each (nothing measured beat it on both row sets)."""
+        return {
+            "train.target_space": "standardized",
+            "train.cosine": "tap" if self.taps else "row",
+            "train.sigma_floor": 0.05, "train.sigma_floor_mode": "relative",
+            "train.pad_weight": "one" if self.padding.multiple else "row",
+            "train.prefix_rows": "out", "train.stats_rows": "loss", "train.sink": "none",
+        }
 
     @property
     def out_dim(self) -> int:  # type: ignore[override]
@@ -124,17 +142,6 @@ class LayerwisePack(TrainerPack):
         from .mock import MockTokenTeacher
 
         return MockTokenTeacher(self.id, self.out_dim, self.start)
-
-    def health_line(self, metrics):
-        if metrics.get("cos") is None:
-            return None
-        return (
-            f"n/a: no published pig_clip + layerwise {self.family} run to "
-            "compare with; whole-stack "
-            f"cos {metrics['cos']:.4f} (mean baseline "
-            f"{metrics.get('baseline_cos', float('nan')):.4f}); "
-            "see the per-tap cosines"
-        )
 
     def describe(self) -> dict:
         return {

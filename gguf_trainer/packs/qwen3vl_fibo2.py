@@ -51,8 +51,7 @@ from gguf_trainer.engine.template_ids import Piece
 from gguf_trainer.engine.template_padding import Padding
 
 from .layerwise import LayerwisePack
-from .qwen3vl_krea2 import Krea2Pack
-from .teacher_repos import QWEN3VL_4B
+from .teacher_repos import QWEN3VL_4B, QWEN3VL_4B_TEACHER
 
 FIBO2_WIDTH = 2560  # kTextWidth
 
@@ -87,7 +86,7 @@ class Fibo2Pack(LayerwisePack):
         "call": (322, 332),
         "version": "VERSION_FIBO2",
     }
-    teacher_materials = Krea2Pack.teacher_materials
+    teacher_materials = (QWEN3VL_4B_TEACHER,)
     teacher_memory_gib = 9.0
     # a text prompt; an edit sample adds up to 576 rows per reference (768² px) and its raw
     # vision rows (~2.9 MB per image at 2560)

@@ -18,8 +18,7 @@ from __future__ import annotations
 from gguf_trainer.engine.template_padding import Padding
 
 from .layerwise import LayerwisePack
-from .qwen3vl_krea2 import Krea2Pack
-from .teacher_repos import QWEN3VL_4B
+from .teacher_repos import QWEN3VL_4B, QWEN3VL_4B_TEACHER
 
 
 class Flux3Pack(LayerwisePack):
@@ -41,7 +40,7 @@ class Flux3Pack(LayerwisePack):
         "lines": (3550, 3561),
         "version": "VERSION_FLUX3",
     }
-    teacher_materials = Krea2Pack.teacher_materials
+    teacher_materials = (QWEN3VL_4B_TEACHER,)
     teacher_memory_gib = 9.0
     typical_rows = 80
     hints = {

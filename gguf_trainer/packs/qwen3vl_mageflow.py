@@ -4,7 +4,7 @@ final-norm state of every token. Engine facts: engine-contract §3.2."""
 
 from __future__ import annotations
 
-from gguf_trainer.engine.qwen_ids import IMAGE_PAD_ID
+from gguf_trainer.engine.qwen_ids import IMAGE_PAD, IMAGE_PAD_ID, VISION_END, VISION_START
 from gguf_trainer.engine.qwen_vl_images import (
     preprocess_image,
     target_size,
@@ -32,7 +32,6 @@ SUFFIX = "<|im_end|>\n<|im_start|>assistant\n"
 EDIT_START = 64
 T2I_START = 34
 IMAGE_HEADER_TOKENS = 6  # "Image i: <|vision_start|>"
-IMAGE_PAD = "<|image_pad|>"
 
 # Shard bytes (bf16 rows): an image sample of ~235 tokens stores the teacher's and the
 # student's state of every token, 144 raw vision rows and its ids; a text sample ~60 tokens.
@@ -44,7 +43,7 @@ VISION_HINT = "a lagging vision cosine means vis_in or the width is the limiter,
 
 def image_block(i: int, n: int) -> str:
     """Image i (0-based) with n vision tokens, as the engine writes it into the edit template."""
-    return f"Image {i + 1}: <|vision_start|>" + IMAGE_PAD * n + "<|vision_end|>"
+    return f"Image {i + 1}: {VISION_START}" + IMAGE_PAD * n + VISION_END
 
 
 class MageFlowPack(TrainerPack):

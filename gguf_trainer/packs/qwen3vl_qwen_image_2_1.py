@@ -39,11 +39,11 @@ layers, ~8.8 B parameters with the tower, ~17.5 GB bf16) with its tokenizer file
 
 from __future__ import annotations
 
+from gguf_trainer.engine.qwen_ids import IMAGE_PAD
 from gguf_trainer.engine.qwen_image_refs import RefImage, default_ref_size, render_area
 from gguf_trainer.engine.template_ids import Piece
 from gguf_trainer.materials.spec import Material
 
-from .qwen3vl_mageflow import IMAGE_PAD
 from .token_aligned_qwen_vision import QwenVisionTokenAlignedPack
 
 SYSTEM_TURN = "<|im_start|>system\nComprehend and analyze the provided prompt.<|im_end|>\n"

@@ -6,8 +6,8 @@ fp8", https://huggingface.co/lodestones/Chroma); FLUX.1-schnell's text_encoder_2
 XXL encoder (T5EncoderModel, d_model 4096, 24 blocks, vocab 32128:
 https://huggingface.co/ostris/OpenFLUX.1/blob/main/text_encoder_2/config.json, a copy of the
 black-forest-labs/FLUX.1-schnell snapshot's). The teacher material is therefore the PixArt
-pack's T5-XXL v1.1 encoder, `callgg/t5-v1_1-xxl-encoder-bf16` (the snapshot engine-families §2
-row 1 names; 9.5 GB, 4.76B parameters in bf16).
+pack's T5-XXL v1.1 encoder (teacher_repos.py), `callgg/t5-v1_1-xxl-encoder-bf16` (the snapshot
+engine-families §2 row 1 names; 9.5 GB, 4.76B parameters in bf16).
 
 Mask mode. The pack trains for the engine's default, and says so in its hints and the export's
 KVs: `chroma_use_t5_mask = false` (ggk 0.9.7 gk-diffuser.cpp:4390) — the T5 runs over the whole
@@ -23,16 +23,17 @@ Window. T5CLIPEmbedder's chunk_len is 512 (conditioner.hpp:1199); with an adapte
 takes the adapter's num_queries as the window (conditioner.hpp:1240-1245), so the adapter has
 512 queries and prompts over 511 pieces are cut with EOS last (pad_tokens, conditioner.hpp:1388).
 
-Reference. No published pig_clip + adapter run exists for Chroma, so the health line reads
-"n/a"; the recipe (width 1024, depth 6, 20k steps, sigma floor 0.03) is the PixArt pack's for the
-same teacher, not a measured Chroma reference.
+Reference. No published pig_clip + adapter run exists for Chroma, so there is no verdict and
+the health line reads "n/a"; the recipe (width 1024, depth 6, 20k steps, sigma floor 0.03) is the
+T5 kind's (t5_seeded.py), measured on PixArt with the same teacher, not a Chroma reference.
+Facts only: the T5 kind owns the behaviour.
 """
 
 from __future__ import annotations
 
-from .t5xxl_pixart import T5_VOCAB, PixArtT5Pack
+from .t5_seeded import F16_NOTE, T5_VOCAB, T5CLIP_EMBEDDER, T5CLIP_WINDOW, T5SeededPack
+from .teacher_repos import T5_V1_1_XXL, T5_V1_1_XXL_TEACHER
 
-T5CLIP_WINDOW = 512  # conditioner.hpp:1199
 # Defaults of gk-diffuser.cpp:4389-4391 the pack trains for.
 CHROMA_T5_MASK = False
 CHROMA_T5_MASK_PAD = 1
@@ -40,7 +41,7 @@ ENGINE_DEFAULTS = ("ggk 0.9.7 gk-diffuser.cpp:4389-4391: chroma_use_dit_mask = t
                    "chroma_use_t5_mask = false, chroma_t5_mask_pad = 1")
 
 
-class ChromaT5Pack(PixArtT5Pack):
+class ChromaT5Pack(T5SeededPack):
     id = "t5xxl_chroma"
     title = "Chroma (T5-XXL)"
     description = (
@@ -48,11 +49,15 @@ class ChromaT5Pack(PixArtT5Pack):
         "with the T5 token ids, trained for the engine's default mask mode (T5 unmasked, "
         "the DiT reads the real slots and one pad)."
     )
+    embedder = T5CLIP_EMBEDDER
     num_queries = T5CLIP_WINDOW
     seed_vocab = T5_VOCAB
+    # the T5 runs unmasked over the whole window; the DiT reads the real slots + one pad
+    masked = CHROMA_T5_MASK
+    dit_pad_rows = CHROMA_T5_MASK_PAD
     default_name = "chroma_t5_adapter"
     shard_contract = "t5xxl_chroma/1"
-    max_len_teacher = T5CLIP_WINDOW  # prompts are cut to the window, none is dropped
+    teacher_materials = (T5_V1_1_XXL_TEACHER,)
     hints = {
         "train": "Trains for ggk's default Chroma mask mode (" + ENGINE_DEFAULTS + "): the T5 runs "
         "unmasked over all 512 slots and the DiT reads the real slots plus one pad. Run "
@@ -66,11 +71,8 @@ class ChromaT5Pack(PixArtT5Pack):
             "teacher is 20k (no Chroma reference run exists)"
         },
     }
-    health_reference = ""
-    # No reference run: no verdict of its own (PixArt's floors are not this model's); `check`
-    # reads its adapters as their kind's default pack does.
-    verdict = None
-    check_default_for_kind = False
+    # 4.76B parameters in bf16, PixArt's teacher
+    teacher_memory_gib = 8.9
     reference = {
         "status": "none published for Chroma; the recipe is the PixArt pack's (same teacher)"
     }
@@ -79,10 +81,7 @@ class ChromaT5Pack(PixArtT5Pack):
             "the adapter is trained for the default mask mode: do not pass --chroma-enable-t5-mask "
             "or --chroma-disable-dit-mask"
         ),
-        (
-            "run pig_clip at f16 or q8_0 in the engine: a 4-bit student loses ~0.09 cosine "
-            "before the adapter runs"
-        ),
+        F16_NOTE,
     )
     # the T5-XXL encoder itself (engine-contract §3.3: without --llm-adapter ggk runs --t5xxl)
     engine_teacher_args = "--t5xxl t5xxl_fp16.safetensors"
@@ -96,45 +95,12 @@ class ChromaT5Pack(PixArtT5Pack):
         "adapter.target": "t5_v1_1_xxl encoder last_hidden_state over the "
                           "unmasked 512-slot window; "
         "the real slots and the first pad (Chroma's default mask mode)",
-        "adapter.teacher": "callgg/t5-v1_1-xxl-encoder-bf16",
+        "adapter.teacher": T5_V1_1_XXL,
         "adapter.engine_mask_mode": ENGINE_DEFAULTS,
     }
     # rows stored: the real slots + 1 pad (~42 at the reference corpus) of 4096 bf16, the student
     # states (~30 x 1024 bf16) and the 512 int32 window ids
-    bytes_per_sample = 42 * 4096 * 2 + 30 * 1024 * 2 + T5CLIP_WINDOW * 4
-
-    def configured(self, settings):
-        """The window is the engine's 512 for every Chroma model (no t5_window setting)."""
-        return self
-
-    def load_teacher(self, materials, plan, device):
-        """T5EncoderModel from the snapshot, run unmasked over the 512-slot window; the rows the
-        DiT reads (real + chroma_t5_mask_pad) are the targets."""
-        from ..teachers.t5 import T5CLIP_WINDOWS, load_t5_teacher
-
-        return load_t5_teacher(
-            materials["teacher"],
-            device,
-            plan.mode,
-            window=self.num_queries,
-            vocab_limit=self.seed_vocab,
-            ram_limit_gib=plan.cpu_gib,
-            windows=T5CLIP_WINDOWS,
-            masked=CHROMA_T5_MASK,
-            pad_rows=CHROMA_T5_MASK_PAD,
-            identity={
-                "teacher": "t5_encoder",
-                "window": self.num_queries,
-                "masked": CHROMA_T5_MASK,
-                "pad_rows": CHROMA_T5_MASK_PAD,
-            },
-        )
-
-    def health_line(self, metrics):
-        return (
-            "n/a: no reference run exists for a Chroma adapter (none is published); "
-            "compare val cos with the mean baseline"
-        )
+    typical_rows = 42
 
 
 PACK = ChromaT5Pack()

@@ -35,3 +35,23 @@ QWEN3VL_8B_TEACHER = Material("teacher", "Teacher: Qwen3-VL-8B-Instruct", "hf_sn
                               patterns=_VL_FILES)
 QWEN3_4B_TEACHER = Material("teacher", "Teacher: Qwen3-4B", "hf_snapshot", repo=QWEN3_4B,
                             subdir="Qwen3-4B", size_gb=8.1, patterns=_TEXT_FILES)
+
+# The T5-XXL v1.1 encoder in bf16 (4.76B parameters): PixArt's and Chroma's teacher (FLUX.1's
+# text_encoder_2 is the same encoder; engine-families §2 rows 1-2).
+T5_V1_1_XXL = "callgg/t5-v1_1-xxl-encoder-bf16"
+T5_V1_1_XXL_TEACHER = Material(
+    "teacher",
+    "Teacher: T5-XXL v1.1 encoder (bf16)",
+    "hf_snapshot",
+    repo=T5_V1_1_XXL,
+    subdir="t5-v1_1-xxl-encoder-bf16",
+    size_gb=9.5,
+    patterns=(
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "special_tokens_map.json",
+        "spiece.model",
+        "tokenizer_config.json",
+    ),
+)

@@ -35,6 +35,8 @@ class QwenTokenAlignedPack(LayerwisePack):
     start_prefix = ""
     tiny_layers = 2  # decoder layers of the demo's tiny teacher when no tap fixes the depth
     typical_rows = 80
+    na_keys = ("cos_slice", "cos")  # the n/a health line's figure: the rows the DiT reads
+    na_note = ""
 
     @property
     def out_dim(self) -> int:  # type: ignore[override]
@@ -118,15 +120,6 @@ class QwenTokenAlignedPack(LayerwisePack):
                 folder / f"{self.id}-teacher-tiny", self.teacher_arch, layers
             )
         }
-
-    def health_line(self, metrics):
-        key = "cos_slice" if metrics.get("cos_slice") is not None else "cos"
-        if metrics.get(key) is None:
-            return None
-        return (
-            f"n/a: no published pig_clip + token-aligned {self.family} run to compare with; {key} "
-            f"{metrics[key]:.4f} (mean baseline {metrics.get('baseline_cos', float('nan')):.4f})"
-        )
 
     def describe(self) -> dict:
         return {**super().describe(), "teacher_tap": self.teacher_tap_text(), "start": self.start}

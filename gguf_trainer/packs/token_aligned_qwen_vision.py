@@ -23,16 +23,14 @@ with the tower, shown the family's pixels; one whose pictures are not sized from
 
 from __future__ import annotations
 
-from gguf_trainer.engine.qwen_ids import IMAGE_PAD_ID
-from gguf_trainer.engine.qwen_vl_images import target_size
+from gguf_trainer.engine.qwen_ids import IMAGE_PAD, IMAGE_PAD_ID, VISION_END, VISION_START
 
-from .qwen3vl_mageflow import IMAGE_PAD
 from .token_aligned_qwen import QwenTokenAlignedPack
 
 
 def vision_block(n: int) -> str:
     """One reference image of n vision tokens as these families write it."""
-    return "<|vision_start|>" + IMAGE_PAD * n + "<|vision_end|>"
+    return VISION_START + IMAGE_PAD * n + VISION_END
 
 
 class QwenVisionTokenAlignedPack(QwenTokenAlignedPack):
@@ -40,7 +38,6 @@ class QwenVisionTokenAlignedPack(QwenTokenAlignedPack):
 
     adapter_kind = "token_aligned_vision"
     image_pad_id = IMAGE_PAD_ID
-    image_size = staticmethod(target_size)  # each family declares its own rule
     edit_prefix = ""  # the template's text before the first image
     teacher_full_vision = False  # the teacher sees deepstack + M-RoPE positions (Qwen Image 2.1)
 
@@ -54,7 +51,7 @@ class QwenVisionTokenAlignedPack(QwenTokenAlignedPack):
         from ..teachers.qwen3vl import Template
 
         return Template(self.edit_prefix, self.start, self.format_prompt(""), self.start, 1,
-                        image_header="<|vision_start|>", counts_hard_coded=False,
+                        image_header=VISION_START, counts_hard_coded=False,
                         image_size=self.image_size, family=self.family, prepare=self.image_pixels)
 
     def image_pixels(self, item):

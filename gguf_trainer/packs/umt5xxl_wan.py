@@ -21,45 +21,39 @@ the adapter writes at pad slots never reaches the DiT.
 Window. T5CLIPEmbedder's chunk_len 512 (conditioner.hpp:1199) = the adapter's num_queries
 (Wan's own text_len is 512 too).
 
-Reference. No published pig_clip + adapter run exists for Wan: the health line reads "n/a"; the
-recipe is the PixArt pack's. The seed table is 256384 x width (1 GiB of f32 at width 1024 while
-training, 0.5 GiB of f16 in the file): train.seed_rank factorizes it at export
-(t5_embed_a + t5_embed_b, engine-families §4) when the file size matters.
+Reference. No published pig_clip + adapter run exists for Wan: no verdict, the health line reads
+"n/a"; the recipe is the T5 kind's (t5_seeded.py, measured on PixArt). The seed table is
+256384 x width (1 GiB of f32 at width 1024 while training, 0.5 GiB of f16 in the file):
+train.seed_rank factorizes it at export (t5_embed_a + t5_embed_b, engine-families §4) when the
+file size matters. Facts only: the T5 kind owns the behaviour.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from gguf_trainer.materials.spec import Material
 
-from .t5xxl_chroma import T5CLIP_WINDOW
-from .t5xxl_pixart import PixArtT5Pack
+from .t5_seeded import F16_NOTE, T5CLIP_EMBEDDER, T5CLIP_WINDOW, T5SeededPack
 
 UMT5_VOCAB = 256384
 
 
-def umt5_layout(root: Path) -> tuple[Path, Path]:
-    """(encoder folder, spiece.model) of a snapshot: the diffusers layout (text_encoder/ +
-    tokenizer/) the pack downloads, or a flat encoder folder holding its spiece.model."""
-    root = Path(root)
-    if (root / "text_encoder").is_dir():
-        return root / "text_encoder", root / "tokenizer" / "spiece.model"
-    return root, root / "spiece.model"
-
-
-class WanUMT5Pack(PixArtT5Pack):
+class WanUMT5Pack(T5SeededPack):
     id = "umt5xxl_wan"
     title = "Wan 2.x (UMT5-XXL)"
     description = (
         "Replaces Wan's UMT5-XXL encoder with pig_clip + a 512-query resampler seeded with "
         "the UMT5 token ids (256384-row table); pad rows are zeroed by the engine."
     )
+    embedder = T5CLIP_EMBEDDER
     num_queries = T5CLIP_WINDOW
     seed_vocab = UMT5_VOCAB
+    # masked T5, no pad row read: the engine zeroes the pads before the DiT
+    masked = True
+    dit_pad_rows = 0
+    encoder_name = "umt5_encoder"
+    diffusers_layout = True  # text_encoder/ + tokenizer/spiece.model (or one flat folder)
     default_name = "wan_umt5_adapter"
     shard_contract = "umt5xxl_wan/1"
-    max_len_teacher = T5CLIP_WINDOW
     teacher_materials = (
         Material(
             "teacher",
@@ -83,22 +77,11 @@ class WanUMT5Pack(PixArtT5Pack):
             "help": "planned training steps; the PixArt recipe is 20k (no Wan reference run exists)"
         },
     }
-    health_reference = ""
-    # No reference run: no verdict of its own (PixArt's floors are not this model's); `check`
-    # reads its adapters as their kind's default pack does.
-    verdict = None
-    check_default_for_kind = False
     reference = {"status": "none published for Wan; the recipe is the PixArt pack's"}
     # 5.68B parameters in bf16; the planner adds its activation headroom for a resident teacher.
     teacher_memory_gib = 10.6
-    engine_notes = (
-        (
-            "run pig_clip at f16 or q8_0 in the engine: a 4-bit student loses ~0.09 cosine "
-            "before the adapter runs"
-        ),
-    )
-    # the UMT5-XXL encoder itself (without --llm-adapter ggk runs --t5xxl in UMT5 mode for Wan);
-    # not PixArt's T5 v1.1 file, which this class would otherwise inherit
+    engine_notes = (F16_NOTE,)
+    # the UMT5-XXL encoder itself (without --llm-adapter ggk runs --t5xxl in UMT5 mode for Wan)
     engine_teacher_args = "--t5xxl umt5_xxl_fp16.safetensors"
     engine_command_template = (
         "ggk diffuser engine -- -M vid_gen --diffusion-model wan2.2-ti2v-5b-q8_0.gguf "
@@ -112,52 +95,11 @@ class WanUMT5Pack(PixArtT5Pack):
         "window; pad rows are zeroed by the engine on the video path",
         "adapter.teacher": "Wan-AI/Wan2.2-TI2V-5B-Diffusers (text_encoder, tokenizer)",
     }
-    bytes_per_sample = 40 * 4096 * 2 + 30 * 1024 * 2 + T5CLIP_WINDOW * 4
+    typical_rows = 40  # real slots of a reference-corpus prompt (bytes_per_sample)
 
     # The demo's 256384 x width seed table dominates its steps and checkpoints (Adam state for every
     # row): a narrower adapter and fewer saves keep the tiny run near the other demos' time.
     demo_settings = {"train.width": 64, "train.save_every": 20}
-
-    def configured(self, settings):
-        """The window is the engine's 512 for every Wan model (no t5_window setting)."""
-        return self
-
-    def teacher_gib(self, materials, device):
-        import torch
-
-        from ..teachers.t5 import check_snapshot, encoder_gib
-
-        encoder, spiece = umt5_layout(materials["teacher"])
-        report = check_snapshot(encoder, vocab_limit=self.seed_vocab, spiece=spiece)
-        return encoder_gib(report.n_params, "cpu" if torch.device(device).type != "cuda" else "gpu")
-
-    def check_teacher(self, materials) -> str:
-        from ..teachers.t5 import check_snapshot
-
-        encoder, spiece = umt5_layout(materials["teacher"])
-        return check_snapshot(encoder, vocab_limit=self.seed_vocab, spiece=spiece).summary()
-
-    def seed_tokenizer_file(self, materials):
-        """tokenizer/spiece.model of the diffusers layout, or a flat folder's (umt5_layout)."""
-        return umt5_layout(materials["teacher"])[1]
-
-    def load_teacher(self, materials, plan, device):
-        """UMT5EncoderModel from text_encoder/, masked (Wan's use_mask), the real slots as
-        targets."""
-        from ..teachers.t5 import T5CLIP_WINDOWS, load_t5_teacher
-
-        encoder, spiece = umt5_layout(materials["teacher"])
-        return load_t5_teacher(
-            encoder,
-            device,
-            plan.mode,
-            window=self.num_queries,
-            vocab_limit=self.seed_vocab,
-            ram_limit_gib=plan.cpu_gib,
-            windows=T5CLIP_WINDOWS,
-            spiece=spiece,
-            identity={"teacher": "umt5_encoder", "window": self.num_queries},
-        )
 
     def demo_materials(self, folder):
         """A tiny real UMT5 (random weights, d_model 64) with a synthetic 256384-piece UMT5-shaped
@@ -165,12 +107,6 @@ class WanUMT5Pack(PixArtT5Pack):
         from ..tiny.umt5 import build_tiny_umt5
 
         return {"teacher": build_tiny_umt5(folder / "umt5-tiny")}
-
-    def health_line(self, metrics):
-        return (
-            "n/a: no reference run exists for a Wan adapter (none is published); "
-            "compare val cos with the mean baseline"
-        )
 
 
 PACK = WanUMT5Pack()

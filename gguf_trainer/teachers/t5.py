@@ -1,5 +1,6 @@
-"""The PixArt pack's real teacher: the T5 v1.1 encoder (`T5EncoderModel.last_hidden_state`)
-and the T5 window ids that seed the adapter's queries.
+"""The T5 packs' real teacher (PixArt, Chroma, Wan: packs/t5_seeded.py): the T5 v1.1 or UMT5
+encoder (`last_hidden_state`) in the family's mask mode, and the T5 window ids that seed the
+adapter's queries.
 
 Owns: the seed ids (T5 sentencepiece ids + EOS 1, right-padded with PAD 0 to the caption
 window, too long -> cut with the last id forced to EOS: the sequence ggk's
@@ -444,7 +445,7 @@ def _text(sample) -> str:
 
 
 class T5Teacher:
-    """The real teacher of the PixArt pack (see the module docstring)."""
+    """The real teacher of the T5 packs (see the module docstring)."""
 
     is_mock = False
 

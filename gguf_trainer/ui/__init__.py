@@ -1,4 +1,4 @@
-"""The Gradio GUI: one module per tab, a thin client of runner.supervisor (style.md §9).
-
-Not built yet: the GUI issue adds it. Nothing here may import torch.
+"""The Gradio GUI (`gguf-trainer ui`, app.py): one module per tab (setup, train, output,
+hardware, logs) over the runner's control API; it never runs heavy work itself (style.md §9).
+Nothing here may import torch at module level.
 """

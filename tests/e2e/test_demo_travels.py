@@ -1,4 +1,5 @@
-"""A finished `gguf-trainer demo` project travels (issue 20), through the CLI as a user runs
+"""A finished `gguf-trainer demo` project travels (a project is its folder: moved, renamed or
+copied it keeps its work and never writes to the old path), through the CLI as a user runs
 it: moved and renamed with shutil.move (a decoy copy now at the old path), it has nothing to
 redo, continues training and exports inside its new folder, never touching the old path;
 copied with `cp -a`, its `reset output` removes only the copy's own GGUF."""
@@ -68,6 +69,41 @@ def test_a_moved_demo_runs_on_where_it_is(demo, tmp_path):
     gguf = new / "output" / "pig_t5_adapter-f16.gguf"
     assert gguf.is_file() and gguf.read_bytes() != decoy["output/pig_t5_adapter-f16.gguf"][0]
     assert state_of(old) == decoy  # nothing at the old path was written
+
+
+# The run's own bookkeeping, rewritten by every run: everything else is work that a moved
+# project must not redo (eval.json, hashes.json's material hashes, the shards' checks).
+RUN_BOOKKEEPING = ("pipeline.log", "pipeline.lock", "state.json")
+
+
+def settled(root, home) -> dict[str, tuple[bytes, int]]:
+    """A project after a plain run: every file but the run's bookkeeping."""
+    out = cli_at_home("run", "--project", root, home=home, timeout=480)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return {k: v for k, v in state_of(root).items() if k not in RUN_BOOKKEEPING}
+
+
+def test_a_real_mv_redoes_nothing_not_even_the_eval(demo, tmp_path):
+    here = tmp_path / "here" / "demo"
+    shutil.copytree(demo["root"], here, symlinks=True)
+    before = settled(here, demo["home"])  # a first run in place writes the shards' checks
+    there = tmp_path / "there" / "moved"
+    there.parent.mkdir()
+    subprocess.run(["mv", str(here), str(there)], check=True)
+    after = settled(there, demo["home"])
+    assert after == before  # eval.json, hashes.json, every shard and checkpoint as they were
+    assert str(here) not in (there / "eval.json").read_text()
+    # moved without its files' times (cp -r, some file managers): the eval's record of the
+    # GGUF it scored still says it is done
+    copy = tmp_path / "copy" / "demo"
+    copy.parent.mkdir()
+    subprocess.run(["cp", "-r", str(there), str(copy)], check=True)
+    (copy / "output" / "pig_t5_adapter-f16.gguf").touch()  # newer than eval.json
+    ev = (copy / "eval.json").read_bytes()
+    out = cli_at_home("run", "--project", copy, home=demo["home"], timeout=480)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "eval              done (already done)" in out.stderr
+    assert (copy / "eval.json").read_bytes() == ev
 
 
 def test_reset_output_in_a_cp_a_copy_keeps_the_originals_gguf(demo, tmp_path):

@@ -21,8 +21,10 @@ from engine_reference import engine_forward
 
 from gguf_trainer.base.places import record_key
 from gguf_trainer.check import run_check
+from gguf_trainer.data.samples import Sample
+from gguf_trainer.engine.qwen_bpe import engine_bpe
 from gguf_trainer.model.adapter_file import read_adapter
-from gguf_trainer.model.student import load_student, tokenize
+from gguf_trainer.model.student import load_student
 from gguf_trainer.packs.llada_image import PACK
 
 pytestmark = pytest.mark.slow
@@ -101,7 +103,7 @@ def test_check_against_an_independent_forward_and_a_wrong_dump(demo, tmp_path):
     student_gguf = root / "materials" / "pig_clip-tiny-f16.gguf"
     tok = root / "materials" / "pig-clip-tokenizer"
     student = load_student(student_gguf, tok)
-    ids = tokenize(student.tokenizer, [PACK.format_prompt(PROMPT)])[0]
+    ids = PACK.student_ids(engine_bpe(student.tokenizer).encode, Sample(PROMPT))
     x = torch.tensor([ids])
     hidden = student.hidden(x, torch.ones_like(x))[0].numpy()
     ref = engine_forward(gguf_path, hidden).astype("<f4")  # the engine-faithful NumPy forward

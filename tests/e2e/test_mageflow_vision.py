@@ -1,4 +1,5 @@
-"""MageFlow end to end with images (issue 7 part 2): the image-aware mock teacher, sample
+"""MageFlow end to end with images (edits: the adapter reads vision rows the engine splices in
+through vision_proj, so images must reach every stage): the image-aware mock teacher, sample
 records with images, vision rows spliced into the student through the project's fitted
 `vision_proj`, stored raw for `vis_in`, and an export the engine would run correctly.
 

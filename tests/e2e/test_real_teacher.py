@@ -15,7 +15,7 @@ from pipeline_helpers import adapter_tensors, assert_same_tensors, make_project,
 from gguf_trainer.base.errors import UserError
 from gguf_trainer.materials.spec import Material
 from gguf_trainer.packs import register
-from gguf_trainer.packs.t5xxl_pixart import PixArtT5Pack
+from gguf_trainer.packs.t5_seeded import PIXART_EMBEDDER, T5SeededPack
 from gguf_trainer.store import project as project_mod
 
 HIDDEN = 32
@@ -29,11 +29,14 @@ SPIECE = (
 )
 
 
-class TinyRealT5Pack(PixArtT5Pack):
-    """The PixArt recipe on a hidden-32 T5 encoder: a test-only pack with a real teacher hook."""
+class TinyRealT5Pack(T5SeededPack):
+    """The T5 kind's recipe on a hidden-32 T5 encoder: a test-only family with a real teacher
+    hook."""
 
     id = "tiny_real_t5"
     title = "Tiny real T5 (test)"
+    embedder = PIXART_EMBEDDER
+    num_queries = 120
     out_dim = HIDDEN
     seed_vocab = 256  # the tiny sentencepiece model's pieces
     default_name = "tiny_real_t5_adapter"

@@ -15,8 +15,9 @@ import pytest
 import torch
 from pipeline_helpers import cli_at_home, run_demo
 
-from gguf_trainer.data.samples import iter_samples
+from gguf_trainer.data.samples import Sample, iter_samples
 from gguf_trainer.data.shards import load_verified, shard_files
+from gguf_trainer.engine.qwen_bpe import engine_bpe
 from gguf_trainer.store import project as project_mod
 from gguf_trainer.teachers.t5 import SeedTokenizer
 
@@ -70,7 +71,7 @@ def test_the_shards_hold_the_engine_t5_window_ids(demo):
 
 def test_inspect_reads_a_seeded_resampler_and_load_gguf_runs_it(demo):
     from gguf_trainer.model.adapters import load_gguf
-    from gguf_trainer.model.student import load_student, pad_batch, tokenize
+    from gguf_trainer.model.student import load_student, pad_batch
 
     proj = demo["project"]
     out = cli("inspect", "--json", proj.final_gguf, home=demo["home"], timeout=120)
@@ -82,7 +83,8 @@ def test_inspect_reads_a_seeded_resampler_and_load_gguf_runs_it(demo):
     student = load_student(proj.material_path("student"), proj.material_path("student_tokenizer"))
     tok = SeedTokenizer(proj.material_path("teacher") / "spiece.model", window=120)
     prompts = ["close-up portrait of a young lady", ""]
-    ids, keep = pad_batch(tokenize(student.tokenizer, prompts))
+    encode = engine_bpe(student.tokenizer).encode
+    ids, keep = pad_batch([proj.pack.student_ids(encode, Sample(p)) for p in prompts])
     with torch.no_grad():
         rows = adapter(
             student.hidden(ids, keep).float(),
@@ -158,7 +160,7 @@ def test_a_factorized_export_is_what_the_engine_runs(demo, tmp_path, capsys):
     from gguf_trainer.model.adapter_file import read_adapter
     from gguf_trainer.model.adapter_report import seed_table
     from gguf_trainer.model.adapters import load_gguf
-    from gguf_trainer.model.student import load_student, tokenize
+    from gguf_trainer.model.student import load_student
     from gguf_trainer.stages.export import export_checkpoint
 
     root = tmp_path / "fz"
@@ -183,7 +185,8 @@ def test_a_factorized_export_is_what_the_engine_runs(demo, tmp_path, capsys):
     tok = SeedTokenizer(proj.material_path("teacher") / "spiece.model", window=120)
     gaps = []
     for prompt in ["close-up portrait of a young lady", "a red fox in the snow, golden hour"]:
-        ids = torch.tensor([tokenize(student.tokenizer, [prompt])[0]])
+        ids = torch.tensor([proj.pack.student_ids(engine_bpe(student.tokenizer).encode,
+                                                  Sample(prompt))])
         with torch.no_grad():
             hidden = student.hidden(ids, torch.ones_like(ids, dtype=torch.bool)).float()
         seeds = torch.tensor([tok.seed_ids(prompt)])

@@ -15,9 +15,11 @@ import torch
 from engine_reference import engine_forward
 from pipeline_helpers import cli_at_home, run_demo
 
+from gguf_trainer.data.samples import Sample
 from gguf_trainer.data.shards import load_verified, shard_files
+from gguf_trainer.engine.qwen_bpe import engine_bpe
 from gguf_trainer.model.adapters import load_gguf
-from gguf_trainer.model.student import load_student, tokenize
+from gguf_trainer.model.student import load_student
 from gguf_trainer.teachers import t5
 
 pytestmark = pytest.mark.slow
@@ -68,9 +70,10 @@ def test_the_engine_runs_the_export_as_load_gguf_does(demo):
     student = load_student(proj.material_path("student"), proj.material_path("student_tokenizer"))
     teacher = proj.pack.load_teacher({"teacher": proj.material_path("teacher")},
                                      type("Plan", (), {"mode": "cpu", "cpu_gib": 0.0}), "cpu")
+    encode = engine_bpe(student.tokenizer).encode
     try:
         for prompt in ["close-up portrait of a young lady", "a red fox in the snow, golden hour"]:
-            ids = torch.tensor([tokenize(student.tokenizer, [prompt])[0]])
+            ids = torch.tensor([proj.pack.student_ids(encode, Sample(prompt))])
             with torch.no_grad():
                 hidden = student.hidden(ids, torch.ones_like(ids, dtype=torch.bool)).float()
                 seeds = torch.tensor([teacher.seed_ids(prompt)])

@@ -1,5 +1,5 @@
 """`gguf-trainer render` of a real PixArt export with its cosine through `check`, against dumps
-made by the engine's own code (issue 24).
+made by the engine's own code (a render's figure must be the engine's, not this tool's word).
 
 ggk writes no teacher dump for PixArt (its T5 branch dumps nothing, engine-contract §4b), so the
 render's figure is `check`: this tool's forward of the exported GGUF against the engine's

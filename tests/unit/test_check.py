@@ -20,9 +20,11 @@ from gguf_trainer.check import (
     run_check,
     verdict_line,
 )
+from gguf_trainer.data.samples import Sample
+from gguf_trainer.engine.qwen_bpe import engine_bpe
 from gguf_trainer.model.adapters import AdapterConfig, build_adapter
 from gguf_trainer.model.export import write_adapter_gguf
-from gguf_trainer.model.student import load_student, tokenize
+from gguf_trainer.model.student import load_student
 from gguf_trainer.packs import get_pack
 
 PROMPT = "a sheep in sunglasses"
@@ -49,7 +51,7 @@ def student(tiny_materials):
 def _engine_dump(folder, adapter, student, pack: str, prompt: str, seed_ids=None):
     """What ggk writes for one prompt: adapter_out.bin (+ tokens.txt or t5_ids.txt)."""
     folder.mkdir(parents=True, exist_ok=True)
-    ids = tokenize(student.tokenizer, [get_pack(pack).format_prompt(prompt)])[0]
+    ids = get_pack(pack).student_ids(engine_bpe(student.tokenizer).encode, Sample(prompt))
     x = torch.tensor([ids])
     hidden = student.hidden(x, torch.ones_like(x))[0].numpy()
     out = engine_forward(adapter, hidden, seed_ids=seed_ids).astype("<f4")
@@ -146,6 +148,44 @@ def test_pixart_counts_only_real_slots(tmp_path, student, tiny_materials):
             PROMPT,
             tiny_materials["tokenizer"],
         )
+
+
+@pytest.mark.parametrize("pack", ["t5xxl_chroma", "umt5xxl_wan"])
+def test_t5clip_families_compare_the_rows_their_dit_reads(pack, tmp_path, student, tiny_materials):
+    """The engine's rule for each T5 family: Chroma's DiT reads the real slots and one pad
+    (chroma_t5_mask_pad 1: modify_mask_to_attend_padding, conditioner.hpp 1396-1410, 1533), Wan's
+    pads are zeroed (zero_out_masked, 1485-1489; gk-diffuser.cpp 7207): `check` compares exactly
+    those rows, names the family and judges no quality (no reference run: a port check against
+    the engine's adapter_out.bin, n/a against another dump)."""
+    s, tok = tiny_materials["student"], tiny_materials["tokenizer"]
+    cfg = AdapterConfig("seeded_resampler", HIDDEN, 48, 64, 1, num_queries=12, seed_vocab=40)
+    adapter = _write_adapter(tmp_path / "adapter-f16.gguf", cfg, pack, seed=5)
+    seeds = [5, 9, 17, 1] + [0] * 8
+    ref = _engine_dump(tmp_path / "dump", adapter, student, pack, PROMPT, seeds)
+    read = 5 if pack == "t5xxl_chroma" else 4  # the real slots (+ the first pad for Chroma)
+    assert get_pack(pack).check_rows(seeds) == [True] * read + [False] * (12 - read)
+    wrong = ref.copy()
+    wrong[read:] = 1e3  # rows the DiT never reads: the check must not count them
+    wrong.tofile(tmp_path / "dump" / "adapter_out.bin")
+    res = run_check(adapter, s, tmp_path / "dump", PROMPT, tok)
+    assert res["pack"] == pack and res["rows"] == read and res["cos"] >= 0.9999
+    assert res["verdict"].startswith("port check") and res["thresholds"] is None
+    assert res["t5_ids_checked"] is False  # said, as for PixArt, without a T5 tokenizer
+    wrong[read - 1] = 1e3  # a row the DiT reads (Chroma: the pad; Wan: EOS) is counted
+    wrong.tofile(tmp_path / "dump" / "adapter_out.bin")
+    assert run_check(adapter, s, tmp_path / "dump", PROMPT, tok)["cos"] < 0.99
+    (tmp_path / "dump" / "adapter_out.bin").rename(tmp_path / "dump" / "context.bin")
+    assert run_check(adapter, s, tmp_path / "dump", PROMPT, tok)["verdict"].startswith("n/a")
+    (tmp_path / "dump" / "t5_ids.txt").unlink()
+    with pytest.raises(UserError, match="needs the engine's seed ids"):
+        run_check(adapter, s, tmp_path / "dump", PROMPT, tok)
+
+
+def test_chroma_reads_no_pad_when_the_prompt_fills_the_window():
+    """No pad left (a prompt cut to the window, EOS last): Chroma's DiT reads the real slots."""
+    chroma = get_pack("t5xxl_chroma")
+    assert chroma.check_rows([5, 9, 17, 1]) == [True] * 4
+    assert chroma.check_rows([5, 1, 0, 0]) == [True, True, True, False]
 
 
 def _pixart_case(tmp_path, student, prompt=PROMPT):
@@ -475,3 +515,15 @@ def test_check_project_defaults_say_what_is_missing_and_flags_win(
             "has no tokenizer.json", "or pass --tokenizer DIR")
     assert main([*short, "--student", str(s), "--tokenizer", str(tok)]) == 0
     assert "verdict:  port check" in capsys.readouterr().out
+
+
+def test_an_8_gib_context_bin_is_refused_before_it_is_read(llada_case, tiny_materials, tmp_path):
+    """Issue 29 item 5: bounded by the rows x width the adapter makes (256 x 2560 f32)."""
+    _, adapter, _ = llada_case
+    big = tmp_path / "big"
+    big.mkdir()
+    with open(big / "context.bin", "wb") as f:
+        f.truncate(8 << 30)  # sparse: read whole it would end in MemoryError
+    with pytest.raises(UserError, match=r"context.bin is 8,589,934,592 bytes, more than a dump of "
+                                        r"256 rows of 2560 f32 values"):
+        run_check(adapter, tiny_materials["student"], big, PROMPT, tiny_materials["tokenizer"])

@@ -16,6 +16,8 @@ import torch
 from gguf import GGUFWriter
 
 from gguf_trainer.base.errors import UserError
+from gguf_trainer.engine.qwen_bpe import engine_bpe
+from gguf_trainer.engine.template_ids import Piece, student_ids
 from gguf_trainer.model.student import (
     PAD_ID,
     build_model,
@@ -24,7 +26,6 @@ from gguf_trainer.model.student import (
     pad_batch,
     read_student_tensors,
     student_config,
-    tokenize,
 )
 from gguf_trainer.tiny.student import (
     build_tiny_qwen3,
@@ -211,8 +212,11 @@ def test_full_vocab_student_with_tokenizer_folder(tmp_path):
     model = build_tiny_qwen3()
     folder = write_tiny_tokenizer_dir(tmp_path / "tok", model.config)
     student = load_student(write_student_gguf(model, tmp_path / "s.gguf"), folder)
-    prompt = T2I_PREFIX + "a cat<|im_end|>\n<|im_start|>assistant\n"
-    ids, keep = pad_batch(tokenize(student.tokenizer, [prompt, ""]))
+    encode = engine_bpe(student.tokenizer).encode  # the engine's ids, piece by piece
+    template = [Piece(T2I_PREFIX), Piece("a cat", prompt=True),
+                Piece("<|im_end|>\n<|im_start|>assistant\n")]
+    ids, keep = pad_batch([student_ids(encode, template),
+                           student_ids(encode, [Piece("", prompt=True)])])
     states = student.hidden(ids, keep)
     assert states.shape == (2, ids.shape[1], 64) and torch.isfinite(states[keep]).all()
     assert student.embed_table().shape == (151936, 64)
@@ -227,26 +231,29 @@ def tokenizer(qwen_tokenizer_dir):
 
 
 def test_llada_template_is_plain_bpe(tokenizer):
-    (ids,) = tokenize(tokenizer, [LLADA])
+    ids = engine_bpe(tokenizer).encode(LLADA)
     assert max(ids) < PAD_ID
     assert tokenizer.decode(ids) == LLADA
 
 
 def test_mageflow_token_counts(tokenizer):
-    edit, t2i, header = tokenize(tokenizer, [EDIT_PREFIX, T2I_PREFIX, "Image 1: <|vision_start|>"])
+    encode = engine_bpe(tokenizer).encode
+    edit, t2i, header = map(encode, (EDIT_PREFIX, T2I_PREFIX, "Image 1: <|vision_start|>"))
     assert (len(edit), len(t2i), len(header)) == (64, 34, 6)
     assert header[-1] == 151652
 
 
 def test_special_tokens_are_single_ids_inside_text(tokenizer):
-    (ids,) = tokenize(tokenizer, ["a<|vision_start|><|image_pad|><|image_pad|><|vision_end|>b"])
-    (plain_a,), (plain_b,) = tokenize(tokenizer, ["a"]), tokenize(tokenizer, ["b"])
+    encode = engine_bpe(tokenizer).encode
+    ids = encode("a<|vision_start|><|image_pad|><|image_pad|><|vision_end|>b")
+    plain_a, plain_b = encode("a"), encode("b")
     assert ids == plain_a + [151652, 151655, 151655, 151653] + plain_b
 
 
 def test_empty_prompt_and_no_bos_eos(tokenizer):
-    assert tokenize(tokenizer, [""]) == [[PAD_ID]]
-    (ids,) = tokenize(tokenizer, ["a cat"])
+    encode = engine_bpe(tokenizer).encode
+    assert student_ids(encode, [Piece("", prompt=True)]) == [PAD_ID]  # the engine's empty prompt
+    ids = student_ids(encode, [Piece("a cat", prompt=True)])
     assert ids == tokenizer.encode("a cat", add_special_tokens=False)
     assert not {151643, 151644, 151645} & set(ids)
 

@@ -10,11 +10,12 @@ import torch
 from PIL import Image
 
 from gguf_trainer.data.samples import Sample
+from gguf_trainer.engine.qwen_bpe import engine_bpe
 from gguf_trainer.engine.qwen_ids import IMAGE_PAD_ID
 from gguf_trainer.engine.qwen_vl_images import preprocess_image, target_size
 from gguf_trainer.model import vision
 from gguf_trainer.model.ridge import RidgeAccumulator
-from gguf_trainer.model.student import load_tokenizer, tokenize
+from gguf_trainer.model.student import load_tokenizer
 from gguf_trainer.packs import get_pack
 from gguf_trainer.packs.qwen3vl_mageflow import (
     EDIT_PREFIX,
@@ -149,8 +150,9 @@ def tokenizer(qwen_tokenizer_dir):
 def test_mageflow_edit_template_positions(tokenizer, tmp_path):
     pack = get_pack("qwen3vl_mageflow")
     sample = Sample("make it night", (tmp_path / "a.png", tmp_path / "b.png"))
-    (ids,) = tokenize(tokenizer, [pack.student_text(sample, (6, 4))])
-    assert len(tokenize(tokenizer, [EDIT_PREFIX])[0]) == EDIT_START == 64
+    encode = engine_bpe(tokenizer).encode
+    ids = pack.student_ids(encode, sample, (6, 4))
+    assert len(encode(EDIT_PREFIX)) == EDIT_START == 64
     runs = vision.image_runs(ids, pack.image_pad_id)
     # the engine's splice index: 64 + 6 for image 1, then 1 + n_prev + 6 later
     assert runs == [
@@ -158,7 +160,7 @@ def test_mageflow_edit_template_positions(tokenizer, tmp_path):
         (EDIT_START + 2 * IMAGE_HEADER_TOKENS + 7, 4),
     ]
     assert ids[runs[0][0] - 1] == 151652 and ids[runs[0][0] + 6] == 151653  # vision_start / _end
-    (text_only,) = tokenize(tokenizer, [pack.student_text(Sample("make it night"))])
+    text_only = pack.student_ids(encode, Sample("make it night"))
     assert vision.image_runs(text_only, pack.image_pad_id) == []
 
 
@@ -170,7 +172,7 @@ def test_mageflow_mock_teacher_sees_images(tokenizer, tmp_path):
     assert ra.shape == (6, pack.vis_dim) and torch.isfinite(ra).all()  # (64/32)·(96/32) tokens
     assert teacher.embed_table().shape[1] == pack.vis_dim
     sample = Sample("make it night", (a,))
-    (ids,) = tokenize(tokenizer, [pack.student_text(sample, (6,))])
+    ids = pack.student_ids(engine_bpe(tokenizer).encode, sample, (6,))
     ((start, _),) = vision.image_runs(ids, IMAGE_PAD_ID)
     (ta,) = teacher.targets([sample], [ids], [[VisionSegment(start, ra)]])
     (tb,) = teacher.targets([sample], [ids], [[VisionSegment(start, rb)]])

@@ -288,7 +288,9 @@ def test_readme_has_the_family_row_and_the_exact_ggk_command(pid):
 
     readme = (Path(__file__).resolve().parents[3] / "README.md").read_text(encoding="utf-8")
     pack = get_pack(pid)
-    cmd = pack.engine_command("pig_clip-f16.gguf", f"pig_{pack.default_name}-f16.gguf")
+    from gguf_trainer.store.results import printed_command
+
+    cmd = printed_command(pack)[0]  # as every place prints it
     assert f"| `{pid}` | `{cmd}`" in readme
 
 

@@ -11,8 +11,9 @@ import torch
 
 from gguf_trainer.base.errors import UserError
 from gguf_trainer.data.samples import Sample
+from gguf_trainer.engine.qwen_bpe import engine_bpe
 from gguf_trainer.model.adapters import TOKEN_ALIGNED_KINDS, build_adapter
-from gguf_trainer.model.student import load_tokenizer, tokenize
+from gguf_trainer.model.student import load_tokenizer
 from gguf_trainer.packs import ADAPTER_KINDS, get_pack, pack_ids
 from gguf_trainer.packs.mock import t5_like_ids
 from gguf_trainer.packs.qwen3vl_mageflow import EDIT_PREFIX, SUFFIX, T2I_PREFIX
@@ -32,7 +33,9 @@ def tokenizer(qwen_tokenizer_dir):
 
 
 def _ids(pack, tokenizer, texts):
-    return tokenize(tokenizer, [pack.format_prompt(t) for t in texts])
+    """The engine's student ids of each text (the pack's template, the engine BPE port)."""
+    encode = engine_bpe(tokenizer).encode
+    return [pack.student_ids(encode, Sample(t)) for t in texts]
 
 
 def test_builtin_packs_are_registered():
@@ -40,6 +43,25 @@ def test_builtin_packs_are_registered():
     for pid in pack_ids():
         pack = get_pack(pid)
         assert pack.id == pid and pack.adapter_kind in ADAPTER_KINDS
+
+
+def test_no_pack_subclasses_another_family():
+    """Kinds own behaviour, families own facts: every registered pack's bases are kind bases
+    (T5SeededPack, LayerwisePack, ...), never another registered family's class, and no
+    family module imports another."""
+    import ast
+    from pathlib import Path
+
+    import gguf_trainer.packs as packs_pkg
+
+    families = {type(get_pack(pid)) for pid in pack_ids()}
+    for cls in families:
+        assert not set(cls.__mro__[1:]) & families, cls
+    modules = {type(get_pack(pid)).__module__.rsplit(".", 1)[-1] for pid in pack_ids()}
+    for name in modules:
+        tree = ast.parse((Path(packs_pkg.__file__).parent / f"{name}.py").read_text())
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        assert not {m.rsplit(".", 1)[-1] for m in imported} & (modules - {name}), name
 
 
 def test_get_pack_unknown_is_one_sentence():
@@ -122,7 +144,8 @@ def test_t5_format_prompt_is_raw():
 
 
 def test_mageflow_prefix_token_counts(tokenizer):
-    t2i, edit, suffix = tokenize(tokenizer, [T2I_PREFIX, EDIT_PREFIX, SUFFIX])
+    encode = engine_bpe(tokenizer).encode
+    t2i, edit, suffix = encode(T2I_PREFIX), encode(EDIT_PREFIX), encode(SUFFIX)
     assert len(t2i) == 34 and len(edit) == 64
     pack = get_pack("qwen3vl_mageflow")
     (full,) = _ids(pack, tokenizer, ["a cat"])

@@ -33,10 +33,22 @@ def readme_pack(monkeypatch):
 
 
 def test_the_readme_pack_is_one_file_of_declarations(readme_pack):
+    """It subclasses the T5 kind, no family, and resets none of PixArt's facts: no verdict, no
+    reference, not the check default, unless it declares them."""
+    from gguf_trainer.packs.t5_seeded import T5SeededPack
+
+    source = readme_pack_source()
+    assert type(readme_pack).__bases__ == (T5SeededPack,)
+    for fact in ("verdict", "reference", "check_default_for_kind"):
+        assert f"{fact} =" not in source, fact
     assert packs.get_pack("t5xxl_mymodel") is readme_pack
     assert readme_pack.verdict is None and readme_pack.reference == {}
     assert not readme_pack.check_default_for_kind and not readme_pack.remote_code
-    assert readme_pack.health_line({"cos": 0.9, "trained_steps": 20000}) is None
+    assert readme_pack.health_line({"cos": 0.9, "baseline_cos": 0.5}) == (
+        "n/a: no published pig_clip + My model (T5-XXL) run to compare with; cos 0.9000 "
+        "(mean baseline 0.5000)"
+    )
+    assert readme_pack.num_queries == readme_pack.max_len_teacher == 120
 
 
 def test_the_readme_pack_builds_a_demo_project(readme_pack, tmp_path):

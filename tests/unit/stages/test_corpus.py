@@ -1,6 +1,7 @@
 """Corpus stage: normalisation, filters, dedup, the seeded split, empty prompts, sources
 (.txt / .jsonl with images / ready-made train+val files), any bytes in a prompt file
-(issue 8 class 6), the refusal of an unusable corpus and the sample-record round trip."""
+(a user's file may hold anything: it is read or refused in a sentence), the refusal of an
+unusable corpus and the sample-record round trip."""
 
 from __future__ import annotations
 
@@ -206,7 +207,7 @@ def test_read_write_round_trip(tmp_path, prompts):
     assert path.read_text(encoding="utf-8") == "".join(p + "\n" for p in prompts)
 
 
-# ------------------------------------------------------------ any bytes (issue 8 class 6)
+# ------------------------------------------- any bytes (a prompt file is the user's, not ours)
 
 GOOD = [f"prompt number {i}: a red fox in the snow" for i in range(30)]
 

@@ -16,8 +16,9 @@ from PIL import Image
 
 from gguf_trainer.base.errors import UserError
 from gguf_trainer.data.samples import Sample
+from gguf_trainer.engine.qwen_bpe import engine_bpe
 from gguf_trainer.engine.qwen_vl_images import patchify, preprocess_image, vision_tokens
-from gguf_trainer.model.student import load_tokenizer, tokenize
+from gguf_trainer.model.student import load_tokenizer
 from gguf_trainer.model.vision import fit_vision_proj, image_runs, load_teacher_table
 from gguf_trainer.packs import get_pack
 from gguf_trainer.teachers import qwen3vl
@@ -75,10 +76,7 @@ def test_splice_positions_are_70_then_plus_1_n_6(qwen_tokenizer_dir):
     ]
     tok = load_tokenizer(qwen_tokenizer_dir)
     counts = [12, 30]
-    ids = tokenize(
-        tok,
-        [PACK.student_text(Sample("put the cat from Image 1 into Image 2", ("a", "b")), counts)],
-    )[0]
+    ids = _ids(tok, Sample("put the cat from Image 1 into Image 2", ("a", "b")), counts)
     assert image_runs(ids, qwen3vl.IMAGE_PAD_ID) == [(70, 12), (89, 30)]
     qwen3vl.check_splices(ids, counts, PACK.teacher_template())
     with pytest.raises(UserError, match="not at row 70"):
@@ -104,7 +102,8 @@ def test_vision_rows_are_the_raw_merger_output(teacher, snapshot, pictures):
 
 
 def _ids(tok, sample, counts=()):
-    return tokenize(tok, [PACK.student_text(sample, list(counts))])[0]
+    """The engine's student ids of the sample's template with `counts` vision rows per image."""
+    return PACK.student_ids(engine_bpe(tok).encode, sample, list(counts))
 
 
 def test_targets_are_the_final_norm_states_with_images_spliced(teacher, snapshot, pictures):

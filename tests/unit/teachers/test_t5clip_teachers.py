@@ -13,7 +13,6 @@ from transformers import T5EncoderModel, UMT5EncoderModel
 from gguf_trainer.base.errors import UserError
 from gguf_trainer.packs import get_pack
 from gguf_trainer.packs.t5xxl_chroma import CHROMA_T5_MASK_PAD
-from gguf_trainer.packs.umt5xxl_wan import umt5_layout
 from gguf_trainer.teachers import t5
 from gguf_trainer.tiny.t5_tiny import DEMO_DIR
 from gguf_trainer.tiny.umt5 import TINY_UMT5_CONFIG, UMT5_VOCAB, build_tiny_umt5
@@ -29,6 +28,11 @@ def umt5_root(tmp_path_factory):
 
 class _Plan:
     mode, cpu_gib = "cpu", 0.0
+
+
+def umt5_layout(root):
+    """(encoder folder, spiece.model) of a Wan teacher folder, as the pack reads it."""
+    return get_pack("umt5xxl_wan").teacher_files({"teacher": root})
 
 
 def test_the_window_check_accepts_512_for_the_t5clip_families_only():
@@ -119,6 +123,6 @@ def test_packs_say_what_they_train_for_and_have_no_reference():
     assert wan.seed_vocab == UMT5_VOCAB and chroma.seed_vocab == 32128
     for pack in (chroma, wan):
         assert pack.health_line({"cos": 0.9, "trained_steps": 99999}).startswith(
-            "n/a: no reference run"
+            f"n/a: no published pig_clip + {pack.title} run to compare with; cos 0.9000"
         )
     assert "-M vid_gen" in wan.engine_command() and "--llm-adapter" in chroma.engine_command()
