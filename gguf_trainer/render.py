@@ -26,7 +26,10 @@ from pathlib import Path
 
 import numpy as np
 
+from gguf_trainer.base import bounded
+
 from .check import compare, read_dump, read_ids
+from .store.results import printed_command
 
 GGK = "ggk"  # the command the ggk PyPI package installs
 FILE_SUFFIXES = (".gguf", ".safetensors", ".ckpt", ".bin", ".pt", ".png", ".jpg", ".jpeg", ".webp")
@@ -37,6 +40,12 @@ TOKENS_TXT = "tokens.txt"
 PLACEHOLDER = re.compile(r"<[^<>]+>")  # a pack's `<qwen3-4b .gguf>`: one file, spaces and all
 FILE_FLAG = "--file"  # `gguf-trainer render --file "<placeholder>=PATH"`
 FILES_FIELD = "Output › Render it in your ggk › Files for the placeholders"
+GGK_FIELD = "Output › Render it in your ggk › ggk command"
+MODELS_FIELD = "Output › Render it in your ggk › Folder with ggk's model files"
+# A pack's sample edit (`--llm_vision <mmproj> --ref-image pig.png`): a render draws the typed
+# prompt, text to image, so the sample's reference picture (no model file) and the vision
+# encoder that reads it are left out of both runs.
+REFERENCE_FLAGS = ("--ref-image", "--llm_vision")
 
 
 @dataclass
@@ -49,6 +58,7 @@ class Run:
     image: str  # file name under the render folder
     dump: str  # dump folder name under the render folder
     cond_argv: list[str] | None = None  # None: `argv` itself runs at CFG 1 and dumps
+    out_at: tuple[int, ...] = ()  # where `-o` stands in argv (and cond_argv): its value follows
 
 
 @dataclass
@@ -57,6 +67,8 @@ class RenderPlan:
     no_teacher: str = ""  # why the teacher half is absent ("" = it runs)
     missing: list[str] = field(default_factory=list)  # what to install or point at
     models: str = ""  # the folder both runs start in (ggk's model files are named relative to it)
+    placeholders: list[str] = field(default_factory=list)  # the command's `<...>` files
+    text_only: str = ""  # what the render left out of the pack's sample edit ("" = nothing)
 
 
 def find_ggk(configured: str | None) -> str | None:
@@ -68,14 +80,41 @@ def find_ggk(configured: str | None) -> str | None:
     return shutil.which(GGK)
 
 
-def _set(argv: list[str], flag: str, value: str) -> list[str]:
-    """argv with `flag value` replaced, or appended when absent."""
-    out = list(argv)
-    if flag in out and out.index(flag) + 1 < len(out):
-        out[out.index(flag) + 1] = value
-    else:
-        out += [flag, value]
+# The options a render sets. ggk's parser (diffusion/cli/common/common.cpp parse_options)
+# takes the next argv element as an option's value whatever it starts with, so a prompt `-s`
+# is a value: each option is found by its POSITION in the pack's own argv, never by
+# searching values (the prompt, a user's file path), and set once.
+SET_FLAGS = ("-p", "-s", "-o", "--cfg-scale", "--steps")
+
+
+def flag_positions(argv: list[str]) -> dict[str, list[int]]:
+    """Where each of SET_FLAGS stands as an option in `argv` (the pack's command, before any
+    user value is in it): an element equal to the flag that is not itself the value of the
+    option before it."""
+    out: dict[str, list[int]] = {}
+    i = 1
+    while i < len(argv):
+        if argv[i] in SET_FLAGS:
+            out.setdefault(argv[i], []).append(i)
+            i += 2  # the next element is its value, whatever it looks like
+        else:
+            i += 1
     return out
+
+
+def _set(argv: list[str], pos: dict[str, list[int]], values: dict[str, str]
+         ) -> tuple[list[str], dict[str, list[int]]]:
+    """argv with each flag's value set at the flag's known positions, or the flag appended
+    once when the command has none; and the positions of the result."""
+    out, pos = list(argv), {k: list(v) for k, v in pos.items()}
+    for flag, value in values.items():
+        at = [i for i in pos.get(flag, []) if i + 1 < len(out)]
+        if not at:
+            pos[flag] = [len(out)]
+            out += [flag, value]
+        for i in at:
+            out[i + 1] = value
+    return out, pos
 
 
 def _drop(argv: list[str], flags: tuple[str, ...]) -> list[str]:
@@ -90,23 +129,30 @@ def _drop(argv: list[str], flags: tuple[str, ...]) -> list[str]:
     return out
 
 
-def _cfg(argv: list[str]) -> float | None:
-    if "--cfg-scale" in argv and argv.index("--cfg-scale") + 1 < len(argv):
-        try:
-            return float(argv[argv.index("--cfg-scale") + 1])
-        except ValueError:
-            return None
-    return None
+def _cfg(argv: list[str], pos: dict[str, list[int]]) -> float | None:
+    at = [i for i in pos.get("--cfg-scale", []) if i + 1 < len(argv)]
+    if not at:
+        return None
+    try:
+        return float(argv[at[-1] + 1])  # ggk keeps the last value given
+    except ValueError:
+        return None
 
 
-def _runs(half: str, argv: list[str], ggk: str, prompt: str, seed: int) -> Run:
-    argv = [ggk, *argv[1:]]  # the pack writes `ggk ...`; the user's may live elsewhere
-    argv = _set(_set(_set(argv, "-p", prompt), "-s", str(seed)), "-o", f"{half}.png")
-    cfg = _cfg(argv)
+def _runs(half: str, argv: list[str], ggk: str, prompt: str, seed: int,
+          chosen: dict[str, str] | None = None) -> Run:
+    """The run of one half: the pack's `argv` (positions found in it before any user value
+    goes in), its placeholders replaced by the user's files (`chosen`), then the prompt,
+    seed and output set by position."""
+    pos = flag_positions(argv)
+    # the pack writes `ggk ...`; the user's may live elsewhere
+    argv = [ggk, *((chosen or {}).get(a, a) for a in argv[1:])]
+    argv, pos = _set(argv, pos, {"-p": prompt, "-s": str(seed), "-o": f"{half}.png"})
+    cfg = _cfg(argv, pos)
     cond = None
     if cfg is None or cfg != 1.0:  # a CFG pass ends on the negative prompt: dump a CFG-1 pass
-        cond = _set(_set(_set(argv, "--cfg-scale", "1"), "--steps", "1"), "-o", f"{half}-cond.png")
-    return Run(half, argv, f"{half}.png", f"{half}-dump", cond)
+        cond, _ = _set(argv, pos, {"--cfg-scale": "1", "--steps": "1", "-o": f"{half}-cond.png"})
+    return Run(half, argv, f"{half}.png", f"{half}-dump", cond, tuple(pos["-o"]))
 
 
 def split_command(command: str) -> list[str]:
@@ -141,7 +187,7 @@ def placeholders(argv: list[str]) -> list[str]:
 
 def model_files(argv: list[str], skip: tuple[str, ...]) -> list[str]:
     """The file names a command reads besides the student and adapter (diffusion model, VAE,
-    encoders, a reference image), in order: each must be in the model folder."""
+    encoders), in order: each must be in the model folder."""
     out = []
     for i, a in enumerate(argv[1:], 1):
         if a.lower().endswith(FILE_SUFFIXES) and a not in skip and argv[i - 1] != "-o" \
@@ -163,18 +209,23 @@ def render_plan(project, prompt: str, seed: int, ggk: str | None,
     adapter = project.final_gguf
     if ggk is None:
         plan.missing.append(
-            "the ggk engine: install it (pip install ggk) so `ggk` is on PATH, "
-            "or set the path of the ggk command"
+            "the ggk engine: install it (pip install ggk) so `ggk` is on PATH, or set the "
+            f"path of the ggk command with `gguf-trainer render --ggk PATH` (remembered) or in "
+            f"{GGK_FIELD}"
         )
     if student is None or not student.is_file():
         plan.missing.append("the student pig_clip-f16.gguf: link it in Setup → Materials")
     if not adapter.is_file():
         plan.missing.append(f"the adapter {adapter.name}: train and export it first")
     student_arg = str(student or "pig_clip-f16.gguf")  # unlinked: named, and said missing above
-    # quoted: a project folder with a space stays one argument
-    base = split_command(
-        pack.engine_command(student=shlex.quote(student_arg), adapter=shlex.quote(str(adapter)))
-    )
+    # the command every place prints (store.results.printed_command): quoted, so a project
+    # folder with a space stays one argument and each placeholder one word
+    base = split_command(printed_command(pack, student_arg, str(adapter))[0])
+    if any(a in REFERENCE_FLAGS for a in base):
+        dropped = [f"{a} {base[i + 1]}" for i, a in enumerate(base[:-1]) if a in REFERENCE_FLAGS]
+        base = _drop(base, REFERENCE_FLAGS)
+        plan.text_only = (f"the render draws your prompt as text to image: the pack's sample "
+                          f"edit ({', '.join(dropped)}) is left out")
     adapter_argv = base
     runs = [("adapter", adapter_argv)]
     teacher_args = pack.engine_teacher_args
@@ -191,7 +242,8 @@ def render_plan(project, prompt: str, seed: int, ggk: str | None,
     names = []
     for _half, argv in runs:
         names += [n for n in model_files(argv, (student_arg, str(adapter))) if n not in names]
-    for ph in placeholders([a for _half, argv in runs for a in argv]):
+    plan.placeholders = placeholders([a for _half, argv in runs for a in argv])
+    for ph in plan.placeholders:
         path = given.get(placeholder_key(ph))
         if not path:
             unset.append(ph)
@@ -210,26 +262,28 @@ def render_plan(project, prompt: str, seed: int, ggk: str | None,
             f"a file for each placeholder in the pack's ggk command ({', '.join(unset)}): "
             f"set each with `gguf-trainer render {example}` (remembered) or in {FILES_FIELD}"
         )
+    set_models = f"`gguf-trainer render --models DIR` (remembered) or in {MODELS_FIELD}"
     if names and (models is None or not Path(models).is_dir()):
-        plan.missing.append(f"the folder with ggk's model files ({', '.join(names)}): choose it")
+        plan.missing.append(f"the folder with ggk's model files ({', '.join(names)}): set it "
+                            f"with {set_models}")
     elif names:
         absent = [n for n in names if not (Path(models) / n).exists()]
         if absent:
             plan.missing.append(
                 f"{', '.join(absent)} in {models}: put ggk's model files there "
-                "or choose the folder that holds them"
+                f"or set the folder that holds them with {set_models}"
             )
-    plan.runs = [
-        _runs(half, [chosen.get(a, a) for a in argv], ggk or GGK, prompt, seed)
-        for half, argv in runs
-    ]
+    plan.runs = [_runs(half, argv, ggk or GGK, prompt, seed, chosen) for half, argv in runs]
     return plan
 
 
-def dump_cosine(teacher_dump: Path, adapter_dump: Path) -> dict | None:
+def dump_cosine(teacher_dump: Path, adapter_dump: Path, max_dim: int) -> dict | None:
     """The adapter's conditioning against the teacher's, from the two dumps (check.compare:
     cosine, centred cosine, rel_mse), when the teacher's run wrote one with the same token
-    ids; None otherwise (ggk writes no teacher dump for the T5 families)."""
+    ids; None otherwise (ggk writes no teacher dump for the T5 families). `max_dim`: the
+    widest row the pack's engine writes (its out_dim): with the rows of tokens.txt it bounds
+    what is read, so a dump larger than that is a sentence (bounded.LargerThanImplied), not a
+    read of many GiB."""
     t_file, a_file = Path(teacher_dump) / TEACHER_DUMP, Path(adapter_dump) / ADAPTER_DUMP
     if not (t_file.is_file() and a_file.is_file()):
         return None
@@ -240,11 +294,16 @@ def dump_cosine(teacher_dump: Path, adapter_dump: Path) -> dict | None:
     if t_ids is not None and a_ids is not None and t_ids != a_ids:
         return None  # other templates or prompts: rows do not pair up
     rows = len(t_ids) if t_ids else None
-    dim_t = t_file.stat().st_size // 4 // rows if rows else None
+    if not rows:
+        return None
+    size = t_file.stat().st_size
+    bounded.check_size(t_file, size, rows * max_dim * 4,
+                       f"a dump of {rows} rows (its tokens.txt) of at most {max_dim} f32 values")
+    dim_t = size // 4 // rows
     if not dim_t:
         return None
-    ref = read_dump(t_file, dim_t)
-    pred = read_dump(a_file, dim_t)
+    ref = read_dump(t_file, dim_t, max_rows=rows)
+    pred = read_dump(a_file, dim_t, max_rows=rows)
     if pred.shape != ref.shape:
         return None
     return compare(pred.astype(np.float32), ref)

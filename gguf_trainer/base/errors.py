@@ -12,6 +12,7 @@ the edges call it on whatever escaped, and `atomic` raises `DiskError` at the wr
 from __future__ import annotations
 
 import errno
+import io
 import os
 
 
@@ -120,6 +121,13 @@ def as_user_error(
         if sentence is not None:
             return DiskError(sentence, exc.errno)
     # The machine's size, not the code: Python's MemoryError, torch's (CUDA) OutOfMemoryError.
+    if isinstance(exc, MemoryError) and (read := _file_being_read(exc)) is not None:
+        # a file read whole (one the bounded reader did not size first): the file, not the batch
+        return UserError(
+            f"this machine ran out of memory reading {read}; check that it is the file the "
+            "tool or the engine wrote (a huge or endless file is not read), or close other "
+            "programs and start again."
+        )
     if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
         where = "the GPU" if type(exc).__name__ == "OutOfMemoryError" else "this machine"
         return UserError(
@@ -127,4 +135,23 @@ def as_user_error(
             "batches (precompute.teacher_batch, precompute.student_batch), or close "
             "other programs, and start again (the run resumes)."
         )
+    return None
+
+
+def _file_being_read(exc: BaseException) -> str | None:
+    """The file a MemoryError came from reading, or None (an allocation: the batch, a model).
+    The frame that raised it holds the file open for reading (`f.read()`, pathlib's
+    read_bytes / read_text, json.load(f)): only then is the file, not train.batch_size, the
+    cause. Reads through `bounded` say so themselves (bounded.reading)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return None
+    for value in tb.tb_frame.f_locals.values():
+        mode = getattr(value, "mode", None)
+        name = getattr(value, "name", None)
+        if (isinstance(value, io.IOBase) and isinstance(mode, str) and "r" in mode
+                and "+" not in mode and isinstance(name, (str, bytes))):
+            return os.fsdecode(name)
     return None

@@ -42,6 +42,7 @@ RENDERS_DIR = "renders"  # renders/<time>-s<seed>/: a side-by-side render in the
 RENDER_JSON = "render.json"  # in each render folder: prompt, seed, command lines, figures
 TINY_MARKER = "GGUF_TRAINER_TINY"
 TINY_GGUF_KEY = "gguf_trainer.tiny"
+COMPANION_KINDS = ("sigvq", "vision")  # <base>_<kind>-f16.gguf beside an export (LLaDA, Ming)
 LAST, BEST = "last", "best"  # the two checkpoints: checkpoints/<name>.pt and <name>.json
 VISION_PROJ = "vision_proj.safetensors"  # the project's frozen vis_dim -> in_dim map (vision.py)
 

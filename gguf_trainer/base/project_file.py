@@ -134,6 +134,42 @@ def open_append(folder: str | os.PathLike, path: str | os.PathLike) -> BinaryIO:
     return os.fdopen(fd, "ab")
 
 
+def make_dir(root: str | os.PathLike, path: str | os.PathLike) -> Path:
+    """Create (or check) `path`, a folder the tool writes into inside the project `root`
+    (renders/, logs, shards/, checkpoints/, an output folder inside the project), as a real
+    directory under the real path of `root`: every component below `root` must be a
+    directory and none a symbolic link, so a `renders -> ~/Pictures` link never takes the
+    tool's files out of the project. `root` itself may be a link (its target is the
+    project). Returns the real path; LeadsOutside / NotAFile (one sentence) otherwise."""
+    base = os.path.realpath(root)
+    rel = os.path.relpath(os.path.abspath(path), os.path.abspath(root))
+    if rel == os.curdir:
+        return Path(base)
+    if rel.split(os.sep)[0] == os.pardir:
+        real = os.path.realpath(path)
+        if not _is_under(real, base):
+            raise _outside(path, real, base)
+        rel = os.path.relpath(real, base)
+    here = base
+    for part in rel.split(os.sep):
+        here = os.path.join(here, part)
+        try:
+            os.mkdir(here, 0o755)
+            continue
+        except FileExistsError:
+            pass
+        st = os.lstat(here)
+        if stat.S_ISLNK(st.st_mode):
+            raise LeadsOutside(
+                f"{os.path.join(root, os.path.relpath(here, base))} is a symbolic link, so the "
+                "tool does not write through it (it writes only inside the project); remove "
+                "the link and start again.")
+        if not stat.S_ISDIR(st.st_mode):
+            raise NotAFile(f"{here} is not a folder (the tool makes a folder there); move "
+                           "it away and start again.")
+    return Path(here)
+
+
 def read_bytes(
     root: str | os.PathLike, path: str | os.PathLike, max_bytes: int | None = None
 ) -> bytes:

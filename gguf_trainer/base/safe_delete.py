@@ -4,9 +4,14 @@ A hand-edited or copied record (exports.json, snapshots.json) must never make th
 delete a stranger's file or folder. So:
 
 * a RECORDED file (an export, a snapshot GGUF: outside the project, named by a record) is
-  deleted only if it is a regular file (not a folder, not a symlink) whose size and
-  sha256 equal what was recorded when it was written (`file_record`); for an old record
-  without them, only if its GGUF metadata names this project (`general.name`);
+  deleted or overwritten only if it lies where the project writes its exports, under a name
+  it writes (`ExportPlaces`: directly in the project folder, its current export.output_dir or
+  export.copy_to, compared by real path, named `<name>[-step<N>]-<dtype>.gguf` or a
+  companion's name): a record is not proof of ownership, so `../victim/model.gguf` or
+  `/home/u/notes.txt` in exports.json is never touched whatever size and hash it records.
+  There, it must be a regular file (not a folder, not a symlink) whose size and sha256 equal
+  what was recorded when it was written (`file_record`); for an old record without them,
+  only if its GGUF metadata names this project (`general.name`);
 * an OWNED path (data/, shards/, checkpoints/, checkpoints.stale-*, a project file) is
   deleted only if it lies inside the folder that owns it (the project), is not a symlink,
   and is the kind expected (folder or file); a folder whose files the tool names
@@ -33,6 +38,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import os
+import re
 import shutil
 import stat
 from dataclasses import dataclass
@@ -57,6 +63,43 @@ class Verdict:
     def as_dict(self) -> dict:
         return {"path": self.path, "deleted": self.deleted, "reason": self.reason,
                 "absent": self.absent}
+
+
+# The tensor types an export is written in: `<name>[-step<N>]-<dtype>.gguf`.
+EXPORT_DTYPES = ("f16", "bf16", "f32", "q8_0")
+
+
+@dataclass(frozen=True)
+class ExportPlaces:
+    """Where a project writes its exports, and under which names: the only files a record
+    (exports.json, snapshots.json) can make the tool delete or overwrite. `folders` are the
+    project folder, export.output_dir and export.copy_to (as configured now); `name` the
+    project's name; `companions` the exact file names of the companion GGUFs it may write
+    (LLaDA's `<base>_sigvq-f16.gguf`). Built by store.project.Project.export_places."""
+
+    folders: tuple[str, ...]
+    name: str
+    companions: tuple[str, ...] = ()
+
+    def is_export_name(self, file_name: str) -> bool:
+        dtypes = "|".join(EXPORT_DTYPES)
+        pattern = rf"{re.escape(self.name)}(-step[0-9]+)?-({dtypes})\.gguf"
+        return file_name in self.companions or re.fullmatch(pattern, file_name) is not None
+
+    def why_not(self, path: str | os.PathLike) -> str | None:
+        """None when `path` is a place and name this project writes an export; else why not."""
+        path = Path(path)
+        if not self.is_export_name(path.name):
+            return (f"is not named as this project's exports are ({self.name}[-stepN]-f16.gguf "
+                    "or a companion); the record is ignored and the file left alone")
+        try:
+            parent = os.path.realpath(path.parent)
+        except (OSError, RuntimeError):  # a link loop on the way: not a place we write
+            parent = None
+        if parent is None or parent not in {os.path.realpath(f) for f in self.folders}:
+            return ("is not in this project's folder, export.output_dir or export.copy_to; "
+                    "the record is ignored and the file left alone")
+        return None
 
 
 def sha256_file(path: str | os.PathLike) -> str:
@@ -102,10 +145,14 @@ def _gguf_names(path: Path) -> str | None:
 
 
 def check_recorded_file(path: str | os.PathLike, record: dict | None,
-                        project_name: str | None = None) -> str | None:
-    """None if `path` may be deleted as the file `record` describes; else the reason.
-    An absent path returns None too (nothing to do; `remove_recorded_file` says absent)."""
+                        project_name: str | None, places: ExportPlaces) -> str | None:
+    """None if `path` may be deleted (or overwritten) as the file `record` describes; else
+    the reason. An absent path returns None too (nothing to do; `remove_recorded_file` says
+    absent), unless it is not a place the project writes (`places`)."""
     path = Path(path)
+    where = places.why_not(path)
+    if where:
+        return where
     st = _lstat(path)
     if st is None:
         return None
@@ -130,6 +177,19 @@ def check_recorded_file(path: str | os.PathLike, record: dict | None,
     if project_name and _gguf_names(path) == project_name:
         return None
     return "no size and hash were recorded and its metadata does not name this project; left alone"
+
+
+def check_replace(path: str | os.PathLike, record: dict | None, project_name: str | None,
+                  places: ExportPlaces) -> str | None:
+    """None if an export may be written at `path`: nothing is there, or the file there is the
+    one this project recorded writing (`record`, its entry in exports.json or snapshots.json)
+    by the same rule as a delete; else why not. A user's file under the project's names, or
+    another project's snapshot in a shared output folder, is never overwritten."""
+    if _lstat(Path(path)) is None:
+        return places.why_not(path)
+    if not isinstance(record, dict):
+        return "already exists and this project did not write it (it records no such file)"
+    return check_recorded_file(path, record, project_name, places)
 
 
 def _inside(path: Path, folder: Path) -> bool:
@@ -191,11 +251,11 @@ def check_owned(path: str | os.PathLike, inside: str | os.PathLike,
 
 
 def remove_recorded_file(path: str | os.PathLike, record: dict | None,
-                         project_name: str | None = None) -> Verdict:
+                         project_name: str | None, places: ExportPlaces) -> Verdict:
     path = Path(path)
     if _lstat(path) is None:
         return Verdict(str(path), False, None, absent=True)
-    reason = check_recorded_file(path, record, project_name)
+    reason = check_recorded_file(path, record, project_name, places)
     if reason:
         return Verdict(str(path), False, reason)
     try:

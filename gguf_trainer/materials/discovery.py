@@ -75,7 +75,7 @@ def candidate_roots(project_dir: Path, projects_root: Path | None = None) -> lis
     for root in roots:
         try:
             key = root.resolve()
-        except OSError:  # unreadable or a symlink loop: skip it
+        except (OSError, RuntimeError):  # unreadable, or a symlink loop (3.11: RuntimeError)
             continue
         if key not in seen and root.is_dir():
             seen.add(key)
@@ -86,6 +86,8 @@ def candidate_roots(project_dir: Path, projects_root: Path | None = None) -> lis
 def hf_cache_snapshots(repo: str, repo_type: str = "model") -> list[tuple[Path, dict | None]]:
     """Snapshot folders of `repo` in the Hugging Face cache, newest first, each with the tree
     listing the Hub client cached for that commit (path -> size) when it has one."""
+    if not repo:  # a snapshot no repo holds is never in the cache under a name
+        return []
     hub_cache = os.environ.get("HF_HUB_CACHE") or str(
         Path(os.environ.get("HF_HOME", "~/.cache/huggingface")).expanduser() / "hub")
     storage = Path(hub_cache) / f"{repo_type}s--{repo.replace('/', '--')}"
@@ -205,10 +207,14 @@ def listing_problem(material, folder: Path, listing: dict[str, int]) -> str | No
 def unverified_sentence(material, folder: Path, project_dir) -> str:
     """The one sentence for a complete copy nothing identifies: why it was not linked and how
     the user accepts it (or has it checked against the Hub)."""
+    link = (f"link it with `gguf-trainer link --project {project_dir} {material.id} {folder}` "
+            "(or Replace under Setup → Materials)")
+    if not material.repo:  # no repo to compare with: only the user can say what it is
+        return (f"{folder} may be {material.title}, but nothing records where it came from, so "
+                f"it was not linked; if it is, {link}")
     return (f"{folder} holds every file {material.repo} needs but has no download record to "
             f"compare with the repo's file list, so it was not linked; if it is "
-            f"{material.repo}, link it with `gguf-trainer link --project {project_dir} "
-            f"{material.id} {folder}` (or Replace under Setup → Materials), or have it checked "
+            f"{material.repo}, {link}, or have it checked "
             f"against the Hub with `gguf-trainer materials --project {project_dir} --link-found "
             f"--online`")
 

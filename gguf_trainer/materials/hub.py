@@ -124,6 +124,10 @@ def token_status() -> str:
     )
 
 
+TOKEN_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+MAX_TOKEN_CHARS = 512
+
+
 def store_token(token: str) -> str:
     """Write the token where huggingface_hub reads it (0600); returns the status line only."""
     token = (token or "").strip()
@@ -131,6 +135,11 @@ def store_token(token: str) -> str:
         raise UserError("paste a Hugging Face token first (hf_…)")
     if any(c.isspace() for c in token):
         raise UserError("a Hugging Face token has no spaces; paste it again")
+    if not all(c in TOKEN_CHARS for c in token) or len(token) > MAX_TOKEN_CHARS:
+        # ESC, NUL, a zero-width space: a paste that went wrong, and bytes an HTTP header
+        # or a terminal must not carry
+        raise UserError("a Hugging Face token is letters, digits, '_' and '-' only (hf_…); "
+                        "paste it again.")
     path = token_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic.write_text(path, token)

@@ -23,8 +23,8 @@ log = logging.getLogger("gguf_trainer.follower")
 
 def main(paths) -> int:
     w = distributed.world()
-    paths.ranks.mkdir(exist_ok=True)
     try:  # like pipeline.log: never through a planted link, only inside the project
+        project_file.make_dir(paths.root, paths.ranks)
         out = project_file.open_append(paths.root, paths.rank_log(w.rank))
     except UserError as e:  # the launcher appends this rank's stderr to pipeline.log
         print(str(e), file=sys.stderr)

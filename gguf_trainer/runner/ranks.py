@@ -23,7 +23,7 @@ import threading
 import time
 from pathlib import Path
 
-from gguf_trainer.base import atomic, locks
+from gguf_trainer.base import atomic, locks, project_file
 from gguf_trainer.base.errors import UserError
 from gguf_trainer.base.paths import RANK_GLOB, RANKS_DIR, ProjectPaths
 from gguf_trainer.machine.distributed import (
@@ -308,7 +308,7 @@ def start_lead(paths, writer):
         return None
     init(cpu=wants_cpu(load_project(paths.root)))
     run_id = f"{os.getpid()}-{locks.process_start_time(os.getpid())}"
-    rank_dir(paths.root).mkdir(exist_ok=True)
+    project_file.make_dir(paths.root, rank_dir(paths.root))
     hello(paths, run_id)
     log.info("launched run: rank 0 of %d (%d on this machine); followers report in %s/",
              world().size, world().local_size, RANKS_DIR)

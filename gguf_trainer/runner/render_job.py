@@ -10,7 +10,8 @@ is gguf_trainer.render's; this module only runs it.
     start_render(root, "a red fox", seed=42) -> job state       (raises UserError / LockHeld)
     render_settings() / save_render_settings(ggk=..., models=..., files=...)   user settings
     parse_files(['<z-image-turbo DiT .gguf>=/m/z.gguf']) -> {placeholder: path}
-    render_status(root) -> {job, plan_missing, latest}          what the Output tab shows
+    render_status(root) -> {job, missing, no_teacher, text_only, placeholders, latest}
+                                                                what the Output tab shows
     list_renders(root) -> [render.json dicts], newest first
 """
 
@@ -18,13 +19,14 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import subprocess
 import time
 from pathlib import Path
 
 from gguf_trainer import render
-from gguf_trainer.base import atomic
-from gguf_trainer.base.errors import UserError
+from gguf_trainer.base import atomic, project_file
+from gguf_trainer.base.errors import UserError, quote
 from gguf_trainer.base.paths import RENDER_JSON, RENDERS_DIR
 from gguf_trainer.check import run_check
 from gguf_trainer.runner import jobs, supervisor
@@ -95,6 +97,9 @@ def save_render_settings(ggk: str | None = None, models: str | None = None,
     return cur
 
 
+MAX_SEED = 2**63 - 1  # ggk parses -s into an int64_t
+
+
 def plan_for(root, prompt: str = "a red fox", seed: int = 42) -> render.RenderPlan:
     from gguf_trainer.store.project import load_project
 
@@ -114,8 +119,9 @@ def start_render(root, prompt: str, seed: int = 42) -> dict:
     prompt = (prompt or "").strip()
     if not prompt:
         raise UserError("type a prompt to render")
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise UserError(f"the seed must be a whole number of 0 or more, not {seed!r}")
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= MAX_SEED:
+        raise UserError(f"the seed must be a whole number from 0 to {MAX_SEED} (ggk's -s is a "
+                        f"64-bit integer), not {quote(seed)}.")
     project = load_project(root)
     plan = plan_for(project.dir, prompt, seed)
     if plan.missing:
@@ -151,6 +157,8 @@ def render_status(root) -> dict:
         "job": jobs.job_status(Path(root), JOB_NAME),
         "missing": plan.missing,
         "no_teacher": plan.no_teacher,
+        "text_only": plan.text_only,
+        "placeholders": plan.placeholders,
         "latest": renders[0] if renders else None,
     }
 
@@ -177,6 +185,8 @@ def describe(result: dict | None) -> list[str]:
         lines.append(f"{half + ':':<10} {half_image({**record, 'folder': folder}, half)}")
     if record.get("no_teacher"):
         lines.append(f"teacher:   {record['no_teacher']}")
+    if record.get("text_only"):
+        lines.append(f"note:      {record['text_only']}")
     fig = record.get("figures")
     if fig:
         lines.append(
@@ -202,30 +212,33 @@ def render_main(folder: Path, job, *, prompt: str, seed: int) -> dict:
         / RENDERS_DIR
         / f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-s{seed}"
     )
-    out.mkdir(parents=True, exist_ok=True)
+    out = project_file.make_dir(project.paths.root, out)  # renders -> ~/Pictures: refused
     record = {
         "prompt": prompt,
         "seed": seed,
         "pack": project.pack.id,
         "started": time.time(),
         "no_teacher": plan.no_teacher,
+        "text_only": plan.text_only,
         "models": plan.models,
         "halves": {},
     }
     for run in plan.runs:
         record["halves"][run.half] = half = {"command": shlex.join(run.argv), "image": None}
         atomic.write_json(out / RENDER_JSON, record)
-        (out / run.dump).mkdir(exist_ok=True)
+        project_file.make_dir(project.paths.root, out / run.dump)
         job.update(phase=f"{run.half}: rendering", folder=str(out))
         dump_env = None if run.cond_argv else out / run.dump
         cwd = plan.models or str(out)  # no model folder: every file the command names is a path
-        _run_ggk(job, run.argv, cwd, out, f"{run.half}.log", dump_env, out / run.image)
+        _run_ggk(job, run.argv, cwd, out, f"{run.half}.log", dump_env, out / run.image,
+                 run.out_at)
         half["image"] = str(out / run.image)
         if run.cond_argv:
             half["cond_command"] = shlex.join(run.cond_argv)
             job.update(phase=f"{run.half}: conditioning pass (CFG 1)")
             _run_ggk(
-                job, run.cond_argv, cwd, out, f"{run.half}-cond.log", out / run.dump, None
+                job, run.cond_argv, cwd, out, f"{run.half}-cond.log", out / run.dump, None,
+                run.out_at,
             )
         half["dump"] = str(out / run.dump)
     job.update(phase="comparing the conditioning")
@@ -235,18 +248,31 @@ def render_main(folder: Path, job, *, prompt: str, seed: int) -> dict:
     return {"folder": str(out), "figures": record["figures"]}
 
 
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    """`sig` to the process group ggk leads (start_new_session: its pgid is its pid)."""
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:  # the whole group has ended already
+        pass
+    except PermissionError:  # the group id was reused by another user's process: not ours
+        pass
+
+
 def _run_ggk(
-    job, argv: list[str], cwd: str, out: Path, log_name: str, dump: Path | None, image: Path | None
+    job, argv: list[str], cwd: str, out: Path, log_name: str, dump: Path | None,
+    image: Path | None, out_at: tuple[int, ...] = (),
 ) -> None:
     """One ggk process in the model folder, its output in the render folder; Stop (SIGTERM
-    to the job) terminates it. A failure is a UserError naming the log."""
+    to the job) terminates its whole process group (a `ggk` wrapper script runs the engine
+    as its child). A failure is a UserError naming the log. `out_at`: where `-o` stands
+    (render.Run.out_at; found by position, never by value: a prompt `-o` is a prompt)."""
     env = dict(os.environ)
     env.pop("SD_DUMP_COND", None)
     if dump is not None:
         env["SD_DUMP_COND"] = str(dump)  # must exist: the engine does not create it
     # -o names a file in the render folder; ggk runs where its model files are.
-    argv = [out / a if i and argv[i - 1] == "-o" else a for i, a in enumerate(argv)]
-    with open(out / log_name, "ab") as log:
+    argv = [out / a if i - 1 in out_at else a for i, a in enumerate(argv)]
+    with project_file.open_append(out, out / log_name) as log:
         log.write(f"$ {shlex.join(map(str, argv))}\n".encode())
         log.flush()
         proc = subprocess.Popen(
@@ -263,12 +289,13 @@ def _run_ggk(
                 job.check()
                 time.sleep(POLL_S)
         except jobs.JobStopped:
-            proc.terminate()
+            _signal_group(proc, signal.SIGTERM)
             try:
                 proc.wait(10)
             except subprocess.TimeoutExpired:  # a ggk that ignores SIGTERM
-                proc.kill()
+                _signal_group(proc, signal.SIGKILL)
                 proc.wait()
+            _signal_group(proc, signal.SIGKILL)  # the wrapper's engine, if it outlived it
             raise
     if proc.returncode != 0:
         raise UserError(f"ggk exited with code {proc.returncode}; see {out / log_name}")
@@ -281,7 +308,11 @@ def _figures(project, prompt: str, out: Path, plan: render.RenderPlan) -> tuple[
     `check` (the adapter in PyTorch vs the engine's adapter dump) for the fixed-shape packs."""
     halves = {r.half: r for r in plan.runs}
     if "teacher" in halves:
-        got = render.dump_cosine(out / halves["teacher"].dump, out / halves["adapter"].dump)
+        try:  # bounded by the pack's row width: a dump larger than that is said, not read
+            got = render.dump_cosine(out / halves["teacher"].dump, out / halves["adapter"].dump,
+                                     max_dim=project.pack.out_dim)
+        except UserError as e:
+            return None, f"no cosine: {e}"
         if got is not None:
             return got, "adapter vs teacher, from the two SD_DUMP_COND dumps"
     try:

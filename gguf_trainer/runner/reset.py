@@ -9,7 +9,9 @@
 
 Every delete goes through gguf_trainer.base.safe_delete: project folders only inside the
 project and never through a symlink; recorded exports only when they are still the
-regular file the tool wrote (size + sha256, or GGUF metadata naming this project).
+regular file the tool wrote (size + sha256, or GGUF metadata naming this project), and only
+where and as the project writes exports (its folder, export.output_dir, export.copy_to;
+`<name>[-step<N>]-<dtype>.gguf` or a companion): a record is not proof of ownership.
 `ranks/` (a launched run's rank progress files and logs) goes with the stages these
 targets set back to pending: it describes that run's precompute and training.
 Anything else is reported in `kept` and left alone. `plan()` is the dry run and runs the
@@ -22,6 +24,7 @@ set back to "pending", and `status` no longer shows them done.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from pathlib import Path
@@ -35,6 +38,7 @@ from gguf_trainer.store.project import written_by_another
 
 from . import lock
 
+log = logging.getLogger(__name__)
 TARGETS = ("corpus", "shards", "train", "output")
 CLEARS = {  # stages whose outputs a reset removes (shown "pending" afterwards)
     "corpus": STAGES, "shards": stages_from(SHARD_STAGES[0]), "train": stages_from(TRAINING),
@@ -52,8 +56,37 @@ def _read_obj(path: Path) -> dict:
 
 def recorded_exports(paths: ProjectPaths) -> list[dict]:
     """Files this project recorded writing (exports.json, plus snapshot GGUFs listed in
-    snapshots.json): [{path, kind, time, size, sha256, exists}], newest first. Any garbage
-    in the records reads as fewer (or no) entries."""
+    snapshots.json) where and as it writes them (Project.export_places): [{path, kind, time,
+    size, sha256, exists}], newest first. Any garbage in the records reads as fewer (or no)
+    entries; a record naming another place or name is ignored with one log line."""
+    places_now = _export_places(paths)
+    items = []
+    for it in _all_recorded(paths):
+        why = places_now.why_not(it["path"])
+        if why:
+            log.warning("%s in %s's records %s", it["path"], paths.root, why)
+        else:
+            items.append(it)
+    for it in items:
+        it["exists"] = Path(it["path"]).is_file()
+        if it["exists"] and not isinstance(it.get("size"), int):
+            it["size"] = Path(it["path"]).stat().st_size
+    return items
+
+
+def _export_places(paths: ProjectPaths) -> safe_delete.ExportPlaces:
+    """The project's export places now; none (so nothing is deleted) when project.json
+    cannot be read."""
+    from gguf_trainer.store.project import load_project
+
+    try:
+        return load_project(paths.root).export_places()
+    except UserError:
+        return safe_delete.ExportPlaces((), "")
+
+
+def _all_recorded(paths: ProjectPaths) -> list[dict]:
+    """Every entry of the records, wherever it points: [{path, kind, time, size, sha256}]."""
     out: dict[str, dict] = {}
     files = _read_obj(paths.exports_json).get("files")
     root = paths.root.resolve()
@@ -73,12 +106,7 @@ def recorded_exports(paths: ProjectPaths) -> list[dict]:
             out[key] = {"path": key, "kind": "snapshot", "time": number(e.get("time")),
                         "size": e.get("size") if isinstance(e.get("sha256"), str) else None,
                         "sha256": e.get("sha256"), "project": e.get("project")}
-    items = list(out.values())
-    for it in items:
-        it["exists"] = Path(it["path"]).is_file()
-        if it["exists"] and not isinstance(it.get("size"), int):
-            it["size"] = Path(it["path"]).stat().st_size
-    return sorted(items, key=lambda it: -(it["time"] or 0.0))
+    return sorted(out.values(), key=lambda it: -(it["time"] or 0.0))
 
 
 def _project_name(paths: ProjectPaths) -> str | None:
@@ -140,13 +168,13 @@ def _decide(paths: ProjectPaths, target: str) -> tuple[list[tuple], list[dict]]:
     """([(path, how, arg)], kept): what to delete (how: owned|recorded) and what to keep."""
     todo, kept = [], []
     if target == "output":
-        name = _project_name(paths)
-        for it in recorded_exports(paths):
+        name, places_now = _project_name(paths), _export_places(paths)
+        for it in _all_recorded(paths):
             p = Path(it["path"])
             if not (p.exists() or p.is_symlink()):
                 continue
             writer = written_by_another(p, paths.root, it)
-            reason = (safe_delete.check_recorded_file(p, it, name)
+            reason = (safe_delete.check_recorded_file(p, it, name, places_now)
                       or (f"the project {writer} wrote it and records it too (this one is a "
                           "copy of it?); left alone" if writer else None)
                       or _recorded_by_another(p, paths))
@@ -192,7 +220,8 @@ def reset(paths: ProjectPaths, target: str) -> dict:
         deleted = []
         for p, how, arg in todo:
             if how == "recorded":
-                v = safe_delete.remove_recorded_file(p, arg, _project_name(paths))
+                v = safe_delete.remove_recorded_file(p, arg, _project_name(paths),
+                                                     _export_places(paths))
             else:
                 v = safe_delete.remove_owned(p, paths.root, arg, TOOL_FILES.get(p.name))
             if v.deleted:

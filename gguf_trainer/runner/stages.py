@@ -30,7 +30,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from gguf_trainer.base import atomic
+from gguf_trainer.base import atomic, project_file
 from gguf_trainer.base.errors import UserError
 from gguf_trainer.base.paths import MANIFEST_JSON, ProjectPaths
 from gguf_trainer.stages.stage_list import FORCEABLE, STAGES, Stage, Stopped
@@ -100,8 +100,7 @@ def read_manifest(paths: ProjectPaths, stage: Stage) -> dict | None:
 
 
 def write_manifest(paths: ProjectPaths, stage: Stage, inputs: dict, **extra) -> None:
-    folder = stage.folder(paths)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = project_file.make_dir(paths.root, stage.folder(paths))
     atomic.write_json(folder / MANIFEST_JSON, {"fingerprint": digest(inputs), "inputs": inputs,
                                                "time": time.time(), **extra})
 

@@ -35,7 +35,7 @@ from pathlib import Path
 import psutil
 
 from gguf_trainer.base import atomic, locks, project_file
-from gguf_trainer.base.errors import NoProjectError, UserError
+from gguf_trainer.base.errors import NoProjectError, UserError, quote
 from gguf_trainer.base.paths import ProjectPaths
 from gguf_trainer.runner import lock, processes, state
 from gguf_trainer.runner import status as status_mod
@@ -59,6 +59,14 @@ class StopTimeout(UserError):
 def project_paths(project_dir: str | os.PathLike) -> ProjectPaths:
     """ProjectPaths of an existing project; NoProjectError (CLI exit 2) otherwise."""
     paths = ProjectPaths(project_dir)
+    try:
+        return _existing(paths)
+    except OSError as e:  # a 300-character name, a loop, no permission: not a project here
+        raise NoProjectError(f"{quote(str(paths.root))} cannot be opened as a project "
+                             f"({e.strerror}); check the --project path") from None
+
+
+def _existing(paths: ProjectPaths) -> ProjectPaths:
     if paths.root.is_file():  # a non-project like any other (CLI exit 2)
         raise NoProjectError(
             f"{paths.root} is a file, not a project folder; check the --project path"

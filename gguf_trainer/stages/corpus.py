@@ -17,6 +17,7 @@ import logging
 from collections import Counter
 from pathlib import Path
 
+from gguf_trainer.base import bounded, project_file
 from gguf_trainer.data.samples import Sample, write_samples
 from gguf_trainer.engine.prompt_syntax import RULE_CHANGES, RULE_VERSION
 from gguf_trainer.materials.prompt_files import read_source
@@ -45,6 +46,22 @@ def placeless(corpus_settings: dict) -> dict:
     return out
 
 
+IMAGES_KEY = b'"images"'
+
+
+def _content(path: Path) -> tuple[int, str, bool]:
+    """A source file's size, sha256 and whether it names "images", streamed a MiB at a time
+    (a 2 GiB prompt file costs a MiB here, not 2 GiB); a regular file only (bounded)."""
+    digest, size, found, tail = hashlib.sha256(), 0, False, b""
+    with bounded.open_regular(path) as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+            size += len(chunk)
+            found = found or IMAGES_KEY in tail + chunk
+            tail = chunk[-(len(IMAGES_KEY) - 1):]
+    return size, digest.hexdigest(), found
+
+
 def fingerprint_inputs(settings) -> dict:
     """The corpus settings (paths left out) plus each source file's content identity, in
     order (size + sha256), and the images .jsonl files reference (by size and mtime, in
@@ -55,9 +72,9 @@ def fingerprint_inputs(settings) -> dict:
         if not p.is_file():
             files.append("missing")
             continue
-        raw = p.read_bytes()
-        files.append({"bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest()})
-        if p.suffix.lower() == ".jsonl" and b'"images"' in raw:
+        size, digest, names_images = _content(p)
+        files.append({"bytes": size, "sha256": digest})
+        if p.suffix.lower() == ".jsonl" and names_images:
             for s in read_source(p, Counter()):
                 for img in s.images:
                     st = img.stat() if img.is_file() else None
@@ -107,6 +124,7 @@ def legacy_same_content(recorded: dict | None, fp: dict) -> bool:
 def run_corpus(project, report, split: tuple[list[Sample], list[Sample]] | None = None) -> None:
     train, val = split or make_split(project)
     paths = project.paths
+    project_file.make_dir(paths.root, paths.data)  # a real folder inside, never a link out
     write_samples(paths.samples("val"), copy_images(val, paths.data_images))
     write_samples(paths.samples("train"), copy_images(train, paths.data_images))
     n_empty = sum(1 for s in train if not s.text)

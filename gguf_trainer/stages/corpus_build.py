@@ -84,7 +84,8 @@ def _image_ok(path: Path) -> bool:
         with Image.open(path) as im:
             im.verify()
         return True
-    except (OSError, UnidentifiedImageError, ValueError, SyntaxError):
+    except (OSError, UnidentifiedImageError, ValueError, SyntaxError,
+            Image.DecompressionBombError):  # a header declaring 30000x30000: not decoded
         return False
 
 

@@ -14,17 +14,18 @@ validation score and optional eval of each snapshot. Imports no torch at module 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import shutil
 import time
 from pathlib import Path
 
 from gguf_trainer import __version__
-from gguf_trainer.base import atomic, places
+from gguf_trainer.base import atomic, places, project_file
 from gguf_trainer.base.errors import UserError
 from gguf_trainer.base.paths import BEST
 from gguf_trainer.stages.stage_list import Stage
-from gguf_trainer.store.project import refuse_anothers_file
+from gguf_trainer.store.project import refuse_overwrite
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +95,9 @@ def export_checkpoint(project, which: str, dest, is_snapshot: bool, ck: dict | N
         )
     # Recorded before the file lands, so a kill between the two never leaves a GGUF of this
     # project that it does not know it wrote (a restart would take it for another project's).
-    refuse_anothers_file(project, dest)  # a copy's snapshot at the original's step, say
+    _check_output_inside(project)
+    # a copy's snapshot at the original's step, a user's file under our name: never replaced
+    refuse_overwrite(project, dest)
     record_export(project, dest, kind=kind, pending=True)
     info = write_adapter_gguf(dest, state, cfg, metadata=meta, name=project.settings.name, **fold)
     record_export(project, dest, kind=kind)
@@ -118,6 +121,17 @@ def export_checkpoint(project, which: str, dest, is_snapshot: bool, ck: dict | N
         "best_val_cos": ck.get("best_val_cos"),
         "mock": bool(ck.get("mock")),
     }
+
+
+def _check_output_inside(project) -> None:
+    """An export.output_dir inside the project (the demo's) is a real folder under the
+    project's real path, never a link out of it (project_file.make_dir)."""
+    out = project.settings.export.output_dir
+    if not out:
+        return
+    spelled = os.path.abspath(project.dir / Path(out).expanduser())
+    if spelled.startswith(os.path.abspath(project.dir) + os.sep):
+        project_file.make_dir(project.dir, spelled)
 
 
 def record_export(project, path: Path, kind: str, pending: bool = False) -> None:
@@ -179,7 +193,7 @@ def run_export(project, report) -> None:
     if copy_to:
         dest = Path(copy_to).expanduser() / project.final_gguf.name
         dest.parent.mkdir(parents=True, exist_ok=True)
-        refuse_anothers_file(project, dest)
+        refuse_overwrite(project, dest)
         record_export(project, dest, kind="copy", pending=True)
         with atomic.atomic_path(dest) as tmp:
             shutil.copyfile(project.final_gguf, tmp)
@@ -188,12 +202,23 @@ def run_export(project, report) -> None:
     report.progress(1, 1, "files", path=str(project.final_gguf), step=info["step"])
 
 
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def record_snapshot(project, entry: dict) -> None:
     """Add or replace (same path) an entry of snapshots.json, sorted by step."""
-    man = atomic.read_json(project.paths.snapshots_json, {"snapshots": []}) or {"snapshots": []}
+    try:
+        man = atomic.read_json(project.paths.snapshots_json, {}, inside=project.dir)
+    except (ValueError, OSError):  # garbage: rebuilt from this entry on
+        man = {}
+    man = man if isinstance(man, dict) else {}
     entry = {**entry, "path": places.record_key(entry["path"], project.dir.resolve())}
     _note_writer(entry, entry["path"], project)
-    items = [e for e in man["snapshots"] if e.get("path") != entry["path"]] + [entry]
+    old = man.get("snapshots") if isinstance(man.get("snapshots"), list) else []
+    # hand-edited items of the wrong type (not objects, a step that is not a number) drop out
+    items = [e for e in old if isinstance(e, dict) and e.get("path") != entry["path"]
+             and _is_number(e.get("step")) and _is_number(e.get("time"))] + [entry]
     man["snapshots"] = sorted(items, key=lambda e: (e["step"], e["time"]))
     atomic.write_json(project.paths.snapshots_json, man)
 

@@ -21,6 +21,7 @@ import math
 import time
 from pathlib import Path
 
+from gguf_trainer.base import project_file
 from gguf_trainer.base.errors import UserError
 from gguf_trainer.data import shards
 from gguf_trainer.data.samples import count_samples, iter_samples
@@ -73,8 +74,7 @@ def run_precompute(project, report, split: str, cache: dict, fingerprint: str) -
     size = shard_size(project, split)
     n_samples = count_samples(samples_file(project, split))
     n_shards = max(1, math.ceil(n_samples / size))
-    folder = project.paths.shard_dir(split)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = project_file.make_dir(project.paths.root, project.paths.shard_dir(split))
     meta = {
         "fingerprint": fingerprint,
         "contract": project.pack.shard_contract,

@@ -29,7 +29,8 @@ from pydantic import ValidationError
 
 from gguf_trainer.base import atomic, locks, places, project_file
 from gguf_trainer.base.errors import QUOTE_MAX_CHARS, NoProjectError, UserError, quote
-from gguf_trainer.base.paths import PROJECT_JSON, ProjectPaths
+from gguf_trainer.base.paths import COMPANION_KINDS, PROJECT_JSON, ProjectPaths
+from gguf_trainer.base.safe_delete import ExportPlaces, check_replace
 from gguf_trainer.store.project_schema import ProjectSettings, default_name, get_dotted, parse_steps
 from gguf_trainer.store.schema_errors import field_errors, validate_settings
 from gguf_trainer.store.schema_fields import is_live_key, known_key, schema_fields, set_dotted
@@ -81,6 +82,16 @@ class Project:
 
     def companion_gguf(self, kind: str) -> Path:
         return self.output_dir / f"{self.base_name}_{kind}-f16.gguf"
+
+    def export_places(self):
+        """Where and under which names this project writes its exports now (the project
+        folder, export.output_dir, export.copy_to): the only files its records may make the
+        tool delete or overwrite (safe_delete.ExportPlaces)."""
+        folders = [self.dir, self.output_dir]
+        if self.settings.export.copy_to:
+            folders.append(Path(self.settings.export.copy_to).expanduser())
+        return ExportPlaces(tuple(str(f) for f in folders), self.settings.name,
+                            tuple(self.companion_gguf(k).name for k in COMPANION_KINDS))
 
     def material_path(self, material_id: str) -> Path | None:
         ref = self.settings.materials.get(material_id)
@@ -166,7 +177,7 @@ def create_project(root: str | os.PathLike, pack_id: str, name: str | None = Non
                         "folder.")
     pack = get_pack(pack_id)
     data: dict = {"pack": pack_id, "name": default_name(pack.default_name, name)}
-    for dotted, value in {**pack.defaults, **(overrides or {})}.items():
+    for dotted, value in {**pack.all_defaults, **(overrides or {})}.items():
         set_dotted(data, dotted, value)
     settings = validate_settings(data, "the new project's settings")
     try:
@@ -347,6 +358,21 @@ def refuse_anothers_file(project: Project, path: Path) -> None:
         raise UserError(f"{path} was written by the project {writer}, which still records it "
                         "(this one is a copy of it?); give this project another \"name\" or "
                         "export.output_dir so the original's GGUF is not overwritten.")
+
+
+def refuse_overwrite(project: Project, path: Path) -> None:
+    """UserError, one sentence naming the file and the fix, unless an export may be written
+    at `path`: nothing is there, or the file there is the one this project recorded writing,
+    where and as it writes exports (safe_delete.check_replace). Never overwrites a user's
+    file under the project's names, nor another project's in a shared output folder."""
+    refuse_anothers_file(project, path)
+    recorded = _recorded_exports(project.dir)
+    key = next((k for k in (os.path.realpath(path), str(path)) if k in recorded), None)
+    why = check_replace(path, recorded[key] if key else None, project.settings.name,
+                        project.export_places())
+    if why:
+        raise UserError(f"{path} {why.split('; ')[0]}, so no export is written over it; give this "
+                        "project another \"name\" or export.output_dir, or move that file away.")
 
 
 def _recorded_exports(root: Path) -> dict:

@@ -4,9 +4,10 @@ Each is a thin call into the same control function the CLI uses (runner.control)
 README documents each with a gradio_client example. Errors a user can fix come back as
 the one sentence (gradio_client raises AppError with it). Nothing here returns the HF
 token: the settings never hold it, and `hf_token_status` only says whether one is stored.
+Every call proves the GUI's own token first (ui/gui_token.py: the Bearer header).
 
     from gradio_client import Client
-    c = Client("http://127.0.0.1:8655/")
+    c = Client("http://127.0.0.1:8655/", headers={"Authorization": "Bearer " + token})
     c.predict("/tmp/p", "t5xxl_pixart", "", api_name="/create_project")
 """
 

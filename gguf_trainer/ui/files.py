@@ -101,19 +101,22 @@ def browse_roots(project_dir: str | None, cli_roots: list[str] | None = None) ->
         p = Path(project_dir).expanduser()
         cands += [p, p.parent]
     cands.append(Path.home())
+    chosen: list[Path] = []  # roots a setting names: Browse roots' rule (not `/`, no ~/.ssh)
     if os.environ.get("GGUF_TRAINER_MATERIALS"):
-        cands.append(Path(os.environ["GGUF_TRAINER_MATERIALS"]))
-    cands += [Path(r) for r in (cli_roots or [])]
-    cands += [Path(r) for r in saved_roots()]
+        chosen.append(Path(os.environ["GGUF_TRAINER_MATERIALS"]))
+    chosen += [Path(r) for r in (cli_roots or [])]
+    chosen += [Path(r) for r in saved_roots()]
     blocked = blocked_real_paths()
     out: list[str] = []
-    for c in cands:
+    for c in cands + chosen:
         c = c.expanduser()
         if not c.is_absolute() or not c.is_dir():
             continue
         real = _real(c)
         if any(_inside(real, b) for b in blocked) or str(real) in out:
             continue
+        if c in chosen and any(_inside(b, real) for b in blocked):
+            continue  # `/` or a folder holding ~/.ssh: refused as Browse roots refuses it
         out.append(str(real))
     return out
 

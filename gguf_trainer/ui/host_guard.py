@@ -16,6 +16,12 @@ Anything else gets 403 with one sentence, before Gradio (and its CORS headers) s
 guard is put outermost when the server starts (`lifespan`), because Gradio adds its own
 CORS middleware around anything passed in at construction.
 
+Right inside it, `BodyLimit` bounds a request's body: the GUI uploads nothing (every file is a
+path; Gradio's own upload route is held to max_file_size 1mb), so no request needs more than
+MAX_BODY_BYTES, while a 256 MB body read whole by a route would cost three times that, kept.
+A Content-Length over the bound is 413 before a byte is read; a body without one (chunked) is
+counted as it streams, and the request is cut with 413 the moment it passes the bound.
+
     kwargs["app_kwargs"] = {"lifespan": host_guard.lifespan(allowed_hosts(...))}
 """
 
@@ -30,6 +36,9 @@ from urllib.parse import urlsplit
 import psutil
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+# The largest request body the GUI reads: its JSON calls carry settings, paths and a prompt
+# (kilobytes); it takes no uploads (Gradio's upload route is capped at 1mb by launch.py).
+MAX_BODY_BYTES = 4 << 20
 ANY_ADDRESS = ("0.0.0.0", "::", "")
 
 
@@ -116,12 +125,63 @@ class HostGuard:
         return await self.app(scope, receive, send)
 
 
-async def _refuse(scope, send, sentence: str) -> None:
+class BodyLimit:
+    """Raw ASGI middleware: 413 for a request body over `max_bytes`: by its Content-Length
+    before anything is read, else counted chunk by chunk as the app receives it (the app then
+    sees the client gone, and nothing it answers is sent)."""
+
+    def __init__(self, app, max_bytes: int = MAX_BODY_BYTES):
+        self.app, self.max_bytes = app, max_bytes
+
+    def sentence(self) -> str:
+        return (f"this request's body is over {self.max_bytes:,} bytes, more than any call of "
+                "this gguf-trainer GUI sends; it is not read (the GUI takes paths, never "
+                "uploads)")
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        for key, value in scope.get("headers") or []:
+            if key.lower() == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = 0  # the server refuses a malformed one; counted below anyway
+                if declared > self.max_bytes:
+                    return await _refuse(scope, send, self.sentence(), 413)
+        received, cut, started = 0, False, False
+
+        async def limited_receive():
+            nonlocal received, cut
+            if cut:
+                return {"type": "http.disconnect"}
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    cut = True
+                    if not started:
+                        await _refuse(scope, send, self.sentence(), 413)
+                    return {"type": "http.disconnect"}
+            return message
+
+        async def guarded_send(message):
+            nonlocal started
+            if cut:
+                return  # 413 already answered: what the app makes of the cut is not sent
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        await self.app(scope, limited_receive, guarded_send)
+
+
+async def _refuse(scope, send, sentence: str, status: int = 403) -> None:
     if scope["type"] == "websocket":
         await send({"type": "websocket.close", "code": 1008})
         return
     body = (sentence + "\n").encode()
-    await send({"type": "http.response.start", "status": 403,
+    await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"text/plain; charset=utf-8"),
                             (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
@@ -135,15 +195,19 @@ def share_hosts(app) -> Iterable[str]:
     return (name,) if name else ()
 
 
-def lifespan(allowed: frozenset[str], share: bool = False):
-    """A FastAPI lifespan that puts HostGuard outermost and rebuilds the middleware stack.
-    It runs once at server start, before the first request is accepted."""
+def lifespan(allowed: frozenset[str], share: bool = False, inner: Iterable = (),
+             max_body: int = MAX_BODY_BYTES):
+    """A FastAPI lifespan that puts HostGuard outermost, then BodyLimit (`max_body`: 413),
+    then the `inner` middleware (the token check, ui/gui_token.py: a refused Host is 403
+    before a missing token is 401), and rebuilds the middleware stack. It runs once at
+    server start, before the first request is accepted."""
     from starlette.middleware import Middleware
 
     @contextlib.asynccontextmanager
     async def _lifespan(app):
         more = (lambda: share_hosts(app)) if share else tuple
-        app.user_middleware.insert(0, Middleware(HostGuard, allowed=allowed, more=more))
+        app.user_middleware[0:0] = [Middleware(HostGuard, allowed=allowed, more=more),
+                                    Middleware(BodyLimit, max_bytes=max_body), *inner]
         app.middleware_stack = app.build_middleware_stack()
         yield
 

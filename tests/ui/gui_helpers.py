@@ -2,7 +2,9 @@
 
 The server is `python -m gguf_trainer.cli --no-browser --port N` in a fresh interpreter
 with HOME, GGUF_TRAINER_HOME, GGUF_TRAINER_PROJECTS and HF_HOME pointing into a tmp folder:
-nothing touches the real home, and the GUI process is exactly what users run.
+nothing touches the real home, and the GUI process is exactly what users run. Its token is
+the tests' GGUF_TRAINER_TOKEN (tests/conftest.py): `server.headers` for gradio_client and
+urllib, `server.cookie()` for a browser context.
 """
 
 from __future__ import annotations
@@ -56,13 +58,15 @@ def isolated_env(base: Path) -> dict:
 
 
 class GuiServer:
-    """A GUI process; `url`, `env`, `log` (its output so far), `stop()`."""
+    """A GUI process; `url`, `env`, `token`, `headers`, `log` (its output so far), `stop()`."""
 
     def __init__(self, base: Path, extra_args: list[str] | None = None, env: dict | None = None):
         self.base = base
         self.env = env or isolated_env(base)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
+        self.token = self.env.setdefault("GGUF_TRAINER_TOKEN", os.environ["GGUF_TRAINER_TOKEN"])
+        self.headers = {"Authorization": f"Bearer {self.token}"}
         self.log_path = base / f"gui-{self.port}.log"
         with open(self.log_path, "wb") as log:  # the child keeps its own descriptor
             self.proc = subprocess.Popen(
@@ -95,6 +99,17 @@ class GuiServer:
             except OSError:
                 time.sleep(0.3)
         raise AssertionError(f"the GUI did not come up in {timeout_s}s:\n{self.log}")
+
+    def cookie(self) -> dict:
+        """The token's cookie, as a browser holds it after opening the printed address."""
+        from gguf_trainer.ui import gui_token
+
+        return {"name": gui_token.cookie_name(self.port), "value": self.token, "url": self.url}
+
+    def get(self, path: str = "", timeout: float = 10):
+        """urlopen of the GUI's `path` with the token."""
+        req = urllib.request.Request(self.url + path, headers=self.headers)
+        return urllib.request.urlopen(req, timeout=timeout)
 
     @property
     def log(self) -> str:

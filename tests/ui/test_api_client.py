@@ -1,7 +1,8 @@
 """gradio_client drives a demo project end to end through the GUI's API, against a real GUI
 process: create, save (one invalid value refused with its message, one stale field refused by
 compare-and-set), start, poll until done, eval, snapshot, set steps, reset. Also: logins
-(wrong credentials refused) and the HF token never in any response."""
+(wrong credentials refused) on top of the GUI's token, the HF token never in any response,
+and the GUI's token never on its command line."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import re
 import subprocess
 import sys
 import urllib.error
-import urllib.request
 
+import psutil
 import pytest
 from gradio_client import Client
 from gui_helpers import GuiServer, demo_project, wait_for
@@ -52,7 +53,8 @@ def test_api_end_to_end(gui, token_file):
     env = gui.env
     src = demo_project(env, gui.base / "materials_src", steps=40)
     mats = src / "materials"
-    api = Recorder(gui.url)
+    assert gui.token not in " ".join(psutil.Process(gui.proc.pid).cmdline())
+    api = Recorder(gui.url, headers=gui.headers)
     names = set(api.client.view_api(print_info=False, return_format="dict")["named_endpoints"])
     for name in (
         "create_project",
@@ -157,22 +159,26 @@ def test_api_end_to_end(gui, token_file):
     for text in api.seen:
         assert TOKEN not in text
     for extra in ("config", ""):
-        with urllib.request.urlopen(gui.url + extra, timeout=10) as r:
+        with gui.get(extra) as r:
             assert TOKEN.encode() not in r.read()
     # Gradio's file route serves none of the machine's files: not the token store, not a
     # project file under the GUI's working folder
     for path in (token_file, gui.base / "projects" / "api_demo" / "project.json"):
         with pytest.raises(urllib.error.HTTPError) as err:
-            urllib.request.urlopen(f"{gui.url}gradio_api/file={path}", timeout=10)
+            gui.get(f"gradio_api/file={path}")
         assert err.value.code in (403, 404)
 
 
-def _login_works(url, user, password, folder) -> None:
+def _login_works(server, user, password, folder) -> None:
+    """The login is on top of the token: each alone is refused, both reach the app."""
+    url, headers = server.url, server.headers
     with pytest.raises(Exception, match="(?i)login|auth|401|403|credentials|unauthori"):
-        Client(url, verbose=False).predict(folder, api_name="/status")
+        Client(url, headers=headers, verbose=False).predict(folder, api_name="/status")
     with pytest.raises(Exception, match="(?i)login|auth|401|403|credentials|unauthori"):
-        Client(url, auth=(user, "wrong-" + password), verbose=False)
-    client = Client(url, auth=(user, password), verbose=False)
+        Client(url, auth=(user, "wrong-" + password), headers=headers, verbose=False)
+    with pytest.raises(Exception, match="(?i)401|token|unauthori|credentials"):
+        Client(url, auth=(user, password), verbose=False)  # the right login, no token
+    client = Client(url, auth=(user, password), headers=headers, verbose=False)
     with pytest.raises(Exception, match="not a gguf-trainer project"):  # reached the app
         client.predict(folder, api_name="/status")
 
@@ -183,7 +189,7 @@ def test_non_loopback_host_needs_the_generated_login(gui_base):
     try:
         m = re.search(r"user 'trainer', password '([^']+)'", server.log)
         assert m, server.log
-        _login_works(server.url, "trainer", m.group(1), str(gui_base))
+        _login_works(server, "trainer", m.group(1), str(gui_base))
         assert server.log.count(m.group(1)) == 1  # printed once
     finally:
         server.stop()
@@ -193,7 +199,7 @@ def test_explicit_auth_on_loopback(gui_base):
     (gui_base / "authd").mkdir()
     server = GuiServer(gui_base / "authd", ["--auth", "ann:pa55word"])
     try:
-        _login_works(server.url, "ann", "pa55word", str(gui_base))
+        _login_works(server, "ann", "pa55word", str(gui_base))
         assert "pa55word" not in server.log
     finally:
         server.stop()

@@ -2,7 +2,8 @@
 
 Every tab renders without console errors; a demo run started in the page shows the chart and
 the stage strip advancing; Stop and Resume work; the planned steps Apply; Copy copies the ggk
-command; the HF token is stored but never shown; the file browser stays in its roots. The
+command; the HF token is stored but never shown; the file browser stays in its roots; the
+GUI's own token: refused without it, and the printed ?token= address opens the page. The
 screenshots of each tab are what the README shows: set GGUF_TRAINER_SCREENSHOT_DIR=docs to
 refresh them (default: the test's tmp folder).
 
@@ -56,8 +57,21 @@ def shots(gui_base) -> Path:
 
 @pytest.fixture
 def page(browser, gui):
+    """A page whose browser holds the GUI's token cookie (as after the printed address)."""
+    yield from _page(browser, gui, with_cookie=True)
+
+
+@pytest.fixture
+def bare_page(browser, gui):
+    """A page whose browser has never seen the token."""
+    yield from _page(browser, gui, with_cookie=False)
+
+
+def _page(browser, gui, with_cookie: bool):
     ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
     ctx.grant_permissions(["clipboard-read", "clipboard-write"], origin=gui.url.rstrip("/"))
+    if with_cookie:
+        ctx.add_cookies([gui.cookie()])
     pg = ctx.new_page()
     # a busy machine serves the GUI slowly: Playwright's waits are bounds on a hang, not speed
     pg.set_default_timeout(120_000)
@@ -167,7 +181,8 @@ def test_gui_run_stop_resume_copy_and_screenshots(page, gui, shots, demo_root):
     pg.locator("#btn-start").click()
     wait_for(lambda: "DONE" in pg.locator("#train-banner").inner_text(), 900, "the run to finish")
     assert "stage-done" in pg.locator("#stage-eval").get_attribute("class")
-    # one pair of numbers everywhere (issue 24: "5680 / 8000" beside "8000/8000")
+    # one pair of numbers everywhere (two views of one run once read "5680 / 8000" and
+    # "8000/8000" side by side)
     wait_for(
         lambda: f"step {target} / {target}" in pg.locator("#train-banner").inner_text(),
         60,
@@ -260,7 +275,7 @@ def test_file_browser_and_field_errors(page, gui, demo_root):
         60,
         "the listing",
     )
-    # it opens in view, saying which field asked (issue 24: it opened by the project box)
+    # it opens in view, saying which field asked (not off-screen by the project box)
     box = pg.locator("#file-browser").first.bounding_box()  # (Gradio repeats the id inside)
     assert 0 <= box["y"] < 1000 - 200 and 0 <= box["x"] < 1400, box
     use = pg.locator("#fb-use").bounding_box()
@@ -277,8 +292,8 @@ def test_file_browser_and_field_errors(page, gui, demo_root):
     assert "passwd" not in pg.locator("#fb-entries").inner_text()
     pg.locator("#file-browser").get_by_role("button", name="Close").click()
 
-    # Materials: where each came from, and Replace with a checked copy (issue 24: the demo's
-    # files were linked into real projects without a word)
+    # Materials: where each came from, and Replace with a checked copy (a demo's files must
+    # never be linked into a real project without a word)
     student_row = pg.locator("#materials-md tr", has_text="Student: pig_clip GGUF")
     assert "in the project folder" in student_row.inner_text()
     pg.locator("#replace-path textarea, #replace-path input").first.fill(
@@ -325,9 +340,19 @@ def test_file_browser_and_field_errors(page, gui, demo_root):
     assert pg.errors == [], pg.errors
 
 
-def test_create_a_project_in_the_page(page, gui):
-    pg = page
-    pg.goto(gui.url)
+def test_create_a_project_in_the_page(bare_page, gui):
+    """Opened as a user does: the bare address is refused, the printed ?token= one opens it
+    (the cookie set, the token gone from the address bar)."""
+    from gguf_trainer.ui import gui_token
+
+    pg = bare_page
+    res = pg.goto(gui.url)
+    assert res.status == 401 and "needs its token" in pg.locator("body").inner_text()
+    pg.errors.clear()  # the 401 page's own console line
+    pg.goto(gui_token.with_token(gui.url, gui.token))
+    assert pg.url == gui.url  # redirected to the bare address
+    cookie = {c["name"]: c for c in pg.context.cookies()}[gui_token.cookie_name(gui.port)]
+    assert cookie["value"] == gui.token and cookie["httpOnly"] and cookie["sameSite"] == "Lax"
     wait_for(lambda: pg.locator("#btn-create").is_visible(), 60, "the page")
     parent = gui.base / "projects"
     pg.locator("#new-parent textarea, #new-parent input").first.fill(str(parent))
@@ -344,4 +369,41 @@ def test_create_a_project_in_the_page(page, gui):
         lambda: "already holds a project" in pg.locator("body").inner_text(), 60, "the refusal"
     )
     assert no_error_badge(pg)  # one warning toast, no red badge left on the Setup parts
+    assert pg.errors == [], pg.errors
+
+
+def test_toasts_replace_each_other_and_the_render_box_fits_the_pack(page, gui, demo_root):
+    """Issue 31 item 7/8: Gradio gathers the toasts of one kind in one box, "Info (2)",
+    "(3)", each under the last: a press's toast replaces the one before (the newest alone, no
+    count), its lines are lines and its brackets text; the Render box's placeholder files
+    field shows only for a pack whose command has placeholders (PixArt's has none)."""
+    from gguf_trainer.runner import control
+
+    pg = page
+    root = demo_root
+    control.kill(root)
+    pg.goto(f"{gui.url}?project={root}")
+    wait_for(lambda: str(root) in pg.locator("#header").inner_text(), 60, "the project to open")
+    tab(pg, "Output")
+    wait_for(lambda: pg.locator("#render-status").inner_text().strip() != "", 60,
+             "the render box to say what it needs")
+    wait_for(lambda: not pg.locator("#render-files").is_visible(), 60,
+             "the placeholder box to hide (PixArt's command has no placeholder)")
+    assert "choose it" not in pg.locator("#render-status").inner_text()
+    assert "--models" not in pg.locator("#render-status").inner_text()  # the GUI's field words
+    save = pg.locator("#btn-render-save")
+    for n in range(3):  # three presses, three "nothing changed" toasts of one kind
+        save.click()
+        wait_for(lambda want=n + 1: pg.locator(".toast-message-item").count() >= want, 60,
+                 f"toast {n + 1}")
+    shown = [t for t in pg.locator(".toast-message-text").all() if t.is_visible()]
+    assert len(shown) == 1 and "nothing changed" in shown[0].inner_text()
+    assert not any(c.is_visible() for c in pg.locator(".toast-count").all())  # no "(3)"
+    # a toast's lines and brackets, as common.info hands them to Gradio (which sets HTML)
+    from gguf_trainer.ui.common import toast_html
+
+    text = pg.evaluate("h => { const d = document.createElement('div'); d.innerHTML = h; "
+                       "document.body.appendChild(d); const t = d.innerText; d.remove(); "
+                       "return t; }", toast_html("• a <b.gguf>\n• c"))
+    assert text.splitlines() == ["• a <b.gguf>", "• c"]
     assert pg.errors == [], pg.errors

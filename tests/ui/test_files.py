@@ -99,3 +99,15 @@ def test_a_root_that_is_a_symlink_still_confines(tree):
     assert folder == (tree["root"] / "models").resolve()
     with pytest.raises(UserError):
         files.list_dir(str(Path(link_root) / "escape"), [str(link_root)])
+
+
+@pytest.mark.parametrize("env", ["/", "tmp"])
+def test_the_environment_root_is_refused_like_a_browse_root(tree, monkeypatch, env):
+    """GGUF_TRAINER_MATERIALS=/ (or a folder holding ~/.ssh) is no root: Browse roots refuses
+    the same folder, and the browser would otherwise list /etc (issue 29, item 7)."""
+    folder = "/" if env == "/" else str(tree["tmp"])
+    monkeypatch.setenv("GGUF_TRAINER_MATERIALS", folder)
+    roots = files.browse_roots(None)
+    assert "/" not in roots and str(tree["tmp"].resolve()) not in roots
+    with pytest.raises(UserError):
+        files.confine("/etc", roots)

@@ -94,6 +94,7 @@ def test_busy_port_is_one_sentence(capsys):
             and "--port" in str(err.value)
         )
         assert f"by pid {os.getpid()}" in str(err.value)  # the live holder is named
+        assert "(python" in str(err.value)  # by its program's name, not a cut-off path
         code = cli.main(["--no-browser", "--port", str(port)])
     assert code == 1
     _, stderr = capsys.readouterr()
@@ -174,13 +175,58 @@ def test_gradios_share_lines_become_our_sentence(capsys):
     and the tunnel binary's manual download steps. Our sentence replaces both; other lines
     pass through."""
     opts = LaunchOptions(port=8655, share=True)
-    with launch.ours_for_gradios(opts):
+    with launch.ours_for_gradios(opts, "tok-0123456789abcdef"):
         print("* Running on local URL:  http://127.0.0.1:8655")
+        print("* Running on public URL: https://abc123.gradio.live")
         print("* To create a public link, set `share=True` in `launch()`.")
         print(
             "\nCould not create share link. Missing file: /x/frpc_linux_amd64_v0.3. \n\nPlease "
             "check your internet connection. ... \n\n1. Download this file: https://cdn/frpc"
         )
+        print("Keyboard interruption in main thread... closing server.")
     out = capsys.readouterr().out
-    assert "Running on local URL" in out and "share=True" not in out and "frpc" not in out
+    assert "share=True" not in out and "frpc" not in out
+    # the local address without the token is ours, printed before with it; the public one
+    # gets the token (a share link is refused without it too)
+    assert "Running on local URL" not in out
+    assert "https://abc123.gradio.live/?token=tok-0123456789abcdef" in out
     assert "--share could not open a public link" in out and "http://127.0.0.1:8655/ only" in out
+    assert "Keyboard interruption" in out  # other lines pass through
+
+
+def test_serve_prints_the_address_with_the_token_and_opens_the_browser_on_a_file(monkeypatch):
+    """The real launch: the GUI answers 401 without the token and 200 with it; the printed
+    address carries the token; the browser is handed an owner-only file, not the address;
+    the file is gone when the GUI stops."""
+    import http.client
+    import stat
+    from pathlib import Path
+    from urllib.parse import urlsplit
+
+    import gradio as gr
+
+    from gguf_trainer.ui import gui_token
+
+    token = os.environ[gui_token.TOKEN_ENV]
+    port = _free_port()
+    said, opened, answers = [], [], []
+
+    def block_thread(app):  # instead of waiting for Ctrl-C: ask the running GUI, then stop
+        for headers in ({}, {"Authorization": f"Bearer {token}"}):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            conn.request("GET", "/config", headers=headers)
+            answers.append(conn.getresponse().status)
+            conn.close()
+        page = Path(urlsplit(opened[0]).path)
+        answers.append((stat.S_IMODE(page.stat().st_mode), page.read_text()))
+        app.close()
+
+    monkeypatch.setattr(gr.Blocks, "block_thread", block_thread)
+    assert launch.serve(LaunchOptions(port=port), say=said.append, opener=opened.append) == 0
+    url = f"http://127.0.0.1:{port}/?token={token}"
+    assert said == [f"gguf-trainer GUI on {url} (Ctrl-C to quit; runs keep going)"]
+    assert answers[:2] == [401, 200]
+    mode, page = answers[2]
+    assert mode == 0o600 and f"url={url}" in page
+    assert len(opened) == 1 and opened[0].startswith("file://") and token not in opened[0]
+    assert not Path(urlsplit(opened[0]).path).exists()

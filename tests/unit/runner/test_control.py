@@ -28,6 +28,7 @@ from gguf_trainer.base.errors import UserError
 from gguf_trainer.base.exit_codes import EXIT_NO_PROJECT, EXIT_OK, EXIT_USER
 from gguf_trainer.base.paths import ProjectPaths
 from gguf_trainer.runner import control, jobs, state
+from gguf_trainer.store.project import update_settings
 from gguf_trainer.store.schema_fields import settings_table_markdown
 
 PACK = "t5xxl_pixart"
@@ -305,6 +306,7 @@ def test_reset_output_deletes_recorded_files_and_the_plan_is_exact(proj, tmp_pat
         tmp_path / "out" / "pig_t5_adapter-f16.gguf",
         tmp_path / "copy" / "pig_t5_adapter-f16.gguf",
     )
+    update_settings(proj, {"export.copy_to": str(tmp_path / "copy")})
     _export(proj, a)
     _export(proj, b, kind="copy")
     plan = control.reset_plan(proj, "output")
@@ -582,6 +584,31 @@ def test_results_name_real_paths_and_no_placeholders(proj, tmp_path):
     assert "adapter:" in text and "ggk:" in text
 
 
+def test_results_print_the_users_files_else_a_quoted_placeholder(tmp_path, monkeypatch):
+    """Issue 31 item 9: Z-Image's command names two files ggk has no name for. `run`/`status`
+    print the file the user set (`render --file`) in its place and the other as one quoted
+    word (bash reads a bare `<` as a redirect), with a line saying what to put there."""
+    import shlex
+
+    from gguf_trainer.runner import render_job
+    from gguf_trainer.store.project import load_project
+
+    monkeypatch.setenv("GGUF_TRAINER_HOME", str(tmp_path / "home"))
+    root = tmp_path / "z"
+    control.new_project(root, "qwen3_zimage")
+    project = load_project(root)
+    project.final_gguf.parent.mkdir(parents=True, exist_ok=True)
+    project.final_gguf.write_bytes(b"GGUF")
+    render_job.save_render_settings(files={"<z-image-turbo DiT .gguf>": "/m/z image.gguf"})
+    res = control.results(root)
+    words = shlex.split(res["ggk"])
+    assert words[words.index("--diffusion-model") + 1] == "/m/z image.gguf"
+    assert words[words.index("--vae") + 1] == "<flux ae .gguf>"  # one word, quoted
+    assert "'<flux ae .gguf>'" in res["ggk"]
+    said = [n for n in res["notes"] if n.startswith("'<flux ae .gguf>': put the path")]
+    assert len(said) == 1 and not any("z-image-turbo DiT" in n for n in res["notes"])
+
+
 def test_tail_log_reads_only_new_whole_lines(proj):
     log = ProjectPaths(proj).pipeline_log
     log.write_text("one\ntwo\nthr")
@@ -741,7 +768,7 @@ def test_status_of_a_broken_project_is_one_sentence(tmp_path, capsys, case):
             )
     before = tree(tmp_path)
     code, out, err = run_cli(capsys, "status", "--project", root)
-    # a file is no project at all: exit 2 like any other non-project (issue 20)
+    # a file is no project at all: exit 2 like any other non-project (one code per cause)
     assert code == (EXIT_NO_PROJECT if case == "project_is_a_file" else EXIT_USER)
     assert "Traceback" not in out + err
     assert "project.json" in out + err or "not a project folder" in err

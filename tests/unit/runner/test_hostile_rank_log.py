@@ -67,4 +67,4 @@ def test_a_ranks_folder_linked_outside_gets_no_log(paths, followed, victim, caps
     paths.ranks.symlink_to(victim.parent, target_is_directory=True)
     assert follower.main(paths) == EXIT_USER
     assert sorted(p.name for p in victim.parent.iterdir()) == [".bashrc"]
-    assert "leads outside the project" in capsys.readouterr().err
+    assert "inside the project" in capsys.readouterr().err

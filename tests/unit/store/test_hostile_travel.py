@@ -1,4 +1,5 @@
-"""Projects that travel and heal (issue 20), through the real pipeline (in-process).
+"""Projects that travel and heal (a project is its folder: moved or copied, or with its
+bookkeeping damaged, it loses no finished work), through the real pipeline (in-process).
 
 Bookkeeping damage never costs a stage: a missing or damaged manifest (data/, shards/*/,
 checkpoints/) is rebuilt from the fingerprints the shards and checkpoints record, and only a
@@ -609,3 +610,21 @@ def test_a_copys_snapshot_never_overwrites_the_originals_in_an_outside_output_fo
         snapshot.run_snapshot(copy, "last", fresh=False)
     assert gguf.read_bytes() == kept
     assert snapshot.run_snapshot(src / "proj", "last", fresh=False)["path"] == first["path"]
+
+
+def test_a_snapshot_never_overwrites_a_users_file_at_its_name(inside, tmp_path):
+    """`snapshot --no-fresh` onto `<name>-step<N>-f16.gguf` that the user put there (issue 29,
+    item 2): refused in one sentence naming the file, the file untouched."""
+    from gguf_trainer.runner import snapshot
+
+    src = tmp_path / "a"
+    shutil.copytree(inside, src, symlinks=True)
+    out = tmp_path / "models"
+    update_settings(src / "proj", {"export.output_dir": str(out)})
+    out.mkdir()
+    step = json.loads((src / "proj" / "checkpoints" / "last.json").read_text())["step"]
+    user = out / f"{load_project(src / 'proj').settings.name}-step{step}-f16.gguf"
+    user.write_bytes(b"the user's own file")
+    with pytest.raises(UserError, match=f"{user.name} already exists and this project did not"):
+        snapshot.run_snapshot(src / "proj", "last", fresh=False)
+    assert user.read_bytes() == b"the user's own file"
