@@ -15,10 +15,22 @@ from gguf_trainer.runner.reset import TARGETS as RESET_TARGETS
 def cmd_new(args) -> int:
     view = control.new_project(args.dir, args.pack, args.name)
     out(f"project created: {view.root} (pack {args.pack}, name {view.settings['name']})")
-    out(f"next: gguf-trainer link --project {view.root} student /path/to/pig_clip-f16.gguf, "
-        f"gguf-trainer download --project {view.root} (the pack's other materials), then: "
-        f"gguf-trainer run --project {view.root}")
+    out("next: " + ", ".join(_next_steps(view.root)) + f", then: gguf-trainer run --project "
+        f"{view.root}")
     return EXIT_OK
+
+
+def _next_steps(root) -> list[str]:
+    """What a new project needs before `run`: `link` for the student and for each wanted
+    material no repo holds (its hint names the folder), `download` for the rest."""
+    steps = [f"gguf-trainer link --project {root} student /path/to/pig_clip-f16.gguf"]
+    rows = [r for r in control.material_statuses(root) if r["wanted"] and r["id"] != "student"]
+    for r in rows:
+        if r["kind"] == "hf_snapshot" and not r["repo"]:
+            steps.append(f"gguf-trainer link --project {root} {r['id']} /path/to/its/folder")
+    if any(r["kind"] == "hf_snapshot" and r["repo"] for r in rows):
+        steps.append(f"gguf-trainer download --project {root} (the pack's other materials)")
+    return steps
 
 
 def cmd_set(args) -> int:

@@ -68,9 +68,14 @@ def files_sha256(paths: list[Path], cache_file: Path | None = None) -> list[str]
     """sha256 of each file, through one read and at most one write of the cache."""
     cache = _read_cache(cache_file)
     out, changed = [], False
+    # a file inside the cache's folder (the project's own materials) is keyed relative to it:
+    # a moved project keeps its hashes instead of re-reading every file
+    home = cache_file.parent.resolve() if cache_file is not None else None
     for path in paths:
         st = path.stat()
-        key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+        real = path.resolve()
+        name = real.relative_to(home).as_posix() if home and real.is_relative_to(home) else real
+        key = f"{name}|{st.st_size}|{st.st_mtime_ns}"
         if key not in cache:
             h = hashlib.sha256()
             with open(path, "rb") as f:
@@ -118,6 +123,10 @@ def _fix_for(material, project_dir=None, instead: str = "") -> str:
             f"{material.id}, or Download under Setup → Materials) or link a copy you have "
             f"(gguf-trainer link --project {proj} {material.id} PATH){alt}"
         )
+    if material.kind == "hf_snapshot":  # no repo holds it: linked only
+        from gguf_trainer.materials.spec import link_sentence
+
+        return link_sentence(material, proj) + alt
     # A local file: name the commands that record it, with this project's folder.
     return (
         f"link your file with `gguf-trainer link --project {proj} {material.id} PATH` or "

@@ -27,6 +27,21 @@ class Material:
     hint: str = ""
     wanted_when: str = ""  # optional materials: a dotted setting that, when on, makes it wanted
 
+    @property
+    def is_downloadable(self) -> bool:
+        """A Hub snapshot with a repo to fetch it from. A snapshot no citable repo holds (a
+        pack's "link a local copy" teacher) is only ever linked, never downloaded."""
+        return self.kind == "hf_snapshot" and bool(self.repo)
+
+
+def link_sentence(material: Material, project_dir: object) -> str:
+    """The one sentence for a snapshot no repo holds: where to get it and the command that
+    links it (the GUI's words turn the command into Setup → Materials: Replace). The status
+    row, `new`, `download` and Download all say this one."""
+    what = material.hint or "a complete copy"
+    return (f"no public repo holds it, so it is never downloaded: get {what}, then link it "
+            f"(`gguf-trainer link --project {project_dir} {material.id} PATH`)")
+
 
 # Shared by every pack: the student GGUF and its tokenizer/config snapshot.
 STUDENT_MATERIALS = (

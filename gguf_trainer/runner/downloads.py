@@ -145,7 +145,8 @@ def link_found(root, passed_over: dict[str, list[str]] | None = None, online: bo
             maybe: list[Path] = []
             found = discovery.find_snapshot(m, roots, exclude=destination(project, m),
                                             expect=expect, passed=passed, unverified=maybe)
-            message = f"{m.id}: linked the complete copy of {m.repo} at {found}" if found else ""
+            message = (f"{m.id}: linked the complete copy of {m.repo or m.title} at {found}"
+                       if found else "")
             if found is None and maybe:
                 found, message = _check_with_hub(project, m, maybe, online, passed, unverified)
         else:
@@ -353,13 +354,13 @@ def start_download(root, ids: list[str] | None = None, required_only: bool = Fal
             )
             continue
         st = material_status(project, m)
-        if m.kind != "hf_snapshot":
+        if not m.is_downloadable:  # a file to choose, or a snapshot no repo holds: linked only
             out.append(
                 {
                     "id": m.id,
                     "action": "ready" if st["state"] == "ready" else "skipped",
                     "pid": None,
-                    "message": st["error"] or f"{m.id}: {st['path']}",
+                    "message": f"{m.id}: {st['error'] or st['path']}",
                 }
             )
             continue
@@ -435,12 +436,11 @@ def download_foreground(
     for m in select(project, ids, required_only):
         st = material_status(project, m)
         refused = st.get("verified") is False  # complete, but its content check fails
-        if m.kind != "hf_snapshot" or st["state"] in ("ready", "downloading") or refused:
+        linked_only = not m.is_downloadable  # a file to choose, or a snapshot no repo holds
+        if linked_only or st["state"] in ("ready", "downloading") or refused:
             extra = f" (pid {st['pid']})" if st["pid"] else ""
             on_line(f"{m.id}: {st['state']}{extra}" + (f" - {st['error']}" if st["error"] else ""))
-            failures += (
-                st["state"] != "ready" and m.required and m.kind != "hf_snapshot"
-            ) or refused
+            failures += (st["state"] != "ready" and m.required and linked_only) or refused
             continue
         try:
             result = _download_here(project, m, on_progress)

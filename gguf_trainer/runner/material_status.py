@@ -33,6 +33,7 @@ from gguf_trainer.materials.folder_check import (
     FolderCheck,
     check_folder,
 )
+from gguf_trainer.materials.spec import link_sentence
 from gguf_trainer.runner import jobs
 
 JOB_NAME = "download"
@@ -90,7 +91,7 @@ def select(project, ids: list[str] | None, required_only: bool) -> list:
 def hub_listing(material, online: bool = True) -> tuple[hub.Listing | None, str | None]:
     """The Hub's listing of the material's files (cached LISTING_TTL_S) and None, or None and
     why the Hub could not be asked; (None, None) when not `online`."""
-    if not online:
+    if not online or not material.repo:  # no repo (link a local copy): nothing to ask
         return None, None
     key = (material.repo, material.repo_type, tuple(material.patterns), revision(material))
     hit = _listing_cache.get(key)
@@ -175,6 +176,8 @@ def material_status(project, material, online: bool = False, wanted: set | None 
            if job_folder(dest_job).is_dir() else None)
     if job:
         out["log"] = job["log"]
+    if not material.is_downloadable:  # never downloaded: a job left by an older version
+        return _link_only_status(out, project, material, dest, check)
     if job and job["status"] == "running":
         prog = job["progress"]
         out.update(state="downloading", pid=job["pid"], rate_bps=prog.get("rate_bps"),
@@ -195,6 +198,18 @@ def material_status(project, material, online: bool = False, wanted: set | None 
         out["state"] = "partial"
     if job and job["status"] in ("interrupted", "stopped") and not check.is_complete:
         out["note"] = "the last download was interrupted; start it again to resume"
+    return out
+
+
+def _link_only_status(out: dict, project, material, dest: Path, check: FolderCheck) -> dict:
+    """A snapshot no repo holds: ready when the linked copy is whole, else the sentence saying
+    where to get it and how to link it (no download state: none is ever started)."""
+    if check.is_complete:
+        out["state"] = "ready"
+        check_content(out, project, material, dest)
+    else:
+        out.update(state="missing", note=None,
+                   error=link_sentence(material, project.paths.root))
     return out
 
 

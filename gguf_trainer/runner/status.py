@@ -211,9 +211,10 @@ def derive_status(paths: ProjectPaths, now: float | None = None) -> dict:
     out["results"] = None
     if out["status"] == "done" and not out["settings_error"]:
         try:
+            from gguf_trainer.runner.render_job import render_settings
             from gguf_trainer.store.results import describe_results
 
-            out["results"] = describe_results(paths.root)
+            out["results"] = describe_results(paths.root, render_settings()["files"])
         except Exception as e:  # noqa: BLE001 - observing never crashes; say what failed
             log.warning("cannot describe the results: %s", e)
     return out

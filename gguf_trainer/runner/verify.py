@@ -117,9 +117,12 @@ def describe(report: dict, root) -> list[str]:
         lines.append(
             f"recompute the damaged shards with: gguf-trainer verify --project {root} --repair"
         )
-    lines.append(
-        "verified: every shard and checkpoint is whole" if report["ok"] else "damage found (above)"
-    )
+    shards = sum(report["shards"][s]["ok"] + len(report["shards"][s]["damaged"]) for s in SPLITS)
+    if not shards and not report["checkpoints"]:  # a project never run: nothing to vouch for
+        lines.append("nothing to verify yet: no shards and no checkpoints (the run writes them)")
+    else:
+        lines.append("verified: every shard and checkpoint is whole" if report["ok"]
+                     else "damage found (above)")
     return lines
 
 

@@ -14,10 +14,50 @@ from pathlib import Path
 from gguf_trainer.base import atomic
 from gguf_trainer.store.project import Project, load_project
 
+# A pack's `<z-image-turbo DiT .gguf>`: a file ggk does not name, standing as one word
+# (render.split_command reads the same brackets; one inside a quoted prompt is the prompt's).
+PLACEHOLDER_WORD = re.compile(r"(?<!\S)<[^<>]+>(?!\S)")
 
-def ggk_command(project: Project) -> tuple[str, list[str]]:
-    """The pack's engine command with real, existing paths (pasteable: no <placeholders>);
-    and notes for what was left out or replaced."""
+
+def placeholder_name(word: str) -> str:
+    """The placeholder as settings key it (render.placeholder_key): bracketed, inner spaces
+    collapsed."""
+    return "<" + " ".join(word.strip().removeprefix("<").removesuffix(">").split()) + ">"
+
+
+def printed_command(pack, student: str = "pig_clip-f16.gguf", adapter: str | None = None,
+                    files: dict[str, str] | None = None, extras: dict[str, str] | None = None
+                    ) -> tuple[str, list[str]]:
+    """THE ggk command as printed (demo, run, status, the Output tab, the README's table) and
+    as render's argv is built: the pack's engine command with `student` and `adapter` (plain
+    file names or paths, shell-quoted here; the adapter defaults to the pack's file name), and
+    each `<placeholder>` the user's file where `files` sets it (`gguf-trainer render --file`),
+    else the placeholder single-quoted: pasted into bash it is one word, never a `<` redirect.
+    Notes: one line for each placeholder left, saying what to put there."""
+    adapter = adapter or f"pig_{pack.default_name}-f16.gguf"
+    raw = pack.engine_command(student=shlex.quote(student), adapter=shlex.quote(adapter),
+                              extras=extras)
+    given = {placeholder_name(k): v for k, v in (files or {}).items() if v}
+    notes: list[str] = []
+
+    def fill(m: re.Match) -> str:
+        name = placeholder_name(m.group(0))
+        if given.get(name):
+            return shlex.quote(given[name])
+        line = (f"{shlex.quote(name)}: put the path of that file there (ggk gives it no name; "
+                f"`gguf-trainer render --file \"{name}=PATH\"` sets it once for every command)")
+        if line not in notes:
+            notes.append(line)
+        return shlex.quote(name)
+
+    return PLACEHOLDER_WORD.sub(fill, raw), notes
+
+
+def ggk_command(project: Project, files: dict[str, str] | None = None
+                ) -> tuple[str, list[str]]:
+    """The project's ggk command (printed_command) with its real, existing paths and the
+    user's placeholder files (`files`: render settings); and notes for what was left out or
+    replaced."""
     pack = project.pack
     notes: list[str] = []
     student = project.material_path("student")
@@ -27,8 +67,8 @@ def ggk_command(project: Project) -> tuple[str, list[str]]:
                      "student PATH`); until then the command names it by its file name")
     else:
         student_arg = str(student)
-    cmd = pack.engine_command(student=shlex.quote(student_arg),
-                              adapter=shlex.quote(str(project.final_gguf)))
+    cmd, left = printed_command(pack, student_arg, str(project.final_gguf), files)
+    notes += left
     notes += list(pack.engine_notes)  # the pack's advice for running it
     if "tiny" in Path(student_arg).name:
         notes.append("this project's student is the demo's tiny stand-in, not the real pig_clip: "
@@ -47,6 +87,7 @@ def ggk_command(project: Project) -> tuple[str, list[str]]:
         notes.append(f"{name} was not exported by this project, so the command leaves it out "
                      "(text-to-image runs without it; for editing, export it: export.export_sigvq)")
     engine_files = [t for t in shlex.split(cmd) if t.endswith(".gguf") and "/" not in t
+                    and not t.startswith("<")
                     and t != Path(student_arg).name and not (project.output_dir / t).exists()]
     if engine_files:
         notes.append(f"{', '.join(engine_files)}: ggk's own model files (not made by "
@@ -54,8 +95,9 @@ def ggk_command(project: Project) -> tuple[str, list[str]]:
     return cmd, notes
 
 
-def describe_results(root: str | os.PathLike) -> dict:
-    """Where the outputs are; see control.results."""
+def describe_results(root: str | os.PathLike, files: dict[str, str] | None = None) -> dict:
+    """Where the outputs are; see control.results. `files`: the user's file for each
+    placeholder of the ggk command (render settings)."""
     project = load_project(root)
     out: dict = {"gguf": None, "eval_json": None, "eval_line": None, "ggk": None, "notes": [],
                  "mock": bool(project.settings.precompute.mock_teacher),
@@ -89,6 +131,6 @@ def describe_results(root: str | os.PathLike) -> dict:
             if cells:
                 out["eval_line"] += "; per tap: " + ", ".join(cells)
     if out["gguf"]:
-        out["ggk"], notes = ggk_command(project)
+        out["ggk"], notes = ggk_command(project, files)
         out["notes"] += notes
     return out

@@ -26,6 +26,7 @@ from gguf_trainer.ui import (
     materials_section,
     output_tab,
     recent,
+    render_section,
     setup_tab,
     train_tab,
     train_view,
@@ -55,9 +56,17 @@ CSS = """
 /* Gradio repeats the Group's elem_id on its inner box: only the outer one is the dialog. */
 #file-browser #file-browser { position: static !important; transform: none; width: auto;
   max-height: none; overflow: visible; box-shadow: none; border: 0; padding: 0; }
-/* Material table headers and short cells are words: never broken inside one. */
+/* Material table headers and short cells are words: never broken inside one. The table
+   scrolls inside its box, and the last column ("where", which holds the error) wraps. */
+#materials-md table { display: block; overflow-x: auto; max-width: 100%; }
 #materials-md th, #materials-md td { word-break: keep-all; overflow-wrap: normal; }
-#materials-md th, #materials-md td:nth-child(-n+7) { white-space: nowrap; }
+#materials-md th, #materials-md td:nth-child(n+2):nth-child(-n+7) { white-space: nowrap; }
+#materials-md td:nth-child(9) { white-space: normal; min-width: 18em; overflow-wrap: anywhere; }
+/* File names are never split inside a word ("snapsho/t"): the tables scroll instead. */
+#out-exports table, #out-snapshots table { display: block; overflow-x: auto; }
+#out-exports td:first-child, #out-snapshots td:nth-child(6) { white-space: nowrap; }
+/* A field warning (the info line under a field) reads as an error, not as faint help. */
+.field-error [data-testid="block-info"], .field-error .info { font-weight: 600; }
 /* Vega lays the series legend out below the plot's own height and the SVG clips it: let it
    show, with room under the chart, so train cos and val cos are labelled. */
 #loss-plot .vega-embed, #cos-plot .vega-embed { height: calc(100% - 64px) !important; }
@@ -65,6 +74,10 @@ CSS = """
 /* A field the last save refused (form.mark): red frame, its sentence red under the label. */
 .field-error { border: 2px solid #d9480f !important; border-radius: 6px; }
 .field-error [data-testid="block-info"], .field-error .info { color: #b3380b !important; }
+/* Toasts: Gradio gathers the toasts of one kind in one box with a count, "Info (3)", each
+   message under the last. A press's toast replaces the one before it: the newest alone. */
+.toast-messages > :not(:last-child) { display: none !important; }
+.toast-count { display: none !important; }
 """
 
 _tick_lock = threading.Lock()  # ticks take milliseconds; one at a time keeps cursors whole
@@ -134,10 +147,13 @@ def build_app(roots: list[str] | None = None, project: str | None = None) -> gr.
             else:
                 ups += [gr.skip()] * (1 + len(train_tab.tick_outputs(train)))
             ups.append(logs_tab.render(cur, paths, which_log, follow))
-            if state_changed:
+            out_sig = live.outputs_signature(paths)
+            if state_changed or out_sig != cur.outputs_sig or cur.outputs_busy:
+                shown = output_tab.render(proj)
+                cur.outputs_sig, cur.outputs_busy = out_sig, output_tab.is_busy(shown)
                 ups += [
                     v if cur.changed(f"out{i}", v) else gr.skip()
-                    for i, v in enumerate(output_tab.render(proj))
+                    for i, v in enumerate(shown)
                 ]
             else:
                 ups += [gr.skip()] * len(output_tab.outputs(out))
@@ -220,6 +236,9 @@ def build_app(roots: list[str] | None = None, project: str | None = None) -> gr.
             [project_state, read_state, *setup_tab.load_outputs(setup)],
             api_visibility="private",
         ).then(**after_open).then(**refresh)
+        # the render settings are the user's, not the project's: read per page load
+        app.load(render_section.fill, None, render_section.fill_outputs(out.render),
+                 api_visibility="private")
         api.register(app)
         # The UI's own events are not API: only api.ENDPOINTS are documented for clients.
         for fn in app.fns.values():

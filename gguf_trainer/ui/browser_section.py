@@ -219,7 +219,7 @@ def wire(p: BrowserParts, project: gr.State, path_fields: list, targets: list[Ta
     @common.shown_errors
     def save_roots(text):
         kept = files.save_roots(text.splitlines())
-        gr.Info(f"browse roots saved ({len(kept)})")
+        common.info(f"browse roots saved ({len(kept)})")
         return "\n".join(kept)
 
     p.roots_save.click(save_roots, [p.roots_text], [p.roots_text])

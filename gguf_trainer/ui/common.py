@@ -6,6 +6,7 @@ Every action of the GUI goes through runner/control/ (the functions the CLI call
 from __future__ import annotations
 
 import functools
+import html
 import math
 import re
 import time
@@ -28,6 +29,23 @@ def user_errors(fn):
     return wrapper
 
 
+def toast_html(text: str) -> str:
+    """A toast's text as Gradio shows it: Gradio sets a toast's message as (sanitized) HTML,
+    so a `<placeholder>` or a path with `<` would vanish and line breaks would run into one
+    paragraph. Escaped, each line of `text` on its own line."""
+    return "<br>".join(html.escape(line, quote=False) for line in str(text).splitlines())
+
+
+def info(text: str, title: str | None = None) -> None:
+    """An information toast (Gradio shows the newest of a kind: see app.CSS)."""
+    gr.Info(toast_html(text), **({"title": title} if title else {}))
+
+
+def warn(text: str, title: str | None = None) -> None:
+    """A warning toast: what was not done and why."""
+    gr.Warning(toast_html(text), **({"title": title} if title else {}))
+
+
 def shown_errors(fn):
     """Page event handlers: a UserError becomes one warning toast with its sentence in GUI
     words, and the event's outputs stay as they were (gr.skip()). Raising gr.Error instead
@@ -39,7 +57,7 @@ def shown_errors(fn):
         try:
             return fn(*args, **kwargs)
         except UserError as e:
-            gr.Warning(gui_words(str(e)), title="Not done")
+            warn(gui_words(str(e)), title="Not done")
             return gr.skip()
 
     return wrapper
@@ -55,9 +73,11 @@ _GUI_WORDS = (
                 r"--project \S+ materials\.\S+\.path=PATH`)?"),
      r"(Setup → Materials: Replace, or the \1 path field)"),
     (re.compile(r"`?gguf-trainer stop --project \S+?`?(?=[ ;,.)]|$)"), "Stop on the Train tab"),
+    (re.compile(r" \(killed on request with gguf-trainer kill\)"), " (killed with Kill)"),
     (re.compile(r"--project DIR"), "the project folder"),
-    (re.compile(r"with `gguf-trainer render --file \"<[^<>]*>=PATH\"` \(remembered\) or in "),
-     "in "),  # render.py's placeholder sentence: the GUI has its own field for them
+    # render.py's sentences: the GUI has its own field for each of the CLI's options
+    (re.compile(r"with `gguf-trainer render --(?:file \"<[^<>]*>=PATH\"|ggk PATH|models DIR)` "
+                r"\(remembered\) or in "), "in "),
 )
 
 
@@ -93,10 +113,11 @@ def fmt(v, digits: int = 4) -> str:
 def fmt_size(n: float | None) -> str:
     if n is None:
         return "—"
+    # decimal units, as the CLI and the packs' sizes (9.5 GB is 9.5e9 bytes, not 8.8 GiB)
     for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1024 or unit == "TB":
+        if abs(n) < 1000 or unit == "TB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
+        n /= 1000
     return str(n)
 
 

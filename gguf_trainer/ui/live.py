@@ -64,6 +64,8 @@ class Cursor:
     log_offset: int = 0
     log_text: str = ""
     shown: dict = field(default_factory=dict)  # component key -> hash of what it shows
+    outputs_sig: tuple | None = None  # outputs_signature when the Output tab was last read
+    outputs_busy: bool = False  # a job the Output tab follows was running then: read again
 
     def reset_for(self, project: str | None) -> None:
         self.__init__(project=project, log_name=self.log_name)  # type: ignore[misc]
@@ -77,19 +79,31 @@ class Cursor:
         return True
 
 
-def state_signature(paths: ProjectPaths) -> tuple | None:
-    """(mtime_ns, size, inode) of state.json: a changed signature means a new file; whether
-    a stop was requested (status's `stopping` changes without a state write); and project.json's
-    mtime (the planned steps every view shows come from it: Apply while stopped is seen)."""
+def _file_sig(path) -> tuple | None:
+    """(mtime_ns, size, inode) of a file: a changed signature means a new file; None when
+    it is absent or unreadable."""
     try:
-        st = os.stat(paths.state_json)
+        st = os.stat(path)
     except OSError:
         return None
-    try:
-        settings_ns = os.stat(paths.project_json).st_mtime_ns
-    except OSError:  # gone or unreadable: the header says so
-        settings_ns = None
-    return (st.st_mtime_ns, st.st_size, st.st_ino, paths.stop_request.exists(), settings_ns)
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+def state_signature(paths: ProjectPaths) -> tuple:
+    """state.json's file signature (None before the first run); whether a stop was requested
+    (status's `stopping` changes without a state write); and project.json's (the planned
+    steps every view shows come from it: Apply is seen, also on a project never run)."""
+    return (_file_sig(paths.state_json), paths.stop_request.exists(),
+            _file_sig(paths.project_json))
+
+
+def outputs_signature(paths: ProjectPaths) -> tuple:
+    """What the Output tab shows besides the run: exports.json, eval.json, snapshots.json
+    and the state file of each job in the project folder (verify, snapshot). A job that ends
+    changes it, so the tab follows the job by itself, with no Refresh."""
+    jobs = sorted(paths.root.glob("*-job.json")) if paths.root.is_dir() else []
+    return tuple(_file_sig(p) for p in
+                 (paths.exports_json, paths.eval_json, paths.snapshots_json, *jobs))
 
 
 def _num(v) -> float | None:

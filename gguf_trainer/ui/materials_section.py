@@ -138,7 +138,9 @@ def materials_view(project: str | None) -> tuple:
     for m in got["materials"]:
         st = m.get("state", "")
         busy |= st == "downloading"
-        if st in DOWNLOADABLE and m.get("kind") == "hf_snapshot" and m.get("wanted", True):
+        # a snapshot no repo holds is never downloaded: its row says where to get it
+        fetchable = m.get("kind") == "hf_snapshot" and bool(m.get("repo"))
+        if st in DOWNLOADABLE and fetchable and m.get("wanted", True):
             can_fetch.append((m.get("title") or m["id"], m["id"]))
         done, total = m.get("bytes_done"), m.get("bytes_total")
         prog = f"{100 * done / total:.0f}%" if total and done is not None else "—"
@@ -172,6 +174,14 @@ def materials_view(project: str | None) -> tuple:
         gr.update(choices=can_fetch, value=can_fetch[0][1] if can_fetch else None),
         fetch,
     )
+
+
+def download_toast(rows: list[dict]) -> str:
+    """One toast for a Download press: a bullet per material that started, runs or is
+    skipped (with the sentence saying what to link), in the GUI's words; "" when none."""
+    said = [common.gui_words(r["message"]) for r in rows
+            if r.get("action") in ("started", "running", "skipped", "failed", "linked")]
+    return "\n".join(f"• {line}" for line in said)
 
 
 def replace_choices(project: str | None):
@@ -245,8 +255,9 @@ def wire(p: MaterialsParts, project: gr.State, read: gr.State, outs: list, load)
     @common.shown_errors
     def do_download(proj, one=None):
         res = api.download_missing(common.need_project(proj), [one] if one else None)
-        if res["started"]:  # one toast: a line per material
-            gr.Info("\n".join(line["message"] for line in res["started"]), title="Materials")
+        said = download_toast(res["started"])
+        if said:
+            common.info(said, title="Materials")
         return materials_view(proj)
 
     p.token_save.click(do_token, [p.token], [p.token, p.token_md])
@@ -254,15 +265,17 @@ def wire(p: MaterialsParts, project: gr.State, read: gr.State, outs: list, load)
 
     @common.shown_errors
     def do_trust(proj):
-        for path in control.trust_code(common.need_project(proj)):
-            gr.Info(f"trusted: {path}")
+        trusted = control.trust_code(common.need_project(proj))
+        if trusted:  # one toast a press, a line a path
+            common.info("\n".join(f"trusted: {path}" for path in trusted))
         return trust_view(proj)
 
     p.trust_button.click(do_trust, [project], [p.trust_md, p.trust_button])
 
     @common.shown_errors
     def do_replace(proj, material_id, path):
-        gr.Info(replace_material(common.need_project(proj), material_id, path), title="Materials")
+        common.info(replace_material(common.need_project(proj), material_id, path),
+                    title="Materials")
         ups, rd = load(proj)  # the path field and the table show the new copy
         return [rd, *ups]
 

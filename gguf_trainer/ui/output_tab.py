@@ -51,7 +51,8 @@ def build() -> OutputParts:
     notes = gr.Markdown("", elem_id="ggk-notes")
     advice = gr.Markdown(QUANT_ADVICE)
     with gr.Row():
-        verify = gr.Button("Verify shards and checkpoints", scale=0, elem_id="btn-out-verify")
+        verify = gr.Button("Verify shards and checkpoints", scale=0, min_width=300,
+                           elem_id="btn-out-verify")
     verified = gr.Markdown("", elem_id="out-verify")
     render = render_section.build()
     return OutputParts(
@@ -74,11 +75,14 @@ def outputs(p: OutputParts) -> list:
     return [p.exports, p.evaluation, p.snapshots, p.ggk, p.notes, p.verified]
 
 
+VERIFY_RUNNING = "### Verify\nRe-reading every shard and checkpoint…"
+
+
 def verify_md(job: dict) -> str:
     """The verify job's report (`gguf-trainer verify`'s lines), or where it stands."""
     status = job.get("status")
     if status == "running":
-        return "### Verify\nRe-reading every shard and checkpoint…"
+        return VERIFY_RUNNING
     result = job.get("result") if isinstance(job.get("result"), dict) else {}
     if status == "done" and result.get("lines"):
         return "### Verify\n" + "\n".join(f"* {common.gui_words(line)}" for line in result["lines"])
@@ -197,6 +201,12 @@ def render(project: str | None) -> list:
     ]
 
 
+def is_busy(shown: list) -> bool:
+    """Whether render()'s view shows a job still running (the tick then reads it again even
+    when no file changed: a job that dies writes nothing)."""
+    return shown[5] == VERIFY_RUNNING
+
+
 def wire(p: OutputParts, project: gr.State, tab: gr.Tab) -> None:
     safe_render = common.shown_errors(render)
     p.refresh.click(safe_render, [project], outputs(p), api_visibility="private")
@@ -205,12 +215,12 @@ def wire(p: OutputParts, project: gr.State, tab: gr.Tab) -> None:
     @common.shown_errors
     def do_export(proj):
         api.export(common.need_project(proj))
-        gr.Info("export + eval started from best.pt; follow it on the Train tab")
+        common.info("export + eval started from best.pt; follow it on the Train tab")
 
     @common.shown_errors
     def do_snapshot(proj):
         job = api.snapshot(common.need_project(proj), "last", False)
-        gr.Info(f"snapshot export started (pid {job.get('pid')})")
+        common.info(f"snapshot export started (pid {job.get('pid')})")
 
     render_section.wire(p.render, project, tab)
     p.export.click(do_export, [project], None, api_visibility="private")
@@ -219,7 +229,7 @@ def wire(p: OutputParts, project: gr.State, tab: gr.Tab) -> None:
     @common.shown_errors
     def do_verify(proj):
         job = control.start_verify(common.need_project(proj))
-        gr.Info(f"verify started (pid {job.get('pid')}); its report shows here (Refresh)")
+        common.info(f"verify started (pid {job.get('pid')}); its report shows here when it ends")
         return verify_md(control.verify_job(proj))
 
     p.verify.click(do_verify, [project], [p.verified], api_visibility="private")

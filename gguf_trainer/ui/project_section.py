@@ -40,8 +40,19 @@ def _pack_choices() -> list[tuple[str, str]]:
     """The packs grouped by the engine family they train for (a pack without one is its own),
     each label naming the engine models its adapter serves."""
     packs = sorted(control.list_packs(), key=lambda p: (p.get("family") or p["title"]).lower())
-    return [((f"{p['family']}: " if p.get("family") else "") + f"{p['title']} ({p['id']})"
-             + (f", serves {p['serves']}" if p.get("serves") else ""), p["id"]) for p in packs]
+    return [(_pack_label(p), p["id"]) for p in packs]
+
+
+def _pack_label(p: dict) -> str:
+    """The title, led by the family only where the title does not already name it, and the
+    engine models it serves only where those are not the title's own words again."""
+    family, title, serves = p.get("family") or "", p["title"], p.get("serves") or ""
+    label = title if not family or title.lower().startswith(family.lower()) else (
+        f"{family}: {title}")
+    head = serves.split(" (")[0]
+    if serves and not title.lower().startswith(head.lower()):
+        label += f", serves {serves}"
+    return f"{label} ({p['id']})"
 
 
 def pack_description(pack_id: str | None) -> str:
@@ -72,11 +83,13 @@ def build() -> ProjectParts:
             open_button = gr.Button("Open", scale=0, elem_id="btn-open")
         with gr.Group():
             choices = _pack_choices()
+            # the first registered pack (PixArt, the demo's), not the first by family; the
+            # description below is of that same pack
+            first = (control.list_packs() or [{"id": None}])[0]["id"]
             with gr.Row(equal_height=True):
                 pack = gr.Dropdown(
                     choices,
-                    # the first registered pack (PixArt, the demo's), not the first by family
-                    value=(control.list_packs() or [{"id": None}])[0]["id"],
+                    value=first,
                     label="New project: trainer pack",
                     scale=2,
                     elem_id="new-pack",
@@ -87,7 +100,7 @@ def build() -> ProjectParts:
                     elem_id="new-name",
                     placeholder="empty: the pack's default name",
                 )
-            pack_info = gr.Markdown(pack_description(choices[0][1]) if choices else "")
+            pack_info = gr.Markdown(pack_description(first), elem_id="pack-info")
             with gr.Row(equal_height=True):
                 create_parent = gr.Textbox(
                     str(PROJECTS_ROOT), label="Create it in", scale=4, elem_id="new-parent"
@@ -151,7 +164,7 @@ def wire(p: ProjectParts, project: gr.State, read: gr.State, outs: list, load, a
         view = api.create_project(
             str(Path(parent).expanduser() / folder_name), pack_id, (name or "").strip()
         )
-        gr.Info(f"project created: {view['root']}")
+        common.info(f"project created: {view['root']}")
         ups, rd = load(view["root"])
         return [view["root"], rd, *ups]
 

@@ -38,21 +38,23 @@ class RenderParts:
     result: gr.Markdown
     timer: gr.Timer
     shown: gr.State
+    loaded: gr.State  # the settings the three fields were filled with (Save writes the changes)
 
 
 def build() -> RenderParts:
-    conf = render_job.render_settings()
+    """The fields start empty: each page load fills them from the user settings (`fill`),
+    so a reload, a second browser or a CLI `render --models` shows what is saved now."""
     with gr.Accordion("Render it in your ggk", open=True, elem_id="render-box"):
         status = gr.Markdown("", elem_id="render-status")
         with gr.Row(equal_height=True):
             ggk = gr.Textbox(
-                conf["ggk"],
+                "",
                 label="ggk command (empty: `ggk` on PATH, from pip install ggk)",
                 scale=2,
                 elem_id="render-ggk",
             )
             models = gr.Textbox(
-                conf["models"],
+                "",
                 label="Folder with ggk's model files (diffusion model, VAE, encoders)",
                 scale=3,
                 elem_id="render-models",
@@ -61,7 +63,7 @@ def build() -> RenderParts:
         # a pack that cannot name ggk's file prints a placeholder (`<qwen3-4b .gguf>`): the
         # user's file for each, one `<placeholder>=PATH` a line (the CLI's --file)
         files = gr.Textbox(
-            render_job.files_text(conf["files"]),
+            "",
             label="Files for the placeholders (one a line: <placeholder>=PATH; a relative PATH "
             "is in the model folder)",
             lines=2,
@@ -108,11 +110,55 @@ def build() -> RenderParts:
         result,
         gr.Timer(TICK_S),
         gr.State(None),
+        gr.State(None),
     )
 
 
+def fill_outputs(p: RenderParts) -> list:
+    """What `fill` updates, in its order."""
+    return [p.ggk, p.models, p.files, p.loaded]
+
+
+def fill() -> list:
+    """The three fields as the user settings hold them now, and that reading (the `loaded`
+    state Save compares with). Outputs: fill_outputs()."""
+    conf = render_job.render_settings()
+    return [conf["ggk"], conf["models"], render_job.files_text(conf["files"]), conf]
+
+
+def changed_settings(ggk: str, models: str, files: str, loaded: dict | None) -> dict:
+    """The keyword arguments of save_render_settings for what the user changed since the
+    fields were filled (`loaded`; None: nothing was filled, so only what was typed counts):
+    an untouched field is never written back, and a placeholder line taken out of the box
+    is unset while the lines the box never showed (saved meanwhile by the CLI) are kept."""
+    before = loaded or {"ggk": "", "models": "", "files": {}}
+    out: dict = {}
+    if (ggk or "").strip() != (before.get("ggk") or ""):
+        out["ggk"] = ggk or ""
+    if (models or "").strip() != (before.get("models") or ""):
+        out["models"] = models or ""
+    now = render_job.parse_files((files or "").splitlines())
+    was = dict(before.get("files") or {})
+    diff = {k: v for k, v in now.items() if was.get(k) != v}
+    diff.update({k: "" for k in was if k not in now})
+    if diff:
+        out["files"] = diff
+    return out
+
+
+def save(ggk: str, models: str, files: str, loaded: dict | None) -> tuple[str, list]:
+    """Save what the user changed; (the sentence for the toast, fill()'s updates)."""
+    changes = changed_settings(ggk, models, files, loaded)
+    if not changes:
+        return "nothing changed", fill()
+    conf = render_job.save_render_settings(**changes)
+    said = (f"ggk: {conf['ggk'] or 'on PATH'}; model files: {conf['models'] or 'not set'}; "
+            f"placeholder files: {len(conf['files'])}")
+    return said, fill()
+
+
 def outputs(p: RenderParts) -> list:
-    return [p.status, p.start, p.stop, p.teacher, p.adapter, p.result, p.shown]
+    return [p.status, p.start, p.stop, p.teacher, p.adapter, p.result, p.files, p.shown]
 
 
 def _image(root: str, path: Path | None):
@@ -146,6 +192,8 @@ def status_md(st: dict) -> str:
         lines.append("Last render stopped.")
     if st.get("no_teacher"):
         lines.append(st["no_teacher"] + ".")
+    if st.get("text_only"):
+        lines.append(st["text_only"][0].upper() + st["text_only"][1:] + ".")
     return "\n\n".join(lines) or "Ready: type a prompt and press Render."
 
 
@@ -169,15 +217,18 @@ def result_md(record: dict | None) -> str:
     return "\n\n".join(lines)
 
 
+OUTPUT_NAMES = ("status", "start", "stop", "teacher", "adapter", "result", "files", "shown")
+
+
 def view(project: str | None, shown) -> list:
     """Updates for outputs(); everything skipped when the job, the newest render and what is
     missing are what this page already shows."""
     if not project:
-        return [gr.skip()] * 7
+        return [gr.skip()] * len(OUTPUT_NAMES)
     try:
         st = render_job.render_status(project)
     except UserError:  # a broken or vanished project: the header says what is wrong
-        return [gr.skip()] * 7
+        return [gr.skip()] * len(OUTPUT_NAMES)
     job = st["job"]
     latest = st["latest"] or {}
     sig = repr(
@@ -188,10 +239,12 @@ def view(project: str | None, shown) -> list:
             latest.get("folder"),
             latest.get("finished"),
             st["missing"],
+            st.get("placeholders"),
+            st.get("text_only"),
         )
     )
     if sig == shown:
-        return [gr.skip()] * 7
+        return [gr.skip()] * len(OUTPUT_NAMES)
     running = job["status"] == "running"
     return [
         status_md(st),
@@ -200,6 +253,8 @@ def view(project: str | None, shown) -> list:
         _image(project, render_job.half_image(latest, "teacher") if latest else None),
         _image(project, render_job.half_image(latest, "adapter") if latest else None),
         result_md(st["latest"]),
+        # the box for the placeholders' files only where the pack's command has some
+        gr.update(visible=bool(st.get("placeholders"))),
         sig,
     ]
 
@@ -217,22 +272,21 @@ def wire(p: RenderParts, project: gr.State, tab: gr.Tab) -> None:
     tab.select(lambda proj: view(proj, None), [project], outs, api_visibility="private")
 
     @common.shown_errors
-    def do_save(ggk, models, files):
-        placeholders = render_job.parse_files((files or "").splitlines())
-        conf = render_job.save_render_settings(ggk or "", models or "", placeholders, True)
-        gr.Info(f"ggk: {conf['ggk'] or 'on PATH'}; model files: {conf['models'] or 'not set'}; "
-                f"placeholder files: {len(conf['files'])}")
+    def do_save(ggk, models, files, loaded):
+        said, ups = save(ggk, models, files, loaded)
+        common.info(said, title="Render settings")
+        return ups
 
     @common.shown_errors
     def do_render(proj, prompt, seed):
         if seed is None or float(seed) != int(seed):
             raise UserError("the seed must be a whole number")
         job = render_job.start_render(common.need_project(proj), prompt, int(seed))
-        gr.Info(f"render started (pid {job.get('pid')})")
+        common.info(f"render started (pid {job.get('pid')})")
 
     @common.shown_errors
     def do_stop(proj):
-        gr.Info(f"render: {render_job.stop_render(common.need_project(proj))}")
+        common.info(f"render: {render_job.stop_render(common.need_project(proj))}")
 
     reset = {
         "fn": lambda proj: view(proj, None),
@@ -240,7 +294,8 @@ def wire(p: RenderParts, project: gr.State, tab: gr.Tab) -> None:
         "outputs": outs,
         "api_visibility": "private",
     }
-    p.save.click(do_save, [p.ggk, p.models, p.files], None, api_visibility="private").then(**reset)
+    p.save.click(do_save, [p.ggk, p.models, p.files, p.loaded], fill_outputs(p),
+                 api_visibility="private").then(**reset)
     p.start.click(do_render, [project, p.prompt, p.seed], None, api_visibility="private").then(
         **reset
     )

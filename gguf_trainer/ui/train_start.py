@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gguf_trainer.base.errors import UserError
+from gguf_trainer.base.jsonvals import get_dotted
 from gguf_trainer.runner import control
 from gguf_trainer.ui import api, common, form
 from gguf_trainer.ui.form_save import Saved, save_form
@@ -67,12 +68,13 @@ def start_from_page(
     if saved is not None and saved.result is None:
         saved = None  # nothing had changed: nothing to report
     if saved is not None and not saved.ok:
+        undo_save(project, read, saved)  # a Start that does not start saves nothing
         return StartOutcome(
             False,
-            "Not started: some of your Setup changes were not saved "
-            "(see the fields marked ⚠ on the Setup tab); reload or fix them, "
+            "Not started, and nothing saved: some of your Setup changes cannot be saved "
+            "(see the fields marked ⚠ on the Setup tab); fix them or reload, "
             "then press Start again.",
-            saved,
+            Saved(read, saved.message, saved.marks, saved.result),
             [],
         )
     finished = _finished(project) if saved is None else None
@@ -95,8 +97,25 @@ def start_from_page(
     try:
         pid = api.start(project)["pid"]
     except UserError as e:
-        return StartOutcome(False, f"{note}Not started: {e}", saved, missing)
+        if saved is None:
+            return StartOutcome(False, f"Not started: {e}", None, missing)
+        undo_save(project, read, saved)  # a Start that does not start saves nothing
+        kept = ("Your Setup changes were not saved (they are still in the fields: Save "
+                "keeps them).")
+        return StartOutcome(False, f"Not started: {e} {kept}",
+                            Saved(read, kept, saved.marks, None), missing)
     return StartOutcome(True, f"{note}Pipeline started (pid {pid}).", saved, missing, pid)
+
+
+def undo_save(project: str, read: dict, saved: Saved) -> None:
+    """Put back the fields a Start saved before it was refused: the values the page read,
+    compare-and-set against what the save wrote (a field changed on disk meanwhile is left
+    as it is now)."""
+    applied = list((saved.result or {}).get("applied") or ())
+    if not applied:
+        return
+    before = {key: get_dotted(read["values"], key) for key in applied}
+    api.save_settings(project, before, saved.read["values"] if saved.read else None)
 
 
 def missing_warning(missing: list[str]) -> str:

@@ -182,9 +182,9 @@ def wire(
             out.message + (" " + missing_warning(out.missing) if out.missing else "")
         )
         if out.started and not out.missing:
-            gr.Info(text)
+            common.info(text)
         else:
-            gr.Warning(
+            common.warn(
                 text,
                 title="Started"
                 if out.started
@@ -200,7 +200,7 @@ def wire(
     @common.shown_errors
     def do_stop(proj):
         outcome = api.stop(common.need_project(proj))["outcome"]
-        gr.Info(
+        common.info(
             {"not running": "not running; nothing to stop"}.get(
                 outcome, "stopping after the current step…"
             )
@@ -209,14 +209,14 @@ def wire(
     @common.shown_errors
     def do_kill(proj):
         outcome = api.kill(common.need_project(proj))["outcome"]
-        gr.Info(
+        common.info(
             "killed; Resume continues from the last checkpoint" if outcome == "killed" else outcome
         )
 
     @common.shown_errors
     def do_snapshot(proj, checkpoint, evaluate):
         job = api.snapshot(common.need_project(proj), checkpoint, evaluate)
-        gr.Info(f"snapshot export started (pid {job.get('pid')}); it appears on the Output tab")
+        common.info(f"snapshot export started (pid {job.get('pid')}); it appears on the Output tab")
 
     @common.shown_errors
     def do_steps(proj, steps):
@@ -229,7 +229,7 @@ def wire(
             api.export(common.need_project(proj))
         else:
             api.start(common.need_project(proj), only=["eval"], force=True)
-        gr.Info(f"{'export + eval' if which == 'export' else 'eval'} started from best.pt")
+        common.info(f"{'export + eval' if which == 'export' else 'eval'} started from best.pt")
 
     @common.shown_errors
     def open_reset(proj, target):
@@ -250,7 +250,7 @@ def wire(
     @common.shown_errors
     def do_reset(proj, target):
         res = api.reset(common.need_project(proj), target)
-        gr.Info(f"reset {target}: deleted {len(res['deleted'])} path(s)")
+        common.info(f"reset {target}: deleted {len(res['deleted'])} path(s)")
         return gr.update(visible=False)
 
     p.start.click(do_start, [project, read, *fm.comps], [read, save_md, *fm.comps, p.steps]).then(

@@ -30,8 +30,8 @@ CHART_PX = 340
 METRIC_LABELS = {
     "loss": "loss",
     "cos": "train cos",
-    "val_cos": "val cos",
-    "best_val_cos": "best val cos",
+    "val_cos": "val cos (last check)",
+    "best_val_cos": "best val cos (best.pt)",
     "lr": "learning rate",
     "mse": "mse",
     "rel_mse": "rel mse",
@@ -105,18 +105,35 @@ def _counts_text(info: dict, planned: int | None) -> str:
     return f"step {common.fmt(done)} / {common.fmt(total)}"
 
 
+def short_of_plan(info: dict, planned: int | None) -> str:
+    """For a run that ended "done" with training short of the planned steps (an export from
+    best.pt after a stop, or Apply of more steps after the end): what was done and what is
+    left, else ""."""
+    done, total = step_counts(info, planned)
+    if info.get("status") != "done" or done is None or not total or done >= total:
+        return ""
+    ran = set(info.get("stages") or {})
+    how = "exported and evaluated from best.pt; " if ran and "train" not in ran else ""
+    return f"{how}training stopped short of the planned steps"
+
+
 def banner_text(info: dict, planned: int | None = None) -> str:
     """The run's state in words, with the step counts; never the ETA (shown once, in the
     progress line) and never a raw dict."""
     status = info.get("status") or "idle"
     counts = _counts_text(info, planned)
-    message = str(info.get("message") or "")
+    message = common.gui_words(str(info.get("message") or ""))
+    if message == status:  # "DONE · done": the word once
+        message = ""
+    short = short_of_plan(info, planned)
+    if short:
+        message = short
     if status in ACTIVE and status != "stalled":  # its message repeats the counts and the ETA
         stage = info.get("stage")
         message = f"pid {info.get('pid')}" + (
             f" · {stage_title(stage)}" if stage else " · starting"
         )
-    text = f"**{status.upper()}** · {message}" + (f" · {counts}" if counts else "")
+    text = f"**{status.upper()}**" + "".join(f" · {part}" for part in (message, counts) if part)
     if is_stopping(info):
         text = f"**STOPPING…** · finishing the current step, then saving · {message}" + (
             f" · {counts}" if counts else ""
@@ -125,6 +142,8 @@ def banner_text(info: dict, planned: int | None = None) -> str:
         text += " — **Kill** it, then **Resume** from the last checkpoint."
     if status == "interrupted":
         text += " — press **Resume** to continue from the last checkpoint."
+    if short:
+        text += " — press **Start / Resume** to train the rest."
     if info.get("mock"):
         text = (
             "**MOCK teacher run** (synthetic targets: a smoke test, not a usable adapter) · " + text
@@ -146,14 +165,20 @@ def banner_text(info: dict, planned: int | None = None) -> str:
     return text
 
 
-def stage_text(name: str, st: dict | None, counts: tuple | None = None) -> tuple[str, str]:
+def stage_text(name: str, st: dict | None, counts: tuple | None = None,
+               in_run: bool = True) -> tuple[str, str]:
     """(button label, status class) of one stage box; `counts` (step_counts) for training.
-    No ETA here: it is shown once, in the progress line."""
+    `in_run` False: the last run did not include the stage (an export-only run), so it is
+    not "pending" but as an earlier run left it. No ETA here: it is shown once, in the
+    progress line."""
     st = st or {}
     status = st.get("status") or "pending"
+    word = status
     if st.get("skipped"):
-        status = "done"
-    lines = [stage_title(name), status + (" (already done)" if st.get("skipped") else "")]
+        status, word = "done", "done earlier"
+    elif not st and not in_run:
+        status, word = "pending", "not in the last run"
+    lines = [stage_title(name), word]
     done, total = counts if counts and counts[0] is not None else (st.get("done"), st.get("total"))
     if total is not None and done is not None:
         lines.append(f"{common.fmt(done)}/{common.fmt(total)} {st.get('unit') or 'steps'}".strip())
@@ -205,10 +230,15 @@ def metrics_md(info: dict, cur: live.Cursor, planned: int | None = None) -> str:
         ["step", f"{common.fmt(done)} / {common.fmt(total)}"],
         ["steps/s", common.fmt(rate, 3)],
     ]  # "—" when nothing trains
+    values = {key: info.get(key) if info.get(key) is not None else cur.latest.get(key)
+              for key in METRIC_LABELS}
     for key, label in METRIC_LABELS.items():
-        value = info.get(key) if info.get(key) is not None else cur.latest.get(key)
-        if value is not None:
-            rows.append([label, common.fmt(value)])
+        if values[key] is not None:
+            rows.append([label, common.fmt(values[key])])
+    val, best = values["val_cos"], values["best_val_cos"]
+    if val is not None and best is not None and val > best:  # one reading of both rows
+        why = "the last check was a snapshot's: best.pt is picked at scheduled checks only"
+        rows.append(["note", why])
     return "#### Current metrics\n" + common.md_table(["metric", "value"], rows)
 
 
@@ -288,9 +318,10 @@ def render(cur: live.Cursor, info: dict, plot_changed: bool, log10: bool) -> lis
             gr.update(interactive=active, variant="stop" if status == "stalled" else "secondary"),
         ),
     ]
+    ran = info.get("stages") or {}
     for name in STAGES:
         label, cls = stage_text(
-            name, (info.get("stages") or {}).get(name), counts if name == "train" else None
+            name, ran.get(name), counts if name == "train" else None, in_run=not ran or name in ran
         )
         clickable = name in ("export", "eval") and not active
         out.append(

@@ -80,7 +80,10 @@ def test_a_change_made_on_disk_since_the_page_read_it_starts_nothing(fm, tmp_pat
     assert not out.started and launched == [] and "Not started" in out.message
     assert set(out.saved.result["conflicts"]) == {"train.steps"}
     now = control.read_settings(root).values["train"]
-    assert now["steps"] == 12000 and now["lr"] == 1e-3  # not overwritten; the other field saved
+    # not overwritten; and (issue 31 item 5: a stray Steps=12 was kept, then "Not started") a
+    # Start that does not start keeps none of the other changes either
+    assert now["steps"] == 12000 and now["lr"] == read["values"]["train"]["lr"] != 1e-3
+    assert "nothing saved" in out.message
     marks = dict(zip(fm.fields, out.saved.marks))
     assert "changed on disk to 12000" in marks["train.steps"]["info"]
 
@@ -102,10 +105,13 @@ def test_a_refused_start_is_the_control_sentence_after_the_save(fm, tmp_path):
     create_project(root, "t5xxl_pixart")
     read, widgets = page(fm, root)
     widgets["train.lr"] = 1e-3
+    before = control.read_settings(root).values["train"]["lr"]
     out = train_start.start_from_page(fm, str(root), read, list(widgets.values()))
-    assert not out.started and out.saved.ok  # saved, then refused by control.start
+    assert not out.started  # refused by control.start (no student)
     assert f"gguf-trainer link --project {root.resolve()} student PATH" in out.message
-    assert control.read_settings(root).values["train"]["lr"] == 1e-3
+    # Issue 31 item 5: a Start that does not start saves nothing; the edit stays in the field
+    assert control.read_settings(root).values["train"]["lr"] == before != 1e-3
+    assert "were not saved" in out.message and out.saved.read == read
 
 
 def test_start_never_saves_a_field_this_project_does_not_show(fm, tmp_path, launched):
@@ -144,3 +150,4 @@ def test_start_on_a_finished_project_says_done_and_offers_more_steps(fm, tmp_pat
     control.set_steps(root, 1800)  # Apply the offer: Start trains further
     out = train_start.start_from_page(fm, str(root), read, list(widgets.values()))
     assert out.started and launched == [str(root)]
+

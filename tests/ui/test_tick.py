@@ -246,3 +246,73 @@ def test_a_new_project_starts_on_the_reference_pack():
     picker = next(b for b in app.blocks.values() if getattr(b, "elem_id", None) == "new-pack")
     assert picker.value == pack_ids()[0] == "t5xxl_pixart"
     assert picker.choices[0][1] != "t5xxl_pixart"  # the sort alone would have picked another
+    # issue 31 item 6: the description under it described Boogu (the first by family)
+    info = next(b for b in app.blocks.values() if getattr(b, "elem_id", None) == "pack-info")
+    assert info.value.startswith("**PixArt") and "Boogu" not in info.value
+    # item 7: a label names its family once
+    assert all(label.count("Boogu Image") == 1 for label, pid in picker.choices
+               if pid == "qwen3vl_boogu")
+
+
+def test_the_output_tab_follows_a_verify_job_by_itself(tick, tmp_path):
+    """Issue 31 item 3: the verify job ended in ~5 s, but the Output tab said "Re-reading every
+    shard…" until Refresh (only a state.json change re-read it). A job's own state file
+    changing is seen by the next tick."""
+    from gguf_trainer.runner import jobs
+
+    root = tmp_path / "p"
+    create_project(root, "t5xxl_pixart")
+    st = empty_state()
+    st.update(status="done", stage="train", step=10, steps=10)
+    atomic.write_json(root / "state.json", st)
+    cur = live.Cursor()
+    tick(str(root), cur, "pipeline", True, False)
+    record = {"schema": 1, "name": "verify", "job_id": "j1", "status": "done", "pid": None,
+              "started": 1.0, "finished": 2.0, "error": None, "progress": {},
+              "result": {"lines": ["shards: 2 of 2 whole", "checkpoints: 1 of 1 whole"]}}
+    atomic.write_json(jobs.state_path(root, "verify"), record)
+    out = tick(str(root), cur, "pipeline", True, False)  # state.json did not change
+    assert "shards: 2 of 2 whole" in out[-1], out[-1]
+    assert all(is_skip(v) for v in tick(str(root), cur, "pipeline", True, False))
+
+
+def test_a_never_run_project_shows_applied_steps_at_once(tick, tmp_path):
+    """Issue 31 item 4: with no state.json the signature was None, so project.json's change
+    (Apply, or `set`) was never seen until a reload."""
+    from gguf_trainer.store.project import update_settings
+    from gguf_trainer.ui import train_view
+
+    root = tmp_path / "p"
+    create_project(root, "t5xxl_pixart", overrides={"train.steps": 800})
+    n = len(train_view.STAGES)
+    cur = live.Cursor()
+    assert tick(str(root), cur, "pipeline", True, False)[9 + n] == "800"
+    update_settings(root, {"train.steps": 1200})
+    assert tick(str(root), cur, "pipeline", True, False)[9 + n] == "1200"
+
+
+def test_a_done_run_short_of_the_plan_says_so_once():
+    """Issue 31 item 4: "DONE · done · step 680 / 1500" with the precompute stages "pending"
+    after Export from best.pt on a stopped run; "DONE · done · step 40 / 200" after Apply 200
+    on a finished 40-step run; val cos above best val cos with nothing saying why."""
+    from gguf_trainer.ui import train_view
+
+    export_only = {"status": "done", "message": "done", "step": 680, "steps": 1500,
+                   "stages": {"export": {"status": "done"}, "eval": {"status": "done"}}}
+    text = train_view.banner_text(export_only, 1500)
+    assert "done ·" not in text.lower().replace("**done**", "")
+    assert "exported and evaluated from best.pt" in text and "step 680 / 1500" in text
+    assert "Resume" in text
+    label, _ = train_view.stage_text("precompute", None, in_run=False)
+    assert "pending" not in label and "not in the last run" in label
+    label, _ = train_view.stage_text("corpus", {"status": "done", "skipped": True})
+    assert "already done" not in label and "done earlier" in label
+    finished = {"status": "done", "message": "done",
+                "stages": {"train": {"status": "done", "done": 40, "total": 40}}}
+    text = train_view.banner_text(finished, 200)
+    assert "stopped short" in text and "step 40 / 200" in text and "exported" not in text
+    assert train_view.banner_text(finished, 40) == "**DONE** · step 40 / 40"
+    metrics = train_view.metrics_md({"val_cos": 0.7929, "best_val_cos": 0.7777}, live.Cursor())
+    assert "val cos (last check) | 0.7929" in metrics
+    assert "best val cos (best.pt) | 0.7777" in metrics
+    assert "snapshot" in metrics

@@ -39,9 +39,10 @@ def table_rows(header: str) -> dict[str, str]:
 def printed_command(pack) -> str:
     """The command the pack prints for a project whose student is pig_clip-f16.gguf and whose
     adapter has the pack's default name (LLaDA: its SigVQ companion exported)."""
+    from gguf_trainer.store.results import printed_command
+
     extras = {"sigvq": "pig_llada_sigvq-f16.gguf"} if pack.id == "llada_image" else None
-    return pack.engine_command(student="pig_clip-f16.gguf",
-                               adapter=f"pig_{pack.default_name}-f16.gguf", extras=extras)
+    return printed_command(pack, extras=extras)[0]  # the one function every place prints with
 
 
 @pytest.mark.parametrize("pack_id", SHIPPED)
@@ -62,6 +63,19 @@ def test_every_pack_has_the_ggk_command_it_prints(pack_id):
     assert pack_id in rows, f"{pack_id} has no row in the README's ggk command table"
     cmd = printed_command(packs.get_pack(pack_id))
     assert f"| `{cmd}` |" in rows[pack_id], f"{pack_id}: the pack prints {cmd}"
+
+
+@pytest.mark.parametrize("pack_id", SHIPPED)
+def test_a_printed_command_pastes_into_bash(pack_id):
+    """Issue 31 item 9: no unquoted `<placeholder>` (bash reads `<` as a redirect): each is
+    one quoted word, and a line says what to put there."""
+    from gguf_trainer.store.results import printed_command
+
+    cmd, notes = printed_command(packs.get_pack(pack_id))
+    bare = re.sub(r"'[^']*'|\"[^\"]*\"", "", cmd)  # what the shell reads outside quotes
+    assert "<" not in bare and ">" not in bare, cmd
+    for word in re.findall(r"'(<[^']*>)'", cmd):
+        assert any(n.startswith(f"'{word}': put the path") for n in notes), word
 
 
 def test_the_tables_list_no_pack_that_does_not_exist():
