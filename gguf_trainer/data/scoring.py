@@ -69,11 +69,15 @@ def score_batches(batches, predict, stats: Stats, centered: bool, device, ref_pr
     return metrics.result()
 
 
-def validate(model, val_files, pack, stats: Stats, batch_size: int, device) -> dict:
-    """The pack's metrics of `model` over every val shard; "val_cos" is the pack's headline."""
+def validate(model, val_files, pack, stats: Stats, batch_size: int, device,
+             standardized: bool | None = None) -> dict:
+    """The pack's metrics of `model` over every val shard; "val_cos" is the pack's headline.
+    `standardized`: the space the model predicts in (the recipe's; None: the pack's)."""
+    if standardized is None:
+        standardized = pack.standardized
     model.eval()
     try:
-        predict = lambda b: raw_prediction(forward(model, b).float(), stats, pack.standardized)
+        predict = lambda b: raw_prediction(forward(model, b).float(), stats, standardized)
         res = score_batches(
             iter_batches(val_files, batch_size, pack.fixed_rows),
             predict,

@@ -41,12 +41,14 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load, save_file
 
-from gguf_trainer.base import atomic, safe_delete
+from gguf_trainer.base import atomic, bounded, safe_delete
 from gguf_trainer.base.errors import UserError
+from gguf_trainer.engine.template_padding import unpadded_length
 
 log = logging.getLogger(__name__)
 
 FORMAT = "gguf-trainer-shard/1"
+MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit on a header (safetensors/src/tensor.rs)
 SUFFIX = ".safetensors"
 
 
@@ -91,6 +93,7 @@ def _sort_metadata(path: Path) -> None:
 def read_meta(path: Path) -> dict[str, str] | None:
     """The shard's metadata, or None when the file cannot be parsed (truncated, not a shard)."""
     try:
+        bounded.open_regular(path).close()  # a FIFO would hang safe_open's open
         with safe_open(str(path), framework="pt") as f:
             return dict(f.metadata() or {})
     except (SafetensorError, OSError, ValueError):
@@ -109,12 +112,29 @@ def _read(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """The tensors and metadata of one snapshot of the file's bytes. Read into memory, never
     memory-mapped: a shard truncated by another process while it is mapped would kill the
     trainer with SIGBUS instead of raising ShardCorrupted."""
-    raw = Path(path).read_bytes()
-    if len(raw) < 8:
-        raise ValueError("shorter than a safetensors header")
-    (n,) = struct.unpack("<Q", raw[:8])
-    meta = json.loads(raw[8:8 + n]).get("__metadata__") or {}
-    return load(raw), meta
+    # A regular file only (a FIFO never blocks, /dev/zero is refused), read no further than
+    # its header says it ends: a sparse 6 GiB file is refused before it is read.
+    with bounded.open_regular(path) as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise ValueError("shorter than a safetensors header")
+        (n,) = struct.unpack("<Q", head)
+        bounded.check_size(path, n, min(bounded.size_of(f) - 8, MAX_HEADER_BYTES),
+                           "a shard's header")
+        header = json.loads(f.read(n))
+        try:
+            ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
+        except (AttributeError, TypeError, KeyError, IndexError):
+            raise ValueError("not a safetensors header") from None
+        implied = 8 + n + max(ends, default=0)
+        if bounded.size_of(f) != implied:
+            raise ValueError("its size is not the one its header implies")
+        f.seek(0)
+        with bounded.reading(path, implied):  # out of memory: this shard, not the batch
+            raw = f.read(implied)
+    meta = header.get("__metadata__") or {}
+    with bounded.reading(path, implied):
+        return load(raw), meta
 
 
 def check_shard(path: Path) -> str | None:
@@ -263,6 +283,9 @@ class Shard:
     def target(self, i: int) -> torch.Tensor:
         return self.t["target_rows"][self.t_off[i]: self.t_off[i + 1]]
 
+    def student_ids(self, i: int) -> torch.Tensor:
+        return self.t["student_ids"][self.s_off[i]: self.s_off[i + 1]]
+
     def vision(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Raw vision rows (n, vis_dim) of sample i and their token positions (n,)."""
         a, b = self.v_off[i], self.v_off[i + 1]
@@ -283,7 +306,8 @@ class Batch:
     For token-aligned kinds R == L and row_mask == mask, less the rows target_keep drops.
     Vision packs: vis [B, L, vis_dim] raw vision rows at image positions, zeros elsewhere (None
     when no sample has an image: the same as zeros for `vis_in`, which has no bias) and
-    vis_mask [B, L] (True at image tokens, supervised or not).
+    vis_mask [B, L] (True at image tokens, supervised or not). Token-aligned kinds: n_real [B],
+    each template's length less its appended pads (data/recipe.py's row classes).
     """
 
     hidden: torch.Tensor
@@ -295,12 +319,13 @@ class Batch:
     samples: list[tuple[int, int]]  # (shard file index, row) per sample, for bookkeeping
     vis: torch.Tensor | None = None
     vis_mask: torch.Tensor | None = None
+    n_real: torch.Tensor | None = None
 
     def to(self, device) -> Batch:
         move = lambda x: None if x is None else x.to(device, non_blocking=True)
         return Batch(move(self.hidden), move(self.mask), move(self.target), move(self.row_mask),
                      move(self.seed_ids), move(self.sup_start), self.samples, move(self.vis),
-                     move(self.vis_mask))
+                     move(self.vis_mask), move(self.n_real))
 
 
 def _pad(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -331,10 +356,13 @@ def collate(shard: Shard, rows: list[int], file_index: int, fixed_rows: int = 0)
     seed = shard.t.get("seed_ids")
     sup = shard.t.get("sup_start")
     vis, vis_mask = _vision(shard, rows, hidden.shape[1])
+    n_real = None
+    if sup is not None:
+        n_real = torch.tensor([unpadded_length(shard.student_ids(i).tolist()) for i in rows])
     return Batch(hidden, mask, target, row_mask,
                  None if seed is None else seed[rows].long(),
                  None if sup is None else sup[rows].long(),
-                 [(file_index, i) for i in rows], vis, vis_mask)
+                 [(file_index, i) for i in rows], vis, vis_mask, n_real)
 
 
 def _vision(shard: Shard, rows: list[int], length: int):

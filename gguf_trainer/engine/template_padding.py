@@ -50,13 +50,8 @@ class Padding:
         return ids + [PAD_ID] * max(0, target - len(ids))
 
     def real_length(self, ids: Sequence[int]) -> int:
-        """The ids before the appended pads (every template ends in its assistant marker, never
-        in 151643, so the trailing run is the pads)."""
-        n = len(ids)
-        if self.pads:
-            while n and ids[n - 1] == PAD_ID:
-                n -= 1
-        return n
+        """The ids before the appended pads."""
+        return unpadded_length(ids) if self.pads else len(ids)
 
     def positions(self, ids: Sequence[int]) -> list[int] | None:
         """The rope position of every id, or None for 0..L-1."""
@@ -64,3 +59,12 @@ class Padding:
             return None
         n = self.real_length(ids)
         return list(range(n)) + [self.pad_position] * (len(ids) - n)
+
+
+def unpadded_length(ids: Sequence[int], pad_id: int = PAD_ID) -> int:
+    """The ids before a trailing run of the pad (every template ends in its assistant marker,
+    never in the pad, so the run is the appended pads)."""
+    n = len(ids)
+    while n and int(ids[n - 1]) == pad_id:
+        n -= 1
+    return n

@@ -220,12 +220,13 @@ class TrainRanks:
 
         return RankStream(files, seed, batch_size, fixed_rows, pos)
 
-    def share_loss(self, loss, parts: dict, batch, cos_weight: float):
-        """(this rank's weighted loss to backpropagate, the global parts, the global loss)."""
+    def share_loss(self, loss, parts: dict, batch, cos_weight: float, n_rows=None):
+        """(this rank's weighted loss to backpropagate, the global parts, the global loss).
+        `n_rows`: this rank's loss weight (the recipe's row weights' sum; else its rows)."""
         import torch
         import torch.distributed as dist
 
-        n_r = float(batch.row_mask.sum())
+        n_r = float(batch.row_mask.sum()) if n_rows is None else float(n_rows)
         t = torch.tensor([n_r, n_r * parts["mse"], n_r * parts["cos"]], dtype=torch.float64)
         collective(dist.all_reduce, t, group=self.ctrl)
         n = max(float(t[0]), 1.0)

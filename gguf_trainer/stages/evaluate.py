@@ -6,7 +6,8 @@ holds the pack's metrics of the GGUF, the same for the checkpoint (whose headlin
 best.json's `val_cos` for that step), `roundtrip_cos` (GGUF vs checkpoint), the
 per-dimension mean baseline an adapter must beat, and says MOCK for mock runs.
 
-    STAGE   the eval stage object (done when eval.json is newer than the exported GGUF)
+    STAGE   the eval stage object (done when eval.json is newer than the exported GGUF, or
+            records its size and sha256: a project moved without its files' times)
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from pathlib import Path
 
 import torch
 
-from gguf_trainer.base import atomic
+from gguf_trainer.base import atomic, places
 from gguf_trainer.base.jsonvals import finite
 from gguf_trainer.base.paths import BEST, TINY_MARKER
+from gguf_trainer.base.safe_delete import file_record
 from gguf_trainer.data.checkpoints import checkpoint_path, load_checkpoint, model_from_checkpoint
 from gguf_trainer.data.scoring import forward, raw_prediction, score_batches, score_taps
 from gguf_trainer.data.shards import Stats, iter_batches, shard_files
@@ -47,7 +49,8 @@ def evaluate_gguf(project, gguf: Path, which: str = "best", device: str | torch.
     fixed = pack.fixed_rows
 
     def ckpt_predict(b):
-        return raw_prediction(forward(ckpt_model, b).float(), stats, pack.standardized)
+        # the space the checkpoint was trained in (its recipe), not the pack's default
+        return raw_prediction(forward(ckpt_model, b).float(), stats, bool(ck.get("standardized")))
 
     def gguf_predict(b):
         return forward(gguf_model, b).float()
@@ -68,7 +71,10 @@ def evaluate_gguf(project, gguf: Path, which: str = "best", device: str | torch.
     record = {
         "pack": pack.id,
         "kind": pack.adapter_kind,
-        "gguf": str(gguf),
+        # where the GGUF is, as exports.json records it (relative inside the project: a moved
+        # project's eval never names the old folder), and what it was (EvalStage.is_done)
+        "gguf": places.record_key(gguf, project.dir.resolve()),
+        **{f"gguf_{k}": v for k, v in file_record(gguf).items()},
         "checkpoint": which,
         "trained_steps": int(ck["step"]),
         "planned_steps": int(ck["planned_steps"]),
@@ -80,6 +86,10 @@ def evaluate_gguf(project, gguf: Path, which: str = "best", device: str | torch.
         "baseline": baseline,
         "beats_baseline": res_gguf[pack.headline] > baseline.get(f"baseline_{pack.headline}", -1.0),
         "mock": bool(ck.get("mock")),
+        # the recipe the checkpoint trained with (a checkpoint from before the recipe keys
+        # names only its target space)
+        "recipe": ck.get("recipe") or {
+            "target_space": "standardized" if ck.get("standardized") else "raw"},
         "time": time.time(),
     }
     if gguf_model.config.taps:  # layerwise: each tap's figures beside the whole stack's
@@ -147,8 +157,20 @@ class EvalStage(Stage):
         return None if project.settings.export.run_eval else "export.run_eval is off"
 
     def is_done(self, project, run) -> bool:
+        """eval.json scores the GGUF that is there: written after it, or (a project moved or
+        copied without its files' times) recording its very size and sha256."""
         gguf, ev = project.final_gguf, project.paths.eval_json
-        return ev.exists() and gguf.exists() and ev.stat().st_mtime_ns >= gguf.stat().st_mtime_ns
+        if not (ev.is_file() and gguf.is_file()):
+            return False
+        if ev.stat().st_mtime_ns >= gguf.stat().st_mtime_ns:
+            return True
+        try:
+            rec = atomic.read_json(ev, inside=project.paths.root)
+        except (ValueError, OSError):
+            return False
+        if not isinstance(rec, dict) or rec.get("gguf_size") != gguf.stat().st_size:
+            return False
+        return rec.get("gguf_sha256") == file_record(gguf)["sha256"]
 
     def run(self, project, report, run) -> str:
         run_eval(project, report)

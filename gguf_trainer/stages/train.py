@@ -21,11 +21,12 @@ import logging
 import math
 import os
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-from gguf_trainer.base import safe_delete
+from gguf_trainer.base import project_file, safe_delete
 from gguf_trainer.base.errors import UserError
 from gguf_trainer.base.jsonvals import finite
 from gguf_trainer.base.paths import BEST, CHECKPOINTS_DIR, LAST, STALE_PREFIX, tool_files_in
@@ -38,6 +39,7 @@ from gguf_trainer.data.checkpoints import (
     recorded_fingerprint,
     save_checkpoint,
 )
+from gguf_trainer.data.recipe import Recipe, RowFit, recipe_inputs, recipe_stats
 from gguf_trainer.data.scoring import forward_rows, validate
 from gguf_trainer.data.shards import (
     Batch,
@@ -45,7 +47,6 @@ from gguf_trainer.data.shards import (
     Stats,
     StreamPos,
     dims,
-    load_stats,
     shard_files,
 )
 from gguf_trainer.machine import distributed, hardware
@@ -64,19 +65,24 @@ def lr_at(step: int, steps: int, warmup: int, lr: float) -> float:
     return lr * (0.1 + 0.45 * (1.0 + math.cos(math.pi * t)))
 
 
-def compute_loss(pred, batch: Batch, stats: Stats, standardized: bool, cos_weight: float):
+def compute_loss(pred, batch: Batch, stats: Stats, standardized: bool, cos_weight: float,
+                 fit: RowFit | None = None):
     """Whitened MSE + cos_weight·(1 − cos) over the supervised rows.
 
-    standardized kinds predict (t−μ)/σ_f; the others predict raw rows and the error is
+    standardized recipes predict (t−μ)/σ_f; raw ones predict raw rows and the error is
     whitened by the same σ_f. Either way the MSE term is ((pred_raw − t)/σ_f)².
     `pred` is the padded output (B, R, out) or the supervised rows alone (N, out) in
-    masked_rows order (scoring.forward_rows, what the train step computes).
+    masked_rows order (scoring.forward_rows, what the train step computes). `fit` (the
+    recipe's row weights, per-class whitening and per-tap cosine) is None for the recipe
+    every project trained with before the recipe keys: the same arithmetic, bit for bit.
     """
     m = batch.row_mask
     rows = pred.dim() == 2
     target = batch.target[m.bool()] if rows else batch.target
     t = (target - stats.mu) / stats.sigma_f if standardized else target
     err = (pred - t) if standardized else (pred - t) / stats.sigma_f
+    if fit is not None:
+        return fit.loss(pred, t, err, m, rows, cos_weight)
     n_rows = m.sum().clamp_min(1)
     sq = err.pow(2).sum(-1)
     cos = torch.nn.functional.cosine_similarity(pred, t, dim=-1, eps=1e-8)
@@ -87,7 +93,8 @@ def compute_loss(pred, batch: Batch, stats: Stats, standardized: bool, cos_weigh
     return mse + cos_weight * (1.0 - cos), {"mse": float(mse.detach()), "cos": float(cos.detach())}
 
 
-def build_model(pack, cfg, seed: int, stats: Stats, vision_proj=None, skip=None):
+def build_model(pack, cfg, seed: int, stats: Stats, vision_proj=None, skip=None,
+                standardized: bool | None = None):
     """A fresh adapter whose step 0 predicts exactly the per-dimension mean baseline, for
     every kind (adapters.start_output: out_proj 0, bias = the mean in the space the kind
     predicts, a token-aligned skip 0), or the linear `skip` map when given; training then
@@ -97,7 +104,9 @@ def build_model(pack, cfg, seed: int, stats: Stats, vision_proj=None, skip=None)
 
     torch.manual_seed(seed)
     model = build_adapter(cfg)
-    start_output(model, torch.zeros_like(stats.mu) if pack.standardized else stats.mu, skip)
+    if standardized is None:
+        standardized = pack.standardized
+    start_output(model, torch.zeros_like(stats.mu) if standardized else stats.mu, skip)
     if vision_proj is not None:
         set_vision_proj(model, vision_proj)
     return model
@@ -114,17 +123,22 @@ def train_step(
     grad_clip: float,
     autocast,
     ranks=None,
+    recipe: Recipe | None = None,
+    scales=None,
+    n_taps: int = 1,
 ) -> tuple[torch.Tensor, dict]:
     """One optimisation step: forward and loss -> backward -> clip -> step. A non-finite loss
     returns before anything is updated (the caller stops the run). With `ranks`
     (distributed.TrainRanks) `batch` is this rank's slice of the global batch: the loss and
     the gradients are those of the global batch on every rank."""
+    fit = None if recipe is None else RowFit.for_batch(batch, recipe, scales, n_taps)
     with autocast:
         pred = forward_rows(model, batch)  # the rows the loss reads, nothing else
-    loss, parts = compute_loss(pred.float(), batch, stats, standardized, cos_weight)
+    loss, parts = compute_loss(pred.float(), batch, stats, standardized, cos_weight, fit)
     shown = loss
     if ranks is not None:
-        loss, parts, shown = ranks.share_loss(loss, parts, batch, cos_weight)
+        n_rows = None if fit is None else fit.weight_sum
+        loss, parts, shown = ranks.share_loss(loss, parts, batch, cos_weight, n_rows)
     if not math.isfinite(parts["mse"]) or not math.isfinite(parts["cos"]):
         return shown, parts
     opt.zero_grad(set_to_none=True)
@@ -203,17 +217,21 @@ def run_train(project, report, train_fp: str, skip=None) -> str:
         shard_files(paths.shard_dir("train")),
         shard_files(paths.shard_dir("val")),
     )
-    stats = load_stats(train_files, s.sigma_floor)
+    recipe = Recipe.from_settings(s, pack)
     cfg = pack.adapter_config(s, **dims(train_files[0]))  # the adapter's dims come from the shards
+    n_taps = max(1, len(cfg.taps))
+    stats, scales = recipe_stats(train_files, recipe, n_taps)
+    fit_recipe = recipe if recipe.needs_classes or recipe.cosine != "row" else None
     proj = load_vision_proj(paths.vision_proj) if cfg.vis_dim else None
-    model = build_model(pack, cfg, s.seed, stats, proj, skip).to(device)
+    model = build_model(pack, cfg, s.seed, stats, proj, skip, recipe.standardized).to(device)
     stats = _stats_to(stats, device)
+    scales = None if scales is None else scales.to(device)
+    log.info("train: recipe %s", recipe.describe())
     if hardware.use_grad_checkpointing(s.grad_checkpoint, device):
         _enable_grad_checkpointing(model)
     params = list(trainable_parameters(model))
     opt = make_optimizer(params, s.lr, s.weight_decay, device)
-    folder = paths.checkpoints
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = project_file.make_dir(paths.root, paths.checkpoints)  # a real folder inside
     prog = _resume(folder, model, opt, s.steps)
     distributed.resume_ranks(checkpoint_path(folder, LAST), ranks, prog.step)
     report.truncate_metrics(prog.step)
@@ -243,7 +261,8 @@ def run_train(project, report, train_fp: str, skip=None) -> str:
         "train_fp": train_fp,
         "pack": pack.id,
         "mock": project.settings.precompute.mock_teacher,
-        "standardized": pack.standardized,
+        "standardized": recipe.standardized,
+        "recipe": asdict(recipe),
         "val_cos": None if val is None else val["val_cos"],
         "val": None if val is None else finite(val),
     }
@@ -264,11 +283,14 @@ def run_train(project, report, train_fp: str, skip=None) -> str:
             params,
             batch,
             stats,
-            pack.standardized,
+            recipe.standardized,
             s.cos_weight,
             s.grad_clip,
             autocast,
             ranks,
+            fit_recipe,
+            scales,
+            n_taps,
         )
         if not torch.isfinite(loss):
             raise UserError(
@@ -315,7 +337,8 @@ def run_train(project, report, train_fp: str, skip=None) -> str:
         is_scheduled = prog.step % s.val_every == 0 or prog.step == steps
         val = None
         if (is_scheduled or is_snapshot) and main:
-            val = validate(model, val_files, pack, stats, s.batch_size, device)
+            val = validate(model, val_files, pack, stats, s.batch_size, device,
+                           recipe.standardized)
             report.metrics(prog.step, {"val_cos": val["val_cos"], "val_rel_mse": val["rel_mse"]})
             # Only scheduled validations pick best.pt: a snapshot leaves the run's result unchanged.
             if is_scheduled and val["val_cos"] > prog.best_val_cos:
@@ -416,6 +439,9 @@ class TrainStage(Stage):
             "sigma_floor": t.sigma_floor,
             "batch_size": t.batch_size,
             "seed": t.seed,
+            # only a recipe other than the one every project trained with before the recipe
+            # keys enters the fingerprint, so such a project resumes on its checkpoints
+            **recipe_inputs(Recipe.from_settings(t, pack), pack),
         }
 
     def folder(self, paths):

@@ -235,6 +235,34 @@ class TrainSettings(_Section):
     sigma_floor: Float = S(0.03, "Sigma floor", "floor of the per-dimension std used to "
                            "standardise targets", gt=0, le=10.0, advanced=True,
                            why="0 divides by zero; above 10 it flattens every target")
+    # The recipe (data/recipe.py; README "Recipes on real activations"). A project.json written
+    # before these keys keeps the recipe it trained with: each default is that old behaviour
+    # (target_space "pack" = the pack's old fixed space); new projects store their pack's
+    # measured defaults.
+    target_space: Literal["raw", "standardized", "pack"] = S(
+        "pack", "Target space", "raw: predict the teacher's rows; standardized: predict (t - mu) "
+        "/ sigma and fold mu, sigma into out_proj/skip at export (massive activations need it); "
+        "pack: the space the pack trained in before this setting (LLaDA standardized, others raw)",
+        advanced=True)
+    cosine: Literal["row", "tap"] = S(
+        "row", "Cosine over", "row: one cosine over the whole output row; tap: the mean of each "
+        "tap's cosine (a layerwise stack's deep taps would own a whole-row cosine)", advanced=True)
+    sigma_floor_mode: Literal["absolute", "relative"] = S(
+        "absolute", "Sigma floor mode", "absolute: sigma floored at train.sigma_floor; relative: "
+        "at train.sigma_floor x each tap's median sigma", advanced=True)
+    pad_weight: Literal["row", "one"] = S(
+        "row", "Pad weight", "row: every appended pad row weighs one row; one: all of a "
+        "sample's pads together weigh one row", advanced=True)
+    prefix_rows: Literal["in", "out"] = S(
+        "in", "Rows before the start row", "in or out of the loss and the statistics (the DiT "
+        "never reads them: the engine drops them after the adapter)", advanced=True)
+    stats_rows: Literal["all", "loss"] = S(
+        "all", "Statistics over", "all: every stored row; loss: the rows weighted as the loss "
+        "weighs them", advanced=True)
+    sink: Literal["none", "token", "apart"] = S(
+        "none", "Whitening", "none: every row whitened by the fold's sigma; token: every row by "
+        "the token rows' own sigma (the attention-sink row keeps its exact fit but no longer sets "
+        "the scale of ordinary rows); apart: token and pad rows each by their own", advanced=True)
     # Seeded packs only: the export writes t5_embed_a/_b (engine-families §4) instead of the table.
     seed_rank: Int = S(0, "Seed rank", "0 = the full seed table; r = the export factorizes it "
                        "by truncated SVD into t5_embed_a (vocab x r) + t5_embed_b (r -> width), "

@@ -83,7 +83,7 @@ def field_metadata(pack_id: str | None = None) -> list[dict]:
     pack = get_pack(pack_id)
     declared = pack.field_meta
     by_key = {f["key"]: f for f in fields}
-    for key, value in (pack.defaults or {}).items():
+    for key, value in pack.all_defaults.items():
         if key in by_key:
             by_key[key]["default"] = value
             by_key[key]["pack_default"] = True

@@ -168,7 +168,7 @@ def test_a_factorized_export_is_what_the_engine_runs(demo, tmp_path, capsys):
     rank = 32
     project_mod.update_settings(root, {"train.seed_rank": rank})
     proj = project_mod.load_project(root)
-    path = tmp_path / "fz-f16.gguf"
+    path = proj.final_gguf  # exports land only where and as the project writes them
     export_checkpoint(proj, "best", path, is_snapshot=False)
     view = read_adapter(path)
     assert (
