@@ -155,6 +155,12 @@ class TrainerPack:
         reads a setting that changes its shapes (PixArt's precompute.t5_window)."""
         return self
 
+    def takes_images(self, settings) -> bool:
+        """Whether the corpus keeps reference-image samples for a project with these settings
+        (image sources, .jsonl `images`): a vision pack's, unless the pack reads a setting
+        that turns them off (LingBot Video: corpus.reference_images)."""
+        return self.vis_dim > 0
+
     def format_prompt(self, text: str) -> str:
         """The template around a corpus prompt as one string (no template = raw): what a
         teacher that runs its own released pipeline tokenizes."""
@@ -249,9 +255,11 @@ class TrainerPack:
     def build_mock_teacher(self, project) -> Teacher:
         raise NotImplementedError
 
-    def write_companions(self, project, adapter_path: Path) -> list[Path]:
+    def write_companions(self, project, adapter_path: Path, may_write=None) -> list[Path]:
         """Companion files the export writes next to the adapter (LLaDA: its SigVQ GGUF); the
-        export records them so the "output" reset removes them."""
+        export records them so the "output" reset removes them. `may_write(path)` raises
+        before a file the project did not write would be replaced (the export's ownership
+        rule, which lives above the packs)."""
         return []
 
     # Health verdicts: early in a run every adapter is under the floor, so before

@@ -202,7 +202,7 @@ class LLaDAImagePack(TrainerPack):
         )
         return {"teacher": teacher, "sigvq": sigvq}
 
-    def write_companions(self, project, adapter_path):
+    def write_companions(self, project, adapter_path, may_write=None):
         """The SigVQ companion `<base>_sigvq-f16.gguf` next to the adapter (rebuilt only when
         its source is newer); none, said in one line, when it is off or not downloaded."""
         import logging
@@ -225,7 +225,10 @@ class LLaDAImagePack(TrainerPack):
                 SOURCE,
             )
             return []
-        return [Path(write_sigvq_gguf(source, sigvq_file_for(adapter_path))["path"])]
+        dest = sigvq_file_for(adapter_path)
+        if may_write is not None:
+            may_write(Path(dest))
+        return [Path(write_sigvq_gguf(source, dest)["path"])]
 
     def build_mock_teacher(self, project):
         from .mock import MockQueryTeacher

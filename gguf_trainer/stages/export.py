@@ -188,7 +188,9 @@ def run_export(project, report) -> None:
     if copy_to:
         atomic.check_writable_folder(Path(copy_to).expanduser(), "export.copy_to")
     info = export_checkpoint(project, BEST, project.final_gguf, is_snapshot=False)
-    for companion in project.pack.write_companions(project, project.final_gguf):
+    companions = project.pack.write_companions(
+        project, project.final_gguf, may_write=lambda path: refuse_overwrite(project, path))
+    for companion in companions:
         record_export(project, companion, kind="companion")
     if copy_to:
         dest = Path(copy_to).expanduser() / project.final_gguf.name

@@ -604,6 +604,22 @@ def test_export_writes_and_names_the_companion(tmp_path, snapshot):
     )
 
 
+def test_the_companion_is_never_written_over_a_file_the_export_may_not_replace(tmp_path, snapshot):
+    """The export passes its ownership rule (refuse_overwrite) as may_write: a user's file at
+    the companion's name is refused before anything is written over it."""
+    adapter = tmp_path / "pig_llada_adapter-f16.gguf"
+    adapter.write_bytes(b"x")
+    users = tmp_path / "pig_llada_sigvq-f16.gguf"
+    users.write_bytes(b"the user's own file")
+
+    def refuse(path):
+        raise UserError(f"{path} is not this project's")
+
+    with pytest.raises(UserError, match="not this project's"):
+        PACK.write_companions(_fake_project(tmp_path, sigvq=snapshot), adapter, may_write=refuse)
+    assert users.read_bytes() == b"the user's own file"
+
+
 def test_health_line_reads_the_shared_verdicts():
     early = PACK.health_line({"cos_centered": 0.5, "trained_steps": 40})
     assert early.startswith("too early to judge at 40 steps")
