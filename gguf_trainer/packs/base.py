@@ -155,6 +155,11 @@ class TrainerPack:
         reads a setting that changes its shapes (PixArt's precompute.t5_window)."""
         return self
 
+    def export_teacher_kv(self, project, ck: dict) -> dict[str, Any]:
+        """GGUF KV naming the teacher this project's shards were computed from, merged over
+        `export_kv` at export (stages/export.py); default none (`export_kv` names it)."""
+        return {}
+
     def takes_images(self, settings) -> bool:
         """Whether the corpus keeps reference-image samples for a project with these settings
         (image sources, .jsonl `images`): a vision pack's, unless the pack reads a setting

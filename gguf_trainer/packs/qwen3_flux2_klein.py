@@ -18,7 +18,7 @@ from __future__ import annotations
 from gguf_trainer.engine.template_padding import Padding
 
 from .layerwise import LayerwisePack
-from .teacher_repos import QWEN3_4B, QWEN3_4B_TEACHER
+from .teacher_repos import QWEN3_4B_TEACHER
 
 
 class Flux2KleinPack(LayerwisePack):
@@ -56,11 +56,47 @@ class Flux2KleinPack(LayerwisePack):
         "{student} "
         '--llm-adapter {adapter} -p "a sheep in sunglasses" --cfg-scale 1 --steps 4 -o out.png'
     )
+    # No fixed `adapter.teacher`: the user may link the 9B klein's Qwen3 instead of Qwen3-4B
+    # (the docstring), so the export names the snapshot the shards were computed from.
     export_kv = {
-        "adapter.teacher": QWEN3_4B,
         "adapter.teacher_tap": "layers 9,18,27 (raw)",
         "adapter.family": "Flux.2 klein",
     }
+
+    def export_teacher_kv(self, project, ck):
+        """The linked teacher: its snapshot identity as the train shards recorded it (the
+        sha256 over its files, materials.folder_identity) and the width the adapter learned
+        (out_dim / 3 taps); nothing for a mock teacher (adapter.mock_teacher says so)."""
+        if ck.get("mock") or project.settings.precompute.mock_teacher:
+            return {}
+        ident = _recorded_teacher(project)
+        if ident is None:
+            from gguf_trainer.materials.materials import teacher_identity
+
+            ident = teacher_identity(project)
+        snapshot = ident.get("snapshot") if isinstance(ident, dict) else None
+        if not isinstance(snapshot, str):
+            return {}
+        hidden = int((ck.get("config") or {}).get("out_dim") or 0) // len(self.taps)
+        width = f", hidden {hidden}" if hidden else ""
+        return {"adapter.teacher": f"linked Qwen3 snapshot sha256:{snapshot[:16]}{width}",
+                "adapter.teacher_snapshot": snapshot}
+
+
+def _recorded_teacher(project) -> dict | None:
+    """The teacher identity the train shards' manifest recorded (what the adapter learned
+    from), or None when there is none readable."""
+    from gguf_trainer.base import atomic
+    from gguf_trainer.base.paths import MANIFEST_JSON
+
+    try:
+        man = atomic.read_json(project.paths.shard_dir("train") / MANIFEST_JSON,
+                               inside=project.paths.root)
+    except (ValueError, OSError):
+        return None
+    inputs = man.get("inputs") if isinstance(man, dict) else None
+    ident = inputs.get("teacher") if isinstance(inputs, dict) else None
+    return ident if isinstance(ident, dict) else None
 
 
 PACK = Flux2KleinPack()

@@ -1,5 +1,6 @@
-"""LingBot Video pack (text-to-video and I2V images): pig_clip + a token-aligned adapter with the
-vision extension replaces the Qwen3-VL text encoder of LingBot Video (engine-families §2 row 11).
+"""LingBot Video pack (text-to-video; reference images kept behind a setting): pig_clip + a
+token-aligned adapter with the vision extension replaces the Qwen3-VL text encoder of LingBot
+Video (engine-families §2 row 11).
 
 Engine (ggk 0.9.7 conditioner.hpp 2971-3049, `sd_version_is_lingbot_video`): the "Enhanced
 prompt" system turn + `<|im_start|>user\\n` (2973-2983) is dropped: start = its token count
@@ -14,11 +15,19 @@ multiple of 32, the area kept within 4·32² .. 16384·32² pixels), run by the 
 (encode_image as MageFlow's, no deepstack, plain positions) and spliced at the row the engine's
 tokenizer counts for everything before its `<|image_pad|>` run (3028-3030), after the dropped
 prefix: start stays 140. The export is token_aligned_vision (vision_proj + vis_in).
-Where ggk 0.9.7 reaches this branch: only a call that hands the conditioner reference images
-does, i.e. its image path with --ref-image (gk-diffuser.cpp 6193, `pass_to_vlm`); the video
-path passes none (prepare_video_generation_embeds, gk-diffuser.cpp 7204-7211; its
+ggk 0.9.7 never reaches this branch. The image path hands the conditioner references only
+when the reference preset's `pass_to_vlm` is on (gk-diffuser.cpp 6193); LingBot Video has no
+preset (get_default_ref_image_preset, 3935-3963: "default", RefImageParams.pass_to_vlm false,
+model.hpp 20), and generate_image resolves the preset with no user override
+(resolve_ref_image_params(nullptr), 6637), so `--ref-image` with `--llm_vision` is not enough;
+the video path passes none (prepare_video_generation_embeds, 7197-7219; its
 sd_vid_gen_params_t has no ref_images), so `-M vid_gen` with an init image conditions on the
-text alone.
+text alone. So the corpus trains text samples by default: `corpus.reference_images` (off in a
+new project; `takes_images`) keeps the image samples, the tower and the splice for a later ggk
+whose LingBot path passes references to the text encoder. The demo turns it on, so the kept
+path stays exercised end to end. The export is token_aligned_vision either way (vision_proj is
+fitted from the embedding tables; vis_in is untrained without image samples), and the adapter
+serves text-to-video.
 
 Teacher: no citable public source names the repo of LingBot Video's text encoder, so the pack
 declares "link a local copy": the Qwen3-VL text encoder of the LingBot Video release
@@ -72,12 +81,13 @@ def lingbot_target_size(h: int, w: int) -> tuple[int, int]:
 
 class LingBotPack(QwenVisionTokenAlignedPack):
     id = "qwen3vl_lingbot"
-    title = "LingBot Video (its Qwen3-VL, final norm; text-to-video and I2V images)"
+    title = "LingBot Video (its Qwen3-VL, final norm; text-to-video)"
     description = ("Replaces the Qwen3-VL text encoder of LingBot Video with pig_clip + a "
                    "token-aligned adapter with the vision extension emitting its final-norm state "
-                   "of every row, reference images included.")
+                   "of every row (reference-image samples only with corpus.reference_images: "
+                   "no ggk up to 0.9.7 passes them to the text encoder).")
     family = "LingBot Video"
-    serves = "LingBot Video (text-to-video, I2V images)"
+    serves = "LingBot Video (text-to-video)"
     image_size = staticmethod(lingbot_target_size)
     edit_prefix = LINGBOT_PREFIX
     teacher_arch = "qwen3_vl"
@@ -99,6 +109,10 @@ class LingBotPack(QwenVisionTokenAlignedPack):
                  "files"),
     )
     teacher_memory_gib = 9.0
+    # Image samples off in a new project: they serve no ggk up to 0.9.7 (the docstring); the demo
+    # keeps them on so the kept path is still trained and exported end to end.
+    defaults = {**QwenVisionTokenAlignedPack.defaults, "corpus.reference_images": False}
+    demo_settings = {"corpus.reference_images": True}
     typical_rows = 140 + 70
     hints = {"train": "Targets: the Qwen3-VL final norm (2560) of every row; rows from 140 reach "
                       "the DiT.",
@@ -109,11 +123,15 @@ class LingBotPack(QwenVisionTokenAlignedPack):
         "--llm {student} --llm-adapter {adapter} -p \"a red fox running through fresh snow\" "
         "--video-frames 33 -o out.avi")
     engine_teacher_args = "--llm <the LingBot Video Qwen3-VL text encoder .gguf>"
-    engine_notes = (("Reference images: ggk 0.9.7 hands them to the text encoder only on its "
-                     "image path (--ref-image with --llm_vision <the Qwen3-VL mmproj .gguf>); "
-                     "its video path (-M vid_gen) passes none, so there the adapter reads the "
-                     "text alone."),)
+    engine_notes = (("Reference images: ggk 0.9.7 hands LingBot Video's text encoder none: "
+                     "--ref-image with --llm_vision is not enough (LingBot has no reference "
+                     "preset, so pass_to_vlm stays off), and -M vid_gen passes none; the "
+                     "adapter reads the text alone."),)
     export_kv = {"adapter.teacher_tap": "final norm", "adapter.family": "LingBot Video"}
+
+    def takes_images(self, settings) -> bool:
+        """Reference-image samples only with corpus.reference_images (off in a new project)."""
+        return bool(settings.corpus.reference_images)
 
     def student_pieces(self, sample, image_tokens=()):
         """One unparsed piece (prompt range {0, 0}, 3047): the prefix, one block per reference

@@ -65,13 +65,28 @@ class MiniMaxH3Pack(QwenTokenAlignedPack):
         "train": "Targets: truncated Qwen3-VL layer 50 (raw, 5120) of every prompt token.",
         "eval": "Judge by cos against the mean baseline (no reference run).",
     }
+    # --cfg-scale 1: ggk 0.9.7 has no MiniMax H3 case in sd_get_default_txt_cfg (gk-diffuser.cpp
+    # 4833-4882: 7.0), which cli/main.cpp 825-827 takes when the command sets none; a txt_cfg
+    # that differs from img_cfg (1) turns on the unconditional branch (resolve_guidance,
+    # gk-diffuser.cpp 5291-5293), so prepare_video_generation_embeds encodes the negative
+    # prompt (7214-7219): "" by default, which this family's raw template tokenizes to no ids,
+    # and get_learned_condition aborts at GGML_ASSERT(hidden_states.shape()[1] >
+    # prompt_template_encode_start_idx) (conditioner.hpp 2898) - with the teacher as with the
+    # adapter. Guidance 1 is also the model's own: the released H3 weights are CFG-distilled
+    # (Kijai/MiniMax-H3_comfy discussion 11; the source card's settings as quoted by
+    # huggingface.co/Rin247/MiniMax-H3: "CFG-distilled (no CFG)"; ComfyUI's H3 workflows have
+    # no CFG), so a non-empty -n would double the DiT passes for guidance the model was not
+    # sampled with.
     engine_command_template = (
         "ggk diffuser engine -- -M vid_gen --diffusion-model <minimax-h3 DiT .gguf> --vae "
         "<minimax-h3 vae .gguf> "
         '--llm {student} --llm-adapter {adapter} -p "a red fox running through fresh snow" '
-        "--video-frames 33 -o out.avi"
+        "--cfg-scale 1 --video-frames 33 -o out.avi"
     )
     engine_teacher_args = "--llm <the MiniMax H3 Qwen3-VL text encoder .gguf>"
+    engine_notes = (("keep --cfg-scale 1: the H3 weights are CFG-distilled, and at ggk's "
+                     "default guidance (7) the empty negative prompt has no ids and ggk 0.9.7 "
+                     "aborts"),)
     export_kv = {"adapter.teacher_tap": "layer 50 (raw)", "adapter.family": "MiniMax H3"}
 
     def student_ids(self, encode, sample, image_tokens=()):

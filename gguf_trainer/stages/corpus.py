@@ -40,6 +40,8 @@ def placeless(corpus_settings: dict) -> dict:
     """The corpus settings with each path replaced by what it means to the split: how many
     files or folders, whether a train/val file is set. Where they are is no input."""
     out = dict(corpus_settings)
+    if out.get("reference_images", True):  # absent key = on: old corpora stay valid
+        out.pop("reference_images", None)
     for key in PATH_SETTINGS:
         value = out.get(key)
         out[key] = len(value) if isinstance(value, list) else bool(value)
@@ -205,7 +207,7 @@ class CorpusStage(Stage):
         image sources: building that split stores images under data/, which invalidation is
         about to clear; it is built by `run`.)"""
         c = project.settings.corpus
-        if project.pack.vis_dim and (c.image_presets or c.image_folders):
+        if project.pack.takes_images(project.settings) and (c.image_presets or c.image_folders):
             return
         run.cache[SPLIT_KEY] = make_split(project)
 

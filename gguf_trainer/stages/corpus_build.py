@@ -247,11 +247,15 @@ def make_split(project) -> tuple[list[Sample], list[Sample]]:
         if tally:
             log.warning("corpus: prompt datasets: %s", _describe(tally))
     c = project.settings.corpus
-    if project.pack.vis_dim and (c.image_presets or c.image_folders):
+    takes_images = project.pack.takes_images(project.settings)
+    if project.pack.vis_dim and not takes_images and (c.image_presets or c.image_folders):
+        log.warning("corpus: corpus.reference_images is off: the image datasets and folders "
+                    "are not read (their samples would serve no ggk up to 0.9.7)")
+    if takes_images and (c.image_presets or c.image_folders):
         return _image_split(project, pools)
     return build_split(
         project.settings,
-        takes_images=project.pack.vis_dim > 0,
+        takes_images=takes_images,
         preset_pools=pools,
         image_size=project.pack.image_size if project.pack.vis_dim else target_size,
     )

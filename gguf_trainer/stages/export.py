@@ -50,6 +50,7 @@ def export_metadata(project, ck: dict, which: str, is_snapshot: bool) -> dict:
         "adapter.trainer": f"gguf-trainer {__version__}",
         "adapter.mock_teacher": bool(ck.get("mock")),
         **pack.export_kv,
+        **pack.export_teacher_kv(project, ck),
     }
     if ck.get("val_cos") is not None:
         meta["adapter.val_cos"] = float(ck["val_cos"])

@@ -123,6 +123,15 @@ class CorpusSettings(_Section):
                                  help="local folders of images (searched recursively; an optional "
                                       "<name>.txt caption beside each image)", kind="paths",
                                  default_factory=list)
+    # LingBot Video's reference-image samples (image sources, .jsonl `images`): read by that
+    # pack only (TrainerPack.takes_images); default on, so a project made before the key keeps
+    # the corpus it was built from; LingBot's `new` writes it off (packs/qwen3vl_lingbot.py).
+    reference_images: bool = S(
+        True, "Reference-image samples", "train samples with reference images (image datasets, "
+        "image folders, .jsonl `images`); no ggk up to 0.9.7 hands LingBot Video's text encoder "
+        "reference images (no reference preset: pass_to_vlm off; -M vid_gen passes none), so "
+        "they serve a later ggk whose LingBot path does; off: those samples train as text",
+        advanced=True, packs=("qwen3vl_lingbot",))
     train_file: str = S("", "Ready-made train file", "a train.txt to use as is (with the val file)",
                         kind="path")
     val_file: str = S("", "Ready-made val file", "the val.txt that goes with the train file",
