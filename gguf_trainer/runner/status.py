@@ -181,7 +181,8 @@ def _running_message(out: dict) -> str:
     return text
 
 
-def derive_status(paths: ProjectPaths, now: float | None = None) -> dict:
+def derive_status(paths: ProjectPaths, now: float | None = None,
+                  files: dict[str, str] | None = None) -> dict:
     """What clients show. state.json's keys plus: status (derived, see the module doc),
     state_status (as recorded), message (one line), pid (the verified lock holder or None:
     the only pid anyone may signal), last_pid, heartbeat_age_s, progress_age_s,
@@ -211,10 +212,9 @@ def derive_status(paths: ProjectPaths, now: float | None = None) -> dict:
     out["results"] = None
     if out["status"] == "done" and not out["settings_error"]:
         try:
-            from gguf_trainer.runner.render_job import render_settings
             from gguf_trainer.store.results import describe_results
 
-            out["results"] = describe_results(paths.root, render_settings()["files"])
+            out["results"] = describe_results(paths.root, files)
         except Exception as e:  # noqa: BLE001 - observing never crashes; say what failed
             log.warning("cannot describe the results: %s", e)
     return out

@@ -203,7 +203,16 @@ def _launch_outcome(
 def status(project_dir: str | os.PathLike) -> dict:
     """The derived status (see runner.state): status, message, pid, stage, stages, step,
     steps, val_cos, best_val_cos, error, mock, heartbeat_age_s, ..."""
-    return status_mod.derive_status(project_paths(project_dir))
+    return status_mod.derive_status(project_paths(project_dir), files=render_files())
+
+
+def render_files() -> dict[str, str]:
+    """The user's file for each placeholder of a pack's ggk command (`render --file`, kept in
+    settings.json; render_job owns the key): the printed ggk command carries them."""
+    got = read_settings().get("render")
+    files = got.get("files") if isinstance(got, dict) else None
+    return {k: v for k, v in files.items() if isinstance(k, str) and isinstance(v, str) and v} \
+        if isinstance(files, dict) else {}
 
 
 def is_active(info: dict) -> bool:

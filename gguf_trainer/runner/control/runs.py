@@ -174,11 +174,10 @@ def wait(root: PathLike, timeout_s: float | None = None) -> dict:
 def results(root: PathLike) -> dict:
     """Where the outputs are: {"gguf": path or None (exists), "eval_json": path or None,
     "ggk": pasteable command or None, "notes": [sentences], "mock": bool}."""
-    from gguf_trainer.runner.render_job import render_settings
     from gguf_trainer.store.results import describe_results
 
     # the files the user set for the command's placeholders (render --file) go in it
-    return describe_results(_paths(root).root, render_settings()["files"])
+    return describe_results(_paths(root).root, supervisor.render_files())
 
 
 def results_text(root: PathLike) -> str:
