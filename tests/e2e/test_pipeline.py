@@ -416,7 +416,10 @@ def test_reset_targets_and_shared_output_folder(reference, tmp_path, tiny_materi
 def test_copy_to_and_forced_reexport(reference, tmp_path):
     root = _fresh_copy(reference, tmp_path)
     dest = tmp_path / "ggk-models"
-    proj = project_mod.update_settings(root, {"export.copy_to": str(dest)})
+    # its own output folder: the reference's (shared, absolute) holds the reference's GGUF,
+    # which a copy never writes over
+    proj = project_mod.update_settings(
+        root, {"export.copy_to": str(dest), "export.output_dir": str(tmp_path / "out")})
     assert run_pipeline(root, only=["export", "eval"], force=True) == "done"
     copied = dest / proj.final_gguf.name
     assert copied.read_bytes() == proj.final_gguf.read_bytes()
