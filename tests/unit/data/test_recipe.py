@@ -109,7 +109,7 @@ def test_a_new_project_stores_its_packs_measured_recipe(tmp_path):
     create_project(tmp_path / "p", LAYERWISE)
     train = json.loads((tmp_path / "p" / "project.json").read_text())["train"]
     assert {k: train[k] for k in ("target_space", "cosine", "pad_weight", "sink")} == {
-        "target_space": "standardized", "cosine": "tap", "pad_weight": "one", "sink": "token"}
+        "target_space": "standardized", "cosine": "tap", "pad_weight": "one", "sink": "none"}
     create_project(tmp_path / "q", "t5xxl_pixart")  # published raw run: stays raw, explicitly
     assert json.loads((tmp_path / "q" / "project.json").read_text())["train"][
         "target_space"] == "raw"
