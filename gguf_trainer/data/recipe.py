@@ -181,7 +181,7 @@ class _Moments:
         self.s, self.s2 = (a, b) if self.s is None else (self.s + a, self.s2 + b)
         self.n += float(w.sum())
 
-    def mu_sigma(self, like: torch.Tensor | None = None):
+    def mu_sigma(self):
         if self.s is None or self.n <= 0:
             return None
         mu = self.s / self.n
