@@ -18,6 +18,7 @@ import numpy as np
 
 from gguf_trainer.base.errors import UserError
 from gguf_trainer.base.gguf_bounds import check_gguf
+from gguf_trainer.model import slot_file
 
 PREFIX = "adapter."
 # The engine adds this prefix to every file name that lacks it, so a file may carry it already.
@@ -71,8 +72,8 @@ def families_for(n: int) -> list[str]:
     return [f for f, taps in LAYERWISE_FAMILIES.items() if len(taps) == n]
 
 
-EMBED_TABLES = ("t5_embed.weight", "t5_embed_a.weight")
-F32_NAMES = ("query", "vision_proj.weight", "layer_map")
+EMBED_TABLES = ("t5_embed.weight", "t5_embed_a.weight", "seed_embed.weight")
+F32_NAMES = ("query", "vision_proj.weight", "layer_map", *slot_file.F32_QUERIES)
 # Embedding tables keep these types in the engine; anything else becomes f32 on load.
 EMBED_KEPT_TYPES = ("f16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
 
@@ -103,6 +104,10 @@ class AdapterView:
     has_vision_proj: bool = False
     has_vis_in: bool = False
     has_layer_map: bool = False
+    # slot kinds (slot_file.py): num_queries = max_slots, t5_vocab/embed_rank = the seed table
+    n_bank: int = 0
+    bank_dim: int = 0
+    bank_align: bool = False
     tensors: dict[str, tuple[tuple[int, ...], str]] = field(default_factory=dict)
     metadata: dict[str, object] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
@@ -247,6 +252,18 @@ def _ne(rest, name, axis, ndim=2):
 
 
 def _detect(view: AdapterView, rest: dict) -> None:
+    slot = slot_file.slot_kind(rest)
+    if slot:
+        view.kind = slot
+        for key, value in slot_file.slot_geometry(slot, rest).items():
+            setattr(view, key, value)
+        view.has_vis_in = "vis_in.weight" in rest
+        indices = [int(n.split(".")[1]) for n in rest
+                   if n.startswith("blocks.") and n.split(".")[1].isdigit()]
+        view.depth = max(indices) + 1 if indices else None
+        if view.width and view.width % HEAD_DIM == 0:
+            view.heads = view.width // HEAD_DIM
+        return
     is_resampler = "query" in rest
     view.has_skip = "skip.weight" in rest
     view.has_vision_proj = "vision_proj.weight" in rest
@@ -291,7 +308,9 @@ def trainer_kind(view: AdapterView) -> str | None:
     factorized seed is a seeded_resampler with seed_rank = embed_rank; a token-aligned file
     with skip is `token_aligned` without vision tensors, `token_aligned_vision` with both;
     with a layer_map of n > 1 taps it is `layerwise`, text-only or with both vision tensors
-    (Fibo 2.0 edits)."""
+    (Fibo 2.0 edits). A slot kind gguf-trainer builds is itself (slot_file.TRAINABLE)."""
+    if view.kind in slot_file.TRAINABLE:
+        return view.kind
     if view.kind in ("seeded_resampler", "resampler"):
         return view.kind
     if view.kind == "seeded_resampler_factorized":
@@ -382,6 +401,14 @@ def expected_tensors(
 
 
 def _view_expected(view: AdapterView) -> dict[str, Shape]:
+    if view.kind in slot_file.KINDS:
+        g = {k: getattr(view, k) for k in ("width", "num_queries", "in_dim", "embed_rank",
+                                            "t5_vocab", "vis_dim", "out_dim", "n_bank",
+                                            "bank_dim", "bank_align")}
+        blocks = {}
+        for i in range(view.depth or 0):
+            blocks.update(_block_tensors(i, view.width, view.mlp_hidden, cross=True))
+        return {**slot_file.slot_tensors(view.kind, g), **blocks}
     sizes = {k: getattr(view, k) for k in GEOMETRY_KEYS if k not in ("depth", "heads")}
     return expected_tensors(view.kind, depth=view.depth or 0, **sizes)
 
@@ -421,6 +448,10 @@ def _check_names(view: AdapterView, rest: dict) -> None:
 
 
 def _check_variant(view: AdapterView, rest: dict) -> None:
+    if view.kind in slot_file.KINDS:  # the engine's own kinds, not a broken token-aligned file
+        for sentence in slot_file.slot_metadata_problems(view.kind, view.metadata):
+            _refuse(view, sentence)
+        return
     ming = [m for m in MING_MARKERS if m in rest]
     if ming:
         _refuse(

@@ -12,6 +12,7 @@ import math
 import sys
 from typing import TextIO
 
+from gguf_trainer.model import slot_file
 from gguf_trainer.model.adapter_file import (
     GEOMETRY_KEYS,
     PREFIX,
@@ -72,7 +73,27 @@ def report_dict(view: AdapterView) -> dict:
         "tensors": len(view.tensors),
         "seed_table": seed_table(view),
         "taps": list(view.taps),
-        "families": families_for(view.n_out_layers) if view.has_layer_map else [],
+        "families": _families(view),
+        "slots": _slots(view),
+    }
+
+
+def _families(view: AdapterView) -> list[str]:
+    if view.kind in slot_file.KINDS:
+        return slot_file.slot_families(view.kind, {"n_bank": view.n_bank})
+    return families_for(view.n_out_layers) if view.has_layer_map else []
+
+
+def _slots(view: AdapterView) -> dict | None:
+    """A slot kind's queries: max_slots, the seed table, the bank head; None for other files."""
+    if view.kind not in slot_file.KINDS:
+        return None
+    tokens = view.metadata.get("tokenizer.ggml.tokens")
+    return {
+        "max_slots": view.num_queries, "seed_vocab": view.t5_vocab, "seed_rank": view.embed_rank,
+        "n_bank": view.n_bank, "bank_dim": view.bank_dim, "bank_align": view.bank_align,
+        "vocabulary": len(tokens) if isinstance(tokens, list) else 0,
+        "tokenizer_pre": view.metadata.get("tokenizer.ggml.pre"),
     }
 
 
@@ -82,6 +103,9 @@ def _kind_line(view: AdapterView) -> str:
         "seeded_resampler_factorized": "seeded resampler (factorized t5_embed_a/b)",
         "resampler": "seedless resampler (query only)",
         "token_aligned": "token-aligned",
+        "qwen35_bridge": "Qwen3.5 bridge (slot resampler: MOSS-Image slots"
+        + (", FLUX.3 Klein bank)" if view.n_bank else ")"),
+        "ming_image": "Ming-Image adapter (slot resampler + caption queries)",
     }.get(view.kind or "", "no adapter")
     ext = [
         n
@@ -131,6 +155,25 @@ def _tap_lines(view: AdapterView) -> list[str]:
     )
 
 
+def _slot_lines(view: AdapterView) -> list[str]:
+    s = _slots(view)
+    if s is None:
+        return []
+    bank = (
+        f"{s['n_bank']} x {s['bank_dim']}" + (" token-aligned (bank_in)" if s["bank_align"] else "")
+        if s["n_bank"]
+        else "none"
+    )
+    return [
+        (
+            f"  slots          : up to {s['max_slots']} teacher tokens, seed table "
+            f"{s['seed_vocab']} x rank {s['seed_rank']}, bank {bank}"
+        ),
+        f"  vocabulary     : {s['vocabulary']} tokens, pre-tokenizer {s['tokenizer_pre']!r}",
+        "  accepted by    : " + ", ".join(_families(view)),
+    ]
+
+
 def format_report(view: AdapterView) -> str:
     """Human text: what the engine detects, provenance, minimum ggk, problems and notes."""
     g = view
@@ -150,6 +193,7 @@ def format_report(view: AdapterView) -> str:
         + ")",
         *_seed_lines(view),
         *_tap_lines(view),
+        *_slot_lines(view),
         "  minimum ggk    : "
         + (
             f"{view.min_ggk} (seedless resampler; older builds fail to load it)"

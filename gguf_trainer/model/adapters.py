@@ -15,24 +15,33 @@ import logging
 from dataclasses import asdict, dataclass, fields
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from gguf_trainer.base.errors import UserError
+from gguf_trainer.model.adapter_blocks import (
+    HEAD_DIM,
+    INIT_STD,
+    LN_EPS,
+    ResamplerBlock,
+    TokenBlock,
+    as_bool,
+    gather_rows,
+)
 from gguf_trainer.model.adapter_file import read_adapter, read_adapter_arrays, trainer_kind
+from gguf_trainer.model.slot_resampler import FROZEN, SLOT_KINDS, SlotResampler, slot_problems
 
 log = logging.getLogger(__name__)
 
-KINDS = ("resampler", "seeded_resampler", "token_aligned", "token_aligned_vision", "layerwise")
+KINDS = ("resampler", "seeded_resampler", "token_aligned", "token_aligned_vision", "layerwise",
+         *SLOT_KINDS)
+# SLOT_KINDS (slot_resampler.py): one seeded query per teacher token, for teachers that do not
+# share the student's tokenizer (qwen35_bridge: MOSS-Image, FLUX.3 Klein's bank).
 # layerwise: the token-aligned trunk whose out_proj and skip emit a stack of n teacher taps
 # (engine-families §4; llm_adapter.hpp 54-61, 114-115, 260-263).
 TOKEN_ALIGNED_KINDS = ("token_aligned", "token_aligned_vision", "layerwise")
 # The kinds that may carry vision_proj + vis_in: token_aligned_vision always, layerwise when
 # vis_dim > 0 (Fibo 2.0 edits: the 15-tap stack with reference images, fibo2.hpp 217-221).
 VISION_KINDS = ("token_aligned_vision", "layerwise")
-HEAD_DIM = 64  # hard-coded in the engine: heads = width / 64
-LN_EPS = 1e-5
-INIT_STD = 0.02  # query and t5_embed
 
 
 @dataclass(frozen=True)
@@ -51,6 +60,11 @@ class AdapterConfig:
     # layerwise: the teacher's 1-based tap layers, ascending; out_dim = len(taps) x teacher width,
     # each output row the taps' states concatenated in this order (the engine's stack).
     taps: tuple[int, ...] = ()
+    # slot kinds: the optional bank head (FLUX.3 Klein: n_bank rows of bank_dim 20480), and
+    # bank_align = its bank_in (each bank row also reads the student state of its token).
+    n_bank: int = 0
+    bank_dim: int = 0
+    bank_align: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "taps", tuple(int(t) for t in self.taps))  # JSON gives a list
@@ -95,6 +109,10 @@ class AdapterConfig:
                 f"adapter width {self.width} must be a multiple of {HEAD_DIM} "
                 "(the engine's head size)."
             )
+        if self.kind in SLOT_KINDS:
+            return p + slot_problems(self)
+        if self.n_bank or self.bank_dim or self.bank_align:
+            p.append(f"a bank head belongs to the slot kinds; a {self.kind} has none.")
         resampler = self.kind not in TOKEN_ALIGNED_KINDS
         if resampler and self.num_queries <= 0:
             p.append(f"a {self.kind} needs num_queries > 0.")
@@ -141,94 +159,6 @@ def _tap_problems(taps: tuple[int, ...], out_dim: int) -> list[str]:
     return p
 
 
-class Attention(nn.Module):
-    """Separate q/k/v/o Linears with bias, 64-wide contiguous heads, scale 1/8, no positions."""
-
-    def __init__(self, width: int):
-        super().__init__()
-        self.heads = width // HEAD_DIM
-        self.q, self.k, self.v, self.o = (nn.Linear(width, width) for _ in range(4))
-
-    def forward(
-        self, xq: torch.Tensor, xkv: torch.Tensor, key_mask: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        b, lq, w = xq.shape
-        lk = xkv.shape[1]
-        q = self.q(xq).view(b, lq, self.heads, HEAD_DIM).transpose(1, 2)  # (B, H, Lq, 64)
-        k = self.k(xkv).view(b, lk, self.heads, HEAD_DIM).transpose(1, 2)
-        v = self.v(xkv).view(b, lk, self.heads, HEAD_DIM).transpose(1, 2)
-        # (B, 1, 1, Lk) True = attend. A row with no True key would be NaN; right-padded
-        # batches always keep >= 1 real key per sample.
-        mask = None if key_mask is None else key_mask[:, None, None, :]
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=HEAD_DIM**-0.5)
-        return self.o(y.transpose(1, 2).reshape(b, lq, w))
-
-
-def _mlp(width: int, hidden: int) -> nn.Sequential:
-    # Sequential so the engine's names are mlp.0 / mlp.2; exact-erf GELU.
-    return nn.Sequential(nn.Linear(width, hidden), nn.GELU(), nn.Linear(hidden, width))
-
-
-# Training needs the output on the supervised rows only, and after the last block's attention
-# every op is per row (LayerNorm, MLP, ln_out, out_proj, skip): the last block reads every row
-# as keys but computes queries only up to the last supervised position (`_leading`), then
-# keeps the supervised rows alone (`_gather`). Row-wise matmuls on a gathered, contiguous
-# copy give bit-identical rows on CPU (tests/unit/model/test_adapters.py asserts max |diff| = 0).
-def _leading(rows, *xs):
-    """xs cut to the positions up to the last supervised one (contiguous); xs when rows is None."""
-    if rows is None:
-        return xs
-    hit = rows.any(0).nonzero()
-    n = int(hit[-1]) + 1 if len(hit) else 1
-    return tuple(x[:, :n].contiguous() for x in xs)
-
-
-def _gather(rows, x):
-    """The supervised rows of x (B, n, W) -> (N, W), sample-major like metrics.masked_rows."""
-    return x if rows is None else x[rows[:, : x.shape[1]]]
-
-
-class ResamplerBlock(nn.Module):
-    def __init__(self, width: int, hidden: int):
-        super().__init__()
-        self.ln_self = nn.LayerNorm(width, eps=LN_EPS)
-        self.self_attn = Attention(width)
-        self.ln_q = nn.LayerNorm(width, eps=LN_EPS)
-        self.ln_kv = nn.LayerNorm(width, eps=LN_EPS)
-        self.cross_attn = Attention(width)
-        self.ln_mlp = nn.LayerNorm(width, eps=LN_EPS)
-        self.mlp = _mlp(width, hidden)
-
-    def forward(self, q, kv, kv_mask=None, rows=None):
-        """(B, Q, W) -> (B, Q, W); with `rows` (B, Q) bool, only those rows: (N, W)."""
-        x = self.ln_self(q)
-        q, xq = _leading(rows, q, x)
-        q = q + self.self_attn(xq, x)  # all queries as keys, no query mask (the engine has none)
-        q = q + self.cross_attn(self.ln_q(q), self.ln_kv(kv), kv_mask)
-        q = _gather(rows, q)
-        return q + self.mlp(self.ln_mlp(q))
-
-
-class TokenBlock(nn.Module):
-    def __init__(self, width: int, hidden: int):
-        super().__init__()
-        self.ln_self = nn.LayerNorm(width, eps=LN_EPS)
-        self.self_attn = Attention(width)
-        self.ln_mlp = nn.LayerNorm(width, eps=LN_EPS)
-        self.mlp = _mlp(width, hidden)
-
-    def forward(self, x, mask=None, rows=None):
-        """(B, L, W) -> (B, L, W); with `rows` (B, L) bool, only those rows: (N, W)."""
-        y = self.ln_self(x)
-        x, yq = _leading(rows, x, y)
-        x = x + self.self_attn(yq, y, mask)
-        x = _gather(rows, x)
-        return x + self.mlp(self.ln_mlp(x))
-
-
-def _bool(mask):
-    return None if mask is None else mask.to(torch.bool)
-
 
 class ResamplerAdapter(nn.Module):
     """`resampler` (seedless) and `seeded_resampler`: learned queries read the student states."""
@@ -268,7 +198,7 @@ class ResamplerAdapter(nn.Module):
         mask = None if mask is None else mask.to(torch.bool)
         for block in self.blocks[:-1]:
             q = block(q, kv, mask)
-        q = self.blocks[-1](q, kv, mask, rows=_bool(rows))
+        q = self.blocks[-1](q, kv, mask, rows=as_bool(rows))
         return self.out_proj(self.ln_out(q))
 
     def seed(self, seed_ids: torch.Tensor) -> torch.Tensor:
@@ -319,9 +249,9 @@ class TokenAlignedAdapter(nn.Module):
         mask = None if mask is None else mask.to(torch.bool)
         for block in self.blocks[:-1]:
             x = block(x, mask)
-        rows = _bool(rows)
+        rows = as_bool(rows)
         x = self.blocks[-1](x, mask, rows=rows)
-        return self.out_proj(self.ln_out(x)) + self.skip(_gather(rows, hidden))  # raw states
+        return self.out_proj(self.ln_out(x)) + self.skip(gather_rows(rows, hidden))  # raw states
 
 
 def build_adapter(cfg: AdapterConfig) -> nn.Module:
@@ -331,6 +261,8 @@ def build_adapter(cfg: AdapterConfig) -> nn.Module:
         raise UserError("adapter settings are invalid: " + " ".join(problems))
     if cfg.kind in TOKEN_ALIGNED_KINDS:
         return TokenAlignedAdapter(cfg)
+    if cfg.kind in SLOT_KINDS:
+        return SlotResampler(cfg)
     return ResamplerAdapter(cfg)
 
 
@@ -356,8 +288,11 @@ def start_output(module: nn.Module, mean: torch.Tensor, skip=None) -> None:
 
 
 def trainable_parameters(module: nn.Module) -> list[nn.Parameter]:
-    """Everything except the frozen vision_proj (vision kinds)."""
-    return [p for n, p in module.named_parameters() if not n.startswith("vision_proj.")]
+    """Everything except the frozen vision_proj (vision kinds) and seed table (slot kinds)."""
+    return [
+        p for n, p in module.named_parameters()
+        if not n.startswith("vision_proj.") and n not in FROZEN
+    ]
 
 
 def set_vision_proj(module: nn.Module, weight) -> None:
@@ -387,8 +322,8 @@ def load_gguf(path, device="cpu") -> nn.Module:
         raise UserError(
             f"{path} is a {view.kind} adapter that gguf-trainer cannot rebuild; only resampler, "
             "seeded_resampler (full or factorized), token-aligned files with skip (text-only, "
-            "or with both vision_proj and vis_in) and layerwise files with skip (text-only, or "
-            "with both vision_proj and vis_in) load."
+            "or with both vision_proj and vis_in), layerwise files with skip (text-only, or "
+            "with both vision_proj and vis_in) and qwen35_bridge files load."
         )
     for problem in view.problems:  # dtype policy only: the engine converts and still runs the file
         log.warning("%s: %s", path, problem)
@@ -405,6 +340,9 @@ def load_gguf(path, device="cpu") -> nn.Module:
         mlp_hidden=mlp_hidden,
         seed_rank=view.embed_rank,
         taps=view.taps,
+        n_bank=view.n_bank,
+        bank_dim=view.bank_dim,
+        bank_align=view.bank_align,
     )
     with torch.random.fork_rng(devices=[]):  # loading must not move the caller's RNG
         module = build_adapter(cfg)

@@ -28,6 +28,7 @@ from gguf_trainer.model.adapter_file import (
     trainer_kind,
 )
 from gguf_trainer.model.adapters import TOKEN_ALIGNED_KINDS, AdapterConfig
+from gguf_trainer.model.slot_resampler import SLOT_KINDS
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +115,23 @@ def _structural_kv(cfg: AdapterConfig) -> dict[str, int]:
         kv["adapter.seed_rank"] = cfg.seed_rank
     if cfg.taps:
         kv["adapter.n_layers"] = len(cfg.taps)
+    if cfg.kind in SLOT_KINDS:  # provenance only: the engine reads the shapes
+        kv.update({"adapter.max_slots": cfg.num_queries, "adapter.seed_vocab": cfg.seed_vocab,
+                   "adapter.n_bank": cfg.n_bank, "adapter.bank_dim": cfg.bank_dim,
+                   "adapter.bank_align": int(cfg.bank_align)})
+        kv.pop("adapter.num_queries", None)
     return kv
+
+
+def _add_tokenizer(writer, tokenizer: dict) -> None:
+    """The teacher's vocabulary as llama.cpp KVs, the way the engine reads it for the Qwen3.5
+    bridge (gk-diffuser.cpp 1236-1278, gguf_io.cpp read_gguf_tokenizer): tokens (id order),
+    merges ("a b"), pre-tokenizer name; model "gpt2" (byte-level BPE)."""
+    writer.add_tokenizer_model(tokenizer.get("model", "gpt2"))
+    writer.add_tokenizer_pre(tokenizer["pre"])
+    writer.add_token_list(list(tokenizer["tokens"]))
+    writer.add_token_merges(list(tokenizer["merges"]))
+
 
 
 def _add_kv(writer, key: str, value) -> None:
@@ -173,6 +190,7 @@ def _check_readback(tmp: Path, cfg: AdapterConfig, n_tensors: int) -> None:
         "vis_dim": view.vis_dim,
         "seed_rank": view.embed_rank,
         "taps": view.taps,
+        "bank": (view.n_bank, view.bank_dim, view.bank_align),
     }
     want = {
         "kind": cfg.kind,
@@ -186,6 +204,7 @@ def _check_readback(tmp: Path, cfg: AdapterConfig, n_tensors: int) -> None:
         "vis_dim": cfg.vis_dim,
         "seed_rank": cfg.seed_rank,
         "taps": cfg.taps,
+        "bank": (cfg.n_bank, cfg.bank_dim, cfg.bank_align),
     }
     if got != want:
         raise RuntimeError(f"exported adapter reads back as {got}, expected {want}")
@@ -202,6 +221,7 @@ def write_adapter_gguf(
     mu=None,
     sigma_f=None,
     name: str | None = None,
+    tokenizer: dict | None = None,
 ) -> dict:
     """Write `adapter.<name>` tensors + KVs to a temp file, verify it reads back as `cfg`,
     then rename it into place. Returns {"path", "n_f16", "n_f32", "n_tensors", "bytes"}."""
@@ -212,6 +232,8 @@ def write_adapter_gguf(
         raise ValueError(f"cannot export an invalid config: {problems}")
     if (mu is None) != (sigma_f is None):
         raise ValueError("pass both mu and sigma_f, or neither")
+    if cfg.kind in SLOT_KINDS and not (tokenizer and tokenizer.get("tokens")):
+        raise ValueError(f"a {cfg.kind} adapter carries its teacher's vocabulary: pass tokenizer")
     if mu is not None:
         state_dict = fold_standardization(state_dict, mu, sigma_f)
     path = Path(path)
@@ -225,6 +247,8 @@ def write_adapter_gguf(
         writer.add_name(name or path.stem)
         for key, value in {**kv, **metadata}.items():
             _add_kv(writer, key, value)
+        if tokenizer is not None:  # {"tokens", "merges", "pre"}: the slot kinds' teacher vocab
+            _add_tokenizer(writer, tokenizer)
         for k, a in arrays.items():
             writer.add_tensor(PREFIX + k, a)
         writer.write_header_to_file()

@@ -10,7 +10,6 @@ from gguf_trainer.base.errors import UserError
 from gguf_trainer.model.adapter_file import expected_tensors
 from gguf_trainer.model.adapters import (
     HEAD_DIM,
-    KINDS,
     AdapterConfig,
     build_adapter,
     load_gguf,
@@ -18,7 +17,13 @@ from gguf_trainer.model.adapters import (
     start_output,
     trainable_parameters,
 )
+from gguf_trainer.model.adapters import (
+    KINDS as ALL_KINDS,
+)
 from gguf_trainer.model.export import write_adapter_gguf
+from gguf_trainer.model.slot_resampler import SLOT_KINDS
+
+KINDS = tuple(k for k in ALL_KINDS if k not in SLOT_KINDS)  # slot kinds: test_slot_resampler.py
 
 SEED = 0
 FILE_KIND = {
