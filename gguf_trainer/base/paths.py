@@ -57,12 +57,15 @@ STALE_PREFIX = "checkpoints.stale-"
 VERIFIED_JSON = "verified.json"  # in shards/<split>/: shards verified by (size, mtime)
 CHECKPOINT_KINDS = ("last", "best")  # checkpoints/<kind>.pt and its summary <kind>.json
 # What the tool writes inside each folder a reset deletes (globs relative to that folder, one
+HISTORY_DIR = "history"  # checkpoints/history/step<N>.pt + step<N>.json: kept steps
+KEPT_PREFIX = "step"  # a kept step's name, `step<N>`; also how `snapshot --checkpoint` names one
 # per depth; atomic's ".<name>.*.tmp" files count too). Anything else there is someone
 # else's, and reset leaves the whole folder alone (safe_delete.check_owned).
 TOOL_FILES = {
     DATA_DIR: (f"*{SAMPLES_SUFFIX}", MANIFEST_JSON, f"{IMAGES_DIR}/*"),
     SHARDS_DIR: ("*/*.safetensors", f"*/{MANIFEST_JSON}", f"*/{VERIFIED_JSON}"),
-    CHECKPOINTS_DIR: ("*.pt", "*.json"),
+    CHECKPOINTS_DIR: ("*.pt", "*.json", f"{HISTORY_DIR}/{KEPT_PREFIX}*.pt",
+                      f"{HISTORY_DIR}/{KEPT_PREFIX}*.json"),
     RANKS_DIR: (RANK_GLOB, f"{RANK_PREFIX}*.log"),
 }
 
@@ -91,6 +94,11 @@ def checkpoint_side_file(which: str) -> str:
 
 
 def rank_file_name(rank: int, suffix: str = ".json") -> str:
+def kept_name(step: int) -> str:
+    """step500: a kept step's file stem (checkpoints/history/step500.pt)."""
+    return f"{KEPT_PREFIX}{int(step)}"
+
+
     """rank-00001.json (progress) or, with suffix ".log", rank-00001.log."""
     return f"{RANK_PREFIX}{int(rank):05d}{suffix}"
 
@@ -202,6 +210,16 @@ class ProjectPaths:
         return self.root / MATERIALS_DIR
 
     @property
+    @property
+    def history(self) -> Path:
+        return self.root / CHECKPOINTS_DIR / HISTORY_DIR
+
+    def kept_step(self, step: int) -> Path:
+        return self.history / checkpoint_file(kept_name(step))
+
+    def kept_side(self, step: int) -> Path:
+        return self.history / checkpoint_side_file(kept_name(step))
+
     def ranks(self) -> Path:
         return self.root / RANKS_DIR
 

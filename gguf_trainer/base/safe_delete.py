@@ -90,7 +90,7 @@ class ExportPlaces:
         """None when `path` is a place and name this project writes an export; else why not."""
         path = Path(path)
         if not self.is_export_name(path.name):
-            return (f"is not named as this project's exports are ({self.name}[-stepN]-f16.gguf "
+            return (f"is not named as this project's exports are ({self.name}[-stepN]-<dtype>.gguf "
                     "or a companion); the record is ignored and the file left alone")
         try:
             parent = os.path.realpath(path.parent)

@@ -16,7 +16,12 @@ def cmd_snapshot(args) -> int:
     from gguf_trainer.runner.snapshot import describe
 
     paths = supervisor.project_paths(args.project)
-    job = control.request_snapshot(paths.root, args.checkpoint, args.eval, not args.no_fresh,
+    if args.checkpoint == "list":
+        for line in kept_lines(control.list_kept_steps(paths.root)):
+            out(line)
+        return EXIT_OK
+    checkpoint = args.checkpoint if args.step is None else f"step{args.step}"
+    job = control.request_snapshot(paths.root, checkpoint, args.eval, not args.no_fresh,
                                    args.device)
     if args.detach:
         out(f"snapshot job started (pid {job.get('pid')}); its state: gguf-trainer status "
@@ -27,6 +32,22 @@ def cmd_snapshot(args) -> int:
         out(describe(job["result"]))
         return EXIT_OK
     raise UserError(job.get("error") or f"the snapshot job ended {job['status']}; see {job['log']}")
+
+
+def kept_lines(kept: dict) -> list[str]:
+    """`snapshot --checkpoint list`: one line per kept step (step, val cos, MB, path), then
+    the total on disk."""
+    items = kept["items"]
+    if not items:
+        return [f"no kept steps; {kept['schedule']}"]
+    lines = [f"{'step':>9}  {'val cos':>8}  {'MB':>9}  path"]
+    for it in items:
+        cos = it.get("val_cos")
+        cos = f"{cos:.4f}" if isinstance(cos, int | float) else "-"
+        lines.append(f"{it['step']:>9}  {cos:>8}  {it['size'] / 1e6:>9.1f}  {it['path']}")
+    lines.append(f"{len(items)} kept step(s), {kept['total'] / 1e6:.1f} MB on disk; export one "
+                 "with `gguf-trainer snapshot --project DIR --step N`")
+    return lines
 
 
 def cmd_verify(args) -> int:
@@ -92,7 +113,10 @@ def cmd_check(args) -> int:
 
 # ---- the subcommands --------------------------------------------------------------------
 def _snapshot_args(p) -> None:
-    p.add_argument("--checkpoint", choices=("last", "best"), default="last")
+    p.add_argument("--checkpoint", default="last", metavar="C",
+                   help="last, best, a kept step step<N>, or list (the kept steps)")
+    p.add_argument("--step", type=int, metavar="N",
+                   help="export kept step N (train.history); the same as --checkpoint stepN")
     p.add_argument("--eval", action="store_true", help="also evaluate it on the val shards")
     p.add_argument(
         "--no-fresh",

@@ -76,6 +76,23 @@ EMBED_TABLES = ("t5_embed.weight", "t5_embed_a.weight", "seed_embed.weight")
 F32_NAMES = ("query", "vision_proj.weight", "layer_map", *slot_file.F32_QUERIES)
 # Embedding tables keep these types in the engine; anything else becomes f32 on load.
 EMBED_KEPT_TYPES = ("f16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
+# A Linear keeps its file's type when its input width (ne0) is a multiple of the type's block
+# (ggml_extend.hpp 3692-3695; else f32): the types export.dtype writes besides f16.
+LINEAR_TYPES = {"q8_0": 32, "bf16": 1}
+
+
+def block_size(type_name: str) -> int:
+    return LINEAR_TYPES.get(type_name, 1)
+
+
+def weight_type(view) -> str:
+    """The export type of a file's Linear weights (`export.dtype`): q8_0 or bf16 when any
+    weight is stored so, else f16 (f32 when every 2-D weight is f32)."""
+    types = {ty for ne, ty in view.tensors.values() if len(ne) == 2}
+    for ty in LINEAR_TYPES:
+        if ty in types:
+            return ty
+    return "f16" if "f16" in types or not types else "f32"
 
 Shape = tuple  # ne order; an element may be None where that size could not be detected
 
@@ -556,6 +573,8 @@ def _check_dtypes(view: AdapterView, rest: dict) -> None:
                 )
         elif ty == "f32":
             n_f32_2d += 1  # exact, the engine keeps it: only a larger file than the f16 convention
+        elif ty in LINEAR_TYPES and name not in EMBED_TABLES and ne[0] % block_size(ty) == 0:
+            continue  # export.dtype q8_0 / bf16: a Linear the engine keeps in its file type
         elif ty != "f16":
             kind = "embedding table" if name in EMBED_TABLES else "2-D weight"
             extra = (

@@ -1,7 +1,8 @@
 """State dict -> adapter GGUF the ggk engine loads (engine-contract §1.2, §1.4, §6).
 
 Owns: the standardization fold, the dtype policy (f32 for 1-D tensors, `query`,
-`vision_proj.weight`, `layer_map` and LayerNorm tensors; f16 for every other weight), the KV
+`vision_proj.weight`, `layer_map` and LayerNorm tensors; f16 for every other weight, or
+export.dtype's q8_0 / bf16 for the Linears: `tensor_type`), the KV
 provenance, and the read-back check. Must not know about projects or checkpoints: the
 export stage passes a state dict and numbers.
 
@@ -21,8 +22,10 @@ import torch
 from gguf_trainer.base.atomic import atomic_path
 from gguf_trainer.base.errors import UserError
 from gguf_trainer.model.adapter_file import (
+    EMBED_TABLES,
     F32_NAMES,
     PREFIX,
+    block_size,
     is_layernorm_name,
     read_adapter,
     trainer_kind,
@@ -97,6 +100,32 @@ def is_f32_tensor(name: str, ndim: int) -> bool:
     return ndim == 1 or name in F32_NAMES or is_layernorm_name(name)
 
 
+EXPORT_DTYPES = ("f16", "q8_0", "bf16")  # export.dtype
+
+
+def tensor_type(name: str, shape: tuple[int, ...], dtype: str = "f16") -> str:
+    """The type tensor `name` (torch shape) is written in for `export.dtype`: f32 for norms,
+    biases, queries, vision_proj and layer_map in every type; an embedding table f16 (the
+    engine reads it row by row); every other 2-D weight is a Linear: bf16, or Q8_0 when its
+    input width (shape[-1], the engine's ne0) is a multiple of 32 and f16 otherwise (the engine
+    turns a Q8_0 weight of another width into f32, ggml_extend.hpp 3692-3695)."""
+    if is_f32_tensor(name, len(shape)):
+        return "f32"
+    if dtype == "f16" or name in EMBED_TABLES:
+        return "f16"
+    if dtype == "bf16":
+        return "bf16"
+    if dtype == "q8_0":
+        return "q8_0" if shape[-1] % block_size("q8_0") == 0 else "f16"
+    raise ValueError(f"unknown export dtype {dtype!r}; one of {EXPORT_DTYPES}")
+
+
+def is_f16_in_every_dtype(name: str, ndim: int) -> bool:
+    """A tensor every export.dtype writes as f16 (an embedding table): a kept step may hold it
+    in f16 and still export exactly; any other weight must stay f32 to quantize the same."""
+    return not is_f32_tensor(name, ndim) and name in EMBED_TABLES
+
+
 def _structural_kv(cfg: AdapterConfig) -> dict[str, int]:
     kv = {
         "adapter.in_dim": cfg.in_dim,
@@ -133,7 +162,6 @@ def _add_tokenizer(writer, tokenizer: dict) -> None:
     writer.add_token_merges(list(tokenizer["merges"]))
 
 
-
 def _add_kv(writer, key: str, value) -> None:
     """str -> string, bool -> bool, int -> u32 (i32 if negative; 64-bit if out of range),
     float -> f32 (non-finite skipped), None skipped."""
@@ -161,16 +189,23 @@ def _add_kv(writer, key: str, value) -> None:
         raise TypeError(f"metadata {key!r} has unsupported type {type(value).__name__}")
 
 
-def _to_numpy(name: str, t: torch.Tensor) -> np.ndarray:
+def _to_numpy(name: str, t: torch.Tensor, dtype: str = "f16") -> tuple[np.ndarray, str]:
+    """The tensor as written: (array, type). f32/f16 arrays as they are; q8_0 and bf16 as the
+    `gguf` library's quantizer packs them (raw bytes, the engine's own block layout)."""
+    import gguf
+
     a = t.detach().to("cpu", torch.float32).contiguous().numpy()
+    ty = tensor_type(name, tuple(a.shape), dtype)
     with np.errstate(over="ignore"):  # an f16 overflow becomes inf, reported just below
-        a = a.astype(np.float32 if is_f32_tensor(name, a.ndim) else np.float16)
-    if not np.isfinite(a).all():
+        checked = a.astype(np.float16) if ty == "f16" else a
+    if not np.isfinite(checked).all():
         raise UserError(
             f"adapter weight {name} is not finite (or overflows f16) in this checkpoint; "
             "export an earlier checkpoint or lower the learning rate and retrain."
         )
-    return a
+    if ty in ("f32", "f16"):
+        return checked, ty
+    return gguf.quants.quantize(a, gguf.GGMLQuantizationType[ty.upper()]), ty
 
 
 def _check_readback(tmp: Path, cfg: AdapterConfig, n_tensors: int) -> None:
@@ -221,10 +256,12 @@ def write_adapter_gguf(
     mu=None,
     sigma_f=None,
     name: str | None = None,
+    dtype: str = "f16",
     tokenizer: dict | None = None,
 ) -> dict:
-    """Write `adapter.<name>` tensors + KVs to a temp file, verify it reads back as `cfg`,
-    then rename it into place. Returns {"path", "n_f16", "n_f32", "n_tensors", "bytes"}."""
+    """Write `adapter.<name>` tensors + KVs to a temp file in `dtype` (tensor_type), verify it
+    reads back as `cfg`, then rename it into place. Returns {"path", "n_f16", "n_f32",
+    "n_tensors", "bytes", "dtype", "types": {type: count}}."""
     import gguf
 
     problems = cfg.validate()
@@ -241,7 +278,10 @@ def write_adapter_gguf(
     clash = sorted((set(kv) | {"general.name", "general.architecture"}) & set(metadata))
     if clash:
         raise ValueError(f"metadata must not override the structural keys {clash}")
-    arrays = {k: _to_numpy(k, v) for k, v in state_dict.items()}
+    if dtype not in EXPORT_DTYPES:
+        raise ValueError(f"unknown export dtype {dtype!r}; one of {EXPORT_DTYPES}")
+    written = {k: _to_numpy(k, v, dtype) for k, v in state_dict.items()}
+    arrays = {k: a for k, (a, _) in written.items()}
     with atomic_path(path) as tmp:
         writer = gguf.GGUFWriter(tmp, ARCH)
         writer.add_name(name or path.stem)
@@ -249,21 +289,27 @@ def write_adapter_gguf(
             _add_kv(writer, key, value)
         if tokenizer is not None:  # {"tokens", "merges", "pre"}: the slot kinds' teacher vocab
             _add_tokenizer(writer, tokenizer)
-        for k, a in arrays.items():
-            writer.add_tensor(PREFIX + k, a)
+        for k, (a, ty) in written.items():
+            raw = None if ty in ("f32", "f16") else gguf.GGMLQuantizationType[ty.upper()]
+            writer.add_tensor(PREFIX + k, a, raw_dtype=raw)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
         writer.close()
         _check_readback(tmp, cfg, len(arrays))
         n_bytes = tmp.stat().st_size
-    n_f32 = sum(1 for a in arrays.values() if a.dtype == np.float32)
+    types: dict[str, int] = {}
+    for _, ty in written.values():
+        types[ty] = types.get(ty, 0) + 1
+    n_f32 = types.get("f32", 0)
     info = {
         "path": str(path),
-        "n_f16": len(arrays) - n_f32,
+        "n_f16": len(arrays) - n_f32,  # every tensor not f32 (the 2-D weights)
         "n_f32": n_f32,
         "n_tensors": len(arrays),
         "bytes": n_bytes,
+        "dtype": dtype,
+        "types": types,
     }
     log.debug(
         "export: wrote %s: %d f16 + %d f32 tensors, %d bytes", path, info["n_f16"], n_f32, n_bytes

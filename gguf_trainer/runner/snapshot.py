@@ -4,8 +4,9 @@ Clients start it as a DETACHED job (`start_job`, runner.jobs): the caller loads 
 and its state shows in `status --json` under jobs.snapshot. While the train stage runs, the
 job drops `snapshot.request`; the trainer validates and saves last.pt at the current step,
 removes the file and keeps training (nothing is interrupted). `fresh=False`, or no training
-running, takes the checkpoint on disk. The GGUF is `<name>-step<N>-f16.gguf` with
-provenance KVs; an optional eval runs on the CPU while training owns the device. Every
+running, takes the checkpoint on disk; a kept step (`step<N>`, data.kept_steps) is read from
+checkpoints/history/ and never asks the trainer. The GGUF is `<name>-step<N>-<dtype>.gguf`
+with provenance KVs; an optional eval runs on the CPU while training owns the device. Every
 snapshot is recorded in snapshots.json.
 
 One snapshot job per project at a time (its lock, snapshot.lock, is the job's lock);
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from gguf_trainer.base import atomic, locks
 from gguf_trainer.base.errors import UserError, quote
+from gguf_trainer.data import kept_steps
 from gguf_trainer.stages.stage_list import TRAINING
 
 from . import jobs, lock
@@ -49,8 +51,10 @@ def check_args(root, checkpoint: str, evaluate: bool, fresh: bool, device: str |
     from gguf_trainer.store.project import load_project
     from gguf_trainer.store.project_schema import check_device
 
-    if checkpoint not in CHECKPOINTS:
-        raise UserError(f"--checkpoint must be last or best, not {quote(checkpoint)}.")
+    step = kept_steps.parse_spec(checkpoint)
+    if checkpoint not in CHECKPOINTS and step is None:
+        raise UserError(f"--checkpoint must be last, best or a kept step (step<N>; `--checkpoint "
+                        f"list` lists them), not {quote(checkpoint)}.")
     if device is not None:
         try:
             check_device(device, "--device")
@@ -58,6 +62,9 @@ def check_args(root, checkpoint: str, evaluate: bool, fresh: bool, device: str |
             raise UserError(f"--device {e}.") from None
     project = load_project(root)
     paths = project.paths
+    if step is not None:  # a kept step is on disk or it is not: no trainer is asked
+        kept_steps.require_kept(paths, step)
+        return project
     training = lock.probe(paths) is not None and (read_state(paths) or {}).get("stage") == TRAINING
     ck = paths.checkpoints / f"{checkpoint}.pt"
     if not ck.is_file() and not (fresh and training and checkpoint == "last"):
@@ -99,6 +106,9 @@ def _snapshot(project, checkpoint, evaluate, fresh, device, timeout_s, job) -> d
     paths = project.paths
     state = read_state(paths) or {}
     is_training = lock.probe(paths) is not None and state.get("stage") == TRAINING
+    kept = kept_steps.parse_spec(checkpoint)
+    if kept is not None:
+        checkpoint, fresh = kept_steps.kept_name(kept), False
     if fresh and is_training:
         if job is not None:
             job.update(phase="asking the trainer to save")
@@ -106,20 +116,22 @@ def _snapshot(project, checkpoint, evaluate, fresh, device, timeout_s, job) -> d
             log.warning(
                 "the trainer did not answer the snapshot request; using the checkpoint on disk"
             )
-    ck_path = checkpoint_path(paths.checkpoints, checkpoint)
+    ck_path = paths.kept_step(kept) if kept is not None else checkpoint_path(
+        paths.checkpoints, checkpoint)
     if not ck_path.exists():
         raise UserError(
             f"there is no {checkpoint}.pt checkpoint yet; train first or wait for the first save."
         )
     if job is not None:
         job.update(phase="exporting")
-    ck = load_checkpoint(ck_path)
+    ck = kept_steps.load_kept(paths, kept) if kept is not None else load_checkpoint(ck_path)
     info = export_checkpoint(project, checkpoint, project.snapshot_gguf, is_snapshot=True, ck=ck)
     entry = {
         "id": f"step{info['step']}-{checkpoint}",
         "step": info["step"],
         "planned_steps": info["planned_steps"],
         "checkpoint": checkpoint,
+        "kept": kept is not None,
         "val_cos": info["val_cos"],
         "best_val_cos": info["best_val_cos"],
         "path": info["path"],

@@ -49,6 +49,7 @@ def export_metadata(project, ck: dict, which: str, is_snapshot: bool) -> dict:
         "adapter.pack": pack.id,
         "adapter.trainer": f"gguf-trainer {__version__}",
         "adapter.mock_teacher": bool(ck.get("mock")),
+        "adapter.dtype": project.settings.export.dtype,
         **pack.export_kv,
         **pack.export_teacher_kv(project, ck),
     }
@@ -60,9 +61,10 @@ def export_metadata(project, ck: dict, which: str, is_snapshot: bool) -> dict:
 
 
 def export_checkpoint(project, which: str, dest, is_snapshot: bool, ck: dict | None = None) -> dict:
-    """Write checkpoint `which` (last|best) as an engine-ready f16 GGUF at `dest` (a path, or
-    a function of the checkpoint's step: the trainer may replace last.pt at any moment, so
-    the step is read from the checkpoint actually loaded)."""
+    """Write checkpoint `which` (last|best, or a kept step `step<N>` passed loaded as `ck`) as
+    an engine-ready GGUF in export.dtype at `dest` (a path, or a function of the checkpoint's
+    step: the trainer may replace last.pt at any moment, so the step is read from the
+    checkpoint actually loaded). A kept step holds its weights folded already (`folded`)."""
     from gguf_trainer.data.checkpoints import load_checkpoint
     from gguf_trainer.model.adapters import AdapterConfig
     from gguf_trainer.model.export import factorize_seed, write_adapter_gguf
@@ -78,7 +80,9 @@ def export_checkpoint(project, which: str, dest, is_snapshot: bool, ck: dict | N
             f"{pack.title} pack's family conditions on {list(pack.taps)}; ggk would refuse "
             "it. Retrain this project (gguf-trainer reset --project DIR train)."
         )
-    fold = {"mu": ck["mu"], "sigma_f": ck["sigma_f"]} if ck.get("standardized") else {}
+    is_folded = bool(ck.get("folded"))  # data.kept_steps: folded as this export folds
+    fold = {"mu": ck["mu"], "sigma_f": ck["sigma_f"]} if ck.get("standardized") and not is_folded \
+        else {}
     kind = "snapshot" if is_snapshot else "final"
     state, meta = ck["model"], export_metadata(project, ck, which, is_snapshot)
     rank = project.settings.train.seed_rank
@@ -100,13 +104,13 @@ def export_checkpoint(project, which: str, dest, is_snapshot: bool, ck: dict | N
     # a copy's snapshot at the original's step, a user's file under our name: never replaced
     refuse_overwrite(project, dest)
     record_export(project, dest, kind=kind, pending=True)
-    info = write_adapter_gguf(dest, state, cfg, metadata=meta, name=project.settings.name, **fold)
+    info = write_adapter_gguf(dest, state, cfg, metadata=meta, name=project.settings.name,
+                              dtype=project.settings.export.dtype, **fold)
     record_export(project, dest, kind=kind)
     log.info(
-        "export: wrote %s: %d f16 + %d f32 tensors (%s.pt, step %d/%d, val cos %s)%s",
+        "export: wrote %s: %s tensors (%s.pt, step %d/%d, val cos %s)%s",
         dest,
-        info["n_f16"],
-        info["n_f32"],
+        " + ".join(f"{n} {t}" for t, n in sorted(info["types"].items())),
         which,
         ck["step"],
         ck["planned_steps"],
@@ -181,7 +185,7 @@ def exported_files(project) -> list[Path]:
 
 
 def run_export(project, report) -> None:
-    """Export stage: best.pt -> <output_dir>/<name>-f16.gguf, then the optional copy."""
+    """Export stage: best.pt -> <output_dir>/<name>-<export.dtype>.gguf, then the optional copy."""
     # Both folders are checked before anything is written: a copy_to that is a file or
     # read-only must not leave a re-exported GGUF and a changed exports.json behind.
     atomic.check_writable_folder(project.output_dir, "export.output_dir")

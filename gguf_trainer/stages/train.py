@@ -39,6 +39,7 @@ from gguf_trainer.data.checkpoints import (
     recorded_fingerprint,
     save_checkpoint,
 )
+from gguf_trainer.data.kept_steps import KeptSteps, Schedule
 from gguf_trainer.data.recipe import Recipe, RowFit, recipe_inputs, recipe_stats
 from gguf_trainer.data.scoring import forward_rows, validate
 from gguf_trainer.data.shards import (
@@ -267,6 +268,7 @@ def run_train(project, report, train_fp: str, skip=None) -> str:
         "val": None if val is None else finite(val),
     }
     snapshot = _Snapshot(paths.snapshot_request)
+    kept = KeptSteps(paths, Schedule.from_settings(s))  # train.history: weights-only copies
     autocast = hardware.autocast(device)
     t_last, step_last = time.monotonic(), prog.step
     report.progress(
@@ -335,8 +337,10 @@ def run_train(project, report, train_fp: str, skip=None) -> str:
         if ranks is not None:  # rank 0 decides for all ranks, at the same step
             is_stop, is_snapshot, steps = ranks.agree(is_stop, is_snapshot, steps)
         is_scheduled = prog.step % s.val_every == 0 or prog.step == steps
+        is_kept = main and kept.is_due(prog.step, steps, is_stop or is_snapshot
+                                       or prog.step == steps)
         val = None
-        if (is_scheduled or is_snapshot) and main:
+        if (is_scheduled or is_snapshot or is_kept) and main:
             val = validate(model, val_files, pack, stats, s.batch_size, device,
                            recipe.standardized)
             report.metrics(prog.step, {"val_cos": val["val_cos"], "val_rel_mse": val["rel_mse"]})
@@ -349,6 +353,9 @@ def run_train(project, report, train_fp: str, skip=None) -> str:
             every_rank = ranks.rank_states(prog.stream) if ranks is not None else {}
             if main:
                 save_checkpoint(folder, LAST, model, opt, prog, extra(val) | every_rank)
+        if is_kept:  # after last.pt: a kept step never delays the resume point
+            kept.keep(prog.step, steps, model, extra(val), prog.best_val_cos,
+                      _keep_reason(is_stop, is_snapshot, prog.step == steps))
         if is_snapshot and main:
             snapshot.done(prog.step)
         if is_stop and prog.step < steps:
@@ -359,6 +366,11 @@ def run_train(project, report, train_fp: str, skip=None) -> str:
         save_checkpoint(folder, BEST, model, opt, prog, extra())
     report.progress(prog.step, steps, "steps", step=prog.step, steps=steps)
     return "done"
+
+
+def _keep_reason(is_stop: bool, is_snapshot: bool, is_final: bool) -> str:
+    return "stop" if is_stop else "snapshot" if is_snapshot else "final" if is_final \
+        else "schedule"
 
 
 def _val(v: float):

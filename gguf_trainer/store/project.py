@@ -75,10 +75,12 @@ class Project:
 
     @property
     def final_gguf(self) -> Path:
-        return self.output_dir / f"{self.settings.name}-f16.gguf"
+        """<name>-<export.dtype>.gguf: the file name carries the weight type."""
+        return self.output_dir / f"{self.settings.name}-{self.settings.export.dtype}.gguf"
 
     def snapshot_gguf(self, step: int) -> Path:
-        return self.output_dir / f"{self.settings.name}-step{step}-f16.gguf"
+        dtype = self.settings.export.dtype
+        return self.output_dir / f"{self.settings.name}-step{step}-{dtype}.gguf"
 
     def companion_gguf(self, kind: str) -> Path:
         return self.output_dir / f"{self.base_name}_{kind}-f16.gguf"

@@ -150,6 +150,32 @@ class CorpusSettings(_Section):
                        le=1_000_000, advanced=True, why="a prompt is never that long")
     seed: Int = S(8, "Corpus seed", "shuffle and split seed", ge=0, le=2**32 - 1, advanced=True,
                   why=SEED_WHY)
+    # Upsampled captions (stages/corpus_captions.py; README "Captions from the upsampler").
+    caption_endpoint: str = S(
+        "", "Caption endpoint", "an OpenAI-compatible /v1 address (a local llama.cpp server with "
+        "the Qwen3.5 upsampler GGUF, e.g. http://127.0.0.1:8080/v1) that rewrites a share of "
+        "the prompts with FLUX.3's prompt-upsampler request, each caption an extra sample; "
+        "empty = off")
+    caption_model: str = S("", "Caption model", "the model id to ask (one the endpoint's "
+                           "/v1/models lists); empty = the first it lists", advanced=True)
+    caption_share: Float = S(0.25, "Caption share", "share of the prompts of each split "
+                             "rewritten by the caption endpoint", ge=0.0, le=1.0, advanced=True,
+                             why="a share of the prompts")
+    caption_max_tokens: Int = S(3584, "Caption max tokens", "most tokens one caption may have "
+                                "(ggk's upsampler: 3584)", ge=16, le=16384, advanced=True,
+                                why="past the upsampler's context with its system prompt")
+    caption_workers: Int = S(2, "Caption requests in flight", "caption requests sent at once "
+                             "(match the server's parallel slots)", ge=1, le=64, live=True,
+                             advanced=True, why="no local server serves more at once")
+
+    @field_validator("caption_endpoint")
+    @classmethod
+    def _http_address(cls, v: str) -> str:
+        v = v.strip()
+        if v and not re.match(r"^https?://[^/\s]+", v):
+            raise ValueError(f"{quote(v)} is not an http(s) address; set it like "
+                             "http://127.0.0.1:8080/v1, or leave it empty")
+        return v
 
     @field_validator("presets", "image_presets")
     @classmethod
@@ -290,6 +316,20 @@ class TrainSettings(_Section):
                   why=SEED_WHY)
     threads: Int = S(0, "CPU threads", "0 = pinned at the first start", ge=0, le=4096, live=True,
                      advanced=True, why="no machine has more cores")
+    # Kept steps (data/kept_steps.py; README "Kept steps"): the published trainer's names.
+    history: bool = S(False, "Keep steps for later export", "keep a weights-only copy of chosen "
+                      "steps (checkpoints/history/) that exports later exactly as a snapshot taken "
+                      "then; read when training starts")
+    history_every: Int = S(0, "Keep every", "steps between kept steps; 0 = at every validation "
+                           "(train.val_every)", ge=0, le=MAX_STEPS,
+                           why="more than any run's steps")
+    history_from: Int = S(0, "Keep from step", "the first step that may be kept", ge=0,
+                          le=MAX_STEPS, why="more than any run's steps")
+    history_to: Int = S(0, "Keep to step", "the last step that may be kept; 0 = the end", ge=0,
+                        le=MAX_STEPS, why="more than any run's steps")
+    history_keep: Int = S(0, "Keep at most", "the newest kept steps that stay on disk (older ones "
+                          "are deleted); 0 = all", ge=0, le=1_000_000,
+                          why="a million files is no folder anyone reads")
     processes: Int = S(1, "Processes", "data-parallel ranks (one per GPU), each a slice of every "
                        "batch; the batch size stays the global batch", ge=1, le=1024,
                        advanced=True,
@@ -324,6 +364,11 @@ class ExportSettings(_Section):
                      kind="path", live=True)
     run_eval: bool = S(True, "Evaluate after export", "score the exported GGUF on the val shards",
                        live=True)
+    dtype: Literal["f16", "q8_0", "bf16"] = S(
+        "f16", "Weight type", "f16: the engine's reference; q8_0: Q8_0 for each Linear whose "
+        "input width is a multiple of 32 (f16 otherwise), about half the size, its cosine drop "
+        "measured by the eval; bf16: every Linear weight bf16. Norms, biases, queries and "
+        "layer_map stay f32; the file name carries the type", live=True)
     export_sigvq: bool = S(True, "Export SigVQ companion", "also write the SigVQ companion GGUF "
                            "(packs that have one)", live=True)
 

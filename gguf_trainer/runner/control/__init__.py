@@ -32,6 +32,7 @@ Callers use the names below from this package (`control.X`); each lives in one m
   export, stop, kill, status, wait, read_metrics, results, results_text.
 * `outputs`: list_exports, read_eval, list_snapshots, request_snapshot, snapshot_job,
   wait_snapshot, start_verify, verify_job, tail_log, LOGS; reset_plan, reset.
+* `kept`: list_kept_steps, delete_kept_step, kept_plan (data.kept_steps).
 * `helpers`: check_folder_arg, read_tail, TAIL_MAX_BYTES, PathLike, and the private helpers
   the modules above share.
 
@@ -49,6 +50,7 @@ from gguf_trainer.runner.control.helpers import (
     check_folder_arg,
     read_tail,
 )
+from gguf_trainer.runner.control.kept import delete_kept_step, kept_plan, list_kept_steps
 from gguf_trainer.runner.control.materials import (
     confirm_trust,
     link_material,
@@ -110,11 +112,14 @@ __all__ = [
     "check_folder_arg",
     "clear_stale_requests",
     "confirm_trust",
+    "delete_kept_step",
     "export",
     "field_metadata",
+    "kept_plan",
     "kill",
     "link_material",
     "list_exports",
+    "list_kept_steps",
     "list_packs",
     "list_snapshots",
     "material_statuses",
