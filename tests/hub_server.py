@@ -4,10 +4,27 @@ The real `huggingface_hub` client (and everything built on it) talks to it when
 `HF_ENDPOINT` points here; detached jobs get the variable in their environment. It serves
 the endpoints the installed client calls:
 
-    GET  /api/{models|datasets}/{repo}/revision/{rev}      repo_info / model_info / dataset_info
+    GET  /api/{models|datasets}/{repo}[/revision/{rev}]    repo_info / model_info / dataset_info
     GET  /api/{models|datasets}/{repo}/tree/{rev}[/{dir}]  list_repo_tree (recursive, one page)
     HEAD /[datasets/]{repo}/resolve/{rev}/{file}           X-Repo-Commit, ETag/X-Linked-Etag, sizes
     GET  /[datasets/]{repo}/resolve/{rev}/{file}           bytes, with `Range: bytes=N-` -> 206
+
+and the ones it calls to upload (huggingface_hub 2.4's create_repo and create_commit with
+Xet off, `HF_HUB_DISABLE_XET`, which this fixture sets: the legacy LFS path):
+
+    POST /api/repos/create                                  create_repo (409 when it exists)
+    POST /api/validate-yaml                                 the README's front matter, parsed
+    POST /api/{models|datasets}/{repo}/preupload/{rev}      upload mode per file + remote oid
+    POST /[datasets/]{repo}.git/info/lfs/objects/batch      LFS batch, `basic` transfer: an
+                                                            upload action only for objects the
+                                                            server lacks
+    PUT  /_lfs/{type}/{repo}/{oid}                          the object's bytes (sha256 checked)
+    POST /_lfs_verify/{type}/{repo}                         verify: 404 unless stored
+    POST /api/{models|datasets}/{repo}/commit/{rev}         NDJSON: header, file (base64),
+                                                            lfsFile (an object it holds)
+
+Writes need a token in `tokens` (else 401). LFS objects stay stored per repo whether or not a
+commit names them, as on the Hub, so a second upload after a kill sends only what is missing.
 
 Files at least `LFS_MIN_BYTES` long are served as LFS files (sha256 ETag, `lfs` in the
 listing), like the Hub does for weights. Gated repos answer 401 with `X-Error-Code:
@@ -22,6 +39,10 @@ Test controls (all thread-safe):
   `then_status` (403: the signed URL expired) - a transfer that breaks mid-file.
 * `requests`: every request as (method, url path, headers dict), to assert on Range
   headers, on how many times a file was fetched, or on the Authorization a client sent.
+* Uploads: `lfs[(repo_type, repo_id)]` the objects stored (oid -> bytes); `commits` one
+  record per commit (repo, summary, files it wrote); `hold_put(oid)`: the PUT of that object
+  waits, before reading its body, until `release_put(oid)` (`put_arrived(oid)` says it came)
+  - a deterministic "killed mid-upload".
 * A hostile Hub: `lie(path, data)` serves other bytes for a file than its listing declares
   (same size, other hash); `overflow(path, extra_bytes)` sends that many bytes more than
   the file's size (Content-Length included); `html_api = True` answers every /api/ call
@@ -44,6 +65,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlsplit
 
 import pytest
+from hub_upload_routes import _UploadRoutes
 
 LFS_MIN_BYTES = 1024
 CHUNK = 4096
@@ -63,6 +85,9 @@ class Repo:
     private: bool = False
     branches: tuple[str, ...] = ("main",)
     commit: str = field(default="")
+    card_data: dict | None = None  # repo_info's cardData (license ...)
+    # The paths committed as LFS files; None: every file of LFS_MIN_BYTES or more (add_repo's)
+    lfs_paths: set[str] | None = None
 
     def __post_init__(self):
         if not self.commit:
@@ -72,7 +97,15 @@ class Repo:
             self.commit = h.hexdigest()
 
     def is_lfs(self, path: str) -> bool:
+        if self.lfs_paths is not None:
+            return path in self.lfs_paths
         return len(self.files[path]) >= LFS_MIN_BYTES
+
+    def oid(self, path: str) -> str:
+        """What preupload answers as a committed file's oid: the sha256 of an LFS file, the git
+        blob id of another (CommitOperationAdd._local_oid compares with the same)."""
+        data = self.files[path]
+        return hashlib.sha256(data).hexdigest() if self.is_lfs(path) else git_blob_sha1(data)
 
     def etag(self, path: str) -> str:
         data = self.files[path]
@@ -99,6 +132,9 @@ class HubServer:
         self.lies: dict[str, bytes] = {}  # path -> the bytes actually served
         self.overflows: dict[str, int] = {}  # path -> extra bytes sent after the file
         self.html_api = False
+        self.lfs: dict[tuple[str, str], dict[str, bytes]] = {}
+        self.commits: list[dict] = []
+        self._holds: dict[str, tuple[threading.Event, threading.Event]] = {}
         self._lock = threading.Lock()
         handler = type("Handler", (_Handler,), {"hub": self})
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -109,10 +145,12 @@ class HubServer:
 
     def add_repo(self, repo_id: str, files: dict[str, bytes], repo_type: str = "model",
                  gated: bool = False, private: bool = False,
-                 branches: tuple[str, ...] = ("main",)) -> Repo:
+                 branches: tuple[str, ...] = ("main",), card_data: dict | None = None) -> Repo:
         """Serve `files`; `branches` are the revision names that resolve to its one commit
-        (e.g. "refs/convert/parquet", sent URL-encoded by the client)."""
-        repo = Repo(repo_id, repo_type, dict(files), gated, private, tuple(branches))
+        (e.g. "refs/convert/parquet", sent URL-encoded by the client); `card_data` is what
+        repo_info reports of its README's front matter."""
+        repo = Repo(repo_id, repo_type, dict(files), gated, private, tuple(branches),
+                    card_data=card_data)
         self.repos[(repo_type, repo_id)] = repo
         return repo
 
@@ -131,6 +169,27 @@ class HubServer:
 
     def overflow(self, path: str, extra_bytes: int) -> None:
         self.overflows[path] = extra_bytes
+
+    def hold_put(self, oid: str) -> None:
+        with self._lock:
+            self._holds[oid] = (threading.Event(), threading.Event())  # (arrived, released)
+
+    def put_arrived(self, oid: str) -> bool:
+        with self._lock:
+            hold = self._holds.get(oid)
+        return bool(hold and hold[0].is_set())
+
+    def release_put(self, oid: str) -> None:
+        with self._lock:
+            hold = self._holds.pop(oid, None)
+        if hold:
+            hold[1].set()
+
+    def lfs_puts(self) -> list[str]:
+        """The oid of every LFS PUT received, in order (whole or not)."""
+        with self._lock:
+            return [p.rsplit("/", 1)[-1] for m, p, _ in self.requests
+                    if m == "PUT" and p.startswith("/_lfs/")]
 
     def break_after(self, path: str, after_bytes: int, then_status: int = 403) -> None:
         with self._lock:
@@ -157,6 +216,8 @@ class HubServer:
         with self._lock:
             for _, event in self._pauses.values():
                 event.set()
+            for _, released in self._holds.values():
+                released.set()
         self.httpd.shutdown()
         self.httpd.server_close()
 
@@ -170,7 +231,8 @@ class HubServer:
             return self._pauses.get(path)
 
 
-class _Handler(BaseHTTPRequestHandler):
+
+class _Handler(BaseHTTPRequestHandler, _UploadRoutes):
     hub: HubServer
     protocol_version = "HTTP/1.1"
 
@@ -184,16 +246,23 @@ class _Handler(BaseHTTPRequestHandler):
     def do_HEAD(self):
         self._dispatch(send_body=False)
 
+    def do_POST(self):
+        self._upload_dispatch()
+
+    def do_PUT(self):
+        self._upload_dispatch()
+
     def _dispatch(self, send_body: bool) -> None:
         raw = urlsplit(self.path).path  # match before unquoting: a revision may hold %2F
         path = unquote(raw)
         self.hub._record(self.command, path, {k.lower(): v for k, v in self.headers.items()})
-        m = re.match(r"^/api/(models|datasets)/(.+?)/(revision|tree)/([^/]+)(/.*)?$", raw)
+        # repo_info without a revision asks /api/models/{repo}: the main branch's answer
+        m = re.match(r"^/api/(models|datasets)/(.+?)(?:/(revision|tree)/([^/]+)(/.*)?)?$", raw)
         if m and self.hub.html_api:
             return self._html()
         if m:
-            return self._api(m.group(1)[:-1], unquote(m.group(2)), m.group(3),
-                             unquote(m.group(4)), unquote(m.group(5) or ""))
+            return self._api(m.group(1)[:-1], unquote(m.group(2)), m.group(3) or "revision",
+                             unquote(m.group(4) or "main"), unquote(m.group(5) or ""))
         m = re.match(r"^/(datasets/)?(.+?)/resolve/([^/]+)/(.+)$", raw)
         if m:
             return self._resolve("dataset" if m.group(1) else "model", unquote(m.group(2)),
@@ -260,6 +329,7 @@ class _Handler(BaseHTTPRequestHandler):
                     "siblings": [
                         {"rfilename": p, "size": len(d)} for p, d in sorted(repo.files.items())
                     ],
+                    **({"cardData": repo.card_data} if repo.card_data else {}),
                 }
             )
         prefix = sub.strip("/")
@@ -336,6 +406,9 @@ def hub_server(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
     monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
     monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
+    from huggingface_hub import constants  # read at import: this process may have it loaded
+
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     yield server

@@ -34,6 +34,8 @@ Usage:
     gguf-trainer inspect FILE [--json]
     gguf-trainer check  --dump DIR --prompt P [--project DIR] [--adapter A] [--student S]
                         [--tokenizer DIR] [--t5-model F] [--json]   (no --project: A and S)
+    gguf-trainer publish --project DIR --repo USER/NAME [--private] [--file GGUF ...]
+                         [--license ID]
     gguf-trainer demo   [--pack ID] [--dir DIR] [--steps N] [--no-run]
     gguf-trainer --auto-resume | --version | --help
 
@@ -56,14 +58,14 @@ from gguf_trainer.base.exit_codes import (
     EXIT_STILL_STOPPING,
 )
 from gguf_trainer.base.exit_codes import EXIT_USER as EXIT_ERROR
-from gguf_trainer.cli import demo, gui, materials, outputs, project, run
+from gguf_trainer.cli import demo, gui, materials, outputs, project, publish, run
 from gguf_trainer.cli.common import Parser, add_command
 from gguf_trainer.runner import supervisor
 
-GROUPS = (project, run, materials, outputs, demo)
+GROUPS = (project, run, materials, outputs, publish, demo)
 # The order `gguf-trainer --help` lists the commands in (every group's, interleaved).
 ORDER = ("new", "run", "start", "stop", "kill", "status", "set", "snapshot", "reset", "download",
-         "materials", "login", "link", "verify", "render", "inspect", "check", "demo")
+         "materials", "login", "link", "verify", "render", "inspect", "check", "publish", "demo")
 
 
 def build_parser() -> argparse.ArgumentParser:

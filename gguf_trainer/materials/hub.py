@@ -68,6 +68,7 @@ class Listing:
     revision: str
     commit: str
     files: dict[str, RemoteFile]
+    license: str | None = None  # the license its Hub card states (a published card names it)
 
     @property
     def bytes_total(self) -> int:
@@ -78,7 +79,7 @@ class Listing:
 
     def as_json(self) -> dict:
         return {"repo": self.repo, "repo_type": self.repo_type, "revision": self.revision,
-                "commit": self.commit,
+                "commit": self.commit, **({"license": self.license} if self.license else {}),
                 "files": {p: {"size": f.size, "sha256": f.sha256, "blob_id": f.blob_id}
                           for p, f in sorted(self.files.items())}}
 
@@ -313,7 +314,9 @@ def list_remote(
             f"{repo} has no file matching {', '.join(unmatched)} at {info.sha[:10]}; "
             "the pack's material list needs updating."
         )
-    return Listing(repo, repo_type, revision, info.sha, files)
+    lic = getattr(getattr(info, "card_data", None), "license", None)
+    return Listing(repo, repo_type, revision, info.sha, files,
+                   lic if isinstance(lic, str) and lic else None)
 
 
 def save_listing(listing: Listing, dest: Path) -> None:
