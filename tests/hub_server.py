@@ -41,8 +41,8 @@ Test controls (all thread-safe):
   headers, on how many times a file was fetched, or on the Authorization a client sent.
 * Uploads: `lfs[(repo_type, repo_id)]` the objects stored (oid -> bytes); `commits` one
   record per commit (repo, summary, files it wrote); `hold_put(oid)`: the PUT of that object
-  waits, before reading its body, until `release_put(oid)` (`put_arrived(oid)` says it came)
-  - a deterministic "killed mid-upload".
+  waits until `release_put(oid)` (`put_arrived(oid)` says it came), then ends unstored, as a
+  PUT cut off mid-object does - a deterministic "killed mid-upload".
 * A hostile Hub: `lie(path, data)` serves other bytes for a file than its listing declares
   (same size, other hash); `overflow(path, extra_bytes)` sends that many bytes more than
   the file's size (Content-Length included); `html_api = True` answers every /api/ call

@@ -146,9 +146,11 @@ class _UploadRoutes:
     def _put(self, repo_type: str, repo_id: str, oid: str) -> None:
         with self.hub._lock:
             hold = self.hub._holds.get(oid)
-        if hold:  # killed mid-upload: the client goes before this body is read
+        if hold:  # killed mid-upload: the client goes while this object is on its way
             hold[0].set()
             hold[1].wait()
+            self.close_connection = True  # a body cut off is never stored, whatever came
+            return
         try:
             data = self._body()
         except (OSError, ValueError):
@@ -156,10 +158,17 @@ class _UploadRoutes:
             return
         if hashlib.sha256(data).hexdigest() != oid:  # a torn body is never stored
             self.close_connection = True
-            return self._reply(400, {"error": "sha256 does not match the oid"})
+            try:
+                self._reply(400, {"error": "sha256 does not match the oid"})
+            except OSError:  # the client is gone (killed mid-upload)
+                pass
+            return
         with self.hub._lock:
             self.hub.lfs.setdefault((repo_type, repo_id), {})[oid] = data
-        self._reply(200, {})
+        try:
+            self._reply(200, {})
+        except OSError:  # the client is gone; the object is whole and stays stored
+            pass
 
     def _verify(self, repo_type: str, repo_id: str) -> None:
         payload = json.loads(self._body() or b"{}")

@@ -111,6 +111,11 @@ def _eval_lines(ev: dict | None) -> list[str]:
     return lines
 
 
+def _dtype(f: dict) -> str:
+    dtype = (f.get("metadata") or {}).get("adapter.dtype")
+    return f" ({dtype})" if isinstance(dtype, str) and dtype else ""
+
+
 def _yaml(key: str, value) -> str:
     """One front-matter entry; strings as JSON strings, which YAML reads as they are."""
     if isinstance(value, list):
@@ -146,7 +151,7 @@ def model_card(project, adapters: list[dict], companions: list[dict], licenses: 
     cmd, notes = printed_command(pack, "pig_clip-f16.gguf", adapters[0]["name"],
                                  extras={"sigvq": companions[0]["name"]} if companions and
                                  pack.id == "llada_image" else None)
-    rows = [f"| `{f['name']}` | {role} | {f['size']:,} | `{f.get('sha256') or '—'}` |"
+    rows = [f"| `{f['name']}` | {role}{_dtype(f)} | {f['size']:,} | `{f.get('sha256') or '—'}` |"
             for role, group in (("adapter", adapters), ("companion", companions))
             for f in group]
     steps = meta.get("adapter.trained_steps")
