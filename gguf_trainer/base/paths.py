@@ -36,6 +36,7 @@ EXIT_JSON = "exit.json"  # written by the launcher's monitor: how the pipeline p
 KILLED_JSON = "killed.json"  # written by supervisor.kill before SIGKILL: "the user did it"
 SAMPLES_SUFFIX = ".jsonl"  # data/{split}.jsonl: the corpus's sample records (data.samples)
 IMAGES_DIR = "images"  # data/images/: the corpus's copies of referenced images, by content hash
+CAPTIONS_JSONL = "captions.jsonl"  # data/captions.jsonl: upsampler captions (corpus_captions)
 # A stand-in built by the package (demo and test materials) says so, and discovery never links
 # it into another project: a snapshot folder holds this file, a student GGUF this string key.
 RENDERS_DIR = "renders"  # renders/<time>-s<seed>/: a side-by-side render in the user's ggk
@@ -56,9 +57,9 @@ RANK_GLOB = f"{RANK_PREFIX}*.json"
 STALE_PREFIX = "checkpoints.stale-"
 VERIFIED_JSON = "verified.json"  # in shards/<split>/: shards verified by (size, mtime)
 CHECKPOINT_KINDS = ("last", "best")  # checkpoints/<kind>.pt and its summary <kind>.json
-# What the tool writes inside each folder a reset deletes (globs relative to that folder, one
 HISTORY_DIR = "history"  # checkpoints/history/step<N>.pt + step<N>.json: kept steps
 KEPT_PREFIX = "step"  # a kept step's name, `step<N>`; also how `snapshot --checkpoint` names one
+# What the tool writes inside each folder a reset deletes (globs relative to that folder, one
 # per depth; atomic's ".<name>.*.tmp" files count too). Anything else there is someone
 # else's, and reset leaves the whole folder alone (safe_delete.check_owned).
 TOOL_FILES = {
@@ -93,12 +94,12 @@ def checkpoint_side_file(which: str) -> str:
     return f"{which}.json"
 
 
-def rank_file_name(rank: int, suffix: str = ".json") -> str:
 def kept_name(step: int) -> str:
     """step500: a kept step's file stem (checkpoints/history/step500.pt)."""
     return f"{KEPT_PREFIX}{int(step)}"
 
 
+def rank_file_name(rank: int, suffix: str = ".json") -> str:
     """rank-00001.json (progress) or, with suffix ".log", rank-00001.log."""
     return f"{RANK_PREFIX}{int(rank):05d}{suffix}"
 
@@ -188,6 +189,10 @@ class ProjectPaths:
         return self.root / DATA_DIR / IMAGES_DIR
 
     @property
+    def captions(self) -> Path:
+        return self.root / DATA_DIR / CAPTIONS_JSONL
+
+    @property
     def vision_proj(self) -> Path:
         return self.root / VISION_PROJ
 
@@ -206,11 +211,6 @@ class ProjectPaths:
         return self.root / CHECKPOINTS_DIR / checkpoint_file(which)
 
     @property
-    def materials(self) -> Path:
-        return self.root / MATERIALS_DIR
-
-    @property
-    @property
     def history(self) -> Path:
         return self.root / CHECKPOINTS_DIR / HISTORY_DIR
 
@@ -220,6 +220,11 @@ class ProjectPaths:
     def kept_side(self, step: int) -> Path:
         return self.history / checkpoint_side_file(kept_name(step))
 
+    @property
+    def materials(self) -> Path:
+        return self.root / MATERIALS_DIR
+
+    @property
     def ranks(self) -> Path:
         return self.root / RANKS_DIR
 

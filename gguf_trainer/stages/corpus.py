@@ -18,10 +18,12 @@ from collections import Counter
 from pathlib import Path
 
 from gguf_trainer.base import bounded, project_file
+from gguf_trainer.base.paths import DATA_DIR
 from gguf_trainer.data.samples import Sample, write_samples
 from gguf_trainer.engine.prompt_syntax import RULE_CHANGES, RULE_VERSION
 from gguf_trainer.materials.prompt_files import read_source
 from gguf_trainer.stages.corpus_build import copy_images, make_split
+from gguf_trainer.stages.corpus_captions import add_captions, probe
 from gguf_trainer.stages.stage_list import Stage
 
 log = logging.getLogger(__name__)
@@ -34,6 +36,10 @@ def source_files(settings) -> list[Path]:
 
 
 PATH_SETTINGS = ("files", "train_file", "val_file", "image_folders")  # places, not content
+# The caption endpoint is a place too (the server's address); how many requests are in flight
+# changes no sample. With no endpoint the caption keys are left out: old corpora stay valid.
+CAPTION_SETTINGS = ("caption_endpoint", "caption_model", "caption_share", "caption_max_tokens",
+                    "caption_workers")
 
 
 def placeless(corpus_settings: dict) -> dict:
@@ -45,6 +51,12 @@ def placeless(corpus_settings: dict) -> dict:
     for key in PATH_SETTINGS:
         value = out.get(key)
         out[key] = len(value) if isinstance(value, list) else bool(value)
+    if not out.get("caption_endpoint"):
+        for key in CAPTION_SETTINGS:
+            out.pop(key, None)
+    else:
+        out["caption_endpoint"] = True
+        out.pop("caption_workers", None)
     return out
 
 
@@ -127,8 +139,10 @@ def run_corpus(project, report, split: tuple[list[Sample], list[Sample]] | None 
     train, val = split or make_split(project)
     paths = project.paths
     project_file.make_dir(paths.root, paths.data)  # a real folder inside, never a link out
-    write_samples(paths.samples("val"), copy_images(val, paths.data_images))
-    write_samples(paths.samples("train"), copy_images(train, paths.data_images))
+    train, val = copy_images(train, paths.data_images), copy_images(val, paths.data_images)
+    train, val = add_captions(project, report, train, val)  # data/captions.jsonl, resumable
+    write_samples(paths.samples("val"), val)
+    write_samples(paths.samples("train"), train)
     n_empty = sum(1 for s in train if not s.text)
     n_img = sum(1 for s in train + val if s.images)
     log.info(
@@ -207,6 +221,8 @@ class CorpusStage(Stage):
         image sources: building that split stores images under data/, which invalidation is
         about to clear; it is built by `run`.)"""
         c = project.settings.corpus
+        if c.caption_endpoint and c.caption_share > 0:
+            probe(project)  # an endpoint that cannot be asked is refused before anything goes
         if project.pack.takes_images(project.settings) and (c.image_presets or c.image_folders):
             return
         run.cache[SPLIT_KEY] = make_split(project)
@@ -214,6 +230,27 @@ class CorpusStage(Stage):
     def run(self, project, report, run):
         run_corpus(project, report, run.cache.pop(SPLIT_KEY, None))
         return "done"
+
+    def clear(self, paths) -> None:
+        """Stage.clear's rule but for data/captions.jsonl, which stays: captions keyed by what
+        made them are valid whatever the corpus becomes, and this stage restarts on every run
+        (a killed caption run resumes from them). `reset corpus` deletes it with the rest."""
+        from gguf_trainer.base import safe_delete
+        from gguf_trainer.base.paths import tool_files_in
+
+        keep, folder = paths.captions, paths.data
+        if (not keep.is_file() or keep.is_symlink()
+                or safe_delete.check_owned(folder, paths.root, "dir")):
+            return super().clear(paths)  # nothing to keep, or its sentence for the folder
+        globs = tool_files_in(DATA_DIR) or ()
+        for p in safe_delete.tool_paths(folder, globs):
+            if p != keep:
+                safe_delete.unlink_owned(p, paths.root, "the corpus stage cannot be redone there")
+        foreign = safe_delete.foreign_file(folder, globs)
+        if foreign:
+            log.warning("%s holds %s, which gguf-trainer did not write: it and the folder are "
+                        "kept, only the corpus stage's own files there were deleted.", folder,
+                        foreign)
 
 
 STAGE = CorpusStage()
