@@ -20,6 +20,7 @@ from gguf_trainer.model.adapter_file import (
     families_for,
     read_adapter,
     trainer_kind,
+    weight_type,
 )
 
 
@@ -75,6 +76,7 @@ def report_dict(view: AdapterView) -> dict:
         "taps": list(view.taps),
         "families": _families(view),
         "slots": _slots(view),
+        "weight_type": weight_type(view),
     }
 
 
@@ -174,6 +176,17 @@ def _slot_lines(view: AdapterView) -> list[str]:
     ]
 
 
+def _type_line(view: AdapterView) -> str:
+    """The file's export.dtype in words: what the engine keeps of it (ggml_extend.hpp 3692)."""
+    ty = weight_type(view)
+    return {
+        "q8_0": "q8_0 (Q8_0 Linears whose input width is a multiple of 32, f16 the others; "
+                "the engine computes them in Q8_0)",
+        "bf16": "bf16 (bf16 Linears; the engine computes them in bf16)",
+        "f16": "f16 (the engine's reference type)",
+    }.get(ty, f"{ty} (every 2-D weight f32: exact, just larger)")
+
+
 def format_report(view: AdapterView) -> str:
     """Human text: what the engine detects, provenance, minimum ggk, problems and notes."""
     g = view
@@ -191,6 +204,7 @@ def format_report(view: AdapterView) -> str:
         f"  tensors        : {len(view.tensors)} ("
         + ", ".join(f"{n} {t}" for t, n in sorted(types.items()))
         + ")",
+        f"  weight type    : {_type_line(view)}",
         *_seed_lines(view),
         *_tap_lines(view),
         *_slot_lines(view),

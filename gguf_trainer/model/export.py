@@ -95,6 +95,16 @@ def factorize_seed(state_dict: dict[str, torch.Tensor], cfg: AdapterConfig, rank
     return out, new_cfg, err
 
 
+def engine_state(state_dict: dict, cfg: AdapterConfig, seed_rank: int = 0):
+    """The tensors an export writes for a checkpoint's state: a full seed table factorized to
+    `seed_rank` (train.seed_rank) when the adapter trained with the full table. Returns
+    (state dict, config, the factorization's relative error or None)."""
+    if seed_rank and cfg.kind == "seeded_resampler" and not cfg.seed_rank:
+        # Trained with the full table; the file carries its best rank-r factorization.
+        return factorize_seed(state_dict, cfg, seed_rank)
+    return state_dict, cfg, None
+
+
 def is_f32_tensor(name: str, ndim: int) -> bool:
     """The export dtype policy: f32 here, f16 everywhere else."""
     return ndim == 1 or name in F32_NAMES or is_layernorm_name(name)

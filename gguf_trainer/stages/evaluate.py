@@ -30,6 +30,7 @@ from gguf_trainer.stages.stage_list import Stage
 
 log = logging.getLogger(__name__)
 
+from gguf_trainer.stages.evaluate_quant import compare_with_f16
 MOCK_NOTE = "MOCK teacher: synthetic targets; a smoke test of the machinery, never a usable adapter"
 
 
@@ -111,6 +112,8 @@ def evaluate_gguf(project, gguf: Path, which: str = "best", device: str | torch.
             record["health"] = (
                 "n/a: a tiny demo teacher; the reference figures are for the real teacher"
             )
+    # export.dtype q8_0 / bf16: the file against the f16 one of the same checkpoint
+    record["quantized"] = compare_with_f16(project, gguf, ck, stats, device)
         if pack.reference:
             # the recipe's published run, to compare with
             record["reference"] = dict(pack.reference)

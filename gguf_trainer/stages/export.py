@@ -67,7 +67,7 @@ def export_checkpoint(project, which: str, dest, is_snapshot: bool, ck: dict | N
     checkpoint actually loaded). A kept step holds its weights folded already (`folded`)."""
     from gguf_trainer.data.checkpoints import load_checkpoint
     from gguf_trainer.model.adapters import AdapterConfig
-    from gguf_trainer.model.export import factorize_seed, write_adapter_gguf
+    from gguf_trainer.model.export import engine_state, write_adapter_gguf
 
     ck = ck or load_checkpoint(_checkpoint(project, which))
     dest = Path(dest(int(ck["step"])) if callable(dest) else dest)
@@ -84,11 +84,10 @@ def export_checkpoint(project, which: str, dest, is_snapshot: bool, ck: dict | N
     fold = {"mu": ck["mu"], "sigma_f": ck["sigma_f"]} if ck.get("standardized") and not is_folded \
         else {}
     kind = "snapshot" if is_snapshot else "final"
-    state, meta = ck["model"], export_metadata(project, ck, which, is_snapshot)
+    meta = export_metadata(project, ck, which, is_snapshot)
     rank = project.settings.train.seed_rank
-    if rank and cfg.kind == "seeded_resampler" and not cfg.seed_rank:
-        # Trained with the full table; the file carries its best rank-r factorization.
-        state, cfg, err = factorize_seed(state, cfg, rank)
+    state, cfg, err = engine_state(ck["model"], cfg, rank)
+    if err is not None:
         meta["adapter.seed_svd_rel_error"] = err
         log.info(
             "export: seed table factorized to rank %d (t5_embed_a %d x %d + t5_embed_b) by "
