@@ -7,16 +7,16 @@ from __future__ import annotations
 
 from gguf_trainer.base.exit_codes import EXIT_OK
 from gguf_trainer.cli.common import Command, out
-from gguf_trainer.runner import supervisor
+from gguf_trainer.runner import control, supervisor
 
 
 def cmd_publish(args) -> int:
-    from gguf_trainer.runner import publish  # lazy: huggingface_hub and gguf
+    from gguf_trainer.runner.publish import describe
 
     paths = supervisor.project_paths(args.project)
-    result = publish.publish(paths.root, args.repo, args.private, args.file or None,
+    result = control.publish(paths.root, args.repo, args.private, args.file or None,
                              args.license)
-    for line in publish.describe(result):
+    for line in describe(result):
         out(line)
     return EXIT_OK
 

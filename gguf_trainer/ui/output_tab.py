@@ -1,5 +1,6 @@
-"""Output tab: exported files, Export GGUF, snapshots, the evaluation, the ggk command and
-Verify (re-read every shard and checkpoint in a detached job; its report shows here).
+"""Output tab: exported files, Export GGUF, snapshots, the evaluation, the ggk command,
+Verify (re-read every shard and checkpoint in a detached job; its report shows here) and
+Publish (publish_section.py).
 
 Reads exports.json, eval.json and snapshots.json through the control API on tab select, on
 Refresh, and on a tick that saw state.json change. Files are listed by path, never copied
@@ -14,7 +15,7 @@ from pathlib import Path
 import gradio as gr
 
 from gguf_trainer.runner import control
-from gguf_trainer.ui import api, common, render_section
+from gguf_trainer.ui import api, common, kept_section, publish_section, render_section
 
 QUANT_ADVICE = (
     "The adapter was trained against the **f16** student, and the engine should load the same "
@@ -36,6 +37,8 @@ class OutputParts:
     verify: gr.Button
     verified: gr.Markdown
     render: render_section.RenderParts
+    publish: publish_section.PublishParts
+    kept: kept_section.KeptParts
 
 
 def build() -> OutputParts:
@@ -46,6 +49,7 @@ def build() -> OutputParts:
     exports = gr.Markdown("", elem_id="out-exports")
     evaluation = gr.Markdown("", elem_id="out-eval")
     snapshots = gr.Markdown("", elem_id="out-snapshots")
+    kept = kept_section.build()
     ggk = gr.Textbox("", label="Use it in ggk", lines=3, interactive=False, buttons=["copy"],
                      elem_id="ggk-command")
     notes = gr.Markdown("", elem_id="ggk-notes")
@@ -55,6 +59,7 @@ def build() -> OutputParts:
                            elem_id="btn-out-verify")
     verified = gr.Markdown("", elem_id="out-verify")
     render = render_section.build()
+    publish = publish_section.build()
     return OutputParts(
         refresh,
         export,
@@ -68,11 +73,14 @@ def build() -> OutputParts:
         verify,
         verified,
         render,
+        publish,
+        kept,
     )
 
 
 def outputs(p: OutputParts) -> list:
-    return [p.exports, p.evaluation, p.snapshots, p.ggk, p.notes, p.verified]
+    return [p.exports, p.evaluation, p.snapshots, p.ggk, p.notes, p.verified,
+            *kept_section.outputs(p.kept)]
 
 
 VERIFY_RUNNING = "### Verify\nRe-reading every shard and checkpoint…"
@@ -146,6 +154,9 @@ def _eval_md(project: str, pack: dict | None) -> str:
         ),
         common.md_table(["metric", "value", "mean baseline"], rows),
     ]
+    quant = kept_section.quant_md(ev)  # export.dtype q8_0 / bf16 against the f16 file
+    if quant:
+        lines.append(quant)
     for key in ("health", "reference"):  # absent on versions and teachers without them
         val = ev.get(key)
         if isinstance(val, str) and val:
@@ -188,7 +199,7 @@ def _snapshots_md(project: str) -> str:
 
 def render(project: str | None) -> list:
     if not project:
-        return ["", "", "", "", "", ""]
+        return ["", "", "", "", "", "", *kept_section.render(None)]
     view = control.open_project(project)
     res = control.results(project) if hasattr(control, "results") else {}
     return [
@@ -198,6 +209,7 @@ def render(project: str | None) -> list:
         (res or {}).get("ggk") or "(export the adapter first)",
         notes_md(res),
         verify_md(control.verify_job(project)),
+        *kept_section.render(project),
     ]
 
 
@@ -223,6 +235,8 @@ def wire(p: OutputParts, project: gr.State, tab: gr.Tab) -> None:
         common.info(f"snapshot export started (pid {job.get('pid')})")
 
     render_section.wire(p.render, project, tab)
+    kept_section.wire(p.kept, project)
+    publish_section.wire(p.publish, project, tab)
     p.export.click(do_export, [project], None, api_visibility="private")
     p.snapshot.click(do_snapshot, [project], None, api_visibility="private")
 

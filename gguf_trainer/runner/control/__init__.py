@@ -33,6 +33,7 @@ Callers use the names below from this package (`control.X`); each lives in one m
 * `outputs`: list_exports, read_eval, list_snapshots, request_snapshot, snapshot_job,
   wait_snapshot, start_verify, verify_job, tail_log, LOGS; reset_plan, reset.
 * `kept`: list_kept_steps, delete_kept_step, kept_plan (data.kept_steps).
+* `publishing`: publish_plan, publish (the adapter and its model card to the Hub).
 * `helpers`: check_folder_arg, read_tail, TAIL_MAX_BYTES, PathLike, and the private helpers
   the modules above share.
 
@@ -86,6 +87,7 @@ from gguf_trainer.runner.control.projects import (
     settings_table_markdown,
     update_settings,
 )
+from gguf_trainer.runner.control.publishing import publish, publish_plan
 from gguf_trainer.runner.control.runs import (
     JOIN_WAIT_S,
     clear_stale_requests,
@@ -127,6 +129,8 @@ __all__ = [
     "open_project",
     "preflight",
     "preflight_run",
+    "publish",
+    "publish_plan",
     "read_eval",
     "read_metrics",
     "read_settings",
