@@ -79,8 +79,9 @@ def build() -> OutputParts:
 
 
 def outputs(p: OutputParts) -> list:
-    return [p.exports, p.evaluation, p.snapshots, p.ggk, p.notes, p.verified,
-            *kept_section.outputs(p.kept)]
+    # the verify report stays last (is_busy reads it there)
+    return [p.exports, p.evaluation, p.snapshots, p.ggk, p.notes,
+            *kept_section.outputs(p.kept), p.verified]
 
 
 VERIFY_RUNNING = "### Verify\nRe-reading every shard and checkpoint…"
@@ -199,7 +200,7 @@ def _snapshots_md(project: str) -> str:
 
 def render(project: str | None) -> list:
     if not project:
-        return ["", "", "", "", "", "", *kept_section.render(None)]
+        return ["", "", "", "", "", *kept_section.render(None), ""]
     view = control.open_project(project)
     res = control.results(project) if hasattr(control, "results") else {}
     return [
@@ -208,15 +209,15 @@ def render(project: str | None) -> list:
         _snapshots_md(project),
         (res or {}).get("ggk") or "(export the adapter first)",
         notes_md(res),
-        verify_md(control.verify_job(project)),
         *kept_section.render(project),
+        verify_md(control.verify_job(project)),
     ]
 
 
 def is_busy(shown: list) -> bool:
     """Whether render()'s view shows a job still running (the tick then reads it again even
     when no file changed: a job that dies writes nothing)."""
-    return shown[5] == VERIFY_RUNNING
+    return shown[-1] == VERIFY_RUNNING
 
 
 def wire(p: OutputParts, project: gr.State, tab: gr.Tab) -> None:

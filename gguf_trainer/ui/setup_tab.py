@@ -22,6 +22,7 @@ from gguf_trainer.ui import (
     browser_section,
     common,
     form,
+    kept_section,
     materials_section,
     project_section,
     recent,
@@ -45,6 +46,7 @@ class SetupParts:
     preflight_md: gr.Markdown
     save: gr.Button
     save_md: gr.Markdown
+    kept_md: gr.Markdown  # what the saved kept-steps schedule makes (kept_section.plan_md)
 
 
 def build() -> SetupParts:
@@ -61,7 +63,9 @@ def build() -> SetupParts:
         )
     preflight_md = gr.Markdown("", elem_id="preflight-md")
     save_md = gr.Markdown("", elem_id="save-md")
-    return SetupParts(project, browser, materials, fm, preflight_btn, preflight_md, save, save_md)
+    kept_md = gr.Markdown("", elem_id="setup-kept-plan")
+    return SetupParts(project, browser, materials, fm, preflight_btn, preflight_md, save, save_md,
+                      kept_md)
 
 
 # ---- filling the tab from the open project ------------------------------------------
@@ -78,6 +82,7 @@ def load_outputs(p: SetupParts) -> list:
         p.materials.trust_button,
         *p.form.comps,
         *[f.browse for f in p.form.path_fields],
+        p.kept_md,
     ]
 
 
@@ -100,6 +105,7 @@ def load_values(p: SetupParts, project: str | None) -> tuple[list, dict | None]:
                 *trust_view(None),
                 *form.fill(p.form, None, None),
                 *form.browse_visibility(p.form, None, None),
+                "",
             ],
             None,
         )
@@ -118,6 +124,7 @@ def load_values(p: SetupParts, project: str | None) -> tuple[list, dict | None]:
             *trust_view(project),
             *form.fill(p.form, values, pack_id),
             *form.browse_visibility(p.form, pack_id, values),
+            kept_section.plan_md(project) if values else "",
         ],
         read,
     )
@@ -138,7 +145,8 @@ def wire(p: SetupParts, project: gr.State, read: gr.State, cursor: gr.State, aft
         saved = save_form(p.form, common.need_project(proj), rd, list(vals))
         return [saved.read, saved.message, *saved.marks]
 
-    p.save.click(do_save, [project, read, *p.form.comps], [read, p.save_md, *p.form.comps])
+    p.save.click(do_save, [project, read, *p.form.comps], [read, p.save_md, *p.form.comps]).then(
+        kept_section.plan_md, [project], [p.kept_md])
 
     @common.shown_errors
     def do_preflight(proj):
