@@ -142,11 +142,11 @@ def floored(sigma: torch.Tensor, recipe: Recipe, n_taps: int) -> torch.Tensor:
 
 
 def shard_classes(shard, i: int, n_const: int = 0) -> torch.Tensor:
-    """(R,) classes of sample i's stored target rows (token-aligned shards carry sup_start)."""
-    n = int(shard.t_off[i + 1] - shard.t_off[i])
-    out = torch.full((n,), TOKEN, dtype=torch.int8)
+    """(R,) classes of sample i's target rows, as `shard.target(i)` lays them (token-aligned
+    shards carry sup_start: one row per template id, stored or not)."""
     if "sup_start" not in shard.t:
-        return out
+        return torch.full((int(shard.t_off[i + 1] - shard.t_off[i]),), TOKEN, dtype=torch.int8)
+    out = torch.full((int(shard.s_off[i + 1] - shard.s_off[i]),), TOKEN, dtype=torch.int8)
     n_real = unpadded_length(shard.student_ids(i).tolist())
     out[n_real:] = PAD
     out[: min(n_const, n_real)] = CONST
@@ -276,6 +276,30 @@ def recipe_inputs(recipe: Recipe, pack) -> dict:
     if recipe == legacy_recipe(pack, recipe.sigma_floor):
         return {}
     return {"recipe": {k: v for k, v in asdict(recipe).items() if k != "sigma_floor"}}
+
+
+# ---------------------------------------------------------------- the rows the shards store
+
+
+def stored_pad_rows(recipe: Recipe, pack) -> int:
+    """Pad rows the shards store per sample: 0 = every one (the teacher's rows as they are),
+    else the pack's K (`pad_rows_stored`) when the recipe weighs a sample's pads as one row:
+    training reads no other pad row, so none other is written (SeFi pads to 1,024 rows)."""
+    return pack.pad_rows_stored if recipe.pad_weight == "one" else 0
+
+
+def stored_rows_label(k: int) -> str:
+    """How a shard's metadata names its stored rows ("all" for shards written before)."""
+    return "all" if k <= 0 else f"{k} pad row{'s' if k > 1 else ''} per sample"
+
+
+def kept_pad_rows(n_real: int, n_rows: int, k: int) -> list[int]:
+    """The template rows of the K pads a sample keeps: the midpoints of K equal runs of its
+    n_rows - n_real pads (all of them when it has K or fewer)."""
+    n_pad = n_rows - n_real
+    if n_pad <= k:
+        return list(range(n_real, n_rows))
+    return [n_real + (2 * j + 1) * n_pad // (2 * k) for j in range(k)]
 
 
 # ---------------------------------------------------------------- the loss over weighted rows

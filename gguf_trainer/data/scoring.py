@@ -5,12 +5,15 @@ train stage (validation), the eval stage (GGUF and checkpoint) and snapshots. Mu
 know projects or stages; it takes a model, batches and the pack's scoring flags.
 
     res = validate(model, val_files, pack, stats, batch_size, device)   # {"val_cos": ..., ...}
+    res["val_cc_tokens"], res["lead"]    # the centred cosine of the DiT's token rows, the block
 """
 
 from __future__ import annotations
 
 import torch
 
+from gguf_trainer.data.dit_rows import DitFigures, SetMeans
+from gguf_trainer.data.lead import lead_value
 from gguf_trainer.data.metrics import RowMetrics, masked_rows
 from gguf_trainer.data.shards import Batch, Stats, iter_batches
 
@@ -47,8 +50,11 @@ def row_tags(batch: Batch) -> dict[str, torch.Tensor]:
     return {k: masked_rows(v.unsqueeze(-1).float(), m).squeeze(-1).bool() for k, v in tags.items()}
 
 
-def score_batches(batches, predict, stats: Stats, centered: bool, device, ref_predict=None) -> dict:
-    """RowMetrics over every batch (global weighting). `predict(batch) -> raw rows [B, R, D]`."""
+def score_batches(batches, predict, stats: Stats, centered: bool, device, ref_predict=None,
+                  also=()) -> dict:
+    """RowMetrics over every batch (global weighting). `predict(batch) -> raw rows [B, R, D]`.
+    `also`: accumulators (dit_rows.DitFigures) that get every (batch, prediction) too, so one
+    forward feeds every figure."""
     metrics = RowMetrics(mu=stats.mu.to(device).double(), centered=centered)
     offset = 0
     for batch in batches:
@@ -56,6 +62,8 @@ def score_batches(batches, predict, stats: Stats, centered: bool, device, ref_pr
         with torch.no_grad():
             pred = predict(batch)
             ref = None if ref_predict is None else masked_rows(ref_predict(batch), batch.row_mask)
+        for acc in also:
+            acc.update(batch, pred)
         m = batch.row_mask
         sample_ids = (torch.arange(m.shape[0], device=device)[:, None] + offset).expand_as(m)[m]
         metrics.update(
@@ -70,11 +78,18 @@ def score_batches(batches, predict, stats: Stats, centered: bool, device, ref_pr
 
 
 def validate(model, val_files, pack, stats: Stats, batch_size: int, device,
-             standardized: bool | None = None) -> dict:
-    """The pack's metrics of `model` over every val shard; "val_cos" is the pack's headline.
-    `standardized`: the space the model predicts in (the recipe's; None: the pack's)."""
+             standardized: bool | None = None, means: SetMeans | None = None,
+             n_taps: int = 1) -> dict:
+    """The pack's metrics of `model` over every val shard; "val_cos" is the pack's headline
+    (best.pt's pick), "lead" the centred cosines of the rows the DiT reads (dit_rows.py) and
+    "val_cc_tokens" / "val_cc_pads" their lead figures (None without rows of that set).
+    `standardized`: the space the model predicts in (the recipe's; None: the pack's); `means`:
+    the val row sets' means (SetMeans.of; computed here when not given)."""
     if standardized is None:
         standardized = pack.standardized
+    if means is None:
+        means = SetMeans.of(val_files, batch_size, pack.fixed_rows)
+    lead = DitFigures(stats.mu, means, n_taps, getattr(pack, "taps", ()) if n_taps > 1 else ())
     model.eval()
     try:
         predict = lambda b: raw_prediction(forward(model, b).float(), stats, standardized)
@@ -84,10 +99,14 @@ def validate(model, val_files, pack, stats: Stats, batch_size: int, device,
             stats,
             pack.centered,
             device,
+            also=(lead,),
         )
     finally:
         model.train()
     res["val_cos"] = res[pack.headline]
+    res["lead"] = lead.result()
+    res["val_cc_tokens"] = lead_value(res["lead"], "tokens")
+    res["val_cc_pads"] = lead_value(res["lead"], "pads")
     return res
 
 

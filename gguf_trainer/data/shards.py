@@ -10,6 +10,9 @@ in bf16, concatenated over its samples:
     target_len   [S] int32
     target_keep  [Tt] bool           rows the loss and the figures read (absent: every row);
                                      0 at image slots whose rows the DiT never reads
+    target_pos   [Tt] int32          token-aligned shards that store only some rows (K pads a
+                                     sample, data/recipe.py stored_pad_rows): the template row
+                                     of each stored row (absent: rows 0..len-1, every row)
     seed_ids     [S, Q] int32        seeded resampler only: the T5 window
     sup_start    [S] int32           token-aligned only: first row the DiT consumes
     sample_index [S] int64           line of the corpus file
@@ -243,6 +246,11 @@ def linear_fit(files: list[Path], stats: Stats | None = None, max_rows: int = 65
     acc = None
     for path in files:
         t = load_verified(path)  # read for training: checked like every other read
+        if "target_pos" in t:  # the stored rows' student rows: each sample's offset + its row
+            starts = torch.tensor(_offsets(t["student_len"])[:-1]).repeat_interleave(
+                t["target_len"].long())
+            t["student_rows"] = t["student_rows"][starts + t["target_pos"].long()]
+            t["student_len"] = t["target_len"]
         if not torch.equal(t["student_len"], t["target_len"]):
             raise ValueError(f"{path} is not token-aligned: a linear start needs one row per token")
         x, y = t["student_rows"].float(), t["target_rows"].float()
@@ -269,19 +277,41 @@ class Shard:
         self.t_off = _offsets(self.t["target_len"])
         self.v_off = _offsets(self.t["vis_len"]) if "vis_len" in self.t else None
         self.keep = self.t.get("target_keep")
+        self.pos = self.t.get("target_pos")
+
+    @property
+    def selects_rows(self) -> bool:
+        """Whether some target rows are not read: image slots (target_keep) or rows not
+        stored (target_pos)."""
+        return self.keep is not None or self.pos is not None
 
     def target_keep(self, i: int) -> torch.Tensor:
-        """(R,) bool: the target rows of sample i that the loss and the figures read."""
+        """(R,) bool: the target rows of sample i that the loss and the figures read (rows a
+        shard does not store are never read)."""
         a, b = self.t_off[i], self.t_off[i + 1]
-        if self.keep is None:
-            return torch.ones(b - a, dtype=torch.bool)
-        return self.keep[a:b]
+        keep = torch.ones(b - a, dtype=torch.bool) if self.keep is None else self.keep[a:b]
+        if self.pos is None:
+            return keep
+        out = torch.zeros(self._rows(i), dtype=torch.bool)
+        out[self.pos[a:b].long()] = keep
+        return out
+
+    def _rows(self, i: int) -> int:
+        """Template rows of sample i (token-aligned: one per student id)."""
+        return self.s_off[i + 1] - self.s_off[i]
 
     def student(self, i: int) -> torch.Tensor:
         return self.t["student_rows"][self.s_off[i]: self.s_off[i + 1]]
 
     def target(self, i: int) -> torch.Tensor:
-        return self.t["target_rows"][self.t_off[i]: self.t_off[i + 1]]
+        """(R, D) the target rows of sample i at their template rows; a row the shard does not
+        store is 0 there (target_keep says it is not read)."""
+        rows = self.t["target_rows"][self.t_off[i]: self.t_off[i + 1]]
+        if self.pos is None:
+            return rows
+        out = torch.zeros(self._rows(i), rows.shape[1], dtype=rows.dtype)
+        out[self.pos[self.t_off[i]: self.t_off[i + 1]].long()] = rows
+        return out
 
     def student_ids(self, i: int) -> torch.Tensor:
         return self.t["student_ids"][self.s_off[i]: self.s_off[i + 1]]
@@ -343,7 +373,7 @@ def collate(shard: Shard, rows: list[int], file_index: int, fixed_rows: int = 0)
     fixed window (seeded resampler: the num_queries slots)."""
     hidden, mask = _pad([shard.student(i) for i in rows])
     target, row_mask = _pad([shard.target(i) for i in rows])
-    if shard.keep is not None:  # image slots the DiT replaces: inputs, never supervised
+    if shard.selects_rows:  # image slots the DiT replaces, rows not stored: never supervised
         keep = torch.zeros_like(row_mask)
         for b, i in enumerate(rows):
             k = shard.target_keep(i)

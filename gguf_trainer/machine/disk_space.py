@@ -59,9 +59,19 @@ def sample_counts(project) -> dict[str, int]:
     return out
 
 
+def shard_bytes_per_sample(project) -> int:
+    """The pack's shard bytes per sample for the rows this project's recipe stores (a
+    `train.pad_weight` "one" recipe stores K pad rows a sample: data/recipe.py)."""
+    from gguf_trainer.data.recipe import Recipe, stored_pad_rows
+
+    pack = project.pack
+    return pack.shard_bytes(stored_pad_rows(Recipe.from_settings(project.settings.train, pack),
+                                            pack))
+
+
 def precompute_need_bytes(project) -> int:
     """Shard bytes still to write for the project's corpus (0 when the pack gives no size)."""
-    per_sample = project.pack.bytes_per_sample
+    per_sample = shard_bytes_per_sample(project)
     total = int(per_sample * sum(sample_counts(project).values()) * PRECOMPUTE_MARGIN)
     return max(0, total - _folder_bytes(project.paths.shards))
 

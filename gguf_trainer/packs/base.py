@@ -32,7 +32,8 @@ from ..teachers.base import Teacher
 # layerwise: a stack of teacher taps per token (the pack's `taps`; with vis_dim > 0 also
 # vision_proj + vis_in: Fibo 2.0 edits).
 ADAPTER_KINDS = (
-    "resampler", "seeded_resampler", "token_aligned", "token_aligned_vision", "layerwise"
+    "resampler", "seeded_resampler", "token_aligned", "token_aligned_vision", "layerwise",
+    "qwen35_bridge",  # a slot resampler (model/slot_resampler.py): one query per teacher token
 )
 
 
@@ -140,6 +141,25 @@ class TrainerPack:
             "train.cosine": "row", "train.sigma_floor_mode": "absolute", "train.pad_weight": "row",
             "train.prefix_rows": "in", "train.stats_rows": "all", "train.sink": "none",
         }
+
+    @property
+    def pad_rows_stored(self) -> int:
+        """K: the pad rows per sample the shards store when the recipe weighs a sample's pads
+        as one row (`train.pad_weight` "one", data/recipe.py stored_pad_rows): K evenly spaced
+        pads sharing that weight; 0 for a family without pads. Pads at one rope position whose
+        keys are masked (FLUX.3) all attend to the same real keys from the same position: one
+        row repeated, so 1 is exact. Pads at their own positions differ by position: 32 kept
+        a pad loss within 5 % of all of them on the demo's tiny teachers (SeFi 1,002 pads:
+        0.95, FLUX.2 klein 486: 0.96, Ovis 232: 1.00; README "Recipes on real activations")."""
+        if not self.padding.pads:
+            return 0
+        return 1 if self.padding.pad_position is not None else 32
+
+    def shard_bytes(self, pad_rows: int = 0) -> int:
+        """Shard bytes per sample at the reference corpus when the shards store `pad_rows` pad
+        rows of each sample's targets (0: every row; the disk pre-flight): a family without
+        pads stores every row either way."""
+        return self.bytes_per_sample
 
     @property
     def all_defaults(self) -> dict[str, Any]:
@@ -260,6 +280,15 @@ class TrainerPack:
     def build_mock_teacher(self, project) -> Teacher:
         raise NotImplementedError
 
+    def export_tokenizer(self, project) -> dict | None:
+        """The teacher's vocabulary the adapter GGUF carries ({"tokens", "merges", "pre"}: a
+        slot kind whose engine tokenizes with it); None (the default): the file carries none."""
+        return None
+
+    def seed_table(self, project, rank: int):
+        """A slot kind's frozen seed table (seed_vocab, rank), installed before step 0; None
+        (the default): the kind has none."""
+
     def write_companions(self, project, adapter_path: Path, may_write=None) -> list[Path]:
         """Companion files the export writes next to the adapter (LLaDA: its SigVQ GGUF); the
         export records them so the "output" reset removes them. `may_write(path)` raises
@@ -274,17 +303,25 @@ class TrainerPack:
     health_early_hint = ""
     health_reference = ""
 
-    def health_line(self, metrics: dict) -> str | None:
+    def health_line(self, metrics: dict, lead: dict | None = None) -> str | None:
         """For a real teacher's eval: healthy / weak / broken against the pack's reference
-        figures (one table, shared with `gguf-trainer check`); "n/a" and the figure against the
-        mean baseline for a pack without them; None when the metrics lack the figure."""
+        figures (one table, shared with `gguf-trainer check`), in the published run's own
+        metric; "n/a" for a pack without them, leading with the centred cosine of the DiT's
+        token rows (`lead`, data/dit_rows.py) and its mean baseline, the plain figure after
+        it; None when the metrics lack the figure."""
         v = self.verdict
         if v is None:
             key = next((k for k in self.na_keys if metrics.get(k) is not None), None)
             if key is None:
                 return None
+            from gguf_trainer.data.lead import lead_value
+
+            cc = lead_value(lead)
+            head = "" if cc is None else (
+                f"tokens centred cos {cc:.4f} (mean baseline "
+                f"{lead_value(lead, figure='baseline_centred_cos'):.4f}); plain ")
             return (
-                f"n/a: no published pig_clip + {self.title} run to compare with; {key} "
+                f"n/a: no published pig_clip + {self.title} run to compare with; {head}{key} "
                 f"{metrics[key]:.4f} (mean baseline "
                 f"{metrics.get('baseline_cos', float('nan')):.4f}){self.na_note}"
             )

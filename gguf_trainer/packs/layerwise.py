@@ -24,6 +24,9 @@ from .base import TrainerPack
 
 # Shard bytes per template row: the student's state (1024) and the stack, both bf16, plus its id.
 STUDENT_DIM = 1024
+# The real rows (template + prompt, before the pads) of a typical corpus prompt: what a padded
+# family's shards hold of its `typical_rows` when they store K pad rows (disk estimate).
+TYPICAL_REAL_ROWS = 70
 
 
 class LayerwisePack(TrainerPack):
@@ -78,6 +81,15 @@ class LayerwisePack(TrainerPack):
     @property
     def bytes_per_sample(self) -> int:  # type: ignore[override]
         return self.typical_rows * ((self.out_dim + STUDENT_DIM) * 2 + 4)
+
+    def shard_bytes(self, pad_rows: int = 0) -> int:
+        """Every template row's student state and id, and the targets stored: every row, or
+        (pad_rows K) the real rows of a typical prompt, K pads and each stored row's position."""
+        if not pad_rows or not self.padding.pads:
+            return self.bytes_per_sample
+        real = min(self.typical_rows, TYPICAL_REAL_ROWS)
+        stored = real + min(pad_rows, self.typical_rows - real)
+        return self.typical_rows * (STUDENT_DIM * 2 + 4) + stored * (self.out_dim * 2 + 4)
 
     def format_prompt(self, text: str) -> str:
         return self.prefix + text + self.suffix

@@ -13,8 +13,10 @@ import time
 
 from gguf_trainer.runner.status import format_eta
 
-# The stage fields shown after a bar (and in `status`).
-SHOWN_FIELDS = ("step", "loss", "val_cos", "best_val_cos", "prompts_per_s", "detail")
+# The stage fields shown after a bar (and in `status`): the centred cosine of the DiT's token
+# and pad rows (data/dit_rows.py) first, the pack's plain headline after it.
+SHOWN_FIELDS = ("step", "loss", "val_cc_tokens", "val_cc_pads", "val_cos", "best_val_cos",
+                "prompts_per_s", "detail")
 
 
 def short(value) -> str:

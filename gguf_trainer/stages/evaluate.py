@@ -2,7 +2,9 @@
 it came from, scored on the whole val set -> `<project>/eval.json`.
 
 The metrics (gguf_trainer.data.metrics) use global weighting over all val rows. eval.json
-holds the pack's metrics of the GGUF, the same for the checkpoint (whose headline equals
+leads with `lead` (data/dit_rows.py: the centred cosine of the rows the DiT reads, `tokens` and
+`pads` apart, each centred on its own val mean, per length bucket and, for a stack, per tap),
+then holds the pack's metrics of the GGUF, the same for the checkpoint (whose headline equals
 best.json's `val_cos` for that step), `roundtrip_cos` (GGUF vs checkpoint), the
 per-dimension mean baseline an adapter must beat, and says MOCK for mock runs.
 
@@ -23,14 +25,16 @@ from gguf_trainer.base.jsonvals import finite
 from gguf_trainer.base.paths import BEST, TINY_MARKER
 from gguf_trainer.base.safe_delete import file_record
 from gguf_trainer.data.checkpoints import checkpoint_path, load_checkpoint, model_from_checkpoint
+from gguf_trainer.data.dit_rows import DitFigures, SetMeans
+from gguf_trainer.data.lead import lead_line
 from gguf_trainer.data.scoring import forward, raw_prediction, score_batches, score_taps
 from gguf_trainer.data.shards import Stats, iter_batches, shard_files
 from gguf_trainer.machine import hardware
+from gguf_trainer.stages.evaluate_quant import compare_with_f16
 from gguf_trainer.stages.stage_list import Stage
 
 log = logging.getLogger(__name__)
 
-from gguf_trainer.stages.evaluate_quant import compare_with_f16
 MOCK_NOTE = "MOCK teacher: synthetic targets; a smoke test of the machinery, never a usable adapter"
 
 
@@ -64,8 +68,14 @@ def evaluate_gguf(project, gguf: Path, which: str = "best", device: str | torch.
         device,
         ref_predict=gguf_predict,
     )
+    # the lead figures: the centred cosine of the rows the DiT reads, tokens and pads apart,
+    # each centred on its own val mean (data/dit_rows.py), per length bucket and tap
+    taps = gguf_model.config.taps or ()
+    lead = DitFigures(stats.mu, SetMeans.of(val_files, batch_size, fixed), max(1, len(taps)),
+                      taps)
     res_gguf = score_batches(
-        iter_batches(val_files, batch_size, fixed), gguf_predict, stats, pack.centered, device
+        iter_batches(val_files, batch_size, fixed), gguf_predict, stats, pack.centered, device,
+        also=(lead,),
     )
     baseline = {k: v for k, v in res_gguf.items() if k.startswith("baseline_")}
     strip = lambda r: {k: v for k, v in r.items() if not k.startswith("baseline_")}
@@ -79,6 +89,7 @@ def evaluate_gguf(project, gguf: Path, which: str = "best", device: str | torch.
         "checkpoint": which,
         "trained_steps": int(ck["step"]),
         "planned_steps": int(ck["planned_steps"]),
+        "lead": lead.result(),
         "headline": pack.headline,
         "val_cos": res_gguf[pack.headline],
         "metrics": strip(res_gguf),
@@ -101,19 +112,19 @@ def evaluate_gguf(project, gguf: Path, which: str = "best", device: str | torch.
             gguf_model.config.taps,
             device,
         )
+    # export.dtype q8_0 / bf16: the file against the f16 one of the same checkpoint
+    record["quantized"] = compare_with_f16(project, gguf, ck, stats, device)
     if record["mock"]:
         record["note"] = MOCK_NOTE
     else:  # real teacher: healthy / weak / broken against the pack's reference figures
         record["health"] = pack.health_line(
-            {**record["metrics"], "trained_steps": record["trained_steps"]}
+            {**record["metrics"], "trained_steps": record["trained_steps"]}, record["lead"]
         )
         teacher = project.material_path("teacher")
         if record["health"] and teacher is not None and (teacher / TINY_MARKER).exists():
             record["health"] = (
                 "n/a: a tiny demo teacher; the reference figures are for the real teacher"
             )
-    # export.dtype q8_0 / bf16: the file against the f16 one of the same checkpoint
-    record["quantized"] = compare_with_f16(project, gguf, ck, stats, device)
         if pack.reference:
             # the recipe's published run, to compare with
             record["reference"] = dict(pack.reference)
@@ -125,6 +136,9 @@ def run_eval(project, report) -> None:
         project, project.final_gguf, BEST, hardware.resolve_device(project.settings.train.device)
     )
     atomic.write_json(project.paths.eval_json, finite(record))
+    lead = lead_line(record["lead"])
+    if lead:
+        log.info("eval: %s", lead)
     log.info(
         "eval: %s %.4f (checkpoint %.4f, roundtrip %.6f, mean baseline %s)%s",
         record["headline"],

@@ -30,7 +30,12 @@ def disk_preflight(project, split: str) -> None:
     """Before the first shard of a run: the estimate of the shard bytes still to write (the
     pack's bytes per sample × the corpus), refused with both numbers when the disk cannot
     hold them, a warning when they would leave under 10% free."""
-    from gguf_trainer.machine.disk_space import check_precompute_disk, gb, precompute_need_bytes
+    from gguf_trainer.machine.disk_space import (
+        check_precompute_disk,
+        gb,
+        precompute_need_bytes,
+        shard_bytes_per_sample,
+    )
 
     need = precompute_need_bytes(project)
     if need:
@@ -38,7 +43,7 @@ def disk_preflight(project, split: str) -> None:
             "precompute[%s]: the shards still to write need ~%s (~%s per sample)",
             split,
             gb(need),
-            gb(project.pack.bytes_per_sample),
+            gb(shard_bytes_per_sample(project)),
         )
     tight = check_precompute_disk(project)
     if tight:

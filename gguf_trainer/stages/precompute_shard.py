@@ -98,23 +98,37 @@ def _teacher_rows(
 
 
 def build_shard(
-    ctx: Context, samples: list[_Sample], report, on_batch, lengths: list[int] | None = None
+    ctx: Context, samples: list[_Sample], report, on_batch, lengths: list[int] | None = None,
+    pad_rows: int = 0,
 ) -> dict[str, torch.Tensor]:
+    """`pad_rows`: K > 0 stores only K evenly spaced pad rows of each sample's targets
+    (data/recipe.py stored_pad_rows) and `target_pos`, the template row of each stored row;
+    0 stores every row, as every shard did before."""
     if lengths is None:
         lengths = ctx.teacher.lengths([s.sample for s in samples], [s.ids for s in samples])
     targets = _teacher_rows(ctx, samples, lengths, report, on_batch)
     students = _student_rows(ctx, samples)
-    rows = torch.cat([t.rows.float() for t in targets])  # (Tt, D)
+    kept = _stored_rows(ctx.pack, samples, targets, pad_rows)
+    rows = torch.cat([t.rows.float() if k is None else t.rows.float()[k]
+                      for t, k in zip(targets, kept)])  # (Tt, D)
     tensors = {
         "student_rows": torch.cat(students),
         "student_ids": torch.tensor([i for s in samples for i in s.ids], dtype=torch.int32),
         "student_len": torch.tensor([len(s.ids) for s in samples], dtype=torch.int32),
         "target_rows": rows.to(torch.bfloat16),
-        "target_len": torch.tensor([t.rows.shape[0] for t in targets], dtype=torch.int32),
+        "target_len": torch.tensor([t.rows.shape[0] if k is None else len(k)
+                                    for t, k in zip(targets, kept)], dtype=torch.int32),
         "sample_index": torch.tensor([s.index for s in samples], dtype=torch.int64),
     }
+    if pad_rows:
+        tensors["target_pos"] = torch.cat([torch.tensor(k, dtype=torch.int32) for k in kept])
     if ctx.vision_proj is not None and not ctx.pack.dit_reads_vision_rows:
-        tensors["target_keep"] = _keep_rows(samples, targets)
+        keep = _keep_rows(samples, targets)
+        if pad_rows:  # the image slots among the stored rows
+            at = torch.tensor([0] + [t.rows.shape[0] for t in targets]).cumsum(0)
+            keep = torch.cat([keep[int(a):][torch.tensor(k, dtype=torch.long)]
+                              for a, k in zip(at, kept)])
+        tensors["target_keep"] = keep
     # Moments of the rows as stored (bf16) that the loss reads, so the statistics describe
     # the training targets.
     stored = tensors["target_rows"].double()
@@ -130,6 +144,21 @@ def build_shard(
     if ctx.vision_proj is not None:
         tensors.update(_vision_tensors(samples, ctx.vision_proj.shape[1]))
     return tensors
+
+
+def _stored_rows(pack, samples: list[_Sample], targets: list, pad_rows: int) -> list:
+    """Per sample the template rows whose targets are stored: None for every row (pad_rows
+    0), else its real rows and K evenly spaced pads (token-aligned: row j is template id j)."""
+    from gguf_trainer.data.recipe import kept_pad_rows
+
+    if not pad_rows:
+        return [None] * len(samples)
+    out = []
+    for s, t in zip(samples, targets):
+        assert t.rows.shape[0] == len(s.ids), "pads are template rows: token-aligned"
+        n_real = pack.padding.real_length(s.ids)
+        out.append(list(range(n_real)) + kept_pad_rows(n_real, len(s.ids), pad_rows))
+    return out
 
 
 def _keep_rows(samples: list[_Sample], targets: list) -> torch.Tensor:

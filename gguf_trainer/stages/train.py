@@ -39,6 +39,7 @@ from gguf_trainer.data.checkpoints import (
     recorded_fingerprint,
     save_checkpoint,
 )
+from gguf_trainer.data.dit_rows import SetMeans
 from gguf_trainer.data.kept_steps import KeptSteps, Schedule
 from gguf_trainer.data.recipe import Recipe, RowFit, recipe_inputs, recipe_stats
 from gguf_trainer.data.scoring import forward_rows, validate
@@ -95,7 +96,7 @@ def compute_loss(pred, batch: Batch, stats: Stats, standardized: bool, cos_weigh
 
 
 def build_model(pack, cfg, seed: int, stats: Stats, vision_proj=None, skip=None,
-                standardized: bool | None = None):
+                standardized: bool | None = None, seed_table=None):
     """A fresh adapter whose step 0 predicts exactly the per-dimension mean baseline, for
     every kind (adapters.start_output: out_proj 0, bias = the mean in the space the kind
     predicts, a token-aligned skip 0), or the linear `skip` map when given; training then
@@ -110,6 +111,10 @@ def build_model(pack, cfg, seed: int, stats: Stats, vision_proj=None, skip=None,
     start_output(model, torch.zeros_like(stats.mu) if standardized else stats.mu, skip)
     if vision_proj is not None:
         set_vision_proj(model, vision_proj)
+    if seed_table is not None:  # a slot kind: the teacher's frozen PCA seed (slot_resampler.py)
+        from gguf_trainer.model.slot_resampler import set_seed_table
+
+        set_seed_table(model, seed_table)
     return model
 
 
@@ -224,7 +229,9 @@ def run_train(project, report, train_fp: str, skip=None) -> str:
     stats, scales = recipe_stats(train_files, recipe, n_taps)
     fit_recipe = recipe if recipe.needs_classes or recipe.cosine != "row" else None
     proj = load_vision_proj(paths.vision_proj) if cfg.vis_dim else None
-    model = build_model(pack, cfg, s.seed, stats, proj, skip, recipe.standardized).to(device)
+    table = pack.seed_table(project, cfg.seed_rank)  # None but for a slot kind
+    model = build_model(pack, cfg, s.seed, stats, proj, skip, recipe.standardized,
+                        seed_table=table).to(device)
     stats = _stats_to(stats, device)
     scales = None if scales is None else scales.to(device)
     log.info("train: recipe %s", recipe.describe())
@@ -269,6 +276,7 @@ def run_train(project, report, train_fp: str, skip=None) -> str:
     }
     snapshot = _Snapshot(paths.snapshot_request)
     kept = KeptSteps(paths, Schedule.from_settings(s))  # train.history: weights-only copies
+    means = None  # dit_rows.SetMeans, read at the first validation
     autocast = hardware.autocast(device)
     t_last, step_last = time.monotonic(), prog.step
     report.progress(
@@ -341,14 +349,21 @@ def run_train(project, report, train_fp: str, skip=None) -> str:
                                        or prog.step == steps)
         val = None
         if (is_scheduled or is_snapshot or is_kept) and main:
+            if means is None:  # the val row sets' means: the val shards never change in a run
+                means = SetMeans.of(val_files, s.batch_size, pack.fixed_rows)
             val = validate(model, val_files, pack, stats, s.batch_size, device,
-                           recipe.standardized)
-            report.metrics(prog.step, {"val_cos": val["val_cos"], "val_rel_mse": val["rel_mse"]})
+                           recipe.standardized, means, n_taps)
+            # the centred cosine of the DiT's token (and pad) rows leads the chart and the
+            # health line; val_cos (the pack's headline) stays best.pt's pick
+            report.metrics(prog.step, {"val_cos": val["val_cos"], "val_rel_mse": val["rel_mse"],
+                                       **{k: val[k] for k in ("val_cc_tokens", "val_cc_pads")
+                                          if val[k] is not None}})
             # Only scheduled validations pick best.pt: a snapshot leaves the run's result unchanged.
             if is_scheduled and val["val_cos"] > prog.best_val_cos:
                 prog.best_val_cos = val["val_cos"]
                 save_checkpoint(folder, BEST, model, opt, prog, extra(val))
-            report.fields(val_cos=val["val_cos"], best_val_cos=prog.best_val_cos)
+            report.fields(val_cos=val["val_cos"], best_val_cos=prog.best_val_cos,
+                          val_cc_tokens=val["val_cc_tokens"], val_cc_pads=val["val_cc_pads"])
         if prog.step % s.save_every == 0 or is_stop or is_snapshot or prog.step == steps:
             every_rank = ranks.rank_states(prog.stream) if ranks is not None else {}
             if main:

@@ -12,6 +12,7 @@ import shlex
 from pathlib import Path
 
 from gguf_trainer.base import atomic
+from gguf_trainer.data.lead import lead_line
 from gguf_trainer.store.project import Project, load_project
 
 # A pack's `<z-image-turbo DiT .gguf>`: a file ggk does not name, standing as one word
@@ -99,7 +100,8 @@ def describe_results(root: str | os.PathLike, files: dict[str, str] | None = Non
     """Where the outputs are; see control.results. `files`: the user's file for each
     placeholder of the ggk command (render settings)."""
     project = load_project(root)
-    out: dict = {"gguf": None, "eval_json": None, "eval_line": None, "ggk": None, "notes": [],
+    out: dict = {"gguf": None, "eval_json": None, "eval_line": None, "lead": None, "ggk": None,
+                 "notes": [],
                  "mock": bool(project.settings.precompute.mock_teacher),
                  "planned_gguf": str(project.final_gguf)}
     if project.final_gguf.is_file():
@@ -116,7 +118,11 @@ def describe_results(root: str | os.PathLike, files: dict[str, str] | None = Non
         base = (ev.get("baseline") or {}).get(f"baseline_{head}") if isinstance(
             ev.get("baseline"), dict) else None
         if isinstance(score, (int, float)):
-            out["eval_line"] = f"{head} {score:.4f}" + (
+            # the centred cosine of the rows the DiT reads leads (data/dit_rows.py); an
+            # eval.json from before it has none and reads as it did
+            lead = lead_line(ev.get("lead")) if isinstance(ev.get("lead"), dict) else None
+            out["lead"] = ev.get("lead") if lead else None
+            out["eval_line"] = (f"{lead}; " if lead else "") + f"{head} {score:.4f}" + (
                 f" vs mean baseline {base:.4f}" if isinstance(base, (int, float)) else "")
             if out["mock"]:
                 out["eval_line"] += "; MOCK teacher: a smoke test, not a usable adapter"
@@ -133,4 +139,30 @@ def describe_results(root: str | os.PathLike, files: dict[str, str] | None = Non
     if out["gguf"]:
         out["ggk"], notes = ggk_command(project, files)
         out["notes"] += notes
+    why = shards_recompute_note(project)
+    if why:
+        out["notes"].append(why)
     return out
+
+
+def shards_recompute_note(project) -> str | None:
+    """Why the next start recomputes the shards, when they store other rows than the recipe
+    says (`train.pad_weight` "one" stores K pad rows a sample, data/recipe.py); None when
+    they agree or there are none. Reads one shard header."""
+    from gguf_trainer.data.recipe import Recipe, stored_pad_rows, stored_rows_label
+    from gguf_trainer.data.shards import read_meta, shard_files
+
+    files = [f for split in ("val", "train") for f in shard_files(project.paths.shard_dir(split))]
+    meta = read_meta(files[0]) if files else None
+    if not meta:
+        return None
+    pack = project.pack
+    want = stored_rows_label(stored_pad_rows(Recipe.from_settings(project.settings.train, pack),
+                                             pack))
+    have = meta.get("stored_rows", "all")  # shards written before store every row
+    if have == want:
+        return None
+    rows = lambda label: "every target row" if label == "all" else f"the real rows and {label}"
+    return (f"the shards hold {rows(have)} but train.pad_weight "
+            f"{project.settings.train.pad_weight} stores {rows(want)}: the next start "
+            "recomputes them (and trains again)")
