@@ -7,7 +7,8 @@ commit naming every file. An object the Hub already stores - sent by an upload t
 before its commit - is never sent again, so a second upload after a kill sends only what is
 missing and still ends in one commit; a file that is committed already and unchanged is left
 out of the commit (no empty commit is made). With `hf_xet` installed and the Hub offering Xet,
-the client takes the Xet path instead, which deduplicates by content chunk the same way.
+the client takes the Xet path instead (its resume is hf_xet's chunk deduplication; the tests
+run the LFS path, HF_HUB_DISABLE_XET).
 
 The token is `hub.get_token()` (HF_TOKEN or the stored login), read when the upload starts and
 never put in a message. Knows nothing of projects: the caller says which files go where.

@@ -107,10 +107,11 @@ def refuse_stand_ins(project, name: str, view) -> None:
         except UserError:  # unreadable now: the adapter's own width already said pig_clip's
             tiny = False
     if tiny:
+        why = (f"input width {view.in_dim}, pig_clip's is {PIG_CLIP['hidden']}"
+               if view.in_dim != PIG_CLIP["hidden"] else "the project's student file is it")
         raise UserError(
-            f"{name} was trained against the demo's tiny stand-in student (input width "
-            f"{view.in_dim}, pig_clip's is {PIG_CLIP['hidden']}), so it fits only that stand-in; "
-            "train it against the real pig_clip-f16.gguf first."
+            f"{name} was trained against the demo's tiny stand-in student ({why}), so it fits "
+            "only that stand-in; train it against the real pig_clip-f16.gguf first."
         )
     teacher = _stand_in_teacher(project)
     if teacher:
@@ -215,13 +216,18 @@ def publish(root, repo: str, private: bool = False, files: list[str] | None = No
     message = f"Upload {adapters[0]['name']}" + (f" (step {steps})" if steps else "")
     result = hub_upload.upload(repo, upload, private, message)
     log.info("publish: %s -> %s at %s", ", ".join(upload), repo, result["commit"])
-    return {**result, "files": list(upload), "card": card}
+    return {**result, "files": list(upload), "card": card,
+            "visibility_kept": bool(private) and not result["created"]}
 
 
 def describe(result: dict) -> list[str]:
     """The lines `gguf-trainer publish` prints and the GUI shows."""
     what = ", ".join(result["files"])
-    if not result["changed"]:
-        return [f"{result['url']} already holds {what} as they are; nothing was committed."]
     made = "created and " if result["created"] else ""
-    return [f"published {what} to {result['url']} ({made}commit {result['commit'][:10]})."]
+    lines = [f"published {what} to {result['url']} ({made}commit {result['commit'][:10]})."
+             if result["changed"] else
+             f"{result['url']} already holds {what} as they are; nothing was committed."]
+    if result.get("visibility_kept"):
+        lines.append("the repo existed already, so --private left its visibility as it was; "
+                     "change it in the repo's settings on the Hub.")
+    return lines

@@ -70,6 +70,18 @@ def sources(project) -> dict[str, list[dict]]:
             "datasets": [entry(m) for m in presets]}
 
 
+def student_sha256(project) -> str | None:
+    """sha256 of the linked student GGUF (cached in hashes.json by the precompute), or None
+    when it is not there."""
+    from gguf_trainer.base.errors import UserError
+    from gguf_trainer.materials.materials import student_identity
+
+    try:
+        return student_identity(project)
+    except (UserError, OSError):
+        return None
+
+
 def _link(repo: str, kind: str = "model") -> str:
     return f"[{repo}]({HUB}/{'datasets/' if kind == 'dataset' else ''}{repo})"
 
@@ -168,6 +180,7 @@ def model_card(project, adapters: list[dict], companions: list[dict], licenses: 
     if meta.get("adapter.teacher") and not teacher_repos:
         teacher.append(f"recorded in the GGUF as `{meta['adapter.teacher']}`")
     in_dim = meta.get("adapter.in_dim")
+    student_sha = student_sha256(project)
     lines = [
         f"# {name}",
         "",
@@ -193,7 +206,8 @@ def model_card(project, adapters: list[dict], companions: list[dict], licenses: 
         "",
         *[f"* Teacher: {t}" for t in teacher],
         "* Student: pig_clip, the f16 GGUF (Qwen3-0.6B layout"
-        + (f", hidden {in_dim}" if in_dim else "") + "); its tokenizer "
+        + (f", hidden {in_dim}" if in_dim else "") + ")"
+        + (f", sha256 `{student_sha}`" if student_sha else "") + "; its tokenizer "
         + _source_line(src["student"][0], licenses),
         *[f"* Corpus: {c}" for c in corpus],
         f"* Steps: {steps if steps is not None else 'not recorded'} trained"

@@ -92,6 +92,13 @@ def test_cli_publish_prints_where_and_exits_0(hub, tmp_path, capsys):
     assert f"published {final.name}, README.md to {hub.url}/{REPO}" in out.out
     assert front_matter(hub.repos[("model", REPO)].files["README.md"].decode())[
         "license"] == "other"
+    # --private on a repo that exists: said, not silently ignored
+    code = main(["publish", "--project", str(project.dir), "--repo", REPO, "--private",
+                 "--license", "other"])
+    out = capsys.readouterr().out
+    assert code == EXIT_OK and "nothing was committed" in out
+    assert "--private left its visibility as it was" in out
+    assert not hub.repos[("model", REPO)].private and len(hub.commits) == 1
 
 
 @pytest.mark.parametrize("kind, says", [
@@ -162,3 +169,28 @@ def test_an_unreachable_hub_is_one_sentence(hub, tmp_path, monkeypatch, capsys):
     assert code == EXIT_USER, err
     assert f"cannot reach the Hub at http://127.0.0.1:{port}" in err
     assert "publishing again sends only the rest" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_download_saves_the_license_its_repo_card_states(hub, tmp_path):
+    """The card's license fields come from the listing each download saves."""
+    from gguf_trainer.materials import hub as hub_mod
+    from gguf_trainer.store.model_card import snapshot_record
+
+    hub.add_repo("org/teacher", {"config.json": b"{}"}, card_data={"license": "apache-2.0"})
+    listing = hub_mod.list_remote("org/teacher", "model", ("config.json",))
+    hub_mod.save_listing(listing, tmp_path / "teacher")
+    assert snapshot_record(tmp_path / "teacher") == {
+        "repo": "org/teacher", "revision": "main", "commit": listing.commit,
+        "license": "apache-2.0"}
+
+
+def test_a_project_linked_to_the_demos_tiny_student_is_refused(hub, tmp_path, tiny_materials):
+    """An adapter of pig_clip's width, but the project's student is the tiny stand-in."""
+    from gguf_trainer.store.project import update_settings
+
+    project, _ = make_project(tmp_path)
+    update_settings(project.dir, {"materials.student.path": str(tiny_materials["student"])})
+    with pytest.raises(UserError, match=re.escape(
+            "the demo's tiny stand-in student (the project's student file is it)")):
+        publish.publish(project.dir, REPO)
+    assert hub.requests == []
