@@ -53,15 +53,16 @@ GENERATE_TIMEOUT_S = 900  # pup.py's wait for one caption
 
 
 @functools.lru_cache(maxsize=1)
-def _prompts_bytes() -> bytes:
-    return PROMPTS_FILE.read_bytes()
+def _prompts() -> dict[str, str]:
+    return json.loads(PROMPTS_FILE.read_text(encoding="utf-8"))
 
 
 def system_prompt(task: str) -> str:
     """BFL's system prompt for `task` ("t2i" or "i2i")."""
-    return json.loads(_prompts_bytes().decode("utf-8"))[task]
+    return _prompts()[task]
 
 
+@functools.lru_cache(maxsize=4)
 def system_sha256(task: str) -> str:
     """sha256 of the system prompt's UTF-8 text: part of a cached caption's key."""
     return hashlib.sha256(system_prompt(task).encode("utf-8")).hexdigest()

@@ -57,18 +57,22 @@ def _key(s: Sample, model: str, max_tokens: int) -> str:
 
 def _ask(client: CaptionClient, model: str, max_tokens: int, jobs: list[Sample], workers: int,
          on_answer, stop_requested) -> None:
-    """Ask for a caption of each job with at most `workers` requests in flight; `on_answer(job,
-    reply)` runs in this thread as each arrives. The first error is raised once the answers
-    already in are written; a stop request raises Stopped. Workers are daemon threads: a
-    request still in flight then is left to finish (its answer is not written)."""
+    """Ask for a caption of each job, at most `workers` of them in flight or answered but not
+    yet written; `on_answer(job, reply)` runs in this thread as each arrives. The first error
+    met is raised (the answers met before it are written); a stop request raises Stopped.
+    Workers are daemon threads: a request still in flight then is left to finish, unwritten."""
     todo: queue.SimpleQueue = queue.SimpleQueue()
     for job in jobs:
         todo.put(job)
     answers: queue.SimpleQueue = queue.SimpleQueue()
     halt = threading.Event()
+    slots = threading.Semaphore(workers)  # jobs taken but not yet written: at most `workers`
 
     def work() -> None:
-        while not halt.is_set():
+        while True:
+            slots.acquire()
+            if halt.is_set():
+                return
             try:
                 job = todo.get_nowait()
             except queue.Empty:
@@ -93,8 +97,11 @@ def _ask(client: CaptionClient, model: str, max_tokens: int, jobs: list[Sample],
             if err is not None:
                 raise err
             on_answer(job, reply)
+            slots.release()
     finally:
         halt.set()
+        for _ in range(workers):  # wake the workers waiting for a slot: they leave
+            slots.release()
 
 
 def add_captions(project, report, train: list[Sample], val: list[Sample]

@@ -178,3 +178,12 @@ def test_cache_appends_reloads_and_cuts_a_torn_line(tmp_path):
     lines = path.read_bytes().decode().splitlines()
     assert len(lines) == 3 and [json.loads(x)["prompt"] for x in lines] == ["one", "two", "three"]
     assert len(CaptionCache(tmp_path, path).entries) == 3
+
+
+def test_a_reference_past_200_to_1_is_not_sent(tmp_path):
+    thin = tmp_path / "thin.png"
+    Image.new("RGB", (4020, 20)).save(thin)
+    with stand_in() as server:
+        reply = CaptionClient(server.url).caption("make it red", "m", images=[thin])
+        assert server.bodies == []  # ggk sends such a prompt as typed: no caption
+    assert reply["caption"] == "" and "exceeds 200:1" in reply["skipped"]
