@@ -122,16 +122,14 @@ def refuse_stand_ins(project, name: str, view) -> None:
 
 
 def _describe(project, chosen: list[dict]) -> tuple[list[dict], list[dict]]:
-    """{name, path, size, sha256, metadata} of the adapters and the companions, each adapter
-    read as the engine reads it and checked by refuse_stand_ins."""
-    from gguf_trainer.base.safe_delete import sha256_file
+    """{name, path, size, metadata} of the adapters and the companions, each adapter read as
+    the engine reads it (header and tensor table) and checked by refuse_stand_ins."""
     from gguf_trainer.model.adapter_file import read_adapter
 
     adapters, companions = [], []
     for e in chosen:
         path = Path(e["path"])
-        item = {"name": path.name, "path": path, "size": path.stat().st_size,
-                "sha256": sha256_file(path), "metadata": {}}
+        item = {"name": path.name, "path": path, "size": path.stat().st_size, "metadata": {}}
         if e["kind"] in ADAPTER_KINDS:
             view = read_adapter(path)
             if view.refusals:
@@ -201,12 +199,15 @@ def publish(root, repo: str, private: bool = False, files: list[str] | None = No
     """Publish the project's adapter(s) and a model card to `repo` (USER/NAME) in one commit.
     Returns {"url", "commit", "created", "changed", "files", "card"}; UserError (one sentence)
     for anything refused or failed. Refusals come before any request."""
+    from gguf_trainer.base.safe_delete import sha256_file
     from gguf_trainer.materials import hub_upload
     from gguf_trainer.store.model_card import model_card, sources
 
     project, adapters, companions = prepare(root, files)
     repo = hub_upload.check_repo_id(repo)
     hub_upload.require_token()
+    for f in [*adapters, *companions]:  # for the card (the GUI's plan skips reading them whole)
+        f["sha256"] = sha256_file(f["path"])
     licenses = hub_licenses(sources(project))
     card = model_card(project, adapters, companions, licenses,
                       _evaluation(project, adapters[0]), license_id)
