@@ -4,11 +4,13 @@ right after its prompt, the same samples whatever the number of requests in flig
 part-way, the corpus asks only for what it lacks (data/captions.jsonl survives the stage's
 clear); another model's captions are never reused; the fingerprint of a corpus without an
 endpoint is what it was before the setting existed; an unreachable endpoint is refused in one
-sentence before the old corpus is touched."""
+sentence before the old corpus is touched; an edit sample is asked with the i2i request
+(its image first, then the scaffold) and its caption keeps the image."""
 
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 
 import pytest
 from caption_stand_in import stand_in
@@ -157,3 +159,33 @@ def test_an_unreachable_endpoint_is_refused_before_the_corpus_changes(tmp_path):
     with pytest.raises(CaptionError, match="cannot be reached"):
         corpus_captions.add_captions(project, FakeReport(), [], [])
     assert project.paths.samples("train").read_bytes() == before
+
+
+def test_an_edit_sample_is_captioned_with_the_i2i_request_and_keeps_its_image(tmp_path):
+    from PIL import Image
+
+    img = tmp_path / "red.png"
+    Image.new("RGB", (96, 64), (200, 20, 20)).save(img)
+    lines = [json.dumps({"text": f"edit {i}: make the square blue", "images": [str(img)]})
+             for i in range(40)] + [json.dumps({"text": f"plain prompt {i}"}) for i in range(40)]
+    src = tmp_path / "edits.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    with stand_in() as server:
+        root = tmp_path / "proj"
+        new_project(root, "qwen3vl_mageflow", overrides={
+            "export.output_dir": str(tmp_path / "out"), "corpus.files": [str(src)],
+            "corpus.n_train": 60, "corpus.n_val": 12, "corpus.empty_frac": 0.0,
+            "corpus.caption_endpoint": server.url, "corpus.caption_share": 0.5})
+        project = load_project(root)
+        corpus.run_corpus(project, FakeReport())
+        edits = [b for b in server.bodies if isinstance(b["messages"][1]["content"], list)]
+    assert edits and all(b["presence_penalty"] == 0.0 for b in edits)
+    assert all(b["messages"][0]["content"].startswith("Your name is FLUX 3") for b in edits)
+    assert "image-editing model" in edits[0]["messages"][0]["content"]
+    train = read_samples(project.paths.samples("train"))
+    for prev, s in pairwise(train):
+        if s.text.startswith("detailed caption") and prev.images:
+            assert s.images == prev.images and "User request: " + prev.text in s.text
+            break
+    else:
+        raise AssertionError("no captioned edit sample")
