@@ -1,20 +1,23 @@
 """`gguf-trainer check`: an exported adapter against the engine's own conditioning dump.
 
-Owns: reading a ggk `SD_DUMP_COND` dump folder (headerless little-endian f32 `[rows, dim]`,
-with `tokens.txt` / `t5_ids.txt` beside it; engine-contract §4b), running the student + the
-adapter GGUF on the same prompt, and the figures: cosine, centred cosine (centred by the
-dump's own per-dimension mean) and rel_mse, with the pack's verdict. Packs whose engine output
-has a fixed shape (LLaDA-Image, the T5 families: only the rows the DiT reads count, by the dump's
-`t5_ids.txt` — the real slots, EOS included, and for Chroma the first pad; TrainerPack.check_rows)
-and the layerwise families (the whole padded template, `adapter_out.bin` or
-the full teacher's `llm_hidden.bin` of n * D per row, compared from the DiT's first row, with
-each tap's cosine beside the whole stack's) can be checked; a layerwise adapter with the vision
-extension (Fibo 2.0 edits) also against an edit dump, whose reference images it reads from the
-dump itself (`vis_embeds.bin`, the raw mmproj rows, and `vis_pos.txt`, the row each image was
-spliced at): the student gets vision_proj of them spliced there, the adapter the raw rows.
-A T5 dump's ids are compared with the prompt's through the teacher's tokenizer: `--t5-model`,
-else the project's linked teacher (`--project`, and the render of a project). With a project,
-the adapter, student and student tokenizer not given are the project's (check_inputs).
+Owns: reading a ggk `SD_DUMP_COND` dump folder (headerless little-endian f32 `[rows, dim]`, with
+`tokens.txt` / `t5_ids.txt` beside it; engine-contract §4b), running the student + the adapter
+GGUF on the same prompt, and the figures: first the centred cosine of the rows the DiT reads,
+`tokens` and `pads` apart (each set centred on the dump's own mean of its rows, per tap for a
+stack: data/dit_rows.py's lead for one prompt), then the cosine, centred cosine (by the dump's
+own per-dimension mean) and rel_mse of all rows, with the pack's verdict in its own metric.
+Packs whose engine output has a fixed shape (LLaDA-Image, the T5 families: only the rows the DiT
+reads count, by the dump's `t5_ids.txt` — the real slots, EOS included, and for Chroma the first
+pad; TrainerPack.check_rows) and the layerwise families (the whole padded template,
+`adapter_out.bin` or the full teacher's `llm_hidden.bin` of n * D per row, compared from the
+DiT's first row, with each tap's cosine beside the whole stack's) can be checked; a layerwise
+adapter with the vision extension (Fibo 2.0 edits) also against an edit dump, whose reference
+images it reads from the dump itself (`vis_embeds.bin`, the raw mmproj rows, and `vis_pos.txt`,
+the row each image was spliced at): the student gets vision_proj of them spliced there, the
+adapter the raw rows. A T5 dump's ids are compared with the prompt's through the teacher's
+tokenizer: `--t5-model`, else the project's linked teacher (`--project`, and the render of a
+project). With a project, the adapter, student and student tokenizer not given are the project's
+(check_inputs).
 Must not: write anything.
 
     gguf-trainer check --adapter pig_llada_adapter-f16.gguf --student pig_clip-f16.gguf \
@@ -172,16 +175,50 @@ def verdict_line(pack_id: str, figures: dict) -> str:
 
 
 def tap_figures(pred: np.ndarray, ref: np.ndarray, taps, keep=None) -> dict:
-    """Layerwise: compare() of each tap's column block (ascending, the engine's stack order)."""
+    """Layerwise: compare() of each tap's column block (ascending, the engine's stack order):
+    its plain and its centred cosine."""
     n = len(taps)
     d = pred.shape[1] // n
-    return {
-        "taps": list(taps),
-        "cos": [
-            compare(pred[:, k * d : (k + 1) * d], ref[:, k * d : (k + 1) * d], keep)["cos"]
-            for k in range(n)
-        ],
-    }
+    per = [compare(pred[:, k * d : (k + 1) * d], ref[:, k * d : (k + 1) * d], keep)
+           for k in range(n)]
+    return {"taps": list(taps), "cos": [f["cos"] for f in per],
+            "cos_centered": [f["cos_centered"] for f in per]}
+
+
+def lead_rows(pack, ids: list[int], encode) -> dict[str, np.ndarray]:
+    """One prompt's rows the lead figures read (data/dit_rows.py), for a token-aligned output:
+    `tokens` from the DiT's start row on, less the template's constant lead (the ids this
+    template shares with two other prompts' templates: the sink row is one), before the pads;
+    `pads` the family's pads (absent without any)."""
+    from gguf_trainer.data.recipe import shared_prefix
+    from gguf_trainer.data.samples import Sample
+
+    others = [pack.student_ids(encode, Sample(text), []) for text in ("0", "#")]
+    r = np.arange(len(ids))
+    n_real = pack.padding.real_length(ids)
+    first = max(pack.template_start(Sample("")), shared_prefix([ids, *others]))
+    out = {"tokens": (r >= first) & (r < n_real)}
+    if n_real < len(ids):
+        out["pads"] = r >= n_real
+    return out
+
+
+def lead_figures(pred: np.ndarray, ref: np.ndarray, sets: dict, taps=()) -> dict:
+    """compare() of each row set, each centred on its own mean (the dump's rows of that set),
+    with each tap's centred cosine for a stack: what eval's lead block holds, for one prompt."""
+    out = {}
+    for name, keep in sets.items():
+        if keep.any():
+            out[name] = compare(pred, ref, keep)
+            if taps:
+                out[name]["per_tap"] = tap_figures(pred, ref, taps, keep)["cos_centered"]
+    return out
+
+
+def lead_text(lead: dict | None) -> str:
+    """"tokens centred cosine 0.93 rel_mse 0.08; pads ..." (empty without a lead)."""
+    return "; ".join(f"{n} centred cosine {f['cos_centered']:.4f} rel_mse {f['rel_mse']:.4g} "
+                     f"({f['rows']} rows)" for n, f in (lead or {}).items())
 
 
 def _layerwise_pack(module) -> str:
@@ -377,7 +414,7 @@ def run_check(
     spiece.model, to compare a T5 dump's ids with the prompt's; without it, the loaded
     `project`'s linked teacher's (materials.seed_tokenizer). The adapter, student and
     tokenizer left None are the project's (check_inputs)."""
-    from gguf_trainer.model.adapters import load_gguf
+    from gguf_trainer.model.adapters import TOKEN_ALIGNED_KINDS, load_gguf
     from gguf_trainer.model.student import load_student
 
     adapter_path, student_path, tokenizer_dir = check_inputs(
@@ -425,6 +462,12 @@ def run_check(
         keep = np.arange(pred.shape[0]) >= pack.start
     figures = compare(pred, ref, keep)
     per_tap = tap_figures(pred, ref, pack.taps, keep) if pack.taps else None
+    # the lead: tokens and pads apart, each centred on its own mean (a resampler's rows the DiT
+    # reads are all tokens)
+    sets = (lead_rows(pack, ids, engine_bpe(student.tokenizer).encode)
+            if adapter.config.kind in TOKEN_ALIGNED_KINDS
+            else {"tokens": np.ones(pred.shape[0], bool) if keep is None else keep})
+    lead = lead_figures(pred, ref, sets, pack.taps)
     student_cos = None
     if (dump_dir / QWEN_HIDDEN).is_file():
         engine_states = read_dump(dump_dir / QWEN_HIDDEN, hidden.shape[1],
@@ -451,6 +494,7 @@ def run_check(
         "t5_ids_checked": (t5_model is not None) if seeded else None,
         "t5_model": str(t5_model) if t5_model is not None and seeded else None,
         "t5_ids_why_not": t5_why if t5_model is None and seeded else None,
+        "lead": lead,
         **figures,
         "per_tap": per_tap,
         "verdict": _verdict(pack_id, figures, ref_name(dump)),
@@ -506,8 +550,13 @@ def format_check(res: dict) -> str:
                    if res.get("images") else "")
                 + ")"
             ),
+            *[f"{n + ':':<9} centred cosine {f['cos_centered']:.6f}   rel_mse "
+              f"{f['rel_mse']:.6g}   ({f['rows']} rows, each set centred on its own mean)"
+              + ("" if not f.get("per_tap") else "; per tap " + ", ".join(
+                  f"L{t} {c:.4f}" for t, c in zip(res["per_tap"]["taps"], f["per_tap"])))
+              for n, f in (res.get("lead") or {}).items()],
             (
-                f"cosine {res['cos']:.6f}   centred cosine {res['cos_centered']:.6f}   "
+                f"all rows: cosine {res['cos']:.6f}   centred cosine {res['cos_centered']:.6f}   "
                 f"rel_mse {res['rel_mse']:.6g}   worst centred row "
                 f"{res['worst_row_cos_centered']:.4f}"
             ),
@@ -516,7 +565,7 @@ def format_check(res: dict) -> str:
                 []
                 if not res.get("per_tap")
                 else [
-                    "per tap:  "
+                    "per tap:  plain cosine "
                     + ", ".join(
                         f"L{t} {c:.4f}"
                         for t, c in zip(res["per_tap"]["taps"], res["per_tap"]["cos"])

@@ -28,7 +28,7 @@ import numpy as np
 
 from gguf_trainer.base import bounded
 
-from .check import compare, read_dump, read_ids
+from .check import compare, lead_figures, read_dump, read_ids
 from .store.results import printed_command
 
 GGK = "ggk"  # the command the ggk PyPI package installs
@@ -277,10 +277,13 @@ def render_plan(project, prompt: str, seed: int, ggk: str | None,
     return plan
 
 
-def dump_cosine(teacher_dump: Path, adapter_dump: Path, max_dim: int) -> dict | None:
+def dump_cosine(teacher_dump: Path, adapter_dump: Path, max_dim: int, sets_of=None,
+                taps=()) -> dict | None:
     """The adapter's conditioning against the teacher's, from the two dumps (check.compare:
     cosine, centred cosine, rel_mse), when the teacher's run wrote one with the same token
-    ids; None otherwise (ggk writes no teacher dump for the T5 families). `max_dim`: the
+    ids; None otherwise (ggk writes no teacher dump for the T5 families). `sets_of(ids)`: the
+    row sets the lead figures read (check.lead_rows), which then lead as "lead" (tokens and
+    pads apart, each centred on its own mean, per tap of `taps`). `max_dim`: the
     widest row the pack's engine writes (its out_dim): with the rows of tokens.txt it bounds
     what is read, so a dump larger than that is a sentence (bounded.LargerThanImplied), not a
     read of many GiB."""
@@ -306,4 +309,17 @@ def dump_cosine(teacher_dump: Path, adapter_dump: Path, max_dim: int) -> dict | 
     pred = read_dump(a_file, dim_t, max_rows=rows)
     if pred.shape != ref.shape:
         return None
-    return compare(pred.astype(np.float32), ref)
+    out = compare(pred.astype(np.float32), ref)
+    if sets_of is not None:
+        out["lead"] = lead_figures(pred.astype(np.float32), ref, sets_of(t_ids), taps)
+    return out
+
+
+def figures_line(fig: dict) -> str:
+    """The render's conditioning figures in one line: the lead (tokens, pads) first, then the
+    plain and centred cosine and rel_mse of all rows."""
+    lead = "; ".join(f"{n} centred {f['cos_centered']:.4f} (rel_mse {f['rel_mse']:.4g})"
+                     for n, f in (fig.get("lead") or {}).items())
+    rest = (f"all rows {fig['cos']:.4f} (centred {fig['cos_centered']:.4f}, rel_mse "
+            f"{fig['rel_mse']:.4g})")
+    return f"{lead}; {rest}" if lead else rest

@@ -189,10 +189,7 @@ def describe(result: dict | None) -> list[str]:
         lines.append(f"note:      {record['text_only']}")
     fig = record.get("figures")
     if fig:
-        lines.append(
-            f"cosine:    {fig['cos']:.4f} (centred {fig['cos_centered']:.4f}, rel_mse "
-            f"{fig['rel_mse']:.4g}) — {record.get('figures_note')}"
-        )
+        lines.append(f"cosine:    {render.figures_line(fig)} — {record.get('figures_note')}")
     elif record.get("figures_note"):
         lines.append(f"cosine:    {record['figures_note']}")
     return lines
@@ -303,6 +300,22 @@ def _run_ggk(
         raise UserError(f"ggk wrote no image {image.name}; see {out / log_name}")
 
 
+def _sets_of(project):
+    """ids -> the row sets the lead figures read (check.lead_rows), through the project's
+    student tokenizer; None when it has none linked (the figures then lead with all rows)."""
+    from gguf_trainer.check import lead_rows
+    from gguf_trainer.engine.qwen_bpe import engine_bpe
+    from gguf_trainer.materials.materials import student_path
+    from gguf_trainer.model.student import load_tokenizer
+
+    try:
+        encode = engine_bpe(load_tokenizer(student_path(project, "student_tokenizer",
+                                                        "--tokenizer DIR"))).encode
+    except (UserError, OSError, ValueError):
+        return None
+    return lambda ids: lead_rows(project.pack, ids, encode)
+
+
 def _figures(project, prompt: str, out: Path, plan: render.RenderPlan) -> tuple[dict | None, str]:
     """The conditioning cosine: teacher dump vs adapter dump when ggk wrote both; else
     `check` (the adapter in PyTorch vs the engine's adapter dump) for the fixed-shape packs."""
@@ -310,7 +323,8 @@ def _figures(project, prompt: str, out: Path, plan: render.RenderPlan) -> tuple[
     if "teacher" in halves:
         try:  # bounded by the pack's row width: a dump larger than that is said, not read
             got = render.dump_cosine(out / halves["teacher"].dump, out / halves["adapter"].dump,
-                                     max_dim=project.pack.out_dim)
+                                     max_dim=project.pack.out_dim, sets_of=_sets_of(project),
+                                     taps=project.pack.taps)
         except UserError as e:
             return None, f"no cosine: {e}"
         if got is not None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import gradio as gr
 
+from gguf_trainer import render
 from gguf_trainer.base import project_file
 from gguf_trainer.base.errors import UserError
 from gguf_trainer.runner import render_job
@@ -204,10 +205,8 @@ def result_md(record: dict | None) -> str:
     fig = record.get("figures")
     lines = [f"**{record.get('prompt')}** · seed {record.get('seed')} · `{record.get('folder')}`"]
     if fig:
-        lines.append(
-            f"Conditioning cosine **{fig['cos']:.4f}** (centred {fig['cos_centered']:.4f}, "
-            f"rel_mse {fig['rel_mse']:.4g}) — {record.get('figures_note')}"
-        )
+        lines.append(f"Conditioning: **{render.figures_line(fig)}** — "
+                     f"{record.get('figures_note')}")
     elif record.get("figures_note"):
         lines.append(record["figures_note"])
     for half, h in (record.get("halves") or {}).items():
