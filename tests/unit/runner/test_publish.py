@@ -194,3 +194,10 @@ def test_a_project_linked_to_the_demos_tiny_student_is_refused(hub, tmp_path, ti
             "the demo's tiny stand-in student (the project's student file is it)")):
         publish.publish(project.dir, REPO)
     assert hub.requests == []
+
+
+def test_a_folder_without_a_project_exits_2(hub, tmp_path, capsys):
+    from gguf_trainer.base.exit_codes import EXIT_NO_PROJECT
+
+    code = main(["publish", "--project", str(tmp_path / "nothing"), "--repo", REPO])
+    assert code == EXIT_NO_PROJECT and hub.requests == []
