@@ -28,7 +28,9 @@ MAX_POINTS = 2000
 LOG_KEEP_CHARS = 200_000
 # metrics.jsonl keys -> chart series
 LOSS_SERIES = {"loss": "loss"}
-COS_SERIES = {"cos": "train cos", "val_cos": "val cos"}
+# The centred cosine of the val token rows the DiT reads leads (data/dit_rows.py: a plain cosine
+# of a pre-norm tap stays high for almost any prediction); the plain cosines stay beside it.
+COS_SERIES = {"val_cc_tokens": "val centred cos", "cos": "train cos", "val_cos": "val cos"}
 
 
 @dataclass

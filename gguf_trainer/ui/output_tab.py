@@ -14,6 +14,7 @@ from pathlib import Path
 
 import gradio as gr
 
+from gguf_trainer.data.lead import lead_line
 from gguf_trainer.runner import control
 from gguf_trainer.ui import api, common, kept_section, publish_section, render_section
 
@@ -155,6 +156,9 @@ def _eval_md(project: str, pack: dict | None) -> str:
         ),
         common.md_table(["metric", "value", "mean baseline"], rows),
     ]
+    lead = lead_line(ev.get("lead")) if isinstance(ev.get("lead"), dict) else None
+    if lead:  # the rows the DiT reads, each set centred on its own mean, lead the summary
+        lines.insert(1, f"**{lead}**")
     quant = kept_section.quant_md(ev)  # export.dtype q8_0 / bf16 against the f16 file
     if quant:
         lines.append(quant)

@@ -79,7 +79,8 @@ def build() -> TrainParts:
             # lines could not be told apart. The step axis runs to the planned steps (chart()).
             loss_plot = series_chart("Loss", "loss-plot", "loss", {"loss": "#4f6ef7"})
             cos_plot = series_chart(
-                "Cosine", "cos-plot", "cosine", {"train cos": "#2f9e63", "val cos": "#e0a52a"}
+                "Cosine", "cos-plot", "cosine",
+                {"val centred cos": "#c2410c", "train cos": "#2f9e63", "val cos": "#e0a52a"},
             )
         with gr.Column(scale=2):
             metrics = gr.Markdown("", elem_id="train-metrics")

@@ -28,6 +28,9 @@ EMPTY_CHART = None
 CHART_PX = 340
 # steps/s is not among them: the one rate shown is the training stage's (step_rate).
 METRIC_LABELS = {
+    # the centred cosine of the val rows the DiT reads first (data/dit_rows.py)
+    "val_cc_tokens": "val centred cos, tokens (last check)",
+    "val_cc_pads": "val centred cos, pads (last check)",
     "loss": "loss",
     "cos": "train cos",
     "val_cos": "val cos (last check)",

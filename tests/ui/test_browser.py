@@ -196,10 +196,12 @@ def test_gui_run_stop_resume_copy_and_screenshots(page, gui, shots, demo_root):
     strokes = pg.locator("#cos-plot .mark-line path").evaluate_all(
         "ps => ps.map(p => p.getAttribute('stroke'))"
     )
-    assert len(strokes) == 2 and all(strokes), strokes  # train cos and val cos, each coloured
-    # both are labelled: the legend is inside the chart's box, not cut off below it
+    # the val token rows' centred cosine, train cos and val cos, each coloured
+    assert len(strokes) == 3 and all(strokes), strokes
+    # all are labelled: the legend is inside the chart's box, not cut off below it
     legend = pg.locator("#cos-plot .role-legend")
-    assert "train cos" in legend.text_content() and "val cos" in legend.text_content()
+    assert all(name in legend.text_content()
+               for name in ("val centred cos", "train cos", "val cos"))
     assert (
         legend.bounding_box()["y"] + legend.bounding_box()["height"]
         <= pg.locator("#cos-plot").bounding_box()["y"]

@@ -75,8 +75,9 @@ def test_a_series_without_points_is_registered_but_not_drawn():
     cur = live.Cursor()
     cur.series["cos"] = live.Series(xs=[5, 10], ys=[0.3, 0.4], seen=2)
     rows = live.chart_rows(cur, live.COS_SERIES)
-    assert rows["series"] == ["train cos", "train cos", "val cos"]
+    assert rows["series"] == ["train cos", "train cos", "val centred cos", "val cos"]
     assert rows["step"][2] == 5 and rows["value"][2] != rows["value"][2]  # NaN: no line
+    assert rows["value"][3] != rows["value"][3]
     assert live.chart_rows(live.Cursor(), live.COS_SERIES)["step"] == []  # nothing yet: no rows
 
 
