@@ -165,6 +165,10 @@ def format_status(info: dict) -> str:
     job = (info.get("jobs") or {}).get("snapshot") or {}
     if job.get("status") in ("running", "failed", "interrupted"):
         lines.append(f"  snapshot job: {job.get('message')}")
+    kept = info.get("kept") or {}
+    if kept.get("n"):
+        lines.append(f"  kept steps: {kept['n']} ({kept['bytes'] / 1e9:.2f} GB); list them with "
+                     f"gguf-trainer snapshot --project {info['project']} --checkpoint list")
     res = info.get("results")
     if isinstance(res, dict):
         lines += [f"  {line}" for line in _results_lines(res)]

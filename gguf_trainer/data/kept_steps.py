@@ -299,6 +299,18 @@ def list_kept(paths) -> list[dict]:
     return out
 
 
+def kept_summary(paths) -> dict:
+    """{"n", "bytes"} of the kept steps on disk, from file sizes only (status reads it on every
+    poll: no sidecar is opened)."""
+    sizes = []
+    for step in kept_steps_on_disk(paths):
+        try:
+            sizes.append(paths.kept_step(step).stat().st_size)
+        except OSError:  # deleted between the listing and now
+            continue
+    return {"n": len(sizes), "bytes": sum(sizes)}
+
+
 def describe_kept(paths) -> str:
     """One phrase for the refusal of a step that is not kept: which are."""
     steps = kept_steps_on_disk(paths)

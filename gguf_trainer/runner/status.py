@@ -209,6 +209,9 @@ def derive_status(paths: ProjectPaths, now: float | None = None,
     from gguf_trainer.runner import jobs  # lazy: jobs imports the supervisor
 
     out["jobs"] = {"snapshot": jobs.job_status(paths.root, "snapshot")}
+    from gguf_trainer.data.kept_steps import kept_summary  # torch-free
+
+    out["kept"] = kept_summary(paths)  # train.history: how many kept steps, bytes on disk
     out["results"] = None
     if out["status"] == "done" and not out["settings_error"]:
         try:

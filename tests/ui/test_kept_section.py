@@ -84,3 +84,19 @@ def test_the_quantized_line_and_the_parts_build():
     with gr.Blocks():
         parts = setup_tab.build()
     assert isinstance(parts.kept_md, gr.Markdown)
+
+
+def test_a_killed_write_leaves_a_tmp_that_nothing_lists_and_reset_takes_away(tmp_path):
+    """kill -9 while a kept step is written leaves atomic's tmp file (never the step's name):
+    not a kept step, counted by nobody, and `reset train` removes it with the folder."""
+    root, paths = make(tmp_path, steps=(500,))
+    (paths.history / ".step1000.pt.abc123.pt.tmp").write_bytes(b"half a pickle")
+    assert [it["step"] for it in control.list_kept_steps(root)["items"]] == [500]
+    info = control.status(root)
+    assert info["kept"] == {"n": 1, "bytes": 500_000}
+    from gguf_trainer.cli.run import format_status
+
+    assert "  kept steps: 1 (0.00 GB); list them with gguf-trainer snapshot --project" in \
+        format_status(info)
+    control.reset(root, "train")
+    assert not paths.history.exists()
