@@ -15,7 +15,7 @@ from __future__ import annotations
 
 KINDS = ("ming_image", "qwen35_bridge")
 TRAINABLE = ("qwen35_bridge",)  # the slot kinds gguf-trainer builds (ming_image: not yet)
-# The slot kinds' f32 parameters (init_params, llm_adapter.hpp 540-541, 767-770).
+# The slot kinds' f32 parameters (init_params, llm_adapter.hpp 540-541, 759-762).
 F32_QUERIES = ("slot_query", "bank_query", "cap_query")
 QWEN35_PRE = "qwen35"  # tokenizer.ggml.pre the engine requires of the bridge's vocabulary
 

@@ -39,8 +39,9 @@ FIBO2_STRUCT = "struct Fibo2Conditioner"
 TOKENIZE_LINES = (2551, 2623)  # LLMEmbedder::tokenize: template pieces, prompt chunks, padding
 HERE = Path(__file__).resolve().parent
 DRIVER_SOURCES = ("CMakeLists.txt", "probe.cpp", "vocab_shim.cpp", "adapter_probe.cpp",
-                  "t5clip_probe.cpp", "t5clip_vocab.cpp")
+                  "t5clip_probe.cpp", "t5clip_vocab.cpp", "command_probe.cpp")
 KEEP = ("vendor/engine/gk/", "vendor/engine/diffusion/", "vendor/engine/quantizer/src/kernels/")
+DRIVERS = ("adapter_probe", "command_probe")  # after the tokenizer driver, each its own target
 
 
 class EngineBuildError(RuntimeError):
@@ -54,6 +55,17 @@ def cache_root() -> Path:
     return Path(
         os.environ.get("GGUF_TRAINER_ENGINE_CACHE", home / ".cache" / "gguf-trainer-engine")
     )
+
+
+def build_root() -> Path:
+    """The cache folder of the pinned sdist: its tarball, unpacked source, snippets and build."""
+    return cache_root() / SDIST_SHA256[:16]
+
+
+def engine_dir() -> Path:
+    """vendor/engine of the pinned sdist, fetched and unpacked when the cache lacks it."""
+    root = build_root()
+    return unpack(fetch_sdist(root), root / "src")
 
 
 def _sha256(path: Path) -> str:
@@ -172,6 +184,22 @@ def unsupported(engine: Path, pack) -> str | None:
     return None
 
 
+def served_branches(engine: Path, pack) -> list[tuple[str, tuple[int, int]]]:
+    """(VERSION_*, branch lines) of the other families the pack's one file serves (`serves`:
+    Krea2's adapter serves Iris-3B), found by the engine's own chain (engine_source.py); the
+    driver runs them as `tmpl PACK@VERSION`."""
+    from engine_source import Source
+
+    src, own = Source(engine), pack.engine_template.get("version")
+    out = []
+    for family in getattr(pack, "serves", "").split(","):
+        version = src.family_version(family) if family.strip() else None
+        if version and version != own:
+            b = src.branch_of(version)
+            out.append((version, (b.first, b.last)))
+    return out
+
+
 def _write_if_changed(path: Path, text: str) -> None:
     """A rewrite with the same text would make the build recompile the driver."""
     if not path.is_file() or path.read_text() != text:
@@ -221,6 +249,12 @@ def write_snippets(engine: Path, folder: Path, failed: dict[str, str]) -> list:
             f'if (pack == "{pack.id}") {{\n    version = {t["version"]};\n'
             f'#line {a} "{t["file"]}"\n' + "\n".join(source_lines(engine, t["file"], a, b)) + "\n}"
         )
+        for version, (a, b) in served_branches(engine, pack):
+            out.append(
+                f'if (pack == "{pack.id}@{version}") {{\n    version = {version};\n'
+                f'#line {a} "{CONDITIONER}"\n' + "\n".join(source_lines(engine, CONDITIONER, a, b))
+                + "\n}"
+            )
     _write_if_changed(folder / "snippets.inc", "\n".join(out) + "\n")
     for name, text in fibo2.items():
         _write_if_changed(folder / name, text)
@@ -228,6 +262,70 @@ def write_snippets(engine: Path, folder: Path, failed: dict[str, str]) -> list:
         folder / "unsupported.txt", "".join(s.replace("\n", " ") + "\n" for s in skipped)
     )
     return kept
+
+
+GK_DIFFUSER = "diffusion/src/gk-diffuser.cpp"
+CLI_MAIN = "diffusion/cli/main.cpp"
+# What cli/common/common.cpp calls of the engine's C API (nm -u of its object): the defaults its
+# params start from and the name tables its options parse; cut from gk-diffuser.cpp by name.
+API_TABLES = ("rng_type_to_str", "sample_method_to_str", "scheduler_to_str", "prediction_to_str",
+              "lora_apply_mode_to_str", "hires_upscaler_to_str")
+API_FUNCTIONS = (
+    "sd_type_name", "str_to_sd_type", "sd_rng_type_name", "str_to_rng_type",
+    "sd_sample_method_name", "str_to_sample_method", "sd_scheduler_name", "str_to_scheduler",
+    "sd_prediction_name", "str_to_prediction", "sd_lora_apply_mode_name", "str_to_lora_apply_mode",
+    "str_to_sd_hires_upscaler", "sd_cache_params_init", "sd_hires_params_init",
+    "sd_ctx_params_init",
+    "sd_sample_params_init", "sd_sample_params_to_str", "sd_img_gen_params_init",
+    "sd_vid_gen_params_init",
+)
+DEFAULT_FUNCTIONS = ("static bool sd_version_supports_ref_latent_img_cfg(",
+                     "static bool sd_version_supports_img_cfg(", "float sd_get_default_txt_cfg(",
+                     "void sd_get_default_resolution(")
+
+
+def write_command_cuts(engine: Path, folder: Path) -> None:
+    """The cmd_*.inc command_probe.cpp compiles: ggk's parser and defaults cut from the pinned
+    main.cpp and gk-diffuser.cpp by name (engine_source.Source.function), never retyped."""
+    from engine_source import Source
+
+    src = Source(engine)
+
+    def cut(file: str, a: int, b: int) -> str:
+        return f'#line {a} "{file}"\n' + "\n".join(source_lines(engine, file, a, b)) + "\n"
+
+    def fn(file: str, head: str) -> str:
+        return cut(file, *src.function(file, head))
+
+    main = src.text(CLI_MAIN)
+    first = next(i for i, t in enumerate(main) if t.startswith("namespace fs = ")) + 2
+    _, last = src.function(CLI_MAIN, "void parse_args(")
+    a = next(i for i, t in enumerate(main) if t.strip() == "SDCliParams cli_params;") + 1
+    b = next(i for i in range(a, len(main)) if main[i].strip().startswith("parse_args(")) + 1
+    api = '#define NONE_STR "NONE"\n' + "".join(
+        fn(GK_DIFFUSER, f"const char* {n}[] = {{") for n in API_TABLES
+    ) + "".join(fn(GK_DIFFUSER, _api_head(src, n)) for n in API_FUNCTIONS)
+    enum = re.search(r"enum SDVersion \{(.*?)\};", (engine / "diffusion/src/model.h").read_text(),
+                     re.DOTALL)[1]
+    cuts = {
+        "cmd_main.inc": cut(CLI_MAIN, first, last),
+        "cmd_main_parse.inc": cut(CLI_MAIN, a, b),
+        "cmd_api.inc": api,
+        "cmd_defaults.inc": "".join(fn(GK_DIFFUSER, h) for h in DEFAULT_FUNCTIONS),
+        "cmd_guidance.inc": fn(GK_DIFFUSER, "static void resolve_guidance("),
+        "cmd_preset.inc": fn(GK_DIFFUSER, "std::string get_default_ref_image_preset("),
+        "cmd_versions.inc": "".join(f'{{"{v}", {v}}},\n'
+                                    for v in re.findall(r"\b(VERSION_\w+)", enum)
+                                    if v != "VERSION_COUNT"),
+    }
+    for name, text in cuts.items():
+        _write_if_changed(folder / name, text)
+
+
+def _api_head(src, name: str) -> str:
+    """The first line of the C API function `name` as gk-diffuser.cpp writes it."""
+    line = next(t for t in src.text(GK_DIFFUSER) if re.match(rf"^[\w* ]+[ *]{name}\(", t))
+    return line[: line.index(name) + len(name) + 1]
 
 
 def unsupported_packs() -> dict[str, str]:
@@ -244,7 +342,7 @@ def build(jobs: int = 2, log=print) -> Path:
     """The driver binary, built when the cache lacks it; logs the build time. A pack whose cited
     lines do not compile in the driver is left out (with the compiler's error) and the rest
     built."""
-    root = cache_root() / SDIST_SHA256[:16]
+    root = build_root()
     sdist = fetch_sdist(root)
     engine = unpack(sdist, root / "src")
     snippets = root / "snippets"
@@ -263,7 +361,7 @@ def build(jobs: int = 2, log=print) -> Path:
     t0 = time.perf_counter()
     if (
         not (build_dir / "CMakeCache.txt").is_file()
-        or "adapter_probe" not in (build_dir / "Makefile").read_text()
+        or any(d not in (build_dir / "Makefile").read_text() for d in DRIVERS)
     ):
         subprocess.run(
             [
@@ -306,16 +404,18 @@ def build(jobs: int = 2, log=print) -> Path:
             )
         for pid, msg in blamed.items():
             failed[pid] = f"its engine_template lines do not compile in the driver: {msg}"
-    res2 = subprocess.run(
-        ["cmake", "--build", str(build_dir), "--target", "adapter_probe", "-j", str(jobs)],
-        check=False,
-        capture_output=True,
-        text=True,
-    )
-    if res2.returncode != 0:
-        raise EngineBuildError(
-            "the adapter driver did not build:\n" + res2.stdout[-6000:] + res2.stderr[-6000:]
+    write_command_cuts(engine, snippets)
+    for target in DRIVERS:
+        res2 = subprocess.run(
+            ["cmake", "--build", str(build_dir), "--target", target, "-j", str(jobs)],
+            check=False,
+            capture_output=True,
+            text=True,
         )
+        if res2.returncode != 0:
+            raise EngineBuildError(
+                f"the {target} driver did not build:\n" + res2.stdout[-6000:] + res2.stderr[-6000:]
+            )
     probe = build_dir / "probe"
     log(
         f"engine tier: driver {'built' if 'Linking' in res.stdout else 'up to date'} in "

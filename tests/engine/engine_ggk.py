@@ -7,8 +7,9 @@ SD_DUMP_COND set it writes what ggk 0.9.7's PixArt branch writes (engine-contrac
                    (PixArtT5Embedder's T5UniGramTokenizer over the vocabulary ggk embeds)
   qwen_hidden.bin  the student's final-norm states on the probe's student ids (pig_clip run by
                    this tool: the engine's Qwen3 graph is not part of the tier's build)
-  adapter_out.bin  the adapter GGUF run by the engine's LLMAdapter::AdapterRunner
-                   (adapter_probe) on those states and ids, every slot, pads included
+  adapter_out.bin  the adapter GGUF read by the engine's ModelLoader and run by its
+                   LLMAdapter::AdapterRunner (adapter_probe) on those states and ids, every
+                   slot, pads included
 
 and a small PNG at `-o` for every run; `--t5xxl` (the teacher) writes no dump, as ggk's T5
 branch writes none. ENGINE_PROBE, ENGINE_ADAPTER_PROBE: the built drivers; STAND_IN_TOKENIZER:
@@ -75,8 +76,8 @@ def dump_adapter(out: Path, prompt: str) -> None:
         hidden.tofile(h)
         ids.write_text("".join(f"{i}\n" for i in t5_ids))
         subprocess.run(
-            [os.environ["ENGINE_ADAPTER_PROBE"], str(adapter), str(h), str(len(student_ids)),
-             str(ids), str(out / "adapter_out.bin")],
+            [os.environ["ENGINE_ADAPTER_PROBE"], str(adapter), str(out / "adapter_out.bin"),
+             "--hidden", str(h), str(len(student_ids)), "--ids", str(ids)],
             check=True, timeout=300,
         )
     rows = np.fromfile(out / "adapter_out.bin", "<f4").size

@@ -9,7 +9,8 @@
 //   t5json PATH                    writes the engine's T5 tokenizer.json (its pieces and scores)
 //   tmpl PACK HEX N H1 W1 ...      the pack's template code cut from conditioner.hpp (snippets.inc),
 //                                  with N reference images of H×W pixels, then LLMEmbedder::tokenize:
-//                                  "start S | ids | idx:n ... | h_bar:w_bar ..." or "throw MESSAGE";
+//                                  "start S | ids | idx:n ... | h_bar:w_bar ... | real R | layers ... |
+//                                  min M | max X | hsmin H" (see answer()) or "throw MESSAGE";
 //                                  the pack citing fibo2.hpp runs Fibo2Probe instead. The pixels
 //                                  are 8-bit noise: value(k) = ((k · 2654435761) mod 2³² >> 24) / 255
 //                                  at the flat index k = x + W·(y + H·c); with SD_DUMP_COND set,
@@ -22,6 +23,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/util.h"
@@ -119,6 +121,42 @@ struct Params {
     RefImageParams ref_image_params;
 };
 
+// The `tmpl` answer: what LLMEmbedder::encode_prompt is handed (conditioner.hpp 2625-2637) once the
+// template code ran: "start S | ids | idx:n ... | h_bar:w_bar ... | real R | layers a b ... | min M |
+// max X | hsmin H" (R: the ids before tokenize's pads, its mask's ones; layers: out_layers, the
+// teacher taps the DiT reads, none = the final norm; M, X: the min_length / max_length handed to
+// tokenize; H: hidden_states_min_length, the zero rows encode_prompt appends after the adapter).
+static std::string answer(int start,
+                          const std::tuple<std::vector<int>, std::vector<float>, std::vector<float>>& twm,
+                          const std::vector<std::pair<int, sd::Tensor<float>>>& image_embeds,
+                          const std::vector<std::pair<int64_t, int64_t>>& seen,
+                          const std::set<int>& out_layers,
+                          int min_length,
+                          int max_length,
+                          int hidden_states_min_length) {
+    const auto& ids  = std::get<0>(twm);
+    const auto& mask = std::get<2>(twm);
+    std::string out  = "start " + std::to_string(start) + " | " + ids_text(ids) + " |";
+    for (auto& e : image_embeds) {
+        out += " " + std::to_string(e.first) + ":" + std::to_string(e.second.shape()[1]);
+    }
+    out += " |";
+    for (auto& s : seen) {
+        out += " " + std::to_string(s.first) + ":" + std::to_string(s.second);
+    }
+    size_t real = mask.empty() ? ids.size() : 0;
+    for (float m : mask) {
+        real += m != 0.f;
+    }
+    out += " | real " + std::to_string(real) + " | layers";
+    for (int l : out_layers) {
+        out += " " + std::to_string(l);
+    }
+    out += " | min " + std::to_string(min_length) + " | max " + std::to_string(max_length) +
+           " | hsmin " + std::to_string(hidden_states_min_length);
+    return out;
+}
+
 struct Embedder {
     std::shared_ptr<BPETokenizer> tokenizer = std::make_shared<Qwen2Tokenizer>();
     SDVersion version                       = VERSION_COUNT;
@@ -145,21 +183,12 @@ struct Embedder {
         int n_threads = 1;
         auto llm      = std::make_shared<FakeLLM>();
         (void)n_threads;
-        (void)hidden_states_min_length;
         (void)extra_prompts_attn_range;
 #include "snippets.inc"  // each pack's template branch, cut from conditioner.hpp at its cited lines
         // as LLMEmbedder::encode_prompt calls it (conditioner.hpp 2642)
         auto tokens_weights_mask = tokenize(prompt, prompt_attn_range, min_length, max_length, spell_quotes, prompt_suffix);
-        std::string out = "start " + std::to_string(prompt_template_encode_start_idx) + " | " +
-                          ids_text(std::get<0>(tokens_weights_mask)) + " |";
-        for (auto& e : image_embeds) {
-            out += " " + std::to_string(e.first) + ":" + std::to_string(e.second.shape()[1]);
-        }
-        out += " |";
-        for (auto& s : llm->seen) {
-            out += " " + std::to_string(s.first) + ":" + std::to_string(s.second);
-        }
-        return out;
+        return answer(prompt_template_encode_start_idx, tokens_weights_mask, image_embeds, llm->seen, out_layers,
+                      min_length, max_length, hidden_states_min_length);
     }
 };
 
@@ -181,25 +210,17 @@ struct Fibo2Probe : Embedder {
                               const std::string prompt,
                               const std::pair<int, int>& prompt_attn_range,
                               int min_length,
-                              int,
+                              int hidden_states_min_length,
                               const std::vector<std::pair<int, sd::Tensor<float>>>& image_embeds,
-                              const std::set<int>&,
+                              const std::set<int>& out_layers,
                               int prompt_template_encode_start_idx,
                               bool spell_quotes                                   = false,
                               int max_length                                      = 100000000,
                               const std::vector<LLM::LLMImageExtra>*              = nullptr,
                               const std::string& prompt_suffix                    = "") {
         auto tokens_weights_mask = tokenize(prompt, prompt_attn_range, min_length, max_length, spell_quotes, prompt_suffix);
-        std::string out = "start " + std::to_string(prompt_template_encode_start_idx) + " | " +
-                          ids_text(std::get<0>(tokens_weights_mask)) + " |";
-        for (auto& e : image_embeds) {
-            out += " " + std::to_string(e.first) + ":" + std::to_string(e.second.shape()[1]);
-        }
-        out += " |";
-        for (auto& s : llm->seen) {
-            out += " " + std::to_string(s.first) + ":" + std::to_string(s.second);
-        }
-        return out;
+        return answer(prompt_template_encode_start_idx, tokens_weights_mask, image_embeds, llm->seen, out_layers,
+                      min_length, max_length, hidden_states_min_length);
     }
 
     std::string run(const Params& p) {

@@ -11,21 +11,19 @@ corpus of 560 prompts and 100 image sizes (tier_corpus.py). Ids must be identica
     T5UniGramTokenizer over the vocabulary it embeds;
   * reference image sizes, vision-token counts and the shapes clip_preprocess throws on;
   * Fibo 2.0's reference pixels (fibo2_images.py) against the dump of its own loop, bit for bit.
-  * the exported adapter's output (the f16 GGUF as written) on tiny-student rows, run by the
-    engine's own LLMAdapter::AdapterRunner on the gk CPU backend (adapter_probe.cpp), for each
-    adapter kind a pack declares: rel <= 1e-5 against this tool's forward of the same file.
+  (the exported adapters through ggk's ModelLoader and runners: test_engine_adapters.py; taps,
+  pads, lengths, citations: test_engine_contract.py; printed commands: test_ggk_commands.py)
 A new pack is covered by declaring `engine_template` (or none, for a raw prompt): no test code.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
 import time
-from types import SimpleNamespace
 
 import pytest
 from engine_build import build, unsupported_packs
+from engine_driver import Driver, fields, hexs, ids
 from tier_corpus import image_sizes, prompts
 
 from gguf_trainer.data.samples import Sample
@@ -47,43 +45,6 @@ PROMPTS = prompts()
 SIZES = image_sizes()
 PACKS = pack_ids()
 T5_V11_VOCAB = 32128
-
-
-class Driver:
-    def __init__(self, path, env=None):
-        self.path = path
-        self.proc = subprocess.Popen([str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, text=True, encoding="utf-8",
-                                     env=env)
-        self.calls = 0
-        self.seconds = 0.0
-
-    def ask(self, *parts) -> str:
-        t0 = time.perf_counter()
-        self.proc.stdin.write(" ".join(str(p) for p in parts) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline().rstrip("\n")
-        self.calls += 1
-        self.seconds += time.perf_counter() - t0
-        assert line and not line.startswith("error"), line
-        return line
-
-    def close(self):
-        self.proc.stdin.close()
-        self.proc.wait(timeout=60)
-
-
-def hexs(text: str) -> str:
-    return text.encode("utf-8").hex() or "-"  # the driver reads "-" as ""
-
-
-def fields(line: str) -> list[str]:
-    """The " | "-separated fields of a `tmpl` answer (an empty field is "")."""
-    return [f.strip() for f in line.split("|")]
-
-
-def ids(text: str) -> list[int]:
-    return [int(x) for x in text.split()]
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +123,7 @@ def test_student_ids_and_start_rows(driver, encode, pack_id):
             continue  # the engine cannot run it; the corpus skips it
         sample = Sample(p)
         if pack.engine_template:
-            start, engine_ids, _, _ = fields(driver.ask("tmpl", pack_id, hexs(p), 0))
+            start, engine_ids, _, _ = fields(driver.ask("tmpl", pack_id, hexs(p), 0))[:4]
             want, want_start = ids(engine_ids), int(start.split()[1])
         else:
             want, want_start = ids(driver.ask("pixart", 120, hexs(p)).split(" | ")[0]), 0
@@ -233,7 +194,7 @@ def test_image_sizes_runs_and_refusals(driver, encode, pack_id):
         if any(engine_refuses(*s, size) for s in shapes):
             bad.append(("we refuse, the engine takes", shapes))
             continue
-        start, engine_ids, runs, sizes = fields(got)
+        start, engine_ids, runs, sizes = fields(got)[:4]
         runs = [tuple(map(int, r.split(":"))) for r in runs.split()]
         sizes = [tuple(map(int, s.split(":"))) for s in sizes.split()]
         counts = [vision_tokens(*s, size) for s in shapes]
@@ -317,85 +278,3 @@ def _runs(ids_, pad):
         else:
             i += 1
     return out
-
-
-KINDS = sorted({get_pack(p).adapter_kind for p in PACKS})
-# The seeded resampler once more with its seed table factorized at export (train.seed_rank);
-# the layerwise kind once more with the vision extension (Fibo 2.0 edits), fed raw vision rows.
-CASES = [(kind, 0, False) for kind in KINDS] + [("seeded_resampler", 8, False),
-                                                 ("layerwise", 0, True)]
-
-
-@pytest.mark.parametrize(("kind", "seed_rank", "vision"), CASES)
-def test_adapter_output_matches_the_engines_runner(
-    driver, tiny_materials, tmp_path, kind, seed_rank, vision
-):
-    import numpy as np
-    import torch
-
-    from gguf_trainer.model.adapters import build_adapter, load_gguf
-    from gguf_trainer.model.export import factorize_seed, write_adapter_gguf
-    from gguf_trainer.model.student import load_student
-
-    runner = driver.path.parent / "adapter_probe"
-    student = load_student(tiny_materials["student"], tiny_materials["tokenizer"])
-    pack = next(pk for pk in map(get_pack, PACKS) if pk.adapter_kind == kind
-                and (kind != "layerwise" or bool(pk.vis_dim) == vision))
-    cfg = pack.adapter_config(SimpleNamespace(width=128, depth=2), student.hidden_size)
-    torch.manual_seed(0)
-    module = build_adapter(cfg)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    state = module.state_dict()
-    if seed_rank:
-        state, cfg, _ = factorize_seed(state, cfg, seed_rank)
-    export = tmp_path / "adapter-f16.gguf"
-    write_adapter_gguf(export, state, cfg, metadata={"adapter.pack": pack.id})
-    ids = pack.student_ids(engine_bpe(student.tokenizer).encode, Sample("a sheep in sunglasses."))
-    x = torch.tensor([ids])
-    hidden = student.hidden(x, torch.ones_like(x))[0].float()
-    seeds = ([5, 9, 17, 200, 1] + [0] * (cfg.num_queries - 5)) if cfg.seed_vocab else []
-    (tmp_path / "h.bin").write_bytes(hidden.numpy().astype("<f4").tobytes())
-    (tmp_path / "ids.txt").write_text("".join(f"{i}\n" for i in seeds))
-    vis = None
-    if vision:  # raw rows at a run of the template, zeros elsewhere, as encode_prompt lays them
-        vis = torch.zeros(len(ids), cfg.vis_dim)
-        vis[2:7] = torch.randn(5, cfg.vis_dim, generator=torch.Generator().manual_seed(1))
-        (tmp_path / "vis.bin").write_bytes(vis.numpy().astype("<f4").tobytes())
-    res = subprocess.run(
-        [
-            str(runner),
-            str(export),
-            str(tmp_path / "h.bin"),
-            str(len(ids)),
-            str(tmp_path / "ids.txt"),
-            str(tmp_path / "out.bin"),
-            *([str(tmp_path / "vis.bin")] if vision else []),
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert res.returncode == 0, res.stderr[-2000:]
-    ours = load_gguf(export)
-    with torch.no_grad():
-        want = (
-            ours(hidden[None], seed_ids=torch.tensor([seeds]) if seeds else None,
-                 vis=None if vis is None else vis[None])[0]
-            .double()
-            .numpy()
-        )
-    got = np.fromfile(tmp_path / "out.bin", dtype="<f4").astype(np.float64).reshape(want.shape)
-    worst = float(np.abs(got - want).max() / np.abs(want).max())
-    print(
-        f"{kind} ({pack.id}, seed rank {seed_rank}{', vision rows' if vision else ''}): the "
-        "engine's AdapterRunner vs this tool "
-        f"on the exported file: "
-        f"max |d| / max |ref| = {worst:.2e} over {want.shape[0]} x {want.shape[1]}"
-    )
-    assert worst <= 1e-5
-    if vision:  # the runner read the rows: without them the image rows come out otherwise
-        with torch.no_grad():
-            blind = ours(hidden[None])[0].double().numpy()
-        assert np.abs(blind[2:7] - got[2:7]).max() > 1e-3 * np.abs(got).max()

@@ -1,0 +1,120 @@
+"""The engine tier's adapter cases: ONE list of (GGUF, pack, expected). Each case is a file this
+tool exports for a pack, fed to ggk 0.9.7's own loader and runner (adapter_probe.cpp:
+ModelLoader::init_from_file with the `--llm-adapter` prefix, then the LLMAdapter runner ggk picks
+from the file's tensors) on the template rows ggk builds for the case's prompt (the tier's
+tokenizer driver, probe.cpp / t5clip_probe.cpp), and the runner's output must equal this tool's
+forward of the same file. What the runner detects (in/out width, depth, queries, seed rows,
+layer stack, vision tensors) must be what the pack declares.
+
+How to add a case (a new export kind: a q8_0 file, a standardized per-tap export, a slot
+resampler ...): write an exporter `def my_export(pack, cfg, state, path) -> Path` that writes
+the GGUF your stage writes (the default, `f16_export`, is write_adapter_gguf), then append
+`AdapterCase("my-id", "<pack id>", export=my_export)` to CASES (set `tol` if the file is lossy,
+`expect` for a runner field the pack does not declare). No C++ changes: adapter_probe.cpp loads
+whatever ggk would load and dispatches as ggk does (plain / slot / Ming runner); a case whose
+seeds or vision rows a new runner reads differently says so with `seeds` / `vision`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gguf_trainer.packs import get_pack, pack_ids
+
+# Words for prompts that reach a family's cut-off (about 1.3 student tokens a word).
+LONG_WORDS = ("a", "red", "fox", "in", "the", "snow", "under", "a", "pale", "winter", "sky",
+              "with", "pine", "trees,")
+
+
+def long_prompt(tokens: int) -> str:
+    """A prompt of at least `tokens` student tokens."""
+    n = tokens  # each word is >= 1 token
+    return " ".join(LONG_WORDS[i % len(LONG_WORDS)] for i in range(n))
+
+
+def f16_export(pack, cfg, state, path: Path, seed_rank: int = 0) -> Path:
+    """What `gguf-trainer export` writes: write_adapter_gguf (f16), the seed table factorized
+    at `seed_rank` when set (train.seed_rank)."""
+    from gguf_trainer.model.export import factorize_seed, write_adapter_gguf
+
+    if seed_rank:
+        state, cfg, _ = factorize_seed(state, cfg, seed_rank)
+    write_adapter_gguf(path, state, cfg, metadata={"adapter.pack": pack.id})
+    return path
+
+
+def factorized_export(rank: int) -> Callable:
+    def export(pack, cfg, state, path):
+        return f16_export(pack, cfg, state, path, seed_rank=rank)
+
+    export.rank = rank
+    return export
+
+
+@dataclass(frozen=True)
+class AdapterCase:
+    id: str
+    pack: str
+    export: Callable = f16_export
+    prompt: str = "a sheep in sunglasses."
+    # the rows the engine's template must reach for this prompt: ("max", n) = cut at n,
+    # (">", n) = more than n (past a min_length pad), None = any
+    reach: tuple | None = None
+    # the template the rows come from: the pack's own (None) or a family it also serves
+    # ("qwen3vl_krea2@VERSION_IRIS": Iris-3B's branch, its cut at 300 rows)
+    template: str | None = None
+    vision: bool = False  # raw vision rows at a run of the template (dense, zeros elsewhere)
+    project: bool = False  # the file's vision_proj run on raw rows (the splice map)
+    expect: dict = field(default_factory=dict)  # runner fields beyond the pack's declarations
+    tol: float = 1e-5
+
+
+def _shipped() -> list[str]:
+    return [i for i in pack_ids()
+            if type(get_pack(i)).__module__.startswith("gguf_trainer.packs.")]
+
+
+# The kinds _cases() makes a case for by itself (the plain AdapterRunner's files); a pack of
+# another kind (the slot resamplers) needs its case appended by hand, with the exporter, seeds
+# and rows its kind takes (test_every_shipped_pack_has_a_case names the packs still lacking one).
+PLAIN_KINDS = ("resampler", "seeded_resampler", "token_aligned", "token_aligned_vision",
+               "layerwise")
+
+
+def _cases() -> list[AdapterCase]:
+    out = []
+    for pid in _shipped():
+        pack = get_pack(pid)
+        if pack.adapter_kind not in PLAIN_KINDS:
+            continue
+        pad = pack.padding
+        vision = bool(pack.vis_dim)
+        if pad.max_length:  # FLUX.3, Fibo 2.0: the template cut at 4096 rows
+            out.append(AdapterCase(pid, pid, prompt=long_prompt(pad.max_length + 64),
+                                   reach=("max", pad.max_length)))
+            if vision:  # (a short one for the vision rows: the long one's output is 0.6 GB)
+                out.append(AdapterCase(f"{pid}-vision", pid, vision=True, project=True))
+        elif pad.min_length:  # FLUX.2 klein 512, Ovis 284 pads; SeFi past its 1024
+            out.append(AdapterCase(pid, pid, vision=vision, project=vision,
+                                   reach=(">=", pad.min_length)))
+            out.append(AdapterCase(f"{pid}-past-pads", pid, prompt=long_prompt(pad.min_length + 8),
+                                   reach=(">", pad.min_length)))
+        elif pack.seed_vocab > 32128:  # Wan: the 256,384-row UMT5 seed table, ids past T5's
+            out.append(AdapterCase(pid, pid,
+                                   prompt="一只戴墨镜的羊, a sheep in sunglasses; 猫が好き",
+                                   expect={"t5_vocab": pack.seed_vocab}))
+        else:
+            out.append(AdapterCase(pid, pid, vision=vision, project=vision))
+    # the seeded resampler once more with its seed table factorized at export (train.seed_rank)
+    out.append(AdapterCase("t5xxl_pixart-seed-rank-8", "t5xxl_pixart", export=factorized_export(8),
+                           expect={"embed_rank": 8}))
+    # Krea2's file serves Iris-3B (its branch: the body cut at 300 rows, conditioner.hpp)
+    out.append(AdapterCase("qwen3vl_krea2-iris-cut", "qwen3vl_krea2",
+                           template="qwen3vl_krea2@VERSION_IRIS", prompt=long_prompt(400),
+                           reach=("max", None)))
+    return out
+
+
+CASES = _cases()

@@ -1,0 +1,259 @@
+"""The engine tier's contract check: what ggk 0.9.7 reads for each shipped pack, from its own code.
+
+  * the taps (out_layers), raw vs final norm, the pads (tokenize's min_length, FLUX.3's multiple)
+    and the cut (max_length), as the pack's template branch sets them when the driver runs it
+    (probe.cpp's `tmpl` answer), against the pack object: `taps` / `teacher_taps` and `padding`;
+    Fibo 2.0's from Fibo2Conditioner's own encode_prompt call; the T5 families' windows from
+    the T5 embedders' declarations;
+  * the families a pack's file also serves (Krea2's serves Iris-3B): their branch's taps and
+    start are the pack's, and their cut keeps the template's suffix;
+  * every pack's `engine_template` is the whole branch of its own version in the template chain
+    (engine_source.py parses the chain and model.h's sd_version_is_*);
+  * every line citation in gguf_trainer/ ("conditioner.hpp 3549-3560", "llm.hpp:1779") names
+    lines of the pinned sdist, a pack's citation into the template chain lies in the branch of
+    its own version (or of a family it serves), and a citation that names an identifier cites
+    lines holding it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import pytest
+from engine_build import build
+from engine_driver import Driver, hexs, template
+from engine_source import CONDITIONER, Source
+
+from gguf_trainer.packs import get_pack, pack_ids
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+
+SHIPPED = [i for i in pack_ids()
+           if type(get_pack(i)).__module__.startswith("gguf_trainer.packs.")]
+TEMPLATED = [i for i in SHIPPED if get_pack(i).engine_template]
+RAW = [i for i in SHIPPED if not get_pack(i).engine_template]
+FAKE_LLM_LAYERS = 36  # probe.cpp FakeLLM config.num_layers: Qwen Image 2.1's {num_layers}
+NO_MAX = 100000000  # tokenize's default max_length (conditioner.hpp 2555): no cut
+PACKAGE = Path(__file__).resolve().parents[2] / "gguf_trainer"
+
+
+@pytest.fixture(scope="module")
+def src():
+    return Source()
+
+
+@pytest.fixture(scope="module")
+def driver():
+    d = Driver(build(log=print))
+    yield d
+    d.close()
+
+
+def lengths(pack, driver, key=None) -> list[dict]:
+    """The template answers for prompts from empty to ~700 student tokens (every residue of a
+    pad multiple up to 80 is met on the way)."""
+    words = ["a", "red", "fox", "in", "the", "snow,", "under", "a", "pale", "sky"]
+    prompts = [""] + [" ".join(words[i % len(words)] for i in range(n))
+                      for n in (1, 3, 7, 20, 41, 63, 90, 150, 260, 420, 530)]
+    return [template(driver.ask("tmpl", key or pack.id, hexs(p), 0)) for p in prompts]
+
+
+def pack_taps(pack) -> tuple[tuple[int, ...], str]:
+    """(the teacher layers the pack's targets are, "raw" | "norm") as the pack declares them."""
+    if pack.adapter_kind == "layerwise":
+        return tuple(pack.taps), "raw"
+    if hasattr(pack, "tap_layout"):  # the token-aligned Qwen packs: teacher_taps / last layer
+        taps = pack.tap_layout(FAKE_LLM_LAYERS).taps
+        return tuple(taps), "raw" if taps else "norm"
+    return (), "none"  # a resampler of the teacher's own output rows (LLaDA): no tap
+
+
+def test_llm_taps_are_raw_below_the_norm(src):
+    """llm.hpp: out_layers k <= num_layers is decoder layer k's raw output; k = num_layers + 1,
+    or no out_layers at all, the final norm. The reading the tap checks below rest on."""
+    text = "\n".join(src.text("model/te/llm.hpp"))
+    assert "} else if (out_layers.find(i + 1) != out_layers.end()) {\n" \
+           "                    intermediate_outputs.push_back(x);" in text
+    assert "if (out_layers.find(static_cast<int>(num_layers + 1)) != out_layers.end()) {\n" \
+           "                    intermediate_outputs.push_back(normed_x);" in text
+    assert "            } else {\n                x = normed_x;\n            }" in text
+
+
+@pytest.mark.parametrize("pack_id", TEMPLATED)
+def test_taps_pads_and_cut_are_the_engines(driver, pack_id):
+    pack = get_pack(pack_id)
+    answers = lengths(pack, driver)
+    engine = answers[0]
+    assert all(a["layers"] == engine["layers"] and a["min"] == engine["min"]
+               and a["max"] == engine["max"] for a in answers)
+    taps, kind = pack_taps(pack)
+    if kind != "none":
+        assert tuple(engine["layers"]) == taps, (
+            f"{pack_id}: the engine's branch taps {engine['layers'] or 'the final norm'}, the "
+            f"pack {taps or 'the final norm'}")
+    pad = pack.padding
+    assert engine["min"] == pad.min_length, (engine["min"], pad)
+    if pad.max_length or engine["max"] < pack.max_len_student:
+        assert engine["max"] == (pad.max_length or NO_MAX), (
+            f"{pack_id}: the engine cuts the template at {engine['max']} ids, the pack at "
+            f"{pad.max_length or 'none'} (its samples reach {pack.max_len_student})")
+    # else: the engine's cut lies past every sample the pack keeps (Mage Flow: 2048 + start)
+    assert engine["hsmin"] == 0, f"{pack_id}: the engine zero-pads rows the pack does not model"
+    # tokenize's pads as they fall: each padded length from the real one, the multiple read off
+    padded = [(a["real"], len(a["ids"])) for a in answers]
+    grown = [n for real, n in padded if n > max(real, engine["min"])]
+    multiple = math.gcd(*grown) if grown else 0
+    assert multiple == pad.multiple, f"{pack_id}: the engine pads to multiples of {multiple}"
+    for real, n in padded:
+        want = max(real, engine["min"])
+        if multiple:
+            want = min(-(-real // multiple) * multiple, engine["max"])
+        assert n == min(want, engine["max"]), (pack_id, real, n)
+    print(f"{pack_id}: taps {engine['layers'] or 'final norm'} ({kind}), min_length "
+          f"{engine['min']}, multiple {multiple}, max_length "
+          f"{engine['max'] if engine['max'] != NO_MAX else 'none'}: the pack's")
+
+
+def test_every_pack_length_rule_is_met(driver):
+    """The padding rules the tier checks do occur among the shipped packs: pads to a length, to
+    a multiple, a cut (a pack set losing them would leave the check above empty)."""
+    pads = [get_pack(p).padding for p in TEMPLATED]
+    assert any(p.min_length for p in pads) and any(p.multiple for p in pads)
+    assert any(p.max_length for p in pads)
+
+
+def test_served_families_take_the_packs_file(driver, src):
+    """A family a pack's one file serves (Krea2 -> Iris-3B): same taps (else ggk aborts at the
+    stack check, conditioner.hpp 2816-2840), same start and template; its own cut keeps the
+    assistant suffix (the rows past it are cut from the prompt)."""
+    from engine_build import served_branches
+    from test_engine_adapters import driver_encode
+
+    from gguf_trainer.data.samples import Sample
+
+    encode, seen = driver_encode(), []
+    for pack in map(get_pack, TEMPLATED):
+        for version, _ in served_branches(src.engine, pack):
+            key, short = f"{pack.id}@{version}", "a sheep in sunglasses."
+            long_text = "a red fox " * 400
+            got = template(driver.ask("tmpl", key, hexs(short), 0))
+            assert got["layers"] == tuple(pack.taps), (key, got["layers"], pack.taps)
+            assert got["start"] == pack.template_start(Sample(short))
+            assert got["ids"] == pack.student_ids(encode, Sample(short))
+            cut = template(driver.ask("tmpl", key, hexs(long_text), 0))
+            ours = pack.student_ids(encode, Sample(long_text))
+            empty = pack.student_ids(encode, Sample(""))
+            tail = empty[pack.template_start(Sample("")) :]  # the suffix after the prompt
+            assert cut["hsmin"] and len(cut["ids"]) == cut["max"] == cut["start"] + cut["hsmin"]
+            assert len(ours) > len(cut["ids"])
+            assert cut["ids"][-len(tail):] == tail == ours[-len(tail):]
+            assert cut["ids"][: -len(tail)] == ours[: len(cut["ids"]) - len(tail)]
+            seen.append(key)
+            print(f"{pack.id} serves {version}: taps, start {got['start']} and template the "
+                  f"pack's; its cut at {cut['max']} rows keeps the suffix")
+    assert seen, "no pack serves a second family any more: drop this check or find the family"
+
+
+@pytest.mark.parametrize("pack_id", RAW)
+def test_t5_windows_are_the_embedders(src, pack_id):
+    """The T5 families' slot counts: PixArtT5Embedder's caption_length (the pack's default
+    window) and T5CLIPEmbedder's chunk_len, each as the engine declares its default."""
+    pack = get_pack(pack_id)
+    text = "\n".join(src.text(CONDITIONER))
+    embedder = "struct PixArtT5Embedder" if pack.id == "t5xxl_pixart" else "struct T5CLIPEmbedder"
+    body = text[text.index(embedder):]
+    name = "caption_length" if pack.id == "t5xxl_pixart" else "chunk_len"
+    window = int(re.search(rf"size_t {name}\s*=\s*(\d+);", body)[1])
+    assert pack.num_queries == window and pack.fixed_rows == window
+
+
+@pytest.mark.parametrize("pack_id", TEMPLATED)
+def test_engine_template_is_the_branch_of_its_version(src, pack_id):
+    t = get_pack(pack_id).engine_template
+    if t["file"] == CONDITIONER:
+        b = src.branch_of(t["version"])
+        assert tuple(t["lines"]) == (b.first, b.last), (
+            f"{pack_id} cites {t['file']}:{t['lines']}; {t['version']} takes the branch "
+            f"`{b.cond}` at {b.first}-{b.last}")
+        return
+    lines = src.text(t["file"])  # Fibo2Conditioner: its own file, its version in the constructor
+    lo, hi = next((i + 1, j + 1) for i, s in enumerate(lines) if s.startswith("struct ")
+                  and "Conditioner" in s for j in [next(k for k in range(i, len(lines))
+                                                        if lines[k] == "};")])
+    body = "\n".join(lines[lo - 1 : hi])
+    assert t["version"] in body and "encode_prompt(" in "\n".join(src.lines(t["file"],
+                                                                            *t["call"]))
+    for a, b in [*t.get("members", ()), t["lines"], t["call"]]:
+        assert lo <= a <= b <= hi
+
+
+# ---------------------------------------------------------------- citations
+
+CITE = re.compile(
+    r"(?P<file>[\w./-]+\.(?:hpp|cpp|h))(?::|\s)(?P<ranges>\d{1,5}(?:\s*-\s*\d{1,5})?"
+    r"(?:,\s*\d{1,5}(?:\s*-\s*\d{1,5})?)*)")
+# an identifier right before the citation: "PixArtT5Embedder (conditioner.hpp 1781-1822)",
+# "`LLMEmbedder::tokenize` (conditioner.hpp ...", "(sd_get_default_resolution, gk-diffuser.cpp"
+NAMED = re.compile(r"(?:`([A-Za-z_][\w:]*)`|\b([A-Za-z_]\w*(?:::\w+)+|[a-z]\w*_\w+"
+                   r"|[A-Z]\w*[a-z][A-Z]\w*))\s*(?:\(|,)\s*$")
+
+
+def citations():
+    """(module, file, first, last, identifier or None) for each cited range in gguf_trainer/."""
+    out = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        for m in CITE.finditer(text):
+            before = text[max(0, m.start() - 60) : m.start()]
+            named = NAMED.search(before)
+            name = (named.group(1) or named.group(2)) if named else None
+            for r in m.group("ranges").split(","):
+                a, _, b = r.strip().partition("-")
+                out.append((path, m.group("file"), int(a), int(b or a), name))
+    return out
+
+
+CITATIONS = citations()
+
+
+def test_citations_are_found():
+    assert len(CITATIONS) > 60 and any(f.endswith("conditioner.hpp") for _, f, *_ in CITATIONS)
+
+
+def test_every_citation_names_lines_of_the_sdist(src):
+    bad = []
+    for module, file, a, b, name in CITATIONS:
+        try:
+            lines = src.text(file)
+        except KeyError as e:
+            bad.append(f"{module.name}: {e}")
+            continue
+        if not 1 <= a <= b <= len(lines):
+            bad.append(f"{module.name}: {file} {a}-{b} is past its {len(lines)} lines")
+        elif name and src.holds(file, a, b, name.split("::")[-1]) is False:
+            bad.append(f"{module.name}: {file} {a}-{b} does not hold `{name}`, nor lie in it")
+    assert not bad, "citations that are not the engine's:\n" + "\n".join(bad)
+
+
+def test_pack_citations_into_the_template_chain_are_their_branch(src):
+    lo, hi = src.chain_span
+    owner = {type(get_pack(p)).__module__.rsplit(".", 1)[1]: get_pack(p) for p in SHIPPED}
+    bad, checked = [], 0
+    for module, file, a, b, _ in CITATIONS:
+        pack = owner.get(module.stem)
+        if pack is None or not file.endswith("conditioner.hpp") or b < lo or a > hi:
+            continue
+        checked += 1
+        from engine_build import served_branches
+
+        own = pack.engine_template.get("version")
+        allowed = ([src.branch_of(own)] if own else []) + [
+            src.branch_of(v) for v, _ in served_branches(src.engine, pack)]
+        if not any(br.head <= a <= b <= br.last for br in allowed):
+            where = [br.cond for br in src.template_chain if br.head <= a <= br.last]
+            bad.append(f"{module.name}: conditioner.hpp {a}-{b} is not in the branch of "
+                       f"{own} ({', '.join(f'{br.head}-{br.last}' for br in allowed)}); "
+                       f"it starts in `{where[0] if where else '?'}`")
+    assert checked >= 10 and not bad, f"{checked} checked:\n" + "\n".join(bad)
