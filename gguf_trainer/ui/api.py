@@ -21,7 +21,7 @@ from gguf_trainer.ui import common, recent
 
 ENDPOINTS = ("create_project", "open_project", "save_settings", "start", "stop", "kill", "status",
              "set_steps", "snapshot", "export", "list_snapshots", "read_eval", "materials",
-             "download_missing", "reset", "reset_plan")
+             "download_missing", "reset", "reset_plan", "publish_plan", "publish")
 
 
 def create_project(folder: str, pack: str, name: str = "") -> dict:
@@ -126,6 +126,21 @@ def reset(project: str, target: str) -> dict:
     """Delete a stage's outputs (corpus | shards | train | output) and everything built on
     them; refused while a run or job is live. Returns what was deleted."""
     return control.reset(project, target).as_dict()
+
+
+def publish_plan(project: str) -> dict:
+    """What publish would send ({"files", "refused": the sentence or None, "logged_in"});
+    no request is made."""
+    return control.publish_plan(str(control.check_folder_arg(project)))
+
+
+def publish(project: str, repo: str, private: bool = False, files: list[str] | None = None,
+            license_id: str = "") -> dict:
+    """Upload the exported adapter(s) and the model card to the Hub repo `repo` (USER/NAME)
+    in one commit, as `gguf-trainer publish` does; a refusal is its one sentence."""
+    project = str(control.check_folder_arg(project))
+    return control.publish(project, repo, bool(private), list(files) if files else None,
+                           license_id or None)
 
 
 def register(app: gr.Blocks) -> None:

@@ -72,6 +72,8 @@ def test_api_end_to_end(gui, token_file):
         "materials",
         "download_missing",
         "reset",
+        "publish_plan",
+        "publish",
     ):
         assert f"/{name}" in names
     assert not any(n.startswith(("/do_", "/lambda")) for n in names)  # UI events are not API
@@ -156,6 +158,11 @@ def test_api_end_to_end(gui, token_file):
         api("/status", str(gui.base / "nowhere"))
 
     assert api("/materials", root)["available"] in (True, False)
+    # a demo's adapter is never published: the plan says why, and publish refuses with it
+    plan = api("/publish_plan", root)
+    assert plan["files"] == [] and plan["refused"]
+    with pytest.raises(Exception, match=re.escape(plan["refused"][:40])):
+        api("/publish", root, "me/demo-adapter", False, None, "")
     for text in api.seen:
         assert TOKEN not in text
     for extra in ("config", ""):
