@@ -180,9 +180,10 @@ class Source:
 
     def holds(self, cited: str, first: int, last: int, name: str) -> bool | None:
         """Whether lines first..last of a file hold `name` or lie inside its definition (a
-        function or struct whose opening line names it); None when the file never names it
-        (the citation's word is this tool's, not the engine's)."""
-        lines = self.text(cited)
+        function or struct whose opening line names it); None when the file's code never names
+        it (the citation's word is this tool's or a string's, not the engine's)."""
+        # code only: a tensor name in a string literal ("...adapter.cap_query") is not an identifier
+        lines = [re.sub(r'"(?:[^"\\]|\\.)*"', '""', s) for s in self.text(cited)]
         if not any(name in s for s in lines):
             return None
         if any(name in s for s in lines[first - 1 : last]):  # has_vis_in holds vis_in

@@ -81,39 +81,73 @@ def test_llm_taps_are_raw_below_the_norm(src):
     assert "            } else {\n                x = normed_x;\n            }" in text
 
 
-@pytest.mark.parametrize("pack_id", TEMPLATED)
-def test_taps_pads_and_cut_are_the_engines(driver, pack_id):
-    pack = get_pack(pack_id)
-    answers = lengths(pack, driver)
-    engine = answers[0]
-    assert all(a["layers"] == engine["layers"] and a["min"] == engine["min"]
-               and a["max"] == engine["max"] for a in answers)
+def contract_problems(pack, answers: list[dict]) -> list[str]:
+    """Where the pack's taps (raw layers or the final norm), pads and cut differ from what the
+    engine's branch set in these template answers (lengths())."""
+    engine, out = answers[0], []
+    if not all(a["layers"] == engine["layers"] and a["min"] == engine["min"]
+               and a["max"] == engine["max"] for a in answers):
+        out.append("the branch's taps or lengths change with the prompt")
     taps, kind = pack_taps(pack)
-    if kind != "none":
-        assert tuple(engine["layers"]) == taps, (
-            f"{pack_id}: the engine's branch taps {engine['layers'] or 'the final norm'}, the "
-            f"pack {taps or 'the final norm'}")
+    if kind != "none" and tuple(engine["layers"]) != taps:
+        out.append(f"the engine's branch taps {engine['layers'] or 'the final norm'}, the pack "
+                   f"{taps or 'the final norm'}")
     pad = pack.padding
-    assert engine["min"] == pad.min_length, (engine["min"], pad)
-    if pad.max_length or engine["max"] < pack.max_len_student:
-        assert engine["max"] == (pad.max_length or NO_MAX), (
-            f"{pack_id}: the engine cuts the template at {engine['max']} ids, the pack at "
-            f"{pad.max_length or 'none'} (its samples reach {pack.max_len_student})")
-    # else: the engine's cut lies past every sample the pack keeps (Mage Flow: 2048 + start)
-    assert engine["hsmin"] == 0, f"{pack_id}: the engine zero-pads rows the pack does not model"
+    if engine["min"] != pad.min_length:
+        out.append(f"the engine pads to {engine['min']} ids, the pack to {pad.min_length}")
+    # a cut past every sample the pack keeps cannot differ (Mage Flow: 2048 + start)
+    if (pad.max_length or engine["max"] < pack.max_len_student) and \
+            engine["max"] != (pad.max_length or NO_MAX):
+        out.append(f"the engine cuts the template at {engine['max']} ids, the pack at "
+                   f"{pad.max_length or 'none'} (its samples reach {pack.max_len_student})")
+    if engine["hsmin"]:
+        out.append(f"the engine zero-pads to {engine['hsmin']} rows; the pack does not")
     # tokenize's pads as they fall: each padded length from the real one, the multiple read off
     padded = [(a["real"], len(a["ids"])) for a in answers]
     grown = [n for real, n in padded if n > max(real, engine["min"])]
     multiple = math.gcd(*grown) if grown else 0
-    assert multiple == pad.multiple, f"{pack_id}: the engine pads to multiples of {multiple}"
+    if multiple != pad.multiple:
+        out.append(f"the engine pads to multiples of {multiple}, the pack of {pad.multiple}")
     for real, n in padded:
         want = max(real, engine["min"])
         if multiple:
-            want = min(-(-real // multiple) * multiple, engine["max"])
-        assert n == min(want, engine["max"]), (pack_id, real, n)
-    print(f"{pack_id}: taps {engine['layers'] or 'final norm'} ({kind}), min_length "
-          f"{engine['min']}, multiple {multiple}, max_length "
+            want = -(-real // multiple) * multiple
+        if n != min(want, engine["max"]):
+            out.append(f"{real} real ids padded to {n}, not {min(want, engine['max'])}")
+    return out
+
+
+@pytest.mark.parametrize("pack_id", TEMPLATED)
+def test_taps_pads_and_cut_are_the_engines(driver, pack_id):
+    pack = get_pack(pack_id)
+    answers = lengths(pack, driver)
+    found = contract_problems(pack, answers)
+    assert not found, f"{pack_id}: " + "; ".join(found)
+    engine = answers[0]
+    print(f"{pack_id}: taps {engine['layers'] or 'final norm'} ({pack_taps(pack)[1]}), "
+          f"min_length {engine['min']}, multiple {pack.padding.multiple}, max_length "
           f"{engine['max'] if engine['max'] != NO_MAX else 'none'}: the pack's")
+
+
+def test_the_contract_check_catches_a_drifted_pack(driver):
+    """A pack whose taps, pads or cut drift from the engine's is reported: the klein pack with
+    its tap list shifted, its pads dropped, a cut added; FLUX.3 with its multiple halved."""
+    import copy
+    from dataclasses import replace
+
+    klein = get_pack("qwen3_flux2_klein")
+    answers = lengths(klein, driver)
+    assert not contract_problems(klein, answers)
+    for change, word in (({"taps": (9, 18, 28)}, "taps"),
+                         ({"padding": replace(klein.padding, min_length=0)}, "pads to 512"),
+                         ({"padding": replace(klein.padding, max_length=300)}, "cuts")):
+        drifted = copy.copy(klein)
+        for k, v in change.items():
+            object.__setattr__(drifted, k, v)
+        assert any(word in p for p in contract_problems(drifted, answers)), change
+    flux3 = copy.copy(get_pack("qwen3vl_flux3"))
+    object.__setattr__(flux3, "padding", replace(flux3.padding, multiple=40))
+    assert any("multiples of 80" in p for p in contract_problems(flux3, lengths(flux3, driver)))
 
 
 def test_every_pack_length_rule_is_met(driver):
@@ -223,6 +257,11 @@ def test_citations_are_found():
 
 
 def test_every_citation_names_lines_of_the_sdist(src):
+    # the rule catches a citation off its identifier, and takes lines inside its definition
+    first, last = src.function(CONDITIONER, "struct PixArtT5Embedder")
+    assert src.holds(CONDITIONER, first + 20, first + 30, "PixArtT5Embedder") is True
+    assert src.holds(CONDITIONER, last + 5, last + 9, "PixArtT5Embedder") is False
+    assert src.holds(CONDITIONER, 1, 2, "no_such_engine_word") is None
     bad = []
     for module, file, a, b, name in CITATIONS:
         try:
