@@ -68,7 +68,8 @@ def render(cur: live.Cursor, paths, which: str, follow: bool):
     return cur.log_text or f"({which} log is empty or not written yet)"
 
 
-PROGRESS_KEYS = (("loss", "loss"), ("cos", "train cos"), ("val_cos", "val cos"), ("lr", "lr"))
+PROGRESS_KEYS = (("loss", "loss"), ("cos", "train cos"), ("val_cc_tokens", "val centred cos"),
+                 ("val_cc_pads", "pads"), ("val_cos", "val cos"), ("lr", "lr"))
 
 
 def progress_line(row: dict) -> str:

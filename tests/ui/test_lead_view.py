@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from gguf_trainer.ui import live, output_tab, train_view
+from gguf_trainer.ui import live, logs_tab, output_tab, train_view
 
 LEAD = {"metric": "centred_cos", "taps": [], "sets": {
     "tokens": {"all": {"centred_cos": 0.61, "rel_mse": 0.4, "baseline_centred_cos": 0.0}},
@@ -39,3 +39,9 @@ def test_the_evaluation_leads_with_it_and_an_old_eval_json_reads_as_before(tmp_p
     lead = ("**tokens centred cos 0.6100 rel_mse 0.400 (mean baseline 0.0000); "
             "pads centred cos 0.5200 rel_mse 0.700 (mean baseline 0.0100)**")
     assert lead in new and new.index(lead) < new.index("headline **cos = 0.97")
+
+
+def test_the_training_progress_line_names_it_before_val_cos():
+    line = logs_tab.progress_line({"step": 50, "time": 0, "loss": 0.5, "cos": 0.9,
+                                   "val_cc_tokens": 0.61, "val_cc_pads": 0.52, "val_cos": 0.97})
+    assert "train cos 0.9 · val centred cos 0.61 · pads 0.52 · val cos 0.97" in line
