@@ -21,7 +21,8 @@ from gguf_trainer.ui import common, recent
 
 ENDPOINTS = ("create_project", "open_project", "save_settings", "start", "stop", "kill", "status",
              "set_steps", "snapshot", "export", "list_snapshots", "read_eval", "materials",
-             "download_missing", "reset", "reset_plan", "publish_plan", "publish")
+             "download_missing", "reset", "reset_plan", "publish_plan", "publish",
+             "list_kept_steps", "delete_kept_step")
 
 
 def create_project(folder: str, pack: str, name: str = "") -> dict:
@@ -82,8 +83,9 @@ def set_steps(project: str, steps: str) -> dict:
 
 
 def snapshot(project: str, checkpoint: str = "last", evaluate: bool = False) -> dict:
-    """Export a step-tagged GGUF of the last or best checkpoint as a detached job
-    (optionally evaluated); follow it in status()["jobs"]["snapshot"]."""
+    """Export a step-tagged GGUF of the last or best checkpoint, or of a kept step
+    ("step<N>"), as a detached job (optionally evaluated); follow it in
+    status()["jobs"]["snapshot"]."""
     return control.request_snapshot(project, checkpoint, bool(evaluate))
 
 
@@ -141,6 +143,19 @@ def publish(project: str, repo: str, private: bool = False, files: list[str] | N
     project = str(control.check_folder_arg(project))
     return control.publish(project, repo, bool(private), list(files) if files else None,
                            license_id or None)
+
+
+def list_kept_steps(project: str) -> dict:
+    """The kept steps (train.history): {"items": [{step, val_cos, val, size, time, reason,
+    path}], "total": bytes on disk, "schedule": in words}. Export one with
+    snapshot(project, "step<N>")."""
+    return control.list_kept_steps(str(control.check_folder_arg(project)))
+
+
+def delete_kept_step(project: str, step: int) -> dict:
+    """Delete kept step `step` (its file and sidecar); refused while a snapshot job runs."""
+    project = str(control.check_folder_arg(project))
+    return {"deleted": control.delete_kept_step(project, int(step))}
 
 
 def register(app: gr.Blocks) -> None:

@@ -28,7 +28,8 @@ def proj(tmp_path):
 def _args(name: str, folder) -> list:
     """`folder` first, then plausible values for the endpoint's other required arguments."""
     params = list(inspect.signature(getattr(api, name)).parameters.values())[1:]
-    fill = {"pack": PACK, "changes": {}, "target": "train", "steps": "10"}
+    fill = {"pack": PACK, "changes": {}, "target": "train", "steps": "10", "step": 500,
+            "repo": "me/pig_t5_adapter"}
     return [folder] + [fill[p.name] for p in params if p.default is inspect.Parameter.empty]
 
 
