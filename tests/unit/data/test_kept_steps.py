@@ -154,3 +154,12 @@ def test_the_plan_estimates_the_size_a_kept_step_has(disk):
     assert "4 kept step(s) every 3 steps from step 3 to 12" in plan["text"]
     real = ProjectPaths(root).kept_step(3).stat().st_size
     assert plan["kept_bytes"] <= real <= plan["kept_bytes"] * 1.05 + 64_000
+
+
+def test_a_kept_step_evaluates_as_the_snapshot_from_last_pt(disk):
+    """`snapshot --step N --eval`: the kept step's weights are folded, so the eval reads it as
+    a raw-space checkpoint; the GGUF's figures equal those of the snapshot from last.pt."""
+    root = disk / "proj"
+    from_last = run_snapshot(root, "last", evaluate=True, fresh=False, device="cpu")["eval"]
+    from_kept = run_snapshot(root, f"step{STOP_AT}", evaluate=True, device="cpu")["eval"]
+    assert from_kept == from_last
