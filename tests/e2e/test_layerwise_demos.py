@@ -47,6 +47,10 @@ def demo(request, tmp_path_factory):
     return out
 
 
+def pack_pads(proj) -> bool:
+    return bool(proj.pack.padding.pads)
+
+
 def test_demo_trains_with_a_figure_per_tap(demo):
     proj = demo["project"]
     assert proj.settings.pack == demo["pack"] and proj.settings.precompute.mock_teacher is False
@@ -59,14 +63,36 @@ def test_demo_trains_with_a_figure_per_tap(demo):
     assert ev["mock"] is False and ev["health"].startswith("n/a")
     assert ev["per_tap"]["taps"] == taps and len(ev["per_tap"]["cos"]) == len(taps)
     assert all(c is not None and -1 <= c <= 1 for c in ev["per_tap"]["cos"])
+    # the lead: the token rows' centred cosine per tap, the pads apart where the family pads
+    lead = ev["lead"]["sets"]
+    assert lead["tokens"]["all"]["rows"] > 0 and len(lead["tokens"]["all"]["per_tap"]) == len(taps)
+    assert ("pads" in lead) == pack_pads(proj)
     assert "--llm-adapter" in demo["stdout"]
 
 
-def test_shards_hold_every_template_row_pads_included(demo):
+def test_shards_hold_every_template_row_and_the_pads_training_reads(demo):
+    """Every template row's student state; every target row, but where the recipe weighs a
+    sample's pads as one row (FLUX.3's shipped recipe): its real rows and K evenly spaced pads
+    (data/recipe.py stored_pad_rows), at their template rows (target_pos)."""
+    from gguf_trainer.data.recipe import Recipe, kept_pad_rows, stored_pad_rows
+
     proj = demo["project"]
     pack = proj.pack
     shard = load_verified(shard_files(proj.paths.shard_dir("val"))[0])
-    assert torch.equal(shard["student_len"], shard["target_len"])
+    k = stored_pad_rows(Recipe.from_settings(proj.settings.train, pack), pack)
+    assert k == (1 if pack.padding.multiple else 0)
+    if k:
+        at, pos = 0, shard["target_pos"].tolist()
+        for i, (n_ids, n_rows) in enumerate(zip(shard["student_len"].tolist(),
+                                               shard["target_len"].tolist())):
+            ids = shard["student_ids"][sum(shard["student_len"][:i].tolist()):][:n_ids].tolist()
+            n_real = pack.padding.real_length(ids)
+            assert pos[at:at + n_rows] == list(range(n_real)) + kept_pad_rows(n_real, n_ids, k)
+            at += n_rows
+        assert len(pos) == shard["target_rows"].shape[0]
+    else:
+        assert torch.equal(shard["student_len"], shard["target_len"])
+        assert "target_pos" not in shard
     assert shard["target_rows"].shape[1] == len(pack.taps) * 16  # the tiny teacher's width
     assert set(shard["sup_start"].tolist()) == {pack.start}
     for n in shard["student_len"].tolist():
