@@ -68,6 +68,7 @@ class AdapterCase:
     vision: bool = False  # raw vision rows at a run of the template (dense, zeros elsewhere)
     project: bool = False  # the file's vision_proj run on raw rows (the splice map)
     expect: dict = field(default_factory=dict)  # runner fields beyond the pack's declarations
+    out_dim: int = 0  # the adapter's output width; 0 = the pack's
     tol: float = 1e-5
 
 
@@ -92,10 +93,12 @@ def _cases() -> list[AdapterCase]:
         pad = pack.padding
         vision = bool(pack.vis_dim)
         if pad.max_length:  # FLUX.3, Fibo 2.0: the template cut at 4096 rows
-            out.append(AdapterCase(pid, pid, prompt=long_prompt(pad.max_length + 64),
-                                   reach=("max", pad.max_length)))
-            if vision:  # (a short one for the vision rows: the long one's output is 0.6 GB)
-                out.append(AdapterCase(f"{pid}-vision", pid, vision=True, project=True))
+            # at the pack's geometry on a short prompt (with the vision rows where it has them),
+            # then at the cut with 32 features a tap (the full stack there is 0.3-0.6 GB a side)
+            out.append(AdapterCase(pid, pid, vision=vision, project=vision))
+            out.append(AdapterCase(f"{pid}-at-the-cut", pid,
+                                   prompt=long_prompt(pad.max_length + 64),
+                                   reach=("max", pad.max_length), out_dim=32 * len(pack.taps)))
         elif pad.min_length:  # FLUX.2 klein 512, Ovis 284 pads; SeFi past its 1024
             out.append(AdapterCase(pid, pid, vision=vision, project=vision,
                                    reach=(">=", pad.min_length)))

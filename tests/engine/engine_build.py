@@ -338,10 +338,20 @@ def unsupported_packs() -> dict[str, str]:
 _ERROR = re.compile(r"(diffusion/src/conditioning/\w+\.hpp):(\d+):\d+: error: (.*)")
 
 
+_BUILT: dict[str, Path] = {}  # drivers this process already built or found up to date
+
+
 def build(jobs: int = 2, log=print) -> Path:
     """The driver binary, built when the cache lacks it; logs the build time. A pack whose cited
     lines do not compile in the driver is left out (with the compiler's error) and the rest
-    built."""
+    built. Once per process: each test module asks, and a no-op cmake run of the three
+    targets costs 5-15 s on a loaded 2-core machine."""
+    if "probe" not in _BUILT:
+        _BUILT["probe"] = _build(jobs, log)
+    return _BUILT["probe"]
+
+
+def _build(jobs: int, log) -> Path:
     root = build_root()
     sdist = fetch_sdist(root)
     engine = unpack(sdist, root / "src")
@@ -431,6 +441,8 @@ def build_t5clip(jobs: int = 2, log=print) -> Path:
     ask: the engine's UMT5 vocabulary header (45 MB) adds ~35 s of compile at -O0 and 1.5 GB of
     compiler memory (measured on this 2-core machine under load)."""
     probe = build(jobs, log)
+    if "t5clip" in _BUILT:
+        return _BUILT["t5clip"]
     t0 = time.perf_counter()
     res = subprocess.run(
         ["cmake", "--build", str(probe.parent), "--target", "t5clip_probe", "-j", str(jobs)],
@@ -446,7 +458,8 @@ def build_t5clip(jobs: int = 2, log=print) -> Path:
         f"engine tier: T5CLIPEmbedder driver {'built' if 'Linking' in res.stdout else 'up to date'}"
         f" in {time.perf_counter() - t0:.1f} s"
     )
-    return probe.parent / "t5clip_probe"
+    _BUILT["t5clip"] = probe.parent / "t5clip_probe"
+    return _BUILT["t5clip"]
 
 
 if __name__ == "__main__":
