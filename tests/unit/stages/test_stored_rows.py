@@ -248,3 +248,27 @@ def test_old_shards_read_as_every_row(tmp_path):
     assert torch.equal(s.target(1), t["target_rows"][int(t["target_len"][0]):][
         : int(t["target_len"][1])])
     assert PAD_ID in t["student_ids"].tolist()
+
+
+def test_the_linear_start_pairs_each_stored_row_with_its_students_state(tmp_path):
+    """linear_fit (the ridge start of a token-aligned skip) reads a sparse shard's stored rows
+    beside the student states of their template rows: a teacher linear in the student's states
+    is recovered."""
+    from gguf_trainer.data.shards import linear_fit
+
+    pack = get_pack(FLUX3)
+    m = torch.randn(IN, 2 * WIDTH, generator=torch.Generator().manual_seed(7))
+
+    class Linear(_Teacher):
+        def targets(self, samples, ids, vis):
+            return [TargetRows(rows=_Student().hidden(torch.tensor(row), None) @ m, sup_start=0)
+                    for row in ids]
+
+    ctx = _ctx(pack)
+    ctx.teacher = Linear(pack)
+    samples = _samples(pack, n_reals=(9, 30, 41, 57, 70))
+    path = tmp_path / "lin.safetensors"
+    write_shard(path, build_shard(ctx, samples, _Report(), lambda f: None,
+                                  [len(s.ids) for s in samples], 1), {"fingerprint": "f"})
+    weight, _bias = linear_fit([path])
+    assert torch.allclose(weight, m.T, atol=0.05)
