@@ -565,7 +565,7 @@ def format_check(res: dict) -> str:
                 []
                 if not res.get("per_tap")
                 else [
-                    "per tap:  plain cosine "
+                    "per tap:  "
                     + ", ".join(
                         f"L{t} {c:.4f}"
                         for t, c in zip(res["per_tap"]["taps"], res["per_tap"]["cos"])

@@ -273,6 +273,10 @@ def test_check_reads_a_layerwise_dump_and_reports_each_tap(tmp_path, tiny_materi
     assert res["per_tap"]["taps"] == [4, 8, 12, 16, 20, 24, 28, 32]
     assert all(c > 0.99999 for c in res["per_tap"]["cos"])
     assert res["verdict"].startswith("n/a") and "per tap:  L4 1.0000" in format_check(res)
+    # the lead: the token rows and the pads apart, each centred on its own mean, per tap
+    assert res["lead"]["tokens"]["cos_centered"] > 0.9999 and res["lead"]["pads"]["rows"] > 0
+    assert res["lead"]["tokens"]["rows"] + res["lead"]["pads"]["rows"] < 80  # no shared lead
+    assert format_check(res).splitlines()[2].startswith("tokens:   centred cosine 1.0000")
     spoiled = out.copy()
     spoiled[:, 3 * 16 : 4 * 16] = -spoiled[:, 3 * 16 : 4 * 16]  # tap 16 negated
     spoiled.tofile(dump / "adapter_out.bin")
