@@ -23,6 +23,7 @@ from gguf_trainer.model import slot_file
 PREFIX = "adapter."
 # The engine adds this prefix to every file name that lacks it, so a file may carry it already.
 ENGINE_PREFIX = "text_encoders.llm_adapter."
+TOKENIZER_JSON = "tokenizer_json"  # a Ming file's Ling tokenizer.json (gk-diffuser.cpp 1327-1335)
 HEAD_DIM = 64
 SEEDLESS_MIN_GGK = "0.5.7"  # [T]: "ggk >= 0.5.7" selects query-without-t5_embed
 
@@ -457,7 +458,8 @@ def _check_names(view: AdapterView, rest: dict) -> None:
                 "student detector also matches; rename it (adapter tensors "
                 "use blocks.N, not layers.N).",
             )
-    n_other = sum(1 for n in view.tensors if _rest_name(n) is None)
+    n_other = sum(1 for n in view.tensors if _rest_name(n) is None  # Ming's Ling vocabulary:
+                  and not ("cap_query" in rest and n.endswith(TOKENIZER_JSON)))  # the engine's
     if n_other and rest:
         view.notes.append(
             f"{n_other} tensor(s) outside adapter.* are loaded but never used by the engine."
@@ -468,6 +470,10 @@ def _check_variant(view: AdapterView, rest: dict) -> None:
     if view.kind in slot_file.KINDS:  # the engine's own kinds, not a broken token-aligned file
         for sentence in slot_file.slot_metadata_problems(view.kind, view.metadata):
             _refuse(view, sentence)
+        if view.kind == "ming_image" and not any(n.endswith(TOKENIZER_JSON) for n in view.tensors):
+            view.problems.append("the file carries no tokenizer_json, so the engine has no Ling "
+                                 "vocabulary unless a tokenizer pack holds ling/tokenizer.json; "
+                                 "re-export it with gguf-trainer's ming_image pack.")
         return
     ming = [m for m in MING_MARKERS if m in rest]
     if ming:

@@ -28,12 +28,14 @@ from gguf_trainer.model.adapter_blocks import (
     gather_rows,
 )
 from gguf_trainer.model.adapter_file import read_adapter, read_adapter_arrays, trainer_kind
+from gguf_trainer.model.ming_adapter import KIND as MING_KIND
+from gguf_trainer.model.ming_adapter import MingAdapter, ming_problems
 from gguf_trainer.model.slot_resampler import FROZEN, SLOT_KINDS, SlotResampler, slot_problems
 
 log = logging.getLogger(__name__)
 
 KINDS = ("resampler", "seeded_resampler", "token_aligned", "token_aligned_vision", "layerwise",
-         *SLOT_KINDS)
+         *SLOT_KINDS, MING_KIND)
 # SLOT_KINDS (slot_resampler.py): one seeded query per teacher token, for teachers that do not
 # share the student's tokenizer (qwen35_bridge: MOSS-Image, FLUX.3 Klein's bank).
 # layerwise: the token-aligned trunk whose out_proj and skip emit a stack of n teacher taps
@@ -109,6 +111,8 @@ class AdapterConfig:
                 f"adapter width {self.width} must be a multiple of {HEAD_DIM} "
                 "(the engine's head size)."
             )
+        if self.kind == MING_KIND:  # ming_adapter.py: the slot trunk with a caption bank
+            return p + ming_problems(self)
         if self.kind in SLOT_KINDS:
             return p + slot_problems(self)
         if self.n_bank or self.bank_dim or self.bank_align:
@@ -261,6 +265,8 @@ def build_adapter(cfg: AdapterConfig) -> nn.Module:
         raise UserError("adapter settings are invalid: " + " ".join(problems))
     if cfg.kind in TOKEN_ALIGNED_KINDS:
         return TokenAlignedAdapter(cfg)
+    if cfg.kind == MING_KIND:
+        return MingAdapter(cfg)
     if cfg.kind in SLOT_KINDS:
         return SlotResampler(cfg)
     return ResamplerAdapter(cfg)
@@ -323,7 +329,7 @@ def load_gguf(path, device="cpu") -> nn.Module:
             f"{path} is a {view.kind} adapter that gguf-trainer cannot rebuild; only resampler, "
             "seeded_resampler (full or factorized), token-aligned files with skip (text-only, "
             "or with both vision_proj and vis_in), layerwise files with skip (text-only, or "
-            "with both vision_proj and vis_in) and qwen35_bridge files load."
+            "with both vision_proj and vis_in), qwen35_bridge and ming_image files load."
         )
     for problem in view.problems:  # dtype policy only: the engine converts and still runs the file
         log.warning("%s: %s", path, problem)

@@ -31,6 +31,8 @@ from gguf_trainer.model.adapter_file import (
     trainer_kind,
 )
 from gguf_trainer.model.adapters import TOKEN_ALIGNED_KINDS, AdapterConfig
+from gguf_trainer.model.ming_adapter import KIND as MING_KIND
+from gguf_trainer.model.ming_adapter import TOKENIZER_TENSOR, tokenizer_bytes_tensor
 from gguf_trainer.model.slot_resampler import SLOT_KINDS
 
 log = logging.getLogger(__name__)
@@ -154,7 +156,7 @@ def _structural_kv(cfg: AdapterConfig) -> dict[str, int]:
         kv["adapter.seed_rank"] = cfg.seed_rank
     if cfg.taps:
         kv["adapter.n_layers"] = len(cfg.taps)
-    if cfg.kind in SLOT_KINDS:  # provenance only: the engine reads the shapes
+    if cfg.kind in (*SLOT_KINDS, MING_KIND):  # provenance only: the engine reads the shapes
         kv.update({"adapter.max_slots": cfg.num_queries, "adapter.seed_vocab": cfg.seed_vocab,
                    "adapter.n_bank": cfg.n_bank, "adapter.bank_dim": cfg.bank_dim,
                    "adapter.bank_align": int(cfg.bank_align)})
@@ -281,6 +283,14 @@ def write_adapter_gguf(
         raise ValueError("pass both mu and sigma_f, or neither")
     if cfg.kind in SLOT_KINDS and not (tokenizer and tokenizer.get("tokens")):
         raise ValueError(f"a {cfg.kind} adapter carries its teacher's vocabulary: pass tokenizer")
+    # ming_image: the Ling tokenizer.json rides as a tensor beside adapter.* (ming_adapter.py)
+    extra = {}
+    if cfg.kind == MING_KIND:
+        if not (tokenizer and tokenizer.get("json")):
+            raise ValueError("a ming_image adapter carries the Ling tokenizer.json: pass "
+                             "tokenizer={'json': text}")
+        extra[TOKENIZER_TENSOR] = tokenizer_bytes_tensor(tokenizer["json"])
+        tokenizer = None
     if mu is not None:
         state_dict = fold_standardization(state_dict, mu, sigma_f)
     path = Path(path)
@@ -302,11 +312,13 @@ def write_adapter_gguf(
         for k, (a, ty) in written.items():
             raw = None if ty in ("f32", "f16") else gguf.GGMLQuantizationType[ty.upper()]
             writer.add_tensor(PREFIX + k, a, raw_dtype=raw)
+        for k, a in extra.items():
+            writer.add_tensor(k, a)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
         writer.close()
-        _check_readback(tmp, cfg, len(arrays))
+        _check_readback(tmp, cfg, len(arrays) + len(extra))
         n_bytes = tmp.stat().st_size
     types: dict[str, int] = {}
     for _, ty in written.values():

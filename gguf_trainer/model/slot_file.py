@@ -4,9 +4,9 @@ reads every file and asks here when `slot_query` is in it. Like adapter_file, ne
 torch.
 
 Detection and sizes are the engine's (ggk 0.9.7 llm_adapter.hpp): `cap_query` selects Ming-Image
-(MingAdapterConfig::present 485-487, detect_from_weights 489-531), `slot_query` without it the
-Qwen3.5 bridge (Qwen35BridgeConfig::present 703-706, detect_from_weights 708-760), whose bank is
-on only when `out_bank` is there (752-755) and token-aligned when `bank_in` is (734-735).
+(MingAdapterConfig::present 481-483, detect_from_weights 485-530), `slot_query` without it the
+Qwen3.5 bridge (Qwen35BridgeConfig::present 693-696, detect_from_weights 698-750), whose bank is
+on only when `out_bank` is there (737-740) and token-aligned when `bank_in` is (721-722).
 
     kind = slot_kind(rest); g = slot_geometry(kind, rest); want = slot_tensors(kind, g)
 """
@@ -14,7 +14,7 @@ on only when `out_bank` is there (752-755) and token-aligned when `bank_in` is (
 from __future__ import annotations
 
 KINDS = ("ming_image", "qwen35_bridge")
-TRAINABLE = ("qwen35_bridge",)  # the slot kinds gguf-trainer builds (ming_image: not yet)
+TRAINABLE = ("qwen35_bridge", "ming_image")  # the slot kinds gguf-trainer builds
 # The slot kinds' f32 parameters (init_params, llm_adapter.hpp 540-541, 759-762).
 F32_QUERIES = ("slot_query", "bank_query", "cap_query")
 QWEN35_PRE = "qwen35"  # tokenizer.ggml.pre the engine requires of the bridge's vocabulary
@@ -51,7 +51,7 @@ def slot_geometry(kind: str, rest: dict) -> dict:
         "n_bank": _ne(rest, lead, 1) or 0,
         "bank_align": "bank_in.weight" in rest,
     }
-    if kind == "qwen35_bridge" and not g["bank_dim"]:  # 752-755: no out_bank, no bank
+    if kind == "qwen35_bridge" and not g["bank_dim"]:  # 737-740: no out_bank, no bank
         g["n_bank"], g["bank_align"] = 0, False
     return g
 
