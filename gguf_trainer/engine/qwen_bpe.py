@@ -92,13 +92,14 @@ def _lower(ch: str) -> str:
     return ch.lower() if ch.isascii() else ch  # std::tolower per byte, "C" locale
 
 
-def split_specials(text: str) -> list[str]:
+def split_specials(text: str, specials: tuple[str, ...] = SPECIALS) -> list[str]:
     """tokenize_util.cpp split_with_special_tokens: at each point the earliest special string
-    (the first in list order on a tie) is cut out; the text between stays one part."""
+    (the first in list order on a tie) is cut out; the text between stays one part. `specials`:
+    the tokenizer's list (Qwen2's by default; qwen35_bpe.py passes Qwen3.5's)."""
     out, pos = [], 0
     while pos < len(text):
         best, found = len(text), ""
-        for s in SPECIALS:
+        for s in specials:
             k = text.find(s, pos)
             if k != -1 and k < best:
                 best, found = k, s
@@ -200,6 +201,11 @@ def _byte_chars() -> list[str]:
 
 
 _BYTE_CHARS = _byte_chars()
+
+
+def byte_chars() -> list[str]:
+    """The 256 printable characters byte-level BPE writes bytes 0..255 as (a vocabulary's)."""
+    return list(_BYTE_CHARS)
 
 
 class EngineQwenBPE:

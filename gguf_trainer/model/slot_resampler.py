@@ -4,29 +4,29 @@ teacher does not share the student's tokenizer (engine-families §4, rows 19-21)
 Kinds: `qwen35_bridge` (MOSS-Image's slot head, FLUX.3 Klein's optional bank head). Ming-Image
 (`ming_image`) is the same trunk with a caption bank in place of the FLUX.3 bank: `cap_query`
 for `bank_query`, `out_cap` for `out_bank`, vis_q / vis_in always, and an output that is the
-caption rows zero-padded to out_dim followed by the slot rows (llm_adapter.hpp 565-572); the
+caption rows zero-padded to out_dim followed by the slot rows (llm_adapter.hpp 594-598); the
 module keeps the bank's names in `_LEAD` so that kind is one more entry.
 
 What the engine reads (ggk 0.9.7 vendor/engine/diffusion/src/model/te/llm_adapter.hpp,
-`Qwen35BridgeConfig` 693-760, `Qwen35BridgeAdapter` 762-847; shapes in ggml ne order, the
+`Qwen35BridgeConfig` 677-751, `Qwen35BridgeAdapter` 753-838; shapes in ggml ne order, the
 torch shape reversed; the file names are these under `adapter.`):
 
-    slot_query          ne [W, max_slots]        f32 param (767)      torch (max_slots, W)
-    bank_query          ne [W, n_bank]           f32 param (769)      optional: the FLUX.3 bank
-    seed_embed.weight   ne [seed_rank, vocab]    Embedding (774)      f16, frozen PCA table
-    seed_proj.weight    ne [seed_rank, W]        Linear, no bias (775)
-    vis_q.weight        ne [vis_dim, W]          Linear, no bias (776), always declared
-    in_proj.weight/bias ne [in_dim, W] / [W]     Linear (777)
-    vis_in.weight       ne [vis_dim, W]          Linear, no bias (778), always declared
+    slot_query          ne [W, max_slots]        f32 param (759)      torch (max_slots, W)
+    bank_query          ne [W, n_bank]           f32 param (761)      optional: the FLUX.3 bank
+    seed_embed.weight   ne [seed_rank, vocab]    Embedding (767)      f16, frozen PCA table
+    seed_proj.weight    ne [seed_rank, W]        Linear, no bias (768)
+    vis_q.weight        ne [vis_dim, W]          Linear, no bias (769), always declared
+    in_proj.weight/bias ne [in_dim, W] / [W]     Linear (770)
+    vis_in.weight       ne [vis_dim, W]          Linear, no bias (771), always declared
     blocks.N.*          the resampler Block (193-223: ln_self, self_attn, ln_q, ln_kv,
-                        cross_attn, ln_mlp, mlp.0, mlp.2), N < depth = highest N + 1 (746)
-    ln_out.weight/bias  ne [W]                   LayerNorm (783)
-    out_bank.weight     ne [W, bank_dim]         Linear (786), only with bank_query
-    bank_in.weight      ne [in_dim, W]           Linear, no bias (788), the token-aligned bank
-    out_proj.weight     ne [W, out_dim]          Linear (791)
+                        cross_attn, ln_mlp, mlp.0, mlp.2), N < depth = highest N + 1 (741)
+    ln_out.weight/bias  ne [W]                   LayerNorm (776)
+    out_bank.weight     ne [W, bank_dim]         Linear (778), only with bank_query
+    bank_in.weight      ne [in_dim, W]           Linear, no bias (780), the token-aligned bank
+    out_proj.weight     ne [W, out_dim]          Linear (783)
 
-The engine's bank is there only when out_bank is (752-755: bank_dim 0 turns n_bank off).
-Detection: `slot_query` present and `cap_query` absent (703-706). Forward (804-846), per prompt:
+The engine's bank is there only when out_bank is (737-740: bank_dim 0 turns n_bank off).
+Detection: `slot_query` present and `cap_query` absent (693-696). Forward (793-837), per prompt:
 
     kv   = in_proj(h) ++ vis_in(v)                              [L + V, W]
     q    = slot_query[:P] + seed_proj(seed_embed[ids]) (+ vis_q(v under each slot))

@@ -104,7 +104,8 @@ def export_checkpoint(project, which: str, dest, is_snapshot: bool, ck: dict | N
     refuse_overwrite(project, dest)
     record_export(project, dest, kind=kind, pending=True)
     info = write_adapter_gguf(dest, state, cfg, metadata=meta, name=project.settings.name,
-                              dtype=project.settings.export.dtype, **fold)
+                              dtype=project.settings.export.dtype,
+                              tokenizer=pack.export_tokenizer(project), **fold)
     record_export(project, dest, kind=kind)
     log.info(
         "export: wrote %s: %s tensors (%s.pt, step %d/%d, val cos %s)%s",

@@ -228,7 +228,7 @@ def run_train(project, report, train_fp: str, skip=None) -> str:
     n_taps = max(1, len(cfg.taps))
     stats, scales = recipe_stats(train_files, recipe, n_taps)
     fit_recipe = recipe if recipe.needs_classes or recipe.cosine != "row" else None
-    proj = load_vision_proj(paths.vision_proj) if cfg.vis_dim else None
+    proj = load_vision_proj(paths.vision_proj) if pack.vis_dim and cfg.vis_dim else None
     table = pack.seed_table(project, cfg.seed_rank)  # None but for a slot kind
     model = build_model(pack, cfg, s.seed, stats, proj, skip, recipe.standardized,
                         seed_table=table).to(device)

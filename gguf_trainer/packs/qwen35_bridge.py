@@ -1,0 +1,279 @@
+"""Qwen3.5 bridge pack: pig_clip + a slot-resampler adapter (model/slot_resampler.py) replaces
+Qwen3.5-9B, MOSS-Image's text encoder (engine-families §2 row 20), whose tokenizer is not the
+student's: one adapter slot per Qwen3.5 token of the MOSS template, seeded with a frozen PCA of
+the 9B's 248320-row embedding table, emitting the 9B's last hidden state (after the final norm,
+4096) of that token.
+
+Engine (ggk 0.9.7 conditioner.hpp Qwen35BridgeEmbedder, 4175-4494; llm_adapter.hpp 654-897):
+the file is a bridge when `slot_query` is in it without `cap_query` (gk-diffuser.cpp 1579, 1599);
+the slots are the Qwen3.5 ids of `<|im_start|>user\\n` + (prompt, or " ") +
+`<|im_end|>\\n<|im_start|>assistant\\n<think>\\n`, tokenized as one string with the vocabulary
+the adapter GGUF carries (`tokenizer.ggml.tokens` / `merges`, `tokenizer.ggml.pre` "qwen35",
+gk-diffuser.cpp 1236-1278); the student reads the raw prompt (its own BPE, no template, no
+emphasis parsing; empty -> [151643]); no pads. The same file serves FLUX.3 Klein through its
+optional bank head (`bank_query`, `bank_in`, `out_bank` -> 20480; the module, export, inspect and
+the engine tier have it): this pack trains the slot head; the bank head's training (the
+Qwen3-VL-4B 8-tap targets of the FLUX.3 template, `train.klein_head`) is the next step, so its
+exports carry no bank and ggk refuses them for FLUX.3 with its own sentence.
+
+Teacher: Qwen/Qwen3.5-9B (transformers `qwen3_5`, hybrid Gated-DeltaNet), text only so far
+(references through the Qwen3.5 mmproj are the next step; the adapter already has vis_q/vis_in,
+which the engine always declares, at the mmproj's width 4096).
+
+Eval: no published pig_clip + MOSS-Image run exists, so there is no healthy floor (`verdict`
+None, the health line "n/a"); judge by cos against the mean baseline.
+"""
+
+from __future__ import annotations
+
+import functools
+import zlib
+from pathlib import Path
+
+from gguf_trainer.engine.template_ids import Piece
+from gguf_trainer.materials.spec import Material
+
+from .base import MockIdentity, TrainerPack
+
+QWEN35_9B = "Qwen/Qwen3.5-9B"
+MAX_SLOTS = 1536  # the engine's default slot_query rows: template 11 + a 512-token prompt, twice
+SEED_VOCAB = 248320  # the 9B's embedding rows (qwen35_bpe.VOCAB_SIZE)
+VIS_DIM = 4096  # mmproj-qwen3.5-9b's output: vis_q / vis_in, always declared by the engine
+HIDDEN = 4096  # the 9B's hidden size: the rows MOSS-Image reads
+STUDENT_ROWS = 30  # student tokens of a reference-corpus prompt (the shard estimate)
+TYPICAL_SLOTS = 42  # Qwen3.5 template tokens of a reference-corpus prompt
+
+QWEN35_9B_TEACHER = Material(
+    "teacher", "Teacher: Qwen3.5-9B", "hf_snapshot", repo=QWEN35_9B, subdir="Qwen3.5-9B",
+    size_gb=19.3,  # 9.65B parameters in bf16, the vision tower included (the anchor's ~19 GB)
+    patterns=("config.json", "model.safetensors.index.json", "model*.safetensors",
+              "tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
+              "chat_template.jinja", "preprocessor_config.json"),
+)
+
+
+@functools.lru_cache(maxsize=2)
+def _bpe(tokens: tuple, merges: tuple):
+    from gguf_trainer.engine.qwen35_bpe import EngineQwen35BPE
+
+    return EngineQwen35BPE(tokens, merges)
+
+
+class MockBridgeTeacher:
+    """Slot targets without the 9B: the released Qwen3.5 slot ids (tiny/qwen35.py's vocabulary),
+    one row per slot from its id, its position and a causal running mean (like a decoder's final
+    states), and a seeded random embedding table for the seed PCA."""
+
+    is_mock = True
+
+    def __init__(self, pack_id: str, max_slots: int, out_dim: int, seed: int = 3535):
+        import torch
+
+        from gguf_trainer.tiny.qwen35 import qwen35_vocabulary
+
+        g = torch.Generator().manual_seed(seed)
+        self.identity = MockIdentity(pack_id, extra={"out_dim": out_dim}).as_dict()
+        self.max_slots, self.out_dim = max_slots, out_dim
+        self.bpe = _bpe(*qwen35_vocabulary())
+        self.feat = torch.randn(251, 32, generator=g)
+        self.proj = torch.randn(32, out_dim, generator=g) / 32**0.5
+        self.table = torch.randn(SEED_VOCAB, 32, generator=g)
+
+    def slot_ids(self, sample) -> list[int]:
+        from gguf_trainer.engine.qwen35_bpe import moss_prompt
+
+        return self.bpe.encode(moss_prompt(sample.text))
+
+    def lengths(self, samples, student_ids) -> list[int]:
+        return [len(self.slot_ids(s)) for s in samples]
+
+    def targets(self, samples, student_ids, vision=None) -> list:
+        import torch
+
+        from ..teachers.base import TargetRows
+        from ..teachers.qwen35 import PAD_SLOT
+
+        out = []
+        for s in samples:
+            ids = self.slot_ids(s)
+            base = self.feat[torch.tensor([zlib.crc32(str(i).encode()) % 251 for i in ids])]
+            base = base @ self.proj
+            steps = torch.arange(1, len(ids) + 1, dtype=torch.float32)[:, None]
+            rows = 0.6 * base + 0.4 * torch.cumsum(base, 0) / steps
+            pads = [PAD_SLOT] * (self.max_slots - len(ids))
+            out.append(TargetRows(rows=rows, seed_ids=ids + pads))
+        return out
+
+    def embed_table(self):
+        return self.table
+
+    def close(self) -> None:
+        pass
+
+
+class Qwen35BridgePack(TrainerPack):
+    id = "qwen35_bridge"
+    title = "MOSS-Image (Qwen3.5-9B, slot head)"
+    description = (
+        "Replaces Qwen3.5-9B, MOSS-Image's text encoder, with pig_clip + a slot-resampler "
+        "adapter: one seeded query per Qwen3.5 template token emitting the 9B's last hidden "
+        "state (4096); the file carries the Qwen3.5 vocabulary."
+    )
+    family = "MOSS-Image"
+    serves = "MOSS-Image (text-to-image)"
+    adapter_kind = "qwen35_bridge"
+    out_dim = HIDDEN
+    num_queries = MAX_SLOTS  # the adapter's slot_query rows (max_slots)
+    seed_vocab = SEED_VOCAB
+    vis_dim = 0  # no reference images in the corpus yet (the adapter has vis_q/vis_in anyway)
+    default_name = "qwen3.5_9b_adapter"
+    shard_contract = "qwen35_bridge/1"
+    max_len_student = 512
+    max_len_teacher = MAX_SLOTS
+    standardized = True
+    headline = "cos"
+    centered = False
+    eval_keys = ("cos", "rel_mse", "cos_eos", "worst_sample_cos", "roundtrip_cos", "baseline_cos")
+    teacher_materials = (QWEN35_9B_TEACHER,)
+    teacher_memory_gib = 17.5  # the text stack in bf16 (the tower is dropped at load)
+    teacher_offload = "stream"
+    min_ggk = "0.9.1"  # the bridge (anchor 0.0.14 §1); the tier checks 0.9.7's code
+    verdict = None
+    na_keys = ("cos",)
+    defaults = {
+        "corpus.n_train": 100000, "corpus.n_val": 1024, "corpus.empty_frac": 0.015,
+        "precompute.shard_size": 512, "precompute.val_shard_size": 256,
+        "train.width": 1024, "train.depth": 6, "train.steps": 20000, "train.batch_size": 32,
+        "train.lr": 2e-4, "train.warmup": 1000, "train.seed_rank": 384,
+    }
+    demo_settings = {"train.seed_rank": 32}  # the tiny teacher is 64 wide
+    hints = {
+        "train": "Targets: Qwen3.5-9B's last hidden state (4096) of every MOSS template token.",
+        "eval": "Judge by cos against the mean baseline (no reference run).",
+    }
+    engine_command_template = (
+        "ggk diffuser engine -- --diffusion-model <moss-image DiT .gguf> --vae <flux2 vae .gguf> "
+        '--llm {student} --llm-adapter {adapter} -p "a lovely pig holding a sign says GGUF" '
+        "--cfg-scale 7 --diffusion-fa -o out.png"
+    )
+    engine_teacher_args = "--llm <qwen3.5-9b .gguf>"
+    engine_notes = (
+        "The adapter carries the Qwen3.5 vocabulary: no Qwen3.5 GGUF is needed.",
+        "Text-to-image only so far; FLUX.3 Klein needs a file with the bank head (next step).",
+    )
+    export_kv = {
+        "adapter.teacher": QWEN35_9B,
+        "adapter.qwen_hidden_source": "final_norm",
+        "adapter.student_prompt": "raw_text",
+        "adapter.family": "MOSS-Image",
+        "adapter.target": "last hidden state after the final norm, one row per template token",
+    }
+
+    @property
+    def bytes_per_sample(self) -> int:  # type: ignore[override]
+        return TYPICAL_SLOTS * self.out_dim * 2 + STUDENT_ROWS * 1024 * 2 + self.num_queries * 4
+
+    def format_prompt(self, text: str) -> str:
+        from gguf_trainer.engine.qwen35_bpe import moss_prompt
+
+        return moss_prompt(text)
+
+    def student_pieces(self, sample, image_tokens=()):
+        """The raw prompt as one piece: the bridge parses no weights (conditioner.hpp 4388)."""
+        return (Piece(sample.text),)
+
+    def slot_ids_for_text(self, text: str, vocabulary=None) -> list[int]:
+        """The engine's slot ids for `text` over `vocabulary` ((tokens, merges); default the
+        released Qwen3.5 vocabulary of tiny/qwen35.py)."""
+        from gguf_trainer.engine.qwen35_bpe import moss_prompt
+
+        if vocabulary is None:
+            from gguf_trainer.tiny.qwen35 import qwen35_vocabulary
+
+            vocabulary = qwen35_vocabulary()
+        return _bpe(tuple(vocabulary[0]), tuple(vocabulary[1])).encode(moss_prompt(text))
+
+    def adapter_config(self, train, in_dim: int, out_dim: int = 0, vis_dim: int = 0):
+        from gguf_trainer.model.adapters import AdapterConfig
+
+        return AdapterConfig(kind=self.adapter_kind, in_dim=in_dim, out_dim=out_dim or self.out_dim,
+                             width=train.width, depth=train.depth, num_queries=self.num_queries,
+                             seed_vocab=self.seed_vocab, seed_rank=train.seed_rank or 384,
+                             vis_dim=vis_dim or VIS_DIM)
+
+    # -- the teacher's vocabulary and embedding table (export and the seed PCA) --------------
+
+    def vocabulary(self, project) -> tuple[list[str], list[str]]:
+        """(tokens, merges) the adapter GGUF carries: the teacher snapshot's tokenizer.json,
+        or with the mock teacher the released vocabulary (tiny/qwen35.py)."""
+        if project.settings.precompute.mock_teacher:
+            from gguf_trainer.tiny.qwen35 import qwen35_vocabulary
+
+            return qwen35_vocabulary()
+        from gguf_trainer.materials.materials import teacher_paths
+
+        from ..teachers.qwen35 import read_vocabulary
+
+        return read_vocabulary(teacher_paths(project)["teacher"])
+
+    def export_tokenizer(self, project) -> dict:
+        tokens, merges = self.vocabulary(project)
+        return {"tokens": list(tokens), "merges": list(merges), "pre": "qwen35"}
+
+    def seed_table(self, project, rank: int):
+        """The frozen seed table (seed_vocab, rank): a PCA of the teacher's embedding table."""
+        from gguf_trainer.model.slot_resampler import pca_seed
+
+        if project.settings.precompute.mock_teacher:
+            table = self.build_mock_teacher(project).embed_table()
+        else:
+            from gguf_trainer.materials.materials import teacher_paths
+
+            from ..teachers.qwen35 import embed_table
+
+            table = embed_table(teacher_paths(project)["teacher"])
+        if table.shape[0] < self.seed_vocab:
+            import torch
+
+            pad = torch.zeros(self.seed_vocab - table.shape[0], table.shape[1])
+            table = torch.cat([table, pad])
+        return pca_seed(table[: self.seed_vocab], rank)
+
+    def load_teacher(self, materials, plan, device):
+        from ..teachers.qwen35 import load_qwen35_teacher
+
+        return load_qwen35_teacher(materials["teacher"], device, self.num_queries, plan.mode,
+                                   plan.cpu_gib)
+
+    def check_teacher(self, materials) -> str:
+        from ..teachers.qwen35 import read_config, text_config
+
+        tc = text_config(read_config(materials["teacher"]))
+        return (f"Qwen3.5: {tc['num_hidden_layers']} layers, hidden {tc['hidden_size']}, vocab "
+                f"{tc['vocab_size']}; the DiT reads the last hidden state")
+
+    def teacher_gib(self, materials, device) -> float:
+        import torch
+
+        root = Path(materials["teacher"])
+        files = sorted(root.glob("*.safetensors")) if root.is_dir() else []
+        if not files:
+            return self.teacher_memory_gib
+        gib = sum(f.stat().st_size for f in files) / 2**30
+        return gib if torch.device(device).type == "cuda" else 2 * gib
+
+    def demo_materials(self, folder):
+        """A tiny real Qwen3.5 (hybrid Gated-DeltaNet, the full vocabulary; tiny/qwen35.py)."""
+        from gguf_trainer.tiny.qwen35 import copy_tiny_qwen35
+
+        return {"teacher": copy_tiny_qwen35(folder / f"{self.id}-teacher-tiny")}
+
+    def build_mock_teacher(self, project):
+        return MockBridgeTeacher(self.id, self.num_queries, self.out_dim)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "family": self.family, "serves": self.serves,
+                "max_slots": self.num_queries}
+
+
+PACK = Qwen35BridgePack()
