@@ -298,11 +298,15 @@ class TrainSettings(_Section):
         "none", "Whitening", "none: every row whitened by the fold's sigma; token: every row by "
         "the token rows' own sigma (the attention-sink row keeps its exact fit but no longer sets "
         "the scale of ordinary rows); apart: token and pad rows each by their own", advanced=True)
-    # Seeded packs only: the export writes t5_embed_a/_b (engine-families §4) instead of the table.
+    # Seeded packs: the export writes t5_embed_a/_b (engine-families §4) instead of the table.
+    # The Qwen3.5 bridge: the rank of the frozen PCA seed table (model/slot_resampler.py).
     seed_rank: Int = S(0, "Seed rank", "0 = the full seed table; r = the export factorizes it "
                        "by truncated SVD into t5_embed_a (vocab x r) + t5_embed_b (r -> width), "
-                       "a smaller file; the reconstruction error is logged", ge=0, le=16384,
-                       advanced=True, packs=("t5xxl_pixart", "t5xxl_chroma", "umt5xxl_wan"),
+                       "a smaller file; the reconstruction error is logged. qwen35_bridge: the "
+                       "rank of the frozen PCA of the teacher's embedding table that seeds the "
+                       "slots (0 = 384)", ge=0, le=16384,
+                       advanced=True,
+                       packs=("t5xxl_pixart", "t5xxl_chroma", "umt5xxl_wan", "qwen35_bridge"),
                        why="the rank cannot exceed the adapter width (at most 16384)")
     grad_checkpoint: Literal["auto", "on", "off"] = S(
         "auto", "Gradient checkpointing", "trade compute for memory", live=True, advanced=True)
