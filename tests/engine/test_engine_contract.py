@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 SHIPPED = [i for i in pack_ids()
            if type(get_pack(i)).__module__.startswith("gguf_trainer.packs.")]
 TEMPLATED = [i for i in SHIPPED if get_pack(i).engine_template]
-RAW = [i for i in SHIPPED if not get_pack(i).engine_template]
+RAW = [i for i in SHIPPED if get_pack(i).adapter_kind == "seeded_resampler"]  # the T5 windows
 FAKE_LLM_LAYERS = 36  # probe.cpp FakeLLM config.num_layers: Qwen Image 2.1's {num_layers}
 NO_MAX = 100000000  # tokenize's default max_length (conditioner.hpp 2555): no cut
 PACKAGE = Path(__file__).resolve().parents[2] / "gguf_trainer"

@@ -37,14 +37,17 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 SHIPPED = [i for i in pack_ids()
            if type(get_pack(i)).__module__.startswith("gguf_trainer.packs.")]
-# The raw-prompt (T5) packs declare no template branch: the version ggk detects from the DiT
-# their command names (Chroma1-HD loads as a Flux model).
+# The packs that declare no LLMEmbedder branch (the T5 embedders, the Qwen3.5 bridge): the
+# version ggk detects from the DiT their command names (Chroma1-HD loads as a Flux model).
 RAW_VERSIONS = {"t5xxl_pixart": "VERSION_PIXART", "t5xxl_chroma": "VERSION_FLUX",
-                "umt5xxl_wan": "VERSION_WAN2_2_TI2V"}
+                "umt5xxl_wan": "VERSION_WAN2_2_TI2V", "qwen35_bridge": "VERSION_MOSS_IMAGE"}
 
 
 def version_of(pack) -> str:
-    return pack.engine_template.get("version") or RAW_VERSIONS[pack.id]
+    version = pack.engine_template.get("version") or RAW_VERSIONS.get(pack.id)
+    assert version, (f"{pack.id} declares no engine_template: name the VERSION_* ggk detects "
+                     "for its command's DiT in RAW_VERSIONS")
+    return version
 
 
 def ggk_words(cmd: str) -> list[str]:
