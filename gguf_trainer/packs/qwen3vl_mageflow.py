@@ -195,9 +195,9 @@ class MageFlowPack(TrainerPack):
 
         return {"teacher": copy_tiny_qwen3vl(folder / "Qwen3-VL-tiny")}
 
-    def health_line(self, metrics):
+    def health_line(self, metrics, lead=None):
         """cos_slice with the vision / text split against the trainer5 reference, and where to
-        look when the vision positions lag."""
+        look when the vision positions lag (`lead`, the rows-the-DiT-reads figures, unused)."""
         if metrics.get("cos_slice") is None:
             return None
         parts = [f"cos_slice {metrics['cos_slice']:.4f}"]

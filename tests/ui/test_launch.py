@@ -151,6 +151,7 @@ def test_cli_flags_reach_the_launch(monkeypatch, tmp_path):
     )
 
 
+@pytest.mark.e2e  # a fresh interpreter importing the GUI: seconds, not the fast tier
 def test_importing_and_building_the_gui_imports_no_torch():
     code = (
         "import sys; from gguf_trainer.ui.app import build_app; build_app(); "

@@ -28,6 +28,9 @@ from gguf_trainer.runner import control, pipeline, supervisor
 from gguf_trainer.stages import corpus
 from gguf_trainer.store.project import load_project, update_settings
 
+# Its module fixtures run whole pipelines (tests/conftest.py's e2e tier, out of the fast one).
+pytestmark = pytest.mark.e2e
+
 PACK = "t5xxl_pixart"
 MANIFEST_FOLDERS = ("data", "shards/val", "shards/train", "checkpoints")
 
