@@ -4,6 +4,7 @@ export from a kept step against a snapshot from last.pt at that step in every ex
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 
@@ -163,3 +164,22 @@ def test_a_kept_step_evaluates_as_the_snapshot_from_last_pt(disk):
     from_last = run_snapshot(root, "last", evaluate=True, fresh=False, device="cpu")["eval"]
     from_kept = run_snapshot(root, f"step{STOP_AT}", evaluate=True, device="cpu")["eval"]
     assert from_kept == from_last
+
+
+def test_a_run_whose_kept_steps_find_the_disk_full_trains_on(disk, caplog):
+    """checkpoints/history/ on a full disk (a tmpfs: root only; the unit test above covers a
+    full disk in any mode): the resumed run reaches its end, each kept step is a warning
+    sentence, last.pt and the steps kept before stay."""
+    from hostile_fs import can_mount
+
+    if not can_mount():
+        pytest.skip("a full disk under one folder needs a tmpfs mount (root)")
+    root = disk / "proj"
+    paths = ProjectPaths(root)
+    before = {p.name: p.read_bytes() for p in paths.history.iterdir()}
+    with full_disk(paths.history, spare_bytes=0), caplog.at_level(logging.WARNING):
+        assert run_pipeline(root, only=["train"]) == "done"
+    assert "kept step 9 was not written" in caplog.text
+    assert "kept step 12 was not written" in caplog.text
+    assert {p.name: p.read_bytes() for p in paths.history.iterdir()} == before
+    assert json.loads(paths.root.joinpath("checkpoints", "last.json").read_text())["step"] == 12
