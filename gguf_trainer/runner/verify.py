@@ -21,8 +21,8 @@ from pathlib import Path
 
 from gguf_trainer.base import safe_delete
 from gguf_trainer.base.errors import UserError
-from gguf_trainer.base.paths import BEST, LAST, ProjectPaths
-from gguf_trainer.data import shards
+from gguf_trainer.base.paths import BEST, HISTORY_DIR, LAST, ProjectPaths
+from gguf_trainer.data import kept_steps, shards
 from gguf_trainer.data.checkpoints import checkpoint_path, load_checkpoint
 from gguf_trainer.stages.stage_list import shard_stage
 
@@ -50,7 +50,8 @@ def check_shards(paths: ProjectPaths) -> dict[str, dict]:
 
 
 def check_checkpoints(paths: ProjectPaths) -> dict[str, str]:
-    """{last|best: "ok" | the sentence load_checkpoint gives} for each checkpoint present."""
+    """{last|best|history/step<N>: "ok" | the sentence loading it gives} for each checkpoint
+    present, kept steps included."""
     out = {}
     for which in (LAST, BEST):
         path = checkpoint_path(paths.checkpoints, which)
@@ -61,6 +62,13 @@ def check_checkpoints(paths: ProjectPaths) -> dict[str, str]:
             out[which] = "ok"
         except UserError as e:
             out[which] = str(e)
+    for step in kept_steps.kept_steps_on_disk(paths):  # train.history's kept steps
+        name = f"{HISTORY_DIR}/{kept_steps.kept_name(step)}"
+        try:
+            kept_steps.load_kept(paths, step)
+            out[name] = "ok"
+        except UserError as e:
+            out[name] = str(e)
     return out
 
 

@@ -183,3 +183,18 @@ def test_a_run_whose_kept_steps_find_the_disk_full_trains_on(disk, caplog):
     assert "kept step 12 was not written" in caplog.text
     assert {p.name: p.read_bytes() for p in paths.history.iterdir()} == before
     assert json.loads(paths.root.joinpath("checkpoints", "last.json").read_text())["step"] == 12
+
+
+def test_verify_reads_each_kept_step_and_names_a_damaged_one(disk):
+    from gguf_trainer.runner import verify
+
+    root = disk / "proj"
+    paths = ProjectPaths(root)
+    data = paths.kept_step(3).read_bytes()
+    paths.kept_step(3).write_bytes(data[: len(data) // 2])  # bit rot / a torn copy
+    report = verify.verify_project(root)
+    assert report["checkpoints"][f"history/step{STOP_AT}"] == "ok"
+    assert "is damaged or not a kept step" in report["checkpoints"]["history/step3"]
+    assert not report["ok"]
+    assert any(line.startswith("checkpoints/history/step3.pt: ")
+               for line in verify.describe(report, root))
