@@ -156,10 +156,11 @@ class TrainerPack:
             return 0
         return 1 if self.padding.pad_position is not None else 32
 
-    def shard_bytes(self, pad_rows: int = 0) -> int:
+    def shard_bytes(self, pad_rows: int = 0, from_start: bool = False) -> int:
         """Shard bytes per sample at the reference corpus when the shards store `pad_rows` pad
-        rows of each sample's targets (0: every row; the disk pre-flight): a family without
-        pads stores every row either way."""
+        rows of each sample's targets (0: every row) and, `from_start`, none before the start
+        row (data/recipe.py stored_rows; the disk pre-flight): a family without pads or a
+        fixed start row stores every row either way."""
         return self.bytes_per_sample
 
     @property

@@ -10,9 +10,9 @@ How to add a case (a new export kind: a q8_0 file, a standardized per-tap export
 resampler ...): write an exporter `def my_export(pack, cfg, state, path) -> Path` that writes
 the GGUF your stage writes (the default, `f16_export`, is write_adapter_gguf), then append
 `AdapterCase("my-id", "<pack id>", export=my_export)` to CASES (set `tol` if the file is lossy,
-`expect` for a runner field the pack does not declare). No C++ changes: adapter_probe.cpp loads
-whatever ggk would load and dispatches as ggk does (plain / slot / Ming runner); a case whose
-seeds or vision rows a new runner reads differently says so with `seeds` / `vision`.
+`expect` for a runner field the pack does not declare, `rows` when another embedder builds the
+kind's ids). No C++ changes: adapter_probe.cpp loads whatever ggk would load and dispatches as
+ggk does (plain / Qwen3.5 bridge / Ming runner, its first stdout line names it).
 """
 
 from __future__ import annotations
@@ -69,6 +69,10 @@ class AdapterCase:
     project: bool = False  # the file's vision_proj run on raw rows (the splice map)
     expect: dict = field(default_factory=dict)  # runner fields beyond the pack's declarations
     out_dim: int = 0  # the adapter's output width; 0 = the pack's
+    # (pack, prompt, engine drivers) -> (student ids, seed ids or None): the rows of a kind
+    # whose ids another embedder builds (a slot resampler's Qwen3.5 template and per-token
+    # seeds); None = LLMEmbedder's template, or the T5 embedders' window
+    rows: Callable | None = None
     tol: float = 1e-5
 
 

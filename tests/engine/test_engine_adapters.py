@@ -48,6 +48,8 @@ def student(tiny_materials):
 
 def engine_rows(case, pack, driver, t5clip):
     """(student ids, seed ids or None, the template answer or None) ggk builds for the prompt."""
+    if case.rows is not None:
+        return (*case.rows(pack, case.prompt, {"probe": driver, "t5clip": t5clip}), None)
     if pack.engine_template:
         got = template(driver.ask("tmpl", case.template or pack.id, hexs(case.prompt), 0))
         return got["ids"], None, got
@@ -83,9 +85,15 @@ def rel_error(got_path, want: np.ndarray) -> float:
 
 
 def declared(pack, cfg, student) -> dict:
-    """What ggk's runner must detect in the pack's file (llm_adapter.hpp AdapterConfig)."""
-    out = {"runner": "plain", "in_dim": student.hidden_size, "out_dim": cfg.out_dim,
-           "width": cfg.width, "depth": cfg.depth,
+    """What ggk's runner must detect in the pack's file (llm_adapter.hpp AdapterConfig; a slot
+    kind's runner: its geometry, the rest in its case's `expect`)."""
+    from engine_adapter_cases import PLAIN_KINDS
+
+    geometry = {"in_dim": student.hidden_size, "out_dim": cfg.out_dim, "width": cfg.width,
+                "depth": cfg.depth}
+    if pack.adapter_kind not in PLAIN_KINDS:
+        return geometry
+    out = {"runner": "plain", **geometry,
            "n_out_layers": max(1, len(pack.taps)),
            "has_vision_proj": int(bool(cfg.vis_dim)), "vis_dim": cfg.vis_dim or 0}
     if cfg.num_queries and pack.adapter_kind in ("resampler", "seeded_resampler"):
@@ -134,7 +142,7 @@ def test_the_engines_loader_and_runner_read_the_export(driver, t5clip, student, 
             f"{case.id}: the prompt gives {n} template rows, not {how} {limit}")
         if how == "max":
             assert tmpl["real"] == n, "a cut template has no pads"
-    if not case.template:  # the engine's rows are the pack's rows (the tier's id tests say so)
+    if not case.template and case.rows is None:  # the engine's rows are the pack's rows
         encode = driver_encode()
         assert pack.student_ids(encode, Sample(case.prompt)) == student_ids
     x = torch.tensor([student_ids])
@@ -142,8 +150,9 @@ def test_the_engines_loader_and_runner_read_the_export(driver, t5clip, student, 
         hidden = student.hidden(x, torch.ones_like(x))[0].float()
     hidden.numpy().astype("<f4").tofile(tmp_path / "h.bin")
     files = {"hidden": (tmp_path / "h.bin", n)}
+    seeded = pack.adapter_kind == "seeded_resampler"
     if seeds is not None:
-        assert len(seeds) == cfg.num_queries
+        assert not seeded or len(seeds) == cfg.num_queries
         (tmp_path / "ids.txt").write_text("".join(f"{i}\n" for i in seeds))
         files["ids"] = (tmp_path / "ids.txt",)
     vis = None
@@ -162,7 +171,7 @@ def test_the_engines_loader_and_runner_read_the_export(driver, t5clip, student, 
     want_fields = {**declared(pack, cfg, student), **case.expect}
     wrong = {k: (detected.get(k), v) for k, v in want_fields.items() if detected.get(k) != str(v)}
     assert not wrong, f"{case.id}: ggk's runner detected (got, declared) {wrong}"
-    if seeds is not None and pack.seed_vocab > 32128:
+    if seeded and pack.seed_vocab > 32128:
         assert max(seeds) >= 32128, "the prompt reaches no seed row past T5 v1.1's table"
 
     ours = load_gguf(export)
