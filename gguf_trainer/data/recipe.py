@@ -288,9 +288,53 @@ def stored_pad_rows(recipe: Recipe, pack) -> int:
     return pack.pad_rows_stored if recipe.pad_weight == "one" else 0
 
 
-def stored_rows_label(k: int) -> str:
-    """How a shard's metadata names its stored rows ("all" for shards written before)."""
-    return "all" if k <= 0 else f"{k} pad row{'s' if k > 1 else ''} per sample"
+def stores_from_start(recipe: Recipe, pack) -> bool:
+    """Whether the shards leave out the target rows before each sample's start row: when the
+    recipe neither trains on them (`prefix_rows` "out" weighs them 0) nor takes statistics
+    over them (`stats_rows` "loss" weighs the moments as the loss does; the per-class scales of
+    `sink` never use the prefix's own sigma), nothing reads them — the lead figures start at
+    the start row too. The student's states of every row stay: the adapter reads them all.
+    Only a family with a fixed start row (layerwise.py `start`; every one is token-aligned)
+    drops rows; one whose start varies by sample (MageFlow's) stores every row."""
+    return (recipe.prefix_rows == "out" and recipe.stats_rows == "loss"
+            and getattr(pack, "start", 0) > 0)
+
+
+@dataclass(frozen=True)
+class StoredRows:
+    """The target rows the shards store per sample: every row (the default, every shard
+    written before), or the rows from the start row on (`from_start`) and/or the real rows and
+    K evenly spaced pads (`pads`)."""
+
+    pads: int = 0  # K pad rows a sample; 0: every pad
+    from_start: bool = False  # no target row before the sample's start row (sup_start)
+
+    @property
+    def every(self) -> bool:
+        return not self.pads and not self.from_start
+
+    @property
+    def label(self) -> str:
+        """How a shard's metadata and the precompute fingerprint name them ("all" for shards
+        written before; a pads-only label reads as it did before the start rows could go)."""
+        parts = (["from the start row"] if self.from_start else []) + (
+            [f"{self.pads} pad row{'s' if self.pads > 1 else ''} per sample"] if self.pads else [])
+        return ", ".join(parts) or "all"
+
+
+def stored_rows(recipe: Recipe, pack) -> StoredRows:
+    """The rows the shards store for a project training with `recipe`."""
+    return StoredRows(stored_pad_rows(recipe, pack), stores_from_start(recipe, pack))
+
+
+def describe_stored_rows(label: str) -> str:
+    """A shard label (StoredRows.label) in words, for `status`."""
+    if label == "all":
+        return "every target row"
+    start = label.startswith("from the start row")
+    pads = label.split(", ", 1)[1] if start and ", " in label else ("" if start else label)
+    real = "the real rows from the start row on" if start else "the real rows"
+    return f"{real} and {pads}" if pads else "the target rows from the start row on"
 
 
 def kept_pad_rows(n_real: int, n_rows: int, k: int) -> list[int]:

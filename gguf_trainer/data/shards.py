@@ -11,8 +11,9 @@ in bf16, concatenated over its samples:
     target_keep  [Tt] bool           rows the loss and the figures read (absent: every row);
                                      0 at image slots whose rows the DiT never reads
     target_pos   [Tt] int32          token-aligned shards that store only some rows (K pads a
-                                     sample, data/recipe.py stored_pad_rows): the template row
-                                     of each stored row (absent: rows 0..len-1, every row)
+                                     sample, none before the start row: data/recipe.py
+                                     stored_rows): the template row of each stored row
+                                     (absent: rows 0..len-1, every row)
     seed_ids     [S, Q] int32        seeded resampler only: the T5 window
     sup_start    [S] int32           token-aligned only: first row the DiT consumes
     sample_index [S] int64           line of the corpus file

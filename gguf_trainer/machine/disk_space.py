@@ -60,13 +60,13 @@ def sample_counts(project) -> dict[str, int]:
 
 
 def shard_bytes_per_sample(project) -> int:
-    """The pack's shard bytes per sample for the rows this project's recipe stores (a
-    `train.pad_weight` "one" recipe stores K pad rows a sample: data/recipe.py)."""
-    from gguf_trainer.data.recipe import Recipe, stored_pad_rows
+    """The pack's shard bytes per sample for the rows this project's recipe stores (K pad
+    rows a sample, no row before the start row: data/recipe.py stored_rows)."""
+    from gguf_trainer.data.recipe import Recipe, stored_rows
 
     pack = project.pack
-    return pack.shard_bytes(stored_pad_rows(Recipe.from_settings(project.settings.train, pack),
-                                            pack))
+    stored = stored_rows(Recipe.from_settings(project.settings.train, pack), pack)
+    return pack.shard_bytes(stored.pads, stored.from_start)
 
 
 def precompute_need_bytes(project) -> int:

@@ -88,13 +88,18 @@ class LayerwisePack(TrainerPack):
     def bytes_per_sample(self) -> int:  # type: ignore[override]
         return self.typical_rows * ((self.out_dim + STUDENT_DIM) * 2 + 4)
 
-    def shard_bytes(self, pad_rows: int = 0) -> int:
+    def shard_bytes(self, pad_rows: int = 0, from_start: bool = False) -> int:
         """Every template row's student state and id, and the targets stored: every row, or
-        (pad_rows K) the real rows of a typical prompt, K pads and each stored row's position."""
-        if not pad_rows or not self.padding.pads:
+        those of a typical prompt from the start row on (`from_start`) and its real rows and K
+        pads (pad_rows K), with each stored row's position."""
+        pads = bool(pad_rows) and bool(self.padding.pads)
+        skip = self.start if from_start else 0
+        if not pads and not skip:
             return self.bytes_per_sample
-        real = min(self.typical_rows, TYPICAL_REAL_ROWS)
-        stored = real + min(pad_rows, self.typical_rows - real)
+        real = min(self.typical_rows, TYPICAL_REAL_ROWS) if self.padding.pads \
+            else self.typical_rows
+        kept_pads = min(pad_rows, self.typical_rows - real) if pads else self.typical_rows - real
+        stored = max(real - skip, 0) + kept_pads
         return self.typical_rows * (STUDENT_DIM * 2 + 4) + stored * (self.out_dim * 2 + 4)
 
     def format_prompt(self, text: str) -> str:

@@ -24,7 +24,8 @@ from pathlib import Path
 from gguf_trainer.base import project_file
 from gguf_trainer.base.errors import UserError
 from gguf_trainer.data import shards
-from gguf_trainer.data.recipe import Recipe, stored_pad_rows, stored_rows_label
+from gguf_trainer.data.recipe import Recipe, StoredRows
+from gguf_trainer.data.recipe import stored_rows as recipe_stored_rows
 from gguf_trainer.data.samples import count_samples, iter_samples
 from gguf_trainer.machine import distributed
 from gguf_trainer.materials.materials import (
@@ -63,10 +64,10 @@ def shard_size(project, split: str) -> int:
     return pc.val_shard_size if split == "val" else pc.shard_size
 
 
-def stored_rows(project) -> int:
-    """Pad rows the shards store per sample under the project's recipe (0: every row)."""
-    return stored_pad_rows(Recipe.from_settings(project.settings.train, project.pack),
-                           project.pack)
+def stored_rows(project) -> StoredRows:
+    """The target rows the shards store per sample under the project's recipe."""
+    return recipe_stored_rows(Recipe.from_settings(project.settings.train, project.pack),
+                              project.pack)
 
 
 def context(project, cache: dict) -> Context:
@@ -82,13 +83,13 @@ def run_precompute(project, report, split: str, cache: dict, fingerprint: str) -
     n_samples = count_samples(samples_file(project, split))
     n_shards = max(1, math.ceil(n_samples / size))
     folder = project_file.make_dir(project.paths.root, project.paths.shard_dir(split))
-    pad_rows = stored_rows(project)
+    stored = stored_rows(project)
     meta = {
         "fingerprint": fingerprint,
         "contract": project.pack.shard_contract,
         "mock": str(project.settings.precompute.mock_teacher).lower(),
         "pack": project.pack.id,
-        "stored_rows": stored_rows_label(pad_rows),
+        "stored_rows": stored.label,
     }
     count = lambda: sum(
         1 for k in range(n_shards) if (folder / shards.shard_name(split, k)).exists()
@@ -123,7 +124,8 @@ def run_precompute(project, report, split: str, cache: dict, fingerprint: str) -
             report,
             lambda frac, _done=done: report.progress(_done + frac, n_shards, "shards"),
             lengths,
-            pad_rows,
+            stored.pads,
+            stored.from_start,
         )
         shards.write_shard(path, tensors, meta)
         done += 1
@@ -168,12 +170,13 @@ class PrecomputeStage(Stage):
             "split": self.split,
             "shard_size": shard_size(project, self.split),
         }
-        # The rows the shards store follow the recipe (data/recipe.py stored_pad_rows): shards
-        # of every row (no key: every project before it keeps its fingerprint) are recomputed
-        # when the recipe stores K pad rows, and the other way round.
-        pad_rows = stored_rows(project)
-        if pad_rows:
-            fp["stored_rows"] = stored_rows_label(pad_rows)
+        # The rows the shards store follow the recipe (data/recipe.py stored_rows): shards of
+        # every row (no key: every project before it keeps its fingerprint) are recomputed
+        # when the recipe stores K pad rows or the rows from the start row on, and the other
+        # way round.
+        stored = stored_rows(project)
+        if not stored.every:
+            fp["stored_rows"] = stored.label
         # The tokenizer's identity: shards recorded before it was part of the fingerprint
         # (no key, all else equal) keep standing; any rebuild records it.
         if (

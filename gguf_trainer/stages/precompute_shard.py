@@ -99,16 +99,18 @@ def _teacher_rows(
 
 def build_shard(
     ctx: Context, samples: list[_Sample], report, on_batch, lengths: list[int] | None = None,
-    pad_rows: int = 0,
+    pad_rows: int = 0, from_start: bool = False,
 ) -> dict[str, torch.Tensor]:
     """`pad_rows`: K > 0 stores only K evenly spaced pad rows of each sample's targets
-    (data/recipe.py stored_pad_rows) and `target_pos`, the template row of each stored row;
-    0 stores every row, as every shard did before."""
+    (data/recipe.py stored_pad_rows); `from_start`: no target row before the sample's start
+    row (data/recipe.py stores_from_start). Either way `target_pos` names the template row of
+    each stored row; neither (the default) stores every row, as every shard did before. The
+    student's states of every template row are stored either way: the adapter reads them."""
     if lengths is None:
         lengths = ctx.teacher.lengths([s.sample for s in samples], [s.ids for s in samples])
     targets = _teacher_rows(ctx, samples, lengths, report, on_batch)
     students = _student_rows(ctx, samples)
-    kept = _stored_rows(ctx.pack, samples, targets, pad_rows)
+    kept = _stored_rows(ctx.pack, samples, targets, pad_rows, from_start)
     rows = torch.cat([t.rows.float() if k is None else t.rows.float()[k]
                       for t, k in zip(targets, kept)])  # (Tt, D)
     tensors = {
@@ -120,11 +122,11 @@ def build_shard(
                                     for t, k in zip(targets, kept)], dtype=torch.int32),
         "sample_index": torch.tensor([s.index for s in samples], dtype=torch.int64),
     }
-    if pad_rows:
+    if pad_rows or from_start:
         tensors["target_pos"] = torch.cat([torch.tensor(k, dtype=torch.int32) for k in kept])
     if ctx.vision_proj is not None and not ctx.pack.dit_reads_vision_rows:
         keep = _keep_rows(samples, targets)
-        if pad_rows:  # the image slots among the stored rows
+        if pad_rows or from_start:  # the image slots among the stored rows
             at = torch.tensor([0] + [t.rows.shape[0] for t in targets]).cumsum(0)
             keep = torch.cat([keep[int(a):][torch.tensor(k, dtype=torch.long)]
                               for a, k in zip(at, kept)])
@@ -146,18 +148,24 @@ def build_shard(
     return tensors
 
 
-def _stored_rows(pack, samples: list[_Sample], targets: list, pad_rows: int) -> list:
+def _stored_rows(pack, samples: list[_Sample], targets: list, pad_rows: int,
+                 from_start: bool = False) -> list:
     """Per sample the template rows whose targets are stored: None for every row (pad_rows
-    0), else its real rows and K evenly spaced pads (token-aligned: row j is template id j)."""
+    0, not from_start), else its real rows — from its start row on (`sup_start`) when
+    from_start — and every pad or K evenly spaced ones (token-aligned: row j is template id
+    j)."""
     from gguf_trainer.data.recipe import kept_pad_rows
 
-    if not pad_rows:
+    if not pad_rows and not from_start:
         return [None] * len(samples)
     out = []
     for s, t in zip(samples, targets):
         assert t.rows.shape[0] == len(s.ids), "pads are template rows: token-aligned"
         n_real = pack.padding.real_length(s.ids)
-        out.append(list(range(n_real)) + kept_pad_rows(n_real, len(s.ids), pad_rows))
+        first = min(t.sup_start, n_real) if from_start else 0
+        pads = (kept_pad_rows(n_real, len(s.ids), pad_rows) if pad_rows
+                else list(range(n_real, len(s.ids))))
+        out.append(list(range(first, n_real)) + pads)
     return out
 
 

@@ -147,22 +147,22 @@ def describe_results(root: str | os.PathLike, files: dict[str, str] | None = Non
 
 def shards_recompute_note(project) -> str | None:
     """Why the next start recomputes the shards, when they store other rows than the recipe
-    says (`train.pad_weight` "one" stores K pad rows a sample, data/recipe.py); None when
-    they agree or there are none. Reads one shard header."""
-    from gguf_trainer.data.recipe import Recipe, stored_pad_rows, stored_rows_label
+    says (`train.pad_weight` "one" stores K pad rows a sample; `train.prefix_rows` "out" with
+    `train.stats_rows` "loss" no row before the start row: data/recipe.py stored_rows); None
+    when they agree or there are none. Reads one shard header."""
+    from gguf_trainer.data.recipe import Recipe, describe_stored_rows, stored_rows
     from gguf_trainer.data.shards import read_meta, shard_files
 
     files = [f for split in ("val", "train") for f in shard_files(project.paths.shard_dir(split))]
     meta = read_meta(files[0]) if files else None
     if not meta:
         return None
-    pack = project.pack
-    want = stored_rows_label(stored_pad_rows(Recipe.from_settings(project.settings.train, pack),
-                                             pack))
+    pack, train = project.pack, project.settings.train
+    want = stored_rows(Recipe.from_settings(train, pack), pack).label
     have = meta.get("stored_rows", "all")  # shards written before store every row
     if have == want:
         return None
-    rows = lambda label: "every target row" if label == "all" else f"the real rows and {label}"
-    return (f"the shards hold {rows(have)} but train.pad_weight "
-            f"{project.settings.train.pad_weight} stores {rows(want)}: the next start "
-            "recomputes them (and trains again)")
+    keys = ", ".join(f"train.{k} {getattr(train, k)}" for k in ("pad_weight", "prefix_rows",
+                                                                   "stats_rows"))
+    return (f"the shards hold {describe_stored_rows(have)} but the recipe ({keys}) stores "
+            f"{describe_stored_rows(want)}: the next start recomputes them (and trains again)")

@@ -217,9 +217,9 @@ def test_status_says_why_the_shards_are_recomputed(tmp_path):
     project = _project(FLUX3, tmp_path)
     project.paths = SimpleNamespace(shard_dir=lambda split: tmp_path / "shards" / split)
     note = shards_recompute_note(project)
-    assert note == ("the shards hold every target row but train.pad_weight one stores the real "
-                    "rows and 1 pad row per sample: the next start recomputes them (and trains "
-                    "again)")
+    assert note == ("the shards hold every target row but the recipe (train.pad_weight one, "
+                    "train.prefix_rows out, train.stats_rows loss) stores the real rows and 1 pad "
+                    "row per sample: the next start recomputes them (and trains again)")
     project.settings.train = project.settings.train.model_copy(update={"pad_weight": "row"})
     assert shards_recompute_note(project) is None
 
