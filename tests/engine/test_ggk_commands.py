@@ -40,7 +40,8 @@ SHIPPED = [i for i in pack_ids()
 # The packs that declare no LLMEmbedder branch (the T5 embedders, the Qwen3.5 bridge): the
 # version ggk detects from the DiT their command names (Chroma1-HD loads as a Flux model).
 RAW_VERSIONS = {"t5xxl_pixart": "VERSION_PIXART", "t5xxl_chroma": "VERSION_FLUX",
-                "umt5xxl_wan": "VERSION_WAN2_2_TI2V", "qwen35_bridge": "VERSION_MOSS_IMAGE"}
+                "umt5xxl_wan": "VERSION_WAN2_2_TI2V", "qwen35_bridge": "VERSION_MOSS_IMAGE",
+                "ming_image": "VERSION_MING_IMAGE"}
 
 
 def version_of(pack) -> str:
