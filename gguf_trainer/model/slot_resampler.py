@@ -4,8 +4,8 @@ teacher does not share the student's tokenizer (engine-families §4, rows 19-21)
 Kinds: `qwen35_bridge` (MOSS-Image's slot head, FLUX.3 Klein's optional bank head). Ming-Image
 (`ming_image`) is the same trunk with a caption bank in place of the FLUX.3 bank: `cap_query`
 for `bank_query`, `out_cap` for `out_bank`, vis_q / vis_in always, and an output that is the
-caption rows zero-padded to out_dim followed by the slot rows (llm_adapter.hpp 594-598); the
-module keeps the bank's names in `_LEAD` so that kind is one more entry.
+caption rows zero-padded to out_dim followed by the slot rows (llm_adapter.hpp 594-598):
+model/ming_adapter.py builds it from this module's SlotBlock and slot_problems.
 
 What the engine reads (ggk 0.9.7 vendor/engine/diffusion/src/model/te/llm_adapter.hpp,
 `Qwen35BridgeConfig` 677-751, `Qwen35BridgeAdapter` 753-838; shapes in ggml ne order, the
