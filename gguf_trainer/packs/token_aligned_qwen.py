@@ -13,8 +13,10 @@ hands the DiT: (k,) = the raw output of decoder layer k, () = the final norm (ll
 3083). Targets cover every template row (the adapter runs over all of them, no mask, 2727-2735);
 the loss reads rows from `start` on, the rows the DiT gets (2895-2927): these packs' recipe
 stores `train.prefix_rows` "out", which weighs every row before `start` 0 in `compute_loss`
-(data/recipe.py row_weights; a project written before the recipe keys keeps them in). Eval's
-lead figures (`tokens`, `pads`) read rows from `start` on too.
+(data/recipe.py row_weights; a project written before the recipe keys keeps them in), and with
+`train.stats_rows` "loss" nothing reads them, so the shards store none of those target rows
+(data/recipe.py stores_from_start; every row's student state stays). Eval's lead figures
+(`tokens`, `pads`) read rows from `start` on too.
 
 Eval: no published pig_clip + token-aligned run exists for these families, so there is no
 healthy floor (`verdict` None, the health line "n/a"); judge by cos_slice against the mean
