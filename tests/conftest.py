@@ -78,6 +78,13 @@ def pytest_collection_modifyitems(config, items):
         if folder_tier and folder_tier not in marked:
             item.add_marker(folder_tier)
             marked.add(folder_tier)
+        # pytest-xdist (`-n 2 --dist loadgroup`): a module's tests share one worker (its module
+        # fixtures: demos, finished runs, GUIs are built once); the engine tier is one group,
+        # since its modules share one build cache a second worker would race on.
+        group = "engine" if folder_tier == "engine" else "/".join(rel)
+        if "pixart_demo" in getattr(item, "fixturenames", ()):
+            group = "pixart_demo"  # one worker runs the demo its modules share
+        item.add_marker(pytest.mark.xdist_group(group))
         tiered = marked & set(TIERS)
         if "slow" in marked and not tiered:
             item.add_marker("e2e")  # a test marked slow elsewhere (tests/ui) without a tier
@@ -137,3 +144,50 @@ def tiny_materials(tmp_path_factory):
         "tokenizer": write_tiny_tokenizer_dir(root / "pig-clip-tokenizer", tiny_qwen3_config()),
         "prompts": prompts,
     }
+
+
+@pytest.fixture(scope="session")
+def tiny_tap_teacher(tmp_path_factory):
+    """(architecture, depth) -> a tiny Qwen3 / Qwen3-VL tap-teacher snapshot
+    (tiny/qwen_taps.py), built once per test run and shared read-only by every test that asks
+    (under xdist: once per worker)."""
+    from gguf_trainer.tiny.qwen_taps import write_tiny_tap_teacher
+
+    root, built = tmp_path_factory.mktemp("tap-teachers"), {}
+
+    def get(arch: str, layers: int):
+        if (arch, layers) not in built:
+            built[arch, layers] = write_tiny_tap_teacher(root / f"{arch}-{layers}", arch, layers)
+        return built[arch, layers]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def demo_teacher(tmp_path_factory, tiny_tap_teacher):
+    """pack -> its demo teacher files ({material id: path}, {} for a mock-teacher pack) as the
+    pack's own `demo_materials` writes them, once per test run; the families' tap teachers
+    come from tiny_tap_teacher, one per architecture and depth."""
+    from gguf_trainer.tiny import qwen_taps
+
+    root, built = tmp_path_factory.mktemp("demo-teachers"), {}
+
+    def get(pack):
+        if pack.id not in built:
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(qwen_taps, "write_tiny_tap_teacher",
+                           lambda dest, arch, layers: tiny_tap_teacher(arch, layers))
+                built[pack.id] = pack.demo_materials(root / pack.id)
+        return built[pack.id]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def pixart_demo(tmp_path_factory):
+    """`gguf-trainer demo` (PixArt, the default 40 steps) in a subprocess as a user runs it, once
+    per test run (test_t5_demo, test_demo_travels); tests only read it and copy it before
+    changing anything."""
+    from pipeline_helpers import run_demo
+
+    return run_demo(tmp_path_factory.mktemp("pixart-demo"), "t5xxl_pixart", timeout=480)

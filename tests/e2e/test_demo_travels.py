@@ -11,7 +11,7 @@ import shutil
 import subprocess
 
 import pytest
-from pipeline_helpers import cli_at_home, run_demo
+from pipeline_helpers import cli_at_home
 
 from gguf_trainer.base.paths import STALE_PREFIX
 
@@ -35,8 +35,8 @@ def work(root) -> dict[str, bytes]:
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    return run_demo(tmp_path_factory.mktemp("travel-demo"), "t5xxl_pixart", steps=20, timeout=480)
+def demo(pixart_demo):
+    return pixart_demo  # the run's one PixArt demo (tests/conftest.py): every test copies it
 
 
 def test_the_demo_stores_its_paths_relative(demo):
@@ -62,10 +62,11 @@ def test_a_moved_demo_runs_on_where_it_is(demo, tmp_path):
     assert "redoing" not in (new / "pipeline.log").read_text()
     status = cli_at_home("status", "--project", new, "--json", home=home, timeout=120)
     assert str(old) not in status.stdout and str(new / "output") in status.stdout
-    out = cli_at_home("run", "--project", new, "--steps", "24", home=home, timeout=480)
+    steps = demo["project"].settings.train.steps
+    out = cli_at_home("run", "--project", new, "--steps", steps + 4, home=home, timeout=480)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert json.loads((new / "checkpoints" / "last.json").read_text())["step"] == 24
-    assert "resuming from last.pt at step 20" in (new / "pipeline.log").read_text()
+    assert json.loads((new / "checkpoints" / "last.json").read_text())["step"] == steps + 4
+    assert f"resuming from last.pt at step {steps}" in (new / "pipeline.log").read_text()
     gguf = new / "output" / "pig_t5_adapter-f16.gguf"
     assert gguf.is_file() and gguf.read_bytes() != decoy["output/pig_t5_adapter-f16.gguf"][0]
     assert state_of(old) == decoy  # nothing at the old path was written

@@ -1,6 +1,7 @@
-"""`gguf-trainer demo --pack ID` for the six layerwise families: each trains against a tiny REAL
-teacher of its architecture (transformers Qwen3 / Qwen3-VL, random weights, as deep as its
-deepest tap) in a subprocess, like a user runs it. The export is a layerwise file that `inspect`
+"""`gguf-trainer demo --pack qwen3vl_fibo2`, the layerwise kind's demo (with edits), trains
+against a tiny REAL teacher of its architecture (transformers Qwen3-VL, random weights, as deep
+as its deepest tap) in a subprocess, like a user runs it; the other layerwise families are
+checked in-process by test_families.py. The export is a layerwise file that `inspect`
 reads with the family's tap count and names the family; the engine's forward of it
 (tests/engine_reference.py, its own reader, the conditioner's stack check) equals load_gguf's to
 1e-5 on the student's states of the family's padded template; eval.json has a figure per tap;
@@ -28,16 +29,8 @@ from gguf_trainer.model.vision import image_runs
 
 pytestmark = pytest.mark.slow
 
-PACKS = ("qwen3vl_krea2", "qwen3vl_flux3", "qwen3vl_fibo2", "qwen3vl_ideogram4", "qwen3vl_sefi",
-         "qwen3_flux2_klein")
-FAMILY = {
-    "qwen3vl_krea2": "Krea2",
-    "qwen3vl_flux3": "FLUX.3 Klein",
-    "qwen3vl_fibo2": "Fibo 2.0",
-    "qwen3vl_ideogram4": "Ideogram 4",
-    "qwen3vl_sefi": "SeFi-Image",
-    "qwen3_flux2_klein": "Flux.2 klein",
-}
+PACKS = ("qwen3vl_fibo2",)  # the other five layerwise families: test_families.py
+FAMILY = {"qwen3vl_fibo2": "Fibo 2.0"}
 
 
 @pytest.fixture(scope="module", params=PACKS)

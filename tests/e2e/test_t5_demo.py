@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from pipeline_helpers import cli_at_home, run_demo
+from pipeline_helpers import cli_at_home
 
 from gguf_trainer.data.samples import Sample, iter_samples
 from gguf_trainer.data.shards import load_verified, shard_files
@@ -29,8 +29,8 @@ def cli(*args, home: Path, timeout=480) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    return run_demo(tmp_path_factory.mktemp("t5demo"), "t5xxl_pixart", timeout=480)
+def demo(pixart_demo):
+    return pixart_demo  # the run's one PixArt demo (tests/conftest.py): tests copy before changing
 
 
 def test_demo_trains_against_the_tiny_real_teacher(demo):

@@ -1,10 +1,11 @@
-"""`gguf-trainer demo --pack ID` for the six token-aligned Qwen packs train against tiny REAL
-teachers of their architecture (transformers Qwen3 / Qwen3-VL, random weights, as deep as the
-family's tap) in a subprocess, like a user runs them. The export is a text-only token-aligned
+"""`gguf-trainer demo --pack qwen3_zimage`, the token-aligned text kind's demo, trains against a
+tiny REAL teacher of its architecture (transformers Qwen3, random weights, as deep as the
+family's tap) in a subprocess, like a user runs it (every other token-aligned family is checked
+in-process by test_families.py). The export is a text-only token-aligned
 file (no vision_proj / vis_in / layer_map) that `inspect` reads, and the engine's forward of it
 (tests/engine_reference.py, its own reader and math) equals load_gguf's to 1e-5 on the student's
 real hidden states of the family's template ids, pads included. `gguf-trainer new --pack ID`
-creates each project."""
+creates its project."""
 
 from __future__ import annotations
 
@@ -23,9 +24,8 @@ from gguf_trainer.model.student import load_student
 
 pytestmark = pytest.mark.slow
 
-# qwen3vl_boogu and qwen3vl_lingbot take images: their demos are in
-# test_vision_token_aligned_demos.py
-PACKS = ("qwen3_zimage", "qwen3_ovis", "qwen3vl_minimax_h3")  # Qwen Image 2.1: vision demos
+# One demo for the kind; qwen3_ovis, qwen3vl_minimax_h3 and the image families: test_families.py
+PACKS = ("qwen3_zimage",)
 
 
 @pytest.fixture(scope="module", params=PACKS)
