@@ -53,6 +53,30 @@ def factorized_export(rank: int) -> Callable:
     return export
 
 
+def bridge_export(pack, cfg, state, path: Path) -> Path:
+    """The Qwen3.5 bridge as its export writes it: f16 with the Qwen3.5 vocabulary as
+    tokenizer.ggml.* (ggk's vocabulary provider reads it; the loader and runner do not)."""
+    from gguf_trainer.model.export import write_adapter_gguf
+    from gguf_trainer.tiny.qwen35 import qwen35_vocabulary
+
+    tokens, merges = qwen35_vocabulary()
+    write_adapter_gguf(path, state, cfg, metadata={"adapter.pack": pack.id},
+                       tokenizer={"tokens": tokens, "merges": merges, "pre": "qwen35"})
+    return path
+
+
+def bridge_rows(pack, prompt: str, drivers) -> tuple[list[int], list[int]]:
+    """The student's MOSS template ids and the slot seeds (the Qwen3.5 ids of the same template;
+    test_qwen35_bridge_engine.py proves them the engine's)."""
+    from gguf_trainer.data.samples import Sample
+    from gguf_trainer.engine.qwen_bpe import engine_bpe
+    from gguf_trainer.model.student import load_tokenizer
+    from gguf_trainer.tiny import qwen_tokenizer_dir
+
+    encode = engine_bpe(load_tokenizer(qwen_tokenizer_dir())).encode
+    return pack.student_ids(encode, Sample(prompt)), pack.slot_ids_for_text(prompt)
+
+
 @dataclass(frozen=True)
 class AdapterCase:
     id: str
@@ -73,6 +97,7 @@ class AdapterCase:
     # whose ids another embedder builds (a slot resampler's Qwen3.5 template and per-token
     # seeds); None = LLMEmbedder's template, or the T5 embedders' window
     rows: Callable | None = None
+    train: dict = field(default_factory=dict)  # train settings over width 128, depth 2
     tol: float = 1e-5
 
 
@@ -117,6 +142,9 @@ def _cases() -> list[AdapterCase]:
     # the seeded resampler once more with its seed table factorized at export (train.seed_rank)
     out.append(AdapterCase("t5xxl_pixart-seed-rank-8", "t5xxl_pixart", export=factorized_export(8),
                            expect={"embed_rank": 8}))
+    if "qwen35_bridge" in _shipped():  # the slot kind: the MOSS template, one seed a token
+        out.append(AdapterCase("qwen35_bridge", "qwen35_bridge", export=bridge_export,
+                               rows=bridge_rows, train={"seed_rank": 16}))
     # Krea2's file serves Iris-3B (its branch: the body cut at 300 rows, conditioner.hpp)
     out.append(AdapterCase("qwen3vl_krea2-iris-cut", "qwen3vl_krea2",
                            template="qwen3vl_krea2@VERSION_IRIS", prompt=long_prompt(400),

@@ -123,8 +123,8 @@ def test_the_engines_loader_and_runner_read_the_export(driver, t5clip, student, 
 
     t0 = time.perf_counter()
     pack = get_pack(case.pack)
-    cfg = pack.adapter_config(SimpleNamespace(width=128, depth=2, seed_rank=0),
-                              student.hidden_size, out_dim=case.out_dim)
+    train = SimpleNamespace(**{"width": 128, "depth": 2, "seed_rank": 0, **case.train})
+    cfg = pack.adapter_config(train, student.hidden_size, out_dim=case.out_dim)
     torch.manual_seed(0)
     module = build_adapter(cfg)
     with torch.no_grad():
