@@ -59,10 +59,11 @@ def _register_builtin() -> None:
     for module in (qwen3_zimage, qwen3_ovis, qwen3vl_minimax_h3, qwen3vl_qwen_image_2_1,
                    qwen3vl_boogu, qwen3vl_lingbot):
         register(module.PACK)
-    from . import qwen35_bridge
+    from . import ming_image, qwen35_bridge
 
     # the slot-resampler families (engine-families §2 rows 20-21)
     register(qwen35_bridge.PACK)
+    register(ming_image.PACK)
 
 
 _register_builtin()

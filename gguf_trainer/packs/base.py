@@ -34,6 +34,7 @@ from ..teachers.base import Teacher
 ADAPTER_KINDS = (
     "resampler", "seeded_resampler", "token_aligned", "token_aligned_vision", "layerwise",
     "qwen35_bridge",  # a slot resampler (model/slot_resampler.py): one query per teacher token
+    "ming_image",  # the slot trunk with a caption bank (model/ming_adapter.py)
 )
 
 

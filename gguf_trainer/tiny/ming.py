@@ -17,15 +17,19 @@ engine's list order, which is this vocabulary's own choice. Must not: be used fo
 
     cfg = TINY; te = build_tiny_ming()              # float32, eval
     text = ling_tokenizer_json()                    # the tokenizer.json text
+    root = copy_tiny_ming(dest)                     # the demo's snapshot (teachers/ming_snapshot)
 """
 
 from __future__ import annotations
 
 import functools
 import json
+from pathlib import Path
 
 import torch
 
+from gguf_trainer.base.atomic import atomic_path, write_text
+from gguf_trainer.base.paths import TINY_MARKER
 from gguf_trainer.engine.ling_bpe import (
     IMAGE_END,
     IMAGE_PATCH,
@@ -41,7 +45,7 @@ TINY = MingConfig(
     hidden=64, intermediate=96, moe_intermediate=16, layers=13, heads=2, kv_heads=1,
     head_dim=128, experts=32, shared_experts=1, first_dense=1,
     conn_hidden=1536, conn_layers=2, conn_heads=2, conn_kv_heads=1, conn_intermediate=64,
-    caption_dim=160, diffusion_dim=192,
+    caption_dim=128, diffusion_dim=192,  # 2:3 like the real 2560:3840 (packs/ming_image.py)
 )
 # The Ling pre-tokenizer (ling_tokenizer.cpp 16), for training the tiny merges only: the ids the
 # project and the engine give come from their own splitters (engine/ling_bpe.py).
@@ -106,3 +110,24 @@ def build_tiny_ming(seed: int = SEED, cfg: MingConfig = TINY) -> MingTextEncoder
             else:
                 p.copy_(noise / p.shape[-1] ** 0.5)
     return model.float().eval().requires_grad_(False)
+
+
+def copy_tiny_ming(dest: Path) -> Path:
+    """A complete tiny snapshot in `dest` (teachers/ming_snapshot.py's own layout): config,
+    fp32 weights (seeded: every copy is the same bytes), the tokenizer.json, the tiny marker."""
+    from dataclasses import asdict
+
+    from safetensors.torch import save_file
+
+    from gguf_trainer.teachers.ming_snapshot import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE
+
+    dest = Path(dest)
+    (dest / TOKENIZER_FILE).parent.mkdir(parents=True, exist_ok=True)
+    state = {k: v.contiguous() for k, v in build_tiny_ming().state_dict().items()}
+    with atomic_path(dest / WEIGHTS_FILE, suffix=".safetensors") as tmp:
+        save_file(state, str(tmp), metadata={"format": "pt"})
+    write_text(dest / CONFIG_FILE, json.dumps(asdict(TINY), indent=2, sort_keys=True) + "\n")
+    write_text(dest / TOKENIZER_FILE, ling_tokenizer_json())
+    write_text(dest / TINY_MARKER,
+               "a tiny stand-in built by gguf_trainer.tiny.ming; no reference figures apply\n")
+    return dest

@@ -100,6 +100,7 @@ def test_pack_builds_on_tiny_dims(pack_id):
     with torch.no_grad():
         out = model(hidden, mask=mask, seed_ids=seed_ids)
     rows = SEQ if pack.adapter_kind in TOKEN_ALIGNED_KINDS else pack.num_queries
+    rows += cfg.n_bank if pack.adapter_kind == "ming_image" else 0  # the caption rows first
     assert out.shape == (BATCH, rows, pack.out_dim)
     assert torch.isfinite(out).all()
 

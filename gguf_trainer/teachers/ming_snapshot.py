@@ -1,0 +1,150 @@
+"""The Ming-Image teacher as precompute drives it: a snapshot read into teachers/ming.py's
+MingTextEncoder, the Ling slot ids of each prompt (engine/ling_bpe.py over the snapshot's own
+mllm/tokenizer.json, the vocabulary the adapter GGUF then carries), and one TargetRows per sample
+in the engine's output layout: the 256 caption rows zero-padded to the direct width, then one
+direct row per Ling token (ming_image_te.hpp 727-728, llm_adapter.hpp 594-598), so row j of the
+targets is row j of what the adapter emits.
+
+Snapshot layouts:
+  * gguf-trainer's own (tiny/ming.py, the demo and the tests): `ming_config.json` (MingConfig's
+    fields), `ming_te.safetensors` (the module's state dict, the engine's names) and
+    `mllm/tokenizer.json`;
+  * the released inclusionAI/Ming-Image-0.1-Design (mllm/, connector/, mlp/): not read yet; the
+    loader says so in one sentence (README "Ming-Image" lists it as the next step).
+
+    teacher = load_ming_teacher(root, device, max_slots=1280)
+    rows = teacher.targets(samples, student_ids)       # [TargetRows(rows [256 + P, D], seed_ids)]
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import fields
+from pathlib import Path
+
+from gguf_trainer.base.errors import UserError
+from gguf_trainer.engine.ling_bpe import EngineLingBPE, ming_prompt_ids
+
+log = logging.getLogger(__name__)
+
+CONFIG_FILE = "ming_config.json"
+WEIGHTS_FILE = "ming_te.safetensors"
+TOKENIZER_FILE = "mllm/tokenizer.json"
+PAD_SLOT = -1  # seed_ids past a sample's slots (slot_resampler.PAD_SLOT)
+
+
+def read_tokenizer(root: Path) -> str:
+    path = Path(root) / TOKENIZER_FILE
+    try:
+        text = path.read_text(encoding="utf-8")
+        json.loads(text)["model"]["vocab"]
+    except FileNotFoundError:
+        raise UserError(f"{path} is missing; download the teacher snapshot again.") from None
+    except (ValueError, KeyError, TypeError):
+        raise UserError(f"{path} is not a BPE tokenizer.json; download the teacher snapshot "
+                        "again.") from None
+    return text
+
+
+def read_config(root: Path):
+    """MingConfig of a gguf-trainer snapshot; one sentence for anything else."""
+    from gguf_trainer.teachers.ming import MingConfig
+
+    root = Path(root)
+    path = root / CONFIG_FILE
+    if not path.is_file():
+        if (root / "mllm" / "config.json").is_file():
+            raise UserError(
+                f"{root} is the released Ming-Image snapshot; gguf-trainer does not read its "
+                "mllm/connector/mlp weights yet (only its own tiny snapshot layout), so the "
+                "ming_image pack runs on the demo teacher for now.")
+        raise UserError(f"{root} holds no Ming-Image teacher ({CONFIG_FILE} or "
+                        "mllm/config.json); download it or set materials.teacher.path.")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        known = {f.name for f in fields(MingConfig)}
+        cfg = MingConfig(**{k: tuple(v) if isinstance(v, list) else v
+                            for k, v in data.items() if k in known})
+    except (ValueError, TypeError):
+        raise UserError(f"{path} is not a Ming-Image config; download the teacher "
+                        "again.") from None
+    return cfg
+
+
+class MingTeacher:
+    is_mock = False
+
+    def __init__(self, model, bpe: EngineLingBPE, device, max_slots: int, identity: dict):
+        self.model, self.bpe, self.device = model, bpe, device
+        self.max_slots, self.identity = max_slots, identity
+
+    def slot_ids(self, sample) -> list[int]:
+        return ming_prompt_ids(self.bpe, sample.text)[0]
+
+    def lengths(self, samples, student_ids) -> list[int]:
+        return [len(self.slot_ids(s)) for s in samples]
+
+    def targets(self, samples, student_ids, vision=None) -> list:
+        import torch
+
+        from .base import TargetRows
+
+        if vision and any(vision):
+            raise UserError("the ming_image pack is text-only so far; the corpus has reference "
+                            "images.")
+        ids = [self.slot_ids(s) for s in samples]
+        if max(len(x) for x in ids) > self.max_slots:
+            raise UserError(f"a prompt is over {self.max_slots} Ling tokens, more than the "
+                            "adapter's slots; precompute drops such samples (max_len_teacher).")
+        with torch.inference_mode():
+            out = self.model(ids)
+        cfg = self.model.cfg
+        rows = []
+        for b, row in enumerate(ids):
+            cap = out.caption[b].float().cpu()
+            cap = torch.nn.functional.pad(cap, (0, cfg.diffusion_dim - cfg.caption_dim))
+            rows.append(TargetRows(rows=torch.cat([cap, out.direct[b].float().cpu()]),
+                                   seed_ids=row + [PAD_SLOT] * (self.max_slots - len(row))))
+        return rows
+
+    def embed_table(self):
+        return self.model.thinker.embed_tokens.weight.detach().float().cpu()
+
+    def close(self) -> None:
+        self.model = None
+
+
+def load_ming_teacher(root: Path, device, max_slots: int, *, is_mock: bool = False):
+    """Check config and vocabulary, then load the text encoder (fp32; this layout is small)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from gguf_trainer.teachers.ming import MingTextEncoder, check_config
+
+    root = Path(root)
+    cfg = read_config(root)
+    problems = check_config(cfg)
+    if problems:
+        raise UserError(f"{root / CONFIG_FILE}: {problems[0]}.")
+    bpe = EngineLingBPE(read_tokenizer(root))
+    model = MingTextEncoder(cfg)
+    try:
+        state = load_file(str(root / WEIGHTS_FILE))
+    except FileNotFoundError:
+        raise UserError(f"{root / WEIGHTS_FILE} is missing; download the teacher "
+                        "again.") from None
+    missing = sorted(set(model.state_dict()) - set(state))
+    if missing:
+        raise UserError(f"{root / WEIGHTS_FILE} lacks {missing[0]} (and {len(missing) - 1} "
+                        "more); download the teacher again.")
+    model.load_state_dict({k: state[k] for k in model.state_dict()})
+    model = model.float().eval().requires_grad_(False).to(device)
+    identity = {"teacher": "ming_image", "layers": cfg.layers, "hidden": cfg.hidden,
+                "rows": "caption+directvlm", "max_slots": max_slots}
+    log.info("teacher: Ming-Image text encoder, %d Bailing layers (%d experts), connector %d x "
+             "%d; caption %d + direct %d wide, on %s", cfg.layers, cfg.experts, cfg.conn_layers,
+             cfg.conn_hidden, cfg.caption_dim, cfg.diffusion_dim, device)
+    teacher = MingTeacher(model, bpe, torch.device(device), max_slots, identity)
+    teacher.is_mock = is_mock
+    return teacher
