@@ -96,6 +96,9 @@ def _slots(view: AdapterView) -> dict | None:
         "n_bank": view.n_bank, "bank_dim": view.bank_dim, "bank_align": view.bank_align,
         "vocabulary": len(tokens) if isinstance(tokens, list) else 0,
         "tokenizer_pre": view.metadata.get("tokenizer.ggml.pre"),
+        # ming_image: the Ling tokenizer.json rides as a tensor, one element per byte
+        "tokenizer_json_bytes": next((int(info[0][0]) for n, info in view.tensors.items()
+                                      if n.endswith("tokenizer_json")), 0),
     }
 
 
@@ -166,12 +169,15 @@ def _slot_lines(view: AdapterView) -> list[str]:
         if s["n_bank"]
         else "none"
     )
+    ming = view.kind == "ming_image"
+    vocab = (f"the Ling tokenizer.json, {s['tokenizer_json_bytes']} bytes (tokenizer_json)"
+             if ming else f"{s['vocabulary']} tokens, pre-tokenizer {s['tokenizer_pre']!r}")
     return [
         (
             f"  slots          : up to {s['max_slots']} teacher tokens, seed table "
-            f"{s['seed_vocab']} x rank {s['seed_rank']}, bank {bank}"
+            f"{s['seed_vocab']} x rank {s['seed_rank']}, {'caption' if ming else 'bank'} {bank}"
         ),
-        f"  vocabulary     : {s['vocabulary']} tokens, pre-tokenizer {s['tokenizer_pre']!r}",
+        f"  vocabulary     : {vocab}",
         "  accepted by    : " + ", ".join(_families(view)),
     ]
 

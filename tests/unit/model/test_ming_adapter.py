@@ -5,6 +5,7 @@ engine tier's (tests/engine/test_ming_adapter_engine.py)."""
 
 from __future__ import annotations
 
+import io
 import json
 
 import numpy as np
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 from gguf_trainer.model.adapter_file import read_adapter, trainer_kind
+from gguf_trainer.model.adapter_report import inspect_main
 from gguf_trainer.model.adapters import AdapterConfig, build_adapter, load_gguf
 from gguf_trainer.model.export import write_adapter_gguf
 from gguf_trainer.model.ming_adapter import tokenizer_bytes_tensor, tokenizer_from_tensor
@@ -94,6 +96,11 @@ def test_export_carries_the_tokenizer_and_loads_back(tmp_path):
     t = next(t for t in gguf.GGUFReader(path).tensors if t.name == "tokenizer_json")
     assert t.tensor_type == gguf.GGMLQuantizationType.F16
     assert tokenizer_from_tensor(np.asarray(t.data)) == TOKENIZER
+    out = io.StringIO()
+    assert inspect_main(str(path), False, out) == 0
+    text = out.getvalue()
+    assert f"caption {NCAP} x {CAP}" in text and "Ming-Image, Ming-Image Layer" in text
+    assert f"the Ling tokenizer.json, {len(TOKENIZER.encode())} bytes (tokenizer_json)" in text
     loaded = load_gguf(path)
     h, ids = torch.randn(1, 5, IN), torch.tensor([[1, 2, 3, 4]])
     with torch.no_grad():
