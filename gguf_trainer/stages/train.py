@@ -229,7 +229,10 @@ def run_train(project, report, train_fp: str, skip=None) -> str:
     stats, scales = recipe_stats(train_files, recipe, n_taps)
     fit_recipe = recipe if recipe.needs_classes or recipe.cosine != "row" else None
     proj = load_vision_proj(paths.vision_proj) if pack.vis_dim and cfg.vis_dim else None
-    table = pack.seed_table(project, cfg.seed_rank)  # None but for a slot kind
+    # A slot kind's frozen seed table (None for the others); a resume takes it from last.pt, so
+    # the teacher's table (248320 x 4096 for the 9B) is read and its PCA taken only at step 0.
+    resuming = checkpoint_path(paths.checkpoints, LAST).exists()
+    table = None if resuming else pack.seed_table(project, cfg.seed_rank)
     model = build_model(pack, cfg, s.seed, stats, proj, skip, recipe.standardized,
                         seed_table=table).to(device)
     stats = _stats_to(stats, device)
