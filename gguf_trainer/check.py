@@ -245,6 +245,9 @@ def _pack_for(module) -> str:
     pack declared the default for its kind (exports from before adapter.pack)."""
     if module.config.kind == "layerwise":
         return _layerwise_pack(module)
+    if module.config.kind in ("qwen35_bridge", "ming_image"):  # the slot kinds
+        raise UserError(f"gguf-trainer check cannot compare a {module.config.kind} adapter with "
+                        "a dump yet (its rows follow the teacher's tokens, seed_ids.txt).")
     fixed = [p for p in map(get_pack, pack_ids()) if p.adapter_kind in FIXED_KINDS]
     pack = (getattr(module, "metadata", {}) or {}).get("adapter.pack")
     if pack not in [p.id for p in fixed]:

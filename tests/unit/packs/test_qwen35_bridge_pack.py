@@ -51,3 +51,14 @@ def test_seed_table_is_a_pca_of_the_mock_teachers_table():
     assert tok["pre"] == "qwen35" and len(tok["tokens"]) == 248320 and tok["tokens"][248046] == (
         "<|im_end|>"
     )
+
+
+def test_check_says_it_cannot_compare_a_bridge_dump_yet():
+    import pytest
+
+    from gguf_trainer.base.errors import UserError
+    from gguf_trainer.check import _pack_for
+
+    module = SimpleNamespace(config=SimpleNamespace(kind="qwen35_bridge"))
+    with pytest.raises(UserError, match="cannot compare a qwen35_bridge adapter with a dump yet"):
+        _pack_for(module)
