@@ -1,7 +1,8 @@
 """Output tab › Kept steps (train.history, data/kept_steps.py): the table of kept steps (step,
-validation figures, size, when and why kept) with the total on disk, and Export / Delete of the
-step chosen in the row picker; plus the quantized export's comparison with f16 (eval.json
-"quantized") and, for the Setup tab, what the saved schedule will make before the run.
+validation figures, size, when and why kept) with the total on disk, and a row per step with
+its Export and Delete (rendered from the list of steps: a tick that changes it redraws them);
+plus the quantized export's comparison with f16 (eval.json "quantized") and, for the Setup
+tab, what the saved schedule will make before the run.
 
 Everything goes through the control API (exporting a kept step is a snapshot job, deleting
 one follows the ownership rule there); nothing here loads torch.
@@ -12,6 +13,7 @@ one follows the ownership rule there); nothing here loads torch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import gradio as gr
 
@@ -26,22 +28,19 @@ NO_KEPT = ("No kept steps. Turn on **Keep steps for later export** (Setup › Tr
 @dataclass
 class KeptParts:
     table: gr.Markdown
-    pick: gr.Dropdown
-    export: gr.Button
-    delete: gr.Button
+    rows: gr.Column  # one row per kept step, its Export and Delete (rendered in wire)
+    steps: gr.State  # the kept steps shown, newest first: the rows are rendered from it
 
 
 def build() -> KeptParts:
     table = gr.Markdown("", elem_id="out-kept")
-    with gr.Row():
-        pick = gr.Dropdown([], label="Kept step", value=None, scale=2, elem_id="kept-pick")
-        export = gr.Button("Export this step", scale=1, elem_id="btn-kept-export")
-        delete = gr.Button("Delete this step", scale=1, variant="stop", elem_id="btn-kept-delete")
-    return KeptParts(table, pick, export, delete)
+    rows = gr.Column(elem_id="kept-rows")
+    steps = gr.State([])
+    return KeptParts(table, rows, steps)
 
 
 def outputs(p: KeptParts) -> list:
-    return [p.table, p.pick]
+    return [p.table, p.steps]
 
 
 def kept_md(kept: dict) -> str:
@@ -56,8 +55,8 @@ def kept_md(kept: dict) -> str:
     table = common.md_table(["step", "val cc (tokens)", "val cos", "best then", "size", "kept",
                              "why"], rows)
     return (f"### Kept steps\n{table}\n\n**{len(items)} kept step(s), "
-            f"{common.fmt_size(kept['total'])} on disk.** Pick one to export it (a snapshot "
-            "GGUF, exactly as a snapshot taken at that step) or delete it.")
+            f"{common.fmt_size(kept['total'])} on disk.** Each step's **Export** writes its "
+            "snapshot GGUF (exactly as a snapshot taken at that step), **Delete** removes it.")
 
 
 def quant_md(ev: dict | None) -> str:
@@ -73,10 +72,9 @@ def quant_md(ev: dict | None) -> str:
 
 def render(project: str | None) -> list:
     if not project:
-        return ["", gr.update(choices=[], value=None)]
+        return ["", []]
     kept = control.list_kept_steps(project)
-    choices = [str(it["step"]) for it in reversed(kept["items"])]
-    return [kept_md(kept), gr.update(choices=choices, value=choices[0] if choices else None)]
+    return [kept_md(kept), [int(it["step"]) for it in reversed(kept["items"])]]
 
 
 def plan_md(project: str | None) -> str:
@@ -90,27 +88,35 @@ def plan_md(project: str | None) -> str:
     return f"**Kept steps:** {plan['text']}."
 
 
-def _step(choice) -> int:
-    try:
-        return int(choice)
-    except (TypeError, ValueError):
-        raise UserError("pick a kept step first (the list under Kept steps)") from None
+@common.shown_errors
+def export_step(step: int, proj):
+    """Export kept step `step` as a snapshot job (the row's Export)."""
+    job = control.request_snapshot(common.need_project(proj), f"step{int(step)}")
+    common.info(f"exporting kept step {step} (pid {job.get('pid')}); it shows under "
+                "Snapshots when written")
+
+
+@common.shown_errors
+def delete_step(step: int, proj):
+    """Delete kept step `step` (the row's Delete); the table and rows again."""
+    control.delete_kept_step(common.need_project(proj), int(step))
+    common.info(f"kept step {step} deleted")
+    return render(proj)
 
 
 def wire(p: KeptParts, project: gr.State) -> None:
-    @common.shown_errors
-    def do_export(proj, choice):
-        step = _step(choice)
-        job = control.request_snapshot(common.need_project(proj), f"step{step}")
-        common.info(f"exporting kept step {step} (pid {job.get('pid')}); it shows under "
-                    "Snapshots when written")
-
-    @common.shown_errors
-    def do_delete(proj, choice):
-        step = _step(choice)
-        control.delete_kept_step(common.need_project(proj), step)
-        common.info(f"kept step {step} deleted")
-        return render(proj)
-
-    p.export.click(do_export, [project, p.pick], None, api_visibility="private")
-    p.delete.click(do_delete, [project, p.pick], outputs(p), api_visibility="private")
+    with p.rows:
+        # the table changes whenever the steps do: its change redraws the rows
+        @gr.render(inputs=[p.steps], triggers=[p.table.change])
+        def rows(steps):
+            for step in steps or []:
+                with gr.Row(equal_height=True):
+                    gr.Markdown(f"**step {step}**")
+                    export = gr.Button("Export", size="sm", scale=0, min_width=90,
+                                       elem_id=f"btn-kept-export-{step}")
+                    delete = gr.Button("Delete", size="sm", scale=0, min_width=90,
+                                       variant="stop", elem_id=f"btn-kept-delete-{step}")
+                export.click(partial(export_step, step), [project], None,
+                             api_visibility="private")
+                delete.click(partial(delete_step, step), [project], outputs(p),
+                             api_visibility="private")

@@ -28,12 +28,33 @@ def make(tmp_path, steps=(500, 1000), **settings):
 
 def test_the_table_lists_kept_steps_newest_first_with_the_total(tmp_path):
     root, _ = make(tmp_path)
-    md, pick = kept_section.render(str(root))
+    md, steps = kept_section.render(str(root))
     assert md.index("| 1000 |") < md.index("| 500 |")
     assert "**2 kept step(s), 1.5 MB on disk.**" in md
     assert "| 1000 | 0.4 | 0.6 | 0.6 | 1.0 MB |" in md and "| 500 | 0.4 | 0.55 |" in md, md
-    assert pick["choices"] == [("1000", "1000"), ("500", "500")] or pick["choices"] == [
-        "1000", "500"]
+    assert steps == [1000, 500]  # the rows with Export and Delete, newest first
+
+
+def test_a_rows_delete_removes_that_step_and_redraws(tmp_path, monkeypatch):
+    root, paths = make(tmp_path)
+    md, steps = kept_section.delete_step(500, str(root))
+    assert steps == [1000] and "| 500 |" not in md and not paths.kept_step(500).exists()
+    warned = []
+    monkeypatch.setattr(kept_section.common, "warn", lambda text, **kw: warned.append(text))
+    kept_section.export_step(500, str(root))  # a stale row: refused with the sentence
+    assert warned == ["step 500 is not kept; the kept steps are 1000."]
+
+
+def test_the_rows_render_inside_the_output_tab():
+    from gguf_trainer.ui import output_tab
+
+    with gr.Blocks():
+        with gr.Tab("Output") as tab:
+            parts = output_tab.build()
+        output_tab.wire(parts, gr.State(None), tab)
+    assert parts.kept.steps in output_tab.outputs(parts)
+    assert output_tab.outputs(parts)[-1] is parts.verified  # is_busy reads it last
+    assert len(output_tab.render(None)) == len(output_tab.outputs(parts))
 
 
 def test_delete_removes_the_step_and_its_sidecar_and_refuses_a_step_not_kept(tmp_path):
