@@ -62,10 +62,9 @@ TIERS = {"e2e": "e2e", "engine": "engine", "browser": None, "real_activations": 
 _TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
-def tier_of(keywords) -> str:
-    """The tier of a test report (its keywords: its markers, after the hook below added the
-    tier's): the first tier it has, else fast."""
-    return next((t for t in TIERS if t in keywords), "fast")
+def tier_of(markers) -> str:
+    """The tier of a test with these marker names: the first tier it has, else fast."""
+    return next((t for t in TIERS if t in markers), "fast")
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
@@ -90,6 +89,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker("e2e")  # a test marked slow elsewhere (tests/ui) without a tier
         elif tiered and "slow" not in marked:
             item.add_marker("slow")
+        # the report's tier (reports carry user_properties, also from xdist workers; their
+        # keywords hold folder names too: tests/unit/engine is not the engine tier)
+        item.user_properties.append(("tier", tier_of({m.name for m in item.iter_markers()})))
     try:
         import torch
 
@@ -109,9 +111,9 @@ def pytest_terminal_summary(terminalreporter):
     seconds: dict[str, float] = {}
     for reports in terminalreporter.stats.values():
         for rep in reports:
-            if getattr(rep, "when", None) is None or not hasattr(rep, "keywords"):
+            if getattr(rep, "when", None) is None:
                 continue
-            tier = tier_of(rep.keywords)
+            tier = dict(getattr(rep, "user_properties", ())).get("tier", "fast")
             seconds[tier] = seconds.get(tier, 0.0) + rep.duration
             if rep.when == "call" or (rep.when == "setup" and not rep.passed):
                 outcome = "xfailed" if hasattr(rep, "wasxfail") else rep.outcome
