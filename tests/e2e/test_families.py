@@ -153,6 +153,7 @@ def test_trains_beyond_the_mean_on_its_tiny_real_teacher(family):
     assert ev["roundtrip_cos"] > 0.999
     if pack.taps:  # layerwise: a figure per tap
         assert ev["per_tap"]["taps"] == list(pack.taps)
+        assert len(ev["per_tap"]["cos"]) == len(pack.taps)
         assert all(c is not None and -1 <= c <= 1 for c in ev["per_tap"]["cos"])
     if getattr(pack, "vis_dim", 0) and pack.adapter_kind != "resampler":
         if getattr(pack, "dit_reads_vision_rows", True):
