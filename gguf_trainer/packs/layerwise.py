@@ -62,18 +62,20 @@ class LayerwisePack(TrainerPack):
         """Measured on a real pretrained model's activations (benchmarks/bench_recipe_real.py,
         README "Recipes on real activations"): massive activations (the attention-sink row,
         appended pads) need standardized targets folded at export, statistics over the rows the
-        loss reads, a cosine per tap and the rows before the start row out. Without pads every
-        row is whitened by the token rows' own sigma (`sink` token: from 600 steps on it beats
-        one whitening on every token row set, by 0.03-0.04 centred cosine, and halves their
-        rel_mse, the sink row still exact; at the quick tier's 150 steps it is behind, and the
-        product trains 20,000). With pads it is not better on both row sets (FLUX.3's pads lose
-        0.04 at 600 steps), so one whitening stays. Pads to a multiple (FLUX.3: every pad at one
+        loss reads and the rows before the start row out. Without pads every row is whitened
+        by the token rows' own sigma (`sink` token: from 600 steps on it beats one whitening on
+        every token row set, by 0.03-0.04 centred cosine, and halves their rel_mse, the sink row
+        still exact; at the quick tier's 150 steps it is behind, and the product trains
+        20,000), and then one cosine over the whole stack beats a cosine per tap (+0.04 at 150
+        steps, +0.014 long prompts at 600). With pads neither is better on both row sets
+        (FLUX.3's pads lose 0.04 at 600 steps under token whitening; SeFi's lose 0.01 with one
+        cosine), so one whitening and a cosine per tap stay. Pads to a multiple (FLUX.3: every pad at one
         rope position, so one identical row per sample) weigh one row together; fixed-length
         pads, which differ by position, stay a row each (nothing measured beat it on both row
         sets)."""
         return {
             "train.target_space": "standardized",
-            "train.cosine": "tap" if self.taps else "row",
+            "train.cosine": "tap" if self.taps and self.padding.pads else "row",
             "train.sigma_floor": 0.05, "train.sigma_floor_mode": "relative",
             "train.pad_weight": "one" if self.padding.multiple else "row",
             "train.prefix_rows": "out", "train.stats_rows": "loss",
