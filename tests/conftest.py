@@ -32,7 +32,7 @@ import pytest
 from hub_server import hub_server  # noqa: F401 - fixture: a local Hub-protocol server (HF_ENDPOINT)
 
 # Two cores on CI: keep torch from oversubscribing them in every test process (one thread
-# each when pytest-xdist runs two workers).
+# each when pytest-xdist runs two workers: `-m "not slow" -n 2 --dist loadfile`).
 os.environ.setdefault("OMP_NUM_THREADS", "1" if os.environ.get("PYTEST_XDIST_WORKER") else "2")
 
 # Tests never touch the real home: ~/.gguf-trainer/settings.json (auto-resume's memory),
@@ -67,31 +67,27 @@ def tier_of(markers) -> str:
     return next((t for t in TIERS if t in markers), "fast")
 
 
-@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
-def pytest_collection_modifyitems(config, items):
+def pytest_itemcollected(item):
+    """Each test's tier marker by folder and `slow` for every tier's, as it is collected: before
+    `-m` deselects by marker (pytest_collection_modifyitems)."""
     by_folder = {folder: tier for tier, folder in TIERS.items() if folder}
-    for item in items:
-        rel = os.path.relpath(str(item.path), _TESTS).split(os.sep)
-        folder_tier = by_folder.get(rel[0]) if len(rel) > 1 else None
-        marked = {m.name for m in item.iter_markers()}  # keywords also hold folder names
-        if folder_tier and folder_tier not in marked:
-            item.add_marker(folder_tier)
-            marked.add(folder_tier)
-        # pytest-xdist (`-n 2 --dist loadgroup`): a module's tests share one worker (its module
-        # fixtures: demos, finished runs, GUIs are built once); the engine tier is one group,
-        # since its modules share one build cache a second worker would race on.
-        group = "engine" if folder_tier == "engine" else "/".join(rel)
-        if "pixart_demo" in getattr(item, "fixturenames", ()):
-            group = "pixart_demo"  # one worker runs the demo its modules share
-        item.add_marker(pytest.mark.xdist_group(group))
-        tiered = marked & set(TIERS)
-        if "slow" in marked and not tiered:
-            item.add_marker("e2e")  # a test marked slow elsewhere (tests/ui) without a tier
-        elif tiered and "slow" not in marked:
-            item.add_marker("slow")
-        # the report's tier (reports carry user_properties, also from xdist workers; their
-        # keywords hold folder names too: tests/unit/engine is not the engine tier)
-        item.user_properties.append(("tier", tier_of({m.name for m in item.iter_markers()})))
+    rel = os.path.relpath(str(item.path), _TESTS).split(os.sep)
+    folder_tier = by_folder.get(rel[0]) if len(rel) > 1 else None
+    marked = {m.name for m in item.iter_markers()}  # keywords also hold folder names
+    if folder_tier and folder_tier not in marked:
+        item.add_marker(folder_tier)
+        marked.add(folder_tier)
+    tiered = marked & set(TIERS)
+    if "slow" in marked and not tiered:
+        item.add_marker("e2e")  # a test marked slow elsewhere (tests/ui) without a tier
+    elif tiered and "slow" not in marked:
+        item.add_marker("slow")
+    # the report's tier (reports carry user_properties, also from xdist workers; their
+    # keywords hold folder names too: tests/unit/engine is not the engine tier)
+    item.user_properties.append(("tier", tier_of({m.name for m in item.iter_markers()})))
+
+
+def pytest_collection_modifyitems(config, items):
     try:
         import torch
 
