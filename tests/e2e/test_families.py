@@ -25,6 +25,7 @@ adds its forward below (FORWARD).
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -87,8 +88,20 @@ FAMILY = {  # the family name `inspect` reads from a layerwise export
 }
 
 
+# The slot kinds (their own teacher vocabulary, one slot per teacher token) are checked end to
+# end by their own demo module each, beside the engine's own graph in tests/engine: their tiny
+# teachers carry the full teacher vocabularies (157,184 / 248,320 rows), too heavy to build here
+# as well.
+ELSEWHERE = {"ming_image": "test_ming_image_demo.py", "qwen35_bridge": "test_qwen35_bridge_demo.py"}
+
+
 def test_every_shipped_family_is_checked_here():
-    unchecked = {i: get_pack(i).adapter_kind for i in SHIPPED if i not in FAMILIES}
+    here = Path(__file__).parent
+    unchecked = {
+        i: get_pack(i).adapter_kind
+        for i in SHIPPED
+        if i not in FAMILIES and not (i in ELSEWHERE and (here / ELSEWHERE[i]).is_file())
+    }
     assert not unchecked, (
         f"shipped families of a kind test_families.py does not check yet: {unchecked}; add the "
         "kind's row layout and engine forward there (KINDS)")
