@@ -113,7 +113,7 @@ def test_render_both_halves_with_the_dump_cosine(setup):
     pred = np.fromfile(folder / "adapter-dump" / "adapter_out.bin", "<f4").reshape(ref.shape)
     assert record["figures"]["cos"] == pytest.approx(compare(pred, ref)["cos"], rel=1e-9)
     assert "adapter vs teacher" in record["figures_note"]
-    assert f"cosine:    {record['figures']['cos']:.4f}" in res.stdout
+    assert f"all rows {record['figures']['cos']:.4f}" in res.stdout  # after the lead figures
     assert render_job.list_renders(root)[0]["prompt"] == "a sheep in sunglasses"
 
 

@@ -41,7 +41,8 @@ def test_the_newest_render_is_shown_with_its_cosine_and_commands(tmp_path, monke
     (folder / "render.json").write_text(json.dumps(record))
     *_, teacher, adapter, result, _files, _sig = render_section.view(str(root), None)
     assert teacher.getpixel((0, 0)) == (0, 0, 255) and adapter.getpixel((0, 0)) == (255, 0, 0)
-    assert "cosine **0.9123**" in result and "`ggk teacher -p 'a sheep'`" in result
+    assert "**all rows 0.9123 (centred 0.8000, rel_mse 0.1)**" in result
+    assert "`ggk teacher -p 'a sheep'`" in result
 
 
 def _render(root, images: dict) -> None:
