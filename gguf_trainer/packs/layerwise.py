@@ -69,8 +69,9 @@ class LayerwisePack(TrainerPack):
         20,000), and then one cosine over the whole stack beats a cosine per tap (+0.04 at 150
         steps, +0.014 long prompts at 600). With pads neither is better on both row sets
         (FLUX.3's pads lose 0.04 at 600 steps under token whitening; SeFi's lose 0.01 with one
-        cosine), so one whitening and a cosine per tap stay. Pads to a multiple (FLUX.3: every pad at one
-        rope position, so one identical row per sample) weigh one row together; fixed-length
+        cosine), so one whitening and a cosine per tap stay. Pads to a multiple (FLUX.3: every
+        pad at one rope position, so one identical row per sample) weigh one row together;
+        fixed-length
         pads, which differ by position, stay a row each (nothing measured beat it on both row
         sets)."""
         return {
