@@ -6,7 +6,8 @@ in a subprocess, is killed -9 once the first caption is on disk, and is run agai
 already written are not asked for again, the rest are, each sits after its prompt in its split,
 and the adapter trains on them (every caption is in the train shards).
 
-One server per test run (a session fixture), warmed with one request: the t2i system prompt is
+One server per test run (a module fixture: this module alone uses it), warmed with one
+request: the t2i system prompt is
 ~10k tokens, so the first caption takes ~90 s on 2 quiet cores and more than pup.py's 900 s on
 a loaded 2-core runner (measured: the product then stops with its one-sentence timeout), while
 the next ones take seconds (llama-cpp keeps the prompt's prefix); corpus.caption_max_tokens is
@@ -69,7 +70,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
+# Module scope: only this module asks it, and a killed pipeline's last request keeps the server
+# generating (a core at ~50 % in a clean-clone run) for as long as it lives.
+@pytest.fixture(scope="module")
 def caption_server(tmp_path_factory):
     python, gguf = _server_python(), _smollm2()
     if not python.is_file():
