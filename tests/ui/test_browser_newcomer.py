@@ -142,9 +142,12 @@ def test_verify_is_followed_to_its_end(page, gui):
     pg.get_by_role("tab", name="Output").click()
     pg.locator("#btn-out-verify").click()
     running = VERIFY_RUNNING.split("\n", 1)[1]
-    wait_for(lambda: pg.locator("#out-verify").inner_text().strip() not in ("", running)
-             and "Re-reading" not in pg.locator("#out-verify").inner_text(), 300,
-             "the verify job's answer without Refresh")
+    wait_for(lambda: running in pg.locator("#out-verify").inner_text()
+             or "nothing to verify yet" in pg.locator("#out-verify").inner_text(), 120,
+             "the verify job to start")
+    wait_for(lambda: "nothing to verify yet" in pg.locator("#out-verify").inner_text(), 300,
+             f"the verify job's answer without Refresh (shown: "
+             f"{pg.locator('#out-verify').inner_text()!r})")
     # a never-run project has nothing to vouch for, and says so
     verdict = pg.locator("#out-verify").inner_text().strip().splitlines()[-1]
     assert verdict.startswith("nothing to verify yet") and "whole" not in verdict, verdict
