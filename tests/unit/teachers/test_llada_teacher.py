@@ -9,6 +9,7 @@ import json
 import math
 import os
 import shutil
+import sys
 
 import numpy as np
 import pytest
@@ -58,10 +59,18 @@ def llada_env(tmp_path_factory):
     import transformers.dynamic_module_utils as dmu
 
     root = tmp_path_factory.mktemp("llada_env")
+    # transformers imports remote code as packages under `transformers_modules`; one imported
+    # by an earlier test from another cache keeps its __path__ there, and this module's copies
+    # (under root/modules) would not be found. Start from none, and leave none behind.
+    stale = {k: sys.modules.pop(k) for k in list(sys.modules)
+             if k.startswith("transformers_modules")}
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(trust.HOME_ENV, str(root / "home"))
         mp.setattr(dmu, "HF_MODULES_CACHE", str(root / "modules"))
         yield root
+    for k in [k for k in sys.modules if k.startswith("transformers_modules")]:
+        del sys.modules[k]
+    sys.modules.update(stale)
 
 
 @pytest.fixture(scope="module")
