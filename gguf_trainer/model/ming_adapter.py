@@ -44,7 +44,7 @@ import torch
 from torch import nn
 
 from gguf_trainer.model.adapter_blocks import INIT_STD, LN_EPS, as_bool
-from gguf_trainer.model.slot_resampler import SlotBlock, slot_problems
+from gguf_trainer.model.slot_resampler import SlotBlock, seeded_slots, slot_problems
 
 KIND = "ming_image"
 TOKENIZER_TENSOR = "tokenizer_json"  # outside adapter.*: the engine reads it by this name
@@ -88,24 +88,8 @@ class MingAdapter(nn.Module):
         elsewhere. -> ln_out of the queries (B, n_cap + R, W) and the slot mask (B, R)."""
         if seed_ids is None:
             raise ValueError("a ming_image adapter needs seed_ids (the Ling ids, one per slot)")
-        slot_mask = seed_ids >= 0
-        r = max(int(slot_mask.sum(1).max()), 1)
-        if r > self.config.num_queries:
-            raise ValueError(f"{r} slots exceed max_slots {self.config.num_queries}")
-        ids = seed_ids[:, :r].long().clamp_min(0)
-        slot_mask = slot_mask[:, :r]
-        q = self.slot_query[:r].unsqueeze(0) + self.seed_proj(self.seed_embed(ids))
-        if vis_slot is not None:
-            q = q + self.vis_q(vis_slot[:, :r])
-        kv = self.in_proj(hidden)
-        kv_mask = as_bool(mask)
-        if vis is not None:
-            kv = torch.cat([kv, self.vis_in(vis)], 1)
-            if kv_mask is not None or vis_mask is not None:
-                b = hidden.shape[0]
-                km = kv_mask if kv_mask is not None else hidden.new_ones(b, hidden.shape[1])
-                vm = as_bool(vis_mask) if vis_mask is not None else vis.new_ones(b, vis.shape[1])
-                kv_mask = torch.cat([km.bool(), vm.bool()], 1)
+        q, slot_mask, kv, kv_mask = seeded_slots(self, hidden, mask, seed_ids, vis, vis_mask,
+                                                 vis_slot)
         b, n_cap = q.shape[0], self.config.n_bank
         q = torch.cat([self.cap_query.unsqueeze(0).expand(b, -1, -1), q], 1)
         q_mask = torch.cat([slot_mask.new_ones(b, n_cap), slot_mask], 1)

@@ -123,6 +123,32 @@ class SlotBlock(ResamplerBlock):
         return q + self.mlp(self.ln_mlp(q))
 
 
+def seeded_slots(module, hidden, mask, seed_ids, vis, vis_mask, vis_slot):
+    """The slot kinds' shared first half (the bridge's and Ming's runners build it alike): one
+    query per teacher token up to the batch's longest (slot_query + seed_proj(seed_embed(id)),
+    + vis_q of the row under an image slot), and the keys: in_proj of the student rows, then
+    vis_in of the vision rows. -> (queries (B, R, W), slot mask (B, R), keys, key mask)."""
+    slot_mask = seed_ids >= 0
+    r = max(int(slot_mask.sum(1).max()), 1)
+    if r > module.config.num_queries:
+        raise ValueError(f"{r} slots exceed max_slots {module.config.num_queries}")
+    ids = seed_ids[:, :r].long().clamp_min(0)
+    slot_mask = slot_mask[:, :r]
+    q = module.slot_query[:r].unsqueeze(0) + module.seed_proj(module.seed_embed(ids))
+    if vis_slot is not None:
+        q = q + module.vis_q(vis_slot[:, :r])
+    kv = module.in_proj(hidden)
+    kv_mask = as_bool(mask)
+    if vis is not None:
+        kv = torch.cat([kv, module.vis_in(vis)], 1)
+        if kv_mask is not None or vis_mask is not None:
+            b = hidden.shape[0]
+            km = kv_mask if kv_mask is not None else hidden.new_ones(b, hidden.shape[1])
+            vm = as_bool(vis_mask) if vis_mask is not None else vis.new_ones(b, vis.shape[1])
+            kv_mask = torch.cat([km.bool(), vm.bool()], 1)
+    return q, slot_mask, kv, kv_mask
+
+
 class SlotResampler(nn.Module):
     """`qwen35_bridge`: num_queries = max_slots, seed_vocab/seed_rank the PCA seed table,
     vis_dim the mmproj width, n_bank/bank_dim the optional bank head, bank_align its bank_in."""
@@ -165,24 +191,8 @@ class SlotResampler(nn.Module):
         n_bank = self.config.n_bank
         if want_bank and not n_bank:
             raise ValueError("this adapter has no bank head")
-        slot_mask = seed_ids >= 0
-        r = max(int(slot_mask.sum(1).max()), 1)
-        if r > self.config.num_queries:
-            raise ValueError(f"{r} slots exceed max_slots {self.config.num_queries}")
-        ids = seed_ids[:, :r].long().clamp_min(0)
-        slot_mask = slot_mask[:, :r]
-        q = self.slot_query[:r].unsqueeze(0) + self.seed_proj(self.seed_embed(ids))
-        if vis_slot is not None:
-            q = q + self.vis_q(vis_slot[:, :r])
-        kv = self.in_proj(hidden)
-        kv_mask = as_bool(mask)
-        if vis is not None:
-            kv = torch.cat([kv, self.vis_in(vis)], 1)
-            if kv_mask is not None or vis_mask is not None:
-                b = hidden.shape[0]
-                km = kv_mask if kv_mask is not None else hidden.new_ones(b, hidden.shape[1])
-                vm = as_bool(vis_mask) if vis_mask is not None else vis.new_ones(b, vis.shape[1])
-                kv_mask = torch.cat([km.bool(), vm.bool()], 1)
+        q, slot_mask, kv, kv_mask = seeded_slots(self, hidden, mask, seed_ids, vis, vis_mask,
+                                                 vis_slot)
         q_mask = slot_mask
         if n_bank:
             lead = getattr(self, lead_q).unsqueeze(0).expand(q.shape[0], -1, -1)
