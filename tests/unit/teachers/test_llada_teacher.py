@@ -67,6 +67,11 @@ def llada_env(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(trust.HOME_ENV, str(root / "home"))
         mp.setattr(dmu, "HF_MODULES_CACHE", str(root / "modules"))
+        # First on the path: an in-process run before this module (tests/e2e's families) left
+        # `transformers_modules` in the default cache, which sys.path would find first; its copies
+        # share the tiny snapshot's hash, so only an edited copy (a new hash) would go missing.
+        (root / "modules").mkdir()
+        mp.syspath_prepend(str(root / "modules"))
         yield root
     for k in [k for k in sys.modules if k.startswith("transformers_modules")]:
         del sys.modules[k]
