@@ -77,6 +77,23 @@ def bridge_rows(pack, prompt: str, drivers) -> tuple[list[int], list[int]]:
     return pack.student_ids(encode, Sample(prompt)), pack.slot_ids_for_text(prompt)
 
 
+def ming_export(pack, cfg, state, path: Path) -> Path:
+    """The Ming adapter as its export writes it: f16 with the Ling tokenizer.json as the
+    `tokenizer_json` tensor (the tests' vocabulary, tiny/ming.py: none installs offline)."""
+    from gguf_trainer.model.export import write_adapter_gguf
+    from gguf_trainer.tiny.ming import ling_tokenizer_json
+
+    write_adapter_gguf(path, state, cfg, metadata={"adapter.pack": pack.id},
+                       tokenizer={"json": ling_tokenizer_json()})
+    return path
+
+
+def ming_rows(pack, prompt: str, drivers) -> tuple[list[int], list[int]]:
+    """The student's raw prompt ids and the Ling slot ids of Ming's template
+    (test_ming_adapter_engine.py proves them the engine's LingTokenizer's)."""
+    return bridge_rows(pack, prompt, drivers)
+
+
 @dataclass(frozen=True)
 class AdapterCase:
     id: str
@@ -145,6 +162,11 @@ def _cases() -> list[AdapterCase]:
     if "qwen35_bridge" in _shipped():  # the slot kind: the MOSS template, one seed a token
         out.append(AdapterCase("qwen35_bridge", "qwen35_bridge", export=bridge_export,
                                rows=bridge_rows, train={"seed_rank": 16}))
+    if "ming_image" in _shipped():  # the Ming kind: 256 caption rows + one Ling slot a token
+        out.append(AdapterCase("ming_image", "ming_image", export=ming_export, rows=ming_rows,
+                               train={"seed_rank": 16},
+                               expect={"runner": "ming", "max_slots": 1280,
+                                       "seed_vocab": 157184, "seed_rank": 16, "vis_dim": 2048}))
     # Krea2's file serves Iris-3B (its branch: the body cut at 300 rows, conditioner.hpp)
     out.append(AdapterCase("qwen3vl_krea2-iris-cut", "qwen3vl_krea2",
                            template="qwen3vl_krea2@VERSION_IRIS", prompt=long_prompt(400),
