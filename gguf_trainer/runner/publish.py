@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 
 from gguf_trainer.base import atomic, places
@@ -194,11 +195,52 @@ def prepare(root, files: list[str] | None = None) -> tuple:
     return project, adapters, companions
 
 
+JOB_NAME = "publish"  # runner.jobs' name: the lock and state every publish of a project shares
+BUSY = "a publish of this project is already running"
+
+
 def publish(root, repo: str, private: bool = False, files: list[str] | None = None,
             license_id: str | None = None) -> dict:
-    """Publish the project's adapter(s) and a model card to `repo` (USER/NAME) in one commit.
-    Returns {"url", "commit", "created", "changed", "files", "card"}; UserError (one sentence)
-    for anything refused or failed. Refusals come before any request."""
+    """Publish the project's adapter(s) and a model card to `repo` (USER/NAME) in one commit,
+    in this process (the CLI; the GUI starts publish_job's detached job instead). Returns
+    {"url", "commit", "created", "changed", "files", "card"}; UserError (one sentence) for
+    anything refused or failed; LockHeld while another publish of the project runs. Holds the
+    publish job's lock and writes its state, so the GUI shows a CLI publish as it runs."""
+    from gguf_trainer.base import locks
+    from gguf_trainer.runner import jobs
+    from gguf_trainer.store.project import load_project
+
+    folder = load_project(root).dir
+    with locks.hold_file(jobs.lock_path(folder, JOB_NAME), BUSY, retry_s=0.2):
+        state = {"schema": 1, "name": JOB_NAME, "job_id": f"foreground-{os.getpid()}",
+                 "target": "foreground", "status": "running", "pid": os.getpid(),
+                 "kwargs": {"repo": repo, "private": bool(private), "files": files,
+                            "license_id": license_id},
+                 "started": time.time(), "finished": None, "error": None, "result": None,
+                 "progress": {}}
+        handle = jobs.JobHandle(folder, JOB_NAME, state)
+        handle.write()
+        try:
+            result = publish_unlocked(folder, repo, private, files, license_id,
+                                      lambda phase: handle.update(phase=phase))
+            state.update(status="done", result=job_result(result))
+            return result
+        except UserError as e:
+            state.update(status="failed", error=str(e))
+            raise
+        except KeyboardInterrupt:
+            state.update(status="stopped", error="interrupted; publish again to send the rest")
+            raise
+        finally:
+            state["finished"] = time.time()
+            handle.write()
+
+
+def publish_unlocked(root, repo: str, private: bool, files: list[str] | None,
+                     license_id: str | None, phase=lambda text: None, upload=None) -> dict:
+    """publish()'s work, for a caller that holds the lock: the checks, the card, then
+    `upload` (hub_upload.upload's signature; publish_job runs it in a child it can stop).
+    `phase(text)` hears what it does now."""
     from gguf_trainer.base.safe_delete import sha256_file
     from gguf_trainer.materials import hub_upload
     from gguf_trainer.store.model_card import model_card, sources
@@ -206,29 +248,43 @@ def publish(root, repo: str, private: bool = False, files: list[str] | None = No
     project, adapters, companions = prepare(root, files)
     repo = hub_upload.check_repo_id(repo)
     hub_upload.require_token()
-    for f in [*adapters, *companions]:  # for the card (the GUI's plan skips reading them whole)
+    everything = [*adapters, *companions]
+    phase(f"hashing {len(everything)} file(s), {_mb(sum(f['size'] for f in everything))}")
+    for f in everything:  # for the card (the GUI's plan skips reading them whole)
         f["sha256"] = sha256_file(f["path"])
+    phase("reading the sources' licenses from the Hub")
     licenses = hub_licenses(sources(project))
     card = model_card(project, adapters, companions, licenses,
                       _evaluation(project, adapters[0]), license_id)
-    upload = {f["name"]: f["path"] for f in [*adapters, *companions]}
-    upload["README.md"] = card.encode("utf-8")
+    upload_files = {f["name"]: f["path"] for f in everything}
+    upload_files["README.md"] = card.encode("utf-8")
     steps = adapters[0]["metadata"].get("adapter.trained_steps")
     message = f"Upload {adapters[0]['name']}" + (f" (step {steps})" if steps else "")
-    result = hub_upload.upload(repo, upload, private, message)
-    log.info("publish: %s -> %s at %s", ", ".join(upload), repo, result["commit"])
-    return {**result, "files": list(upload), "card": card,
+    phase(f"uploading {', '.join(upload_files)} to {repo}")
+    result = (upload or hub_upload.upload)(repo, upload_files, private, message)
+    log.info("publish: %s -> %s at %s", ", ".join(upload_files), repo, result["commit"])
+    return {**result, "files": list(upload_files), "card": card,
             "visibility_kept": bool(private) and not result["created"]}
 
 
-def describe(result: dict) -> list[str]:
-    """The lines `gguf-trainer publish` prints and the GUI shows."""
+def job_result(result: dict) -> dict:
+    """What the job state keeps of a publish's result: all describe() reads, not the card."""
+    return {k: v for k, v in result.items() if k != "card"}
+
+
+def _mb(size: int) -> str:
+    return f"{size / 1e6:,.1f} MB"
+
+
+def describe(result: dict, private_word: str = "--private") -> list[str]:
+    """The lines `gguf-trainer publish` prints and the GUI shows (`private_word`: what the
+    asking for a private repo is called there)."""
     what = ", ".join(result["files"])
     made = "created and " if result["created"] else ""
     lines = [f"published {what} to {result['url']} ({made}commit {result['commit'][:10]})."
              if result["changed"] else
              f"{result['url']} already holds {what} as they are; nothing was committed."]
     if result.get("visibility_kept"):
-        lines.append("the repo existed already, so --private left its visibility as it was; "
+        lines.append(f"the repo existed already, so {private_word} left its visibility as it was; "
                      "change it in the repo's settings on the Hub.")
     return lines

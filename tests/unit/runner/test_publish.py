@@ -92,6 +92,12 @@ def test_cli_publish_prints_where_and_exits_0(hub, tmp_path, capsys):
     assert f"published {final.name}, README.md to {hub.url}/{REPO}" in out.out
     assert front_matter(hub.repos[("model", REPO)].files["README.md"].decode())[
         "license"] == "other"
+    # the GUI's box reads a CLI publish from the same job state as its own detached one
+    from gguf_trainer.runner.publish_job import publish_status
+
+    st = publish_status(project.dir)
+    assert st["status"] == "done" and st["result"]["url"] == f"{hub.url}/{REPO}"
+    assert st["job_id"].startswith("foreground-") and "card" not in st["result"]
     # --private on a repo that exists: said, not silently ignored
     code = main(["publish", "--project", str(project.dir), "--repo", REPO, "--private",
                  "--license", "other"])
