@@ -197,7 +197,7 @@ def _hub_call(fn, repo: str, repo_type: str, url: str | None = None):
 
     try:
         return fn()
-    except (e.HfHubHTTPError, OSError, *_transport_errors()) as exc:
+    except (e.HfHubHTTPError, OSError, *transport_errors()) as exc:
         raise UserError(explain_hub_error(exc, repo, repo_type) + ".") from None
     except json.JSONDecodeError:  # a captive portal, a proxy's login page, a wrong HF_ENDPOINT
         raise UserError(
@@ -259,7 +259,7 @@ def check_remote_file(repo: str, f: RemoteFile) -> RemoteFile:
     return RemoteFile(path, f.size, f.sha256.lower() if f.sha256 else None, f.blob_id.lower())
 
 
-def _transport_errors() -> tuple[type[Exception], ...]:
+def transport_errors() -> tuple[type[Exception], ...]:
     """The HTTP library's network errors: huggingface_hub 1.x uses httpx, 2.x httpx2."""
     import importlib
 

@@ -23,7 +23,7 @@ import re
 from pathlib import Path
 
 from gguf_trainer.base.errors import UserError
-from gguf_trainer.materials.hub import _transport_errors, endpoint, get_token
+from gguf_trainer.materials.hub import endpoint, get_token, transport_errors
 
 # What the Hub accepts as a repo name under a user or an organization (USER/NAME).
 REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9_.-]{1,96}")
@@ -96,7 +96,7 @@ def explain_upload_error(exc: BaseException, repo: str) -> str:
         if status == 400 and "metadata" in str(exc).lower():
             return f"the Hub refused the model card's front matter for {repo} ({exc})"
         return f"the Hub answered {status} while publishing to {repo}; retry later ({kept})"
-    if isinstance(exc, (OSError, *_transport_errors())):
+    if isinstance(exc, (OSError, *transport_errors())):
         return (f"cannot reach the Hub at {base} ({type(exc).__name__}) while publishing to "
                 f"{repo}; check the network or proxy, then publish again ({kept})")
     return f"publishing to {repo} failed ({type(exc).__name__}: {exc}); {kept}"
@@ -110,6 +110,6 @@ def _call(fn, repo: str):
         return fn()
     # ValueError: the client's own refusals of a server answer (LFS batch errors, metadata);
     # RuntimeError: an object's PUT failing inside the upload threads (its cause says why)
-    except (e.HfHubHTTPError, OSError, ValueError, RuntimeError, *_transport_errors()) as exc:
+    except (e.HfHubHTTPError, OSError, ValueError, RuntimeError, *transport_errors()) as exc:
         cause = exc.__cause__ if isinstance(exc, RuntimeError) and exc.__cause__ else exc
         raise UserError(explain_upload_error(cause, repo) + ".") from None
