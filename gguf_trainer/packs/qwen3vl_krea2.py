@@ -3,7 +3,7 @@ text encoder (engine-families §2 rows 13-14).
 
 Engine (ggk 0.9.7 conditioner.hpp 3295-3305, Krea2): the Qwen-Image text-to-image system prompt,
 the prompt range, `<|im_end|>\\n<|im_start|>assistant\\n`; start 34 (the prefix's tokens); no pads;
-out_layers {2, 5, ..., 35}. Iris-3B (3656-3680) taps the same layers with the same prefix, cuts the
+out_layers {2, 5, ..., 35}. Iris-3B (3656-3673) taps the same layers with the same prefix, cuts the
 body to 300 tokens and zero-pads rows after the adapter, so the one adapter serves both; the
 engine's abort message names the file `pig_qwen3vl_layerwise_adapter-f16.gguf` (2824-2825).
 
