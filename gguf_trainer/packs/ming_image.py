@@ -16,9 +16,10 @@ student reads the raw prompt
 
 Teacher: inclusionAI/Ming-Image-0.1-Design. Its Ling thinker (hidden states 5, 12 and the final
 norm through proj_directvlm) and connector (caption rows) are ported in teachers/ming.py and
-checked against the engine's own port (tests/engine/test_ming_teacher_engine.py). Reading the
-released weights (mllm/, connector/, mlp/) and edits (the Qwen2.5-VL tower into vis_in/vis_q,
-the pig_ming_vision companion) are the next steps: the pack trains on its tiny demo teacher.
+checked against the engine's own port (tests/engine/test_ming_teacher_engine.py); the released
+snapshot's mllm/, connector/ and mlp/ are read into that port (teachers/ming_release.py, checked
+on a tiny snapshot in the released layout). Edits (the Qwen2.5-VL tower into vis_in/vis_q, the
+pig_ming_vision companion) are the next step.
 
 Caption width: the connector's proj_out (2560) is two thirds of the direct width (3840); the
 adapter's out_cap follows that rule (the tiny teacher keeps it: 128 of 192), checked at load.
@@ -179,14 +180,11 @@ class MingImagePack(TrainerPack):
         if project.settings.precompute.mock_teacher:
             table = self.build_mock_teacher(project).embed_table()
         else:
-            from safetensors import safe_open
-
-            from ..teachers.ming_snapshot import WEIGHTS_FILE, read_config
+            from ..teachers.ming_snapshot import embed_table, read_config
 
             root = self._teacher_root(project)
-            read_config(root)  # the released layout: one sentence, as at precompute
-            with safe_open(str(root / WEIGHTS_FILE), "pt") as f:
-                table = f.get_tensor("thinker.embed_tokens.weight").float()
+            read_config(root)  # a snapshot it cannot run: one sentence, as at precompute
+            table = embed_table(root)
         return pca_seed(table[: self.seed_vocab], rank)
 
     def load_teacher(self, materials, plan, device):
@@ -214,14 +212,18 @@ class MingImagePack(TrainerPack):
                 f"{cfg.diffusion_dim}")
 
     def teacher_gib(self, materials, device) -> float:
-        """The snapshot's own weights (fp32 on disk in gguf-trainer's layout), else the
-        released thinker's bf16 size."""
+        """The snapshot's own weights (fp32 on disk in gguf-trainer's layout; the release's
+        mllm + connector + mlp shards), else the released thinker's bf16 size."""
         from ..teachers.ming_snapshot import WEIGHTS_FILE
 
-        path = Path(materials["teacher"]) / WEIGHTS_FILE if materials.get("teacher") else None
-        if path is None or not path.is_file():
+        root = Path(materials["teacher"]) if materials.get("teacher") else None
+        if root is not None and (root / WEIGHTS_FILE).is_file():
+            return (root / WEIGHTS_FILE).stat().st_size / 2**30
+        files = [] if root is None else [f for d in ("mllm", "connector", "mlp")
+                                         for f in (root / d).glob("*.safetensors")]
+        if not files:
             return self.teacher_memory_gib
-        return path.stat().st_size / 2**30
+        return sum(f.stat().st_size for f in files) / 2**30
 
     def demo_materials(self, folder):
         """A tiny real Ming text encoder (tiny/ming.py) and the tests' Ling-like tokenizer."""

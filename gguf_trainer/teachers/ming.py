@@ -85,6 +85,11 @@ class MingConfig:
     caption_dim: int = 2560
     diffusion_dim: int = 3840
     direct_states: tuple = field(default=(5, 12))
+    # mlp/config.json `connector_norm`: the model's own loader L2-normalises the caption rows
+    # after proj_out when it is set (modeling_bailingmm2 get_condition_embeds_for_image_gen);
+    # ggk 0.9.7's MingImageTextRunner never does (T:720-727), so a snapshot that sets it gives
+    # targets the engine's full-teacher path does not (teachers/ming_release.py says so).
+    caption_l2: bool = False
     # True: the routed experts as ggk 0.9.7's gk backends compute them (_engine_down), for the
     # engine tier only; False (targets): the real Bailing MoE.
     engine_moe: bool = False
@@ -169,7 +174,10 @@ class SparseMoe(nn.Module):
         cfg = self.cfg
         img = image.reshape(-1, 1).to(torch.float32)
         xf = x.reshape(-1, x.shape[-1])
-        logits = (self.gate.proj(xf).float() * (1 - img) + self.image_gate.proj(xf).float() * img)
+        # fp32 router whatever the weights' dtype (the model's own gate: F.linear on .float())
+        xf32 = xf.float()
+        logits = (F.linear(xf32, self.gate.proj.weight.float()) * (1 - img)
+                  + F.linear(xf32, self.image_gate.proj.weight.float()) * img)
         bias = self.gate.expert_bias.float() * (1 - img) + self.image_gate.expert_bias.float() * img
         scores = torch.sigmoid(logits)
         choice = scores + bias
@@ -428,7 +436,10 @@ class MingTextEncoder(nn.Module):
             h = layer(h, c, s)
         if cfg.conn_norm:
             h = self.connector.norm(h)
-        return MingOutput(self.proj_out(h), direct, states if want_states else [])
+        caption = self.proj_out(h)
+        if cfg.caption_l2:
+            caption = F.normalize(caption, dim=-1)
+        return MingOutput(caption, direct, states if want_states else [])
 
 
 def engine_tensors(model: MingTextEncoder) -> dict:

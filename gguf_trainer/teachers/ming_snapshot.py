@@ -9,8 +9,9 @@ Snapshot layouts:
   * gguf-trainer's own (tiny/ming.py, the demo and the tests): `ming_config.json` (MingConfig's
     fields), `ming_te.safetensors` (the module's state dict, the engine's names) and
     `mllm/tokenizer.json`;
-  * the released inclusionAI/Ming-Image-0.1-Design (mllm/, connector/, mlp/): not read yet; the
-    loader says so in one sentence (README "Ming-Image" lists it as the next step).
+  * the released inclusionAI/Ming-Image-0.1-Design (mllm/, connector/, mlp/): its three
+    config.json give the MingConfig and its shards are mapped onto the engine's names
+    (teachers/ming_release.py); it runs in the dtype it is stored in (bf16 for the release).
 
     teacher = load_ming_teacher(root, device, max_slots=1280)
     rows = teacher.targets(samples, student_ids)       # [TargetRows(rows [256 + P, D], seed_ids)]
@@ -48,17 +49,15 @@ def read_tokenizer(root: Path) -> str:
 
 
 def read_config(root: Path):
-    """MingConfig of a gguf-trainer snapshot; one sentence for anything else."""
+    """MingConfig of either layout; one sentence for anything else."""
     from gguf_trainer.teachers.ming import MingConfig
+    from gguf_trainer.teachers.ming_release import is_released, released_config
 
     root = Path(root)
     path = root / CONFIG_FILE
     if not path.is_file():
-        if (root / "mllm" / "config.json").is_file():
-            raise UserError(
-                f"{root} is the released Ming-Image snapshot; gguf-trainer does not read its "
-                "mllm/connector/mlp weights yet (only its own tiny snapshot layout), so the "
-                "ming_image pack runs on the demo teacher for now.")
+        if is_released(root):
+            return released_config(root)
         raise UserError(f"{root} holds no Ming-Image teacher ({CONFIG_FILE} or "
                         "mllm/config.json); download it or set materials.teacher.path.")
     try:
@@ -115,10 +114,44 @@ class MingTeacher:
         self.model = None
 
 
-def load_ming_teacher(root: Path, device, max_slots: int, *, is_mock: bool = False):
-    """Check config and vocabulary, then load the text encoder (fp32; this layout is small)."""
+def embed_table(root: Path):
+    """The Ling embedding table of either layout (float32, for the seed PCA)."""
+    from safetensors import safe_open
+
+    from gguf_trainer.teachers.ming_release import is_released, released_embed_table
+
+    root = Path(root)
+    if is_released(root) and not (root / CONFIG_FILE).is_file():
+        return released_embed_table(root).float()
+    try:
+        with safe_open(str(root / WEIGHTS_FILE), "pt") as f:
+            return f.get_tensor("thinker.embed_tokens.weight").float()
+    except FileNotFoundError:
+        raise UserError(f"{root / WEIGHTS_FILE} is missing; download the teacher "
+                        "again.") from None
+
+
+def _state(root: Path, cfg):
+    """(engine-named state, dtype, where it came from) of either layout."""
     import torch
     from safetensors.torch import load_file
+
+    from gguf_trainer.teachers.ming_release import released_state, stored_dtype
+
+    if not (root / CONFIG_FILE).is_file():  # read_config accepted it: the release
+        dtype = stored_dtype(root)
+        return released_state(root, cfg, dtype), dtype, root
+    try:
+        return load_file(str(root / WEIGHTS_FILE)), torch.float32, root / WEIGHTS_FILE
+    except FileNotFoundError:
+        raise UserError(f"{root / WEIGHTS_FILE} is missing; download the teacher "
+                        "again.") from None
+
+
+def load_ming_teacher(root: Path, device, max_slots: int, *, is_mock: bool = False):
+    """Check config and vocabulary, then load the text encoder: gguf-trainer's layout in fp32,
+    the release in the dtype it is stored in."""
+    import torch
 
     from gguf_trainer.teachers.ming import MingTextEncoder, check_config
 
@@ -126,25 +159,29 @@ def load_ming_teacher(root: Path, device, max_slots: int, *, is_mock: bool = Fal
     cfg = read_config(root)
     problems = check_config(cfg)
     if problems:
-        raise UserError(f"{root / CONFIG_FILE}: {problems[0]}.")
+        raise UserError(f"{root}: {problems[0]}.")
     bpe = EngineLingBPE(read_tokenizer(root))
-    model = MingTextEncoder(cfg)
-    try:
-        state = load_file(str(root / WEIGHTS_FILE))
-    except FileNotFoundError:
-        raise UserError(f"{root / WEIGHTS_FILE} is missing; download the teacher "
-                        "again.") from None
-    missing = sorted(set(model.state_dict()) - set(state))
+    state, dtype, source = _state(root, cfg)
+    with torch.device("meta"):
+        model = MingTextEncoder(cfg)
+    wanted = model.state_dict()
+    missing = sorted(set(wanted) - set(state))
     if missing:
-        raise UserError(f"{root / WEIGHTS_FILE} lacks {missing[0]} (and {len(missing) - 1} "
-                        "more); download the teacher again.")
-    model.load_state_dict({k: state[k] for k in model.state_dict()})
-    model = model.float().eval().requires_grad_(False).to(device)
+        raise UserError(f"{source} lacks {missing[0]} (and {len(missing) - 1} more); download "
+                        "the teacher again.")
+    wrong = [k for k, v in wanted.items() if tuple(state[k].shape) != tuple(v.shape)]
+    if wrong:
+        raise UserError(f"{source}: {wrong[0]} is {tuple(state[wrong[0]].shape)}, not the "
+                        f"config's {tuple(wanted[wrong[0]].shape)}; download the teacher again.")
+    model.load_state_dict({k: state[k].to(dtype) for k in wanted}, assign=True)
+    del state
+    model = model.eval().requires_grad_(False).to(device)
     identity = {"teacher": "ming_image", "layers": cfg.layers, "hidden": cfg.hidden,
                 "rows": "caption+directvlm", "max_slots": max_slots}
     log.info("teacher: Ming-Image text encoder, %d Bailing layers (%d experts), connector %d x "
-             "%d; caption %d + direct %d wide, on %s", cfg.layers, cfg.experts, cfg.conn_layers,
-             cfg.conn_hidden, cfg.caption_dim, cfg.diffusion_dim, device)
+             "%d; caption %d + direct %d wide, %s on %s", cfg.layers, cfg.experts,
+             cfg.conn_layers, cfg.conn_hidden, cfg.caption_dim, cfg.diffusion_dim,
+             str(dtype).removeprefix("torch."), device)
     teacher = MingTeacher(model, bpe, torch.device(device), max_slots, identity)
     teacher.is_mock = is_mock
     return teacher

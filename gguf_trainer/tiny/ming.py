@@ -131,3 +131,114 @@ def copy_tiny_ming(dest: Path) -> Path:
     write_text(dest / TINY_MARKER,
                "a tiny stand-in built by gguf_trainer.tiny.ming; no reference figures apply\n")
     return dest
+
+
+def released_files(model: MingTextEncoder) -> dict[str, dict]:
+    """The tiny model in the released snapshot's layout, written out by hand from the model's own
+    loaders (modeling_bailingmm2.py, modeling_bailing_moe_v2.py; not by inverting
+    teachers/ming_release.py): {component: {source name: tensor}}, the experts unfused, plus
+    what the release carries that the text encoder does not read (lm_head, audio_gate, the
+    connector's embed_tokens / lm_head)."""
+    cfg, sd = model.cfg, model.state_dict()
+    mllm = {"model.model.word_embeddings.weight": sd["thinker.embed_tokens.weight"],
+            "model.model.norm.weight": sd["thinker.norm.weight"],
+            "model.lm_head.weight": sd["thinker.embed_tokens.weight"].flip(0).contiguous()}
+    for i in range(cfg.layers):
+        src, dst = f"model.model.layers.{i}.", f"thinker.layers.{i}."
+        for part in ("attention.query_key_value.weight", "attention.dense.weight",
+                     "attention.q_norm.weight", "attention.k_norm.weight",
+                     "input_layernorm.weight", "post_attention_layernorm.weight"):
+            mllm[src + part] = sd[dst + part]
+        if i < cfg.first_dense:
+            for proj in ("gate_proj", "up_proj", "down_proj"):
+                mllm[f"{src}mlp.{proj}.weight"] = sd[f"{dst}mlp.{proj}.weight"]
+            continue
+        for gate in ("gate", "image_gate"):
+            mllm[f"{src}mlp.{gate}.weight"] = sd[f"{dst}mlp.{gate}.proj.weight"]
+            mllm[f"{src}mlp.{gate}.expert_bias"] = sd[f"{dst}mlp.{gate}.expert_bias"]
+        mllm[f"{src}mlp.audio_gate.weight"] = torch.zeros_like(sd[f"{dst}mlp.gate.proj.weight"])
+        mllm[f"{src}mlp.audio_gate.expert_bias"] = torch.zeros(cfg.experts)
+        gate_up = sd[f"{dst}mlp.experts.gate_up_proj.weight"]
+        down = sd[f"{dst}mlp.experts.down_proj.weight"]
+        for e in range(cfg.experts):
+            mllm[f"{src}mlp.experts.{e}.gate_proj.weight"] = gate_up[e, : cfg.moe_intermediate]
+            mllm[f"{src}mlp.experts.{e}.up_proj.weight"] = gate_up[e, cfg.moe_intermediate :]
+            mllm[f"{src}mlp.experts.{e}.down_proj.weight"] = down[e]
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            mllm[f"{src}mlp.shared_experts.{proj}.weight"] = \
+                sd[f"{dst}mlp.shared_experts.{proj}.weight"]
+    connector = {"model.embed_tokens.weight": torch.zeros(8, cfg.conn_hidden),
+                 "lm_head.weight": torch.zeros(8, cfg.conn_hidden)}
+    for k, v in sd.items():
+        if k.startswith("connector."):
+            connector["model." + k.removeprefix("connector.")] = v
+    side = round(cfg.num_queries ** 0.5)
+    mlp = {f"query_tokens_dict.{side}x{side}": sd["query_tokens"]}
+    for k, v in sd.items():
+        if k.startswith(("proj_in.", "proj_out.", "proj_directvlm.")):
+            mlp[k] = v
+    return {"mllm": mllm, "connector": connector, "mlp": mlp}
+
+
+def released_configs(cfg: MingConfig, connector_norm: bool = False) -> dict[str, dict]:
+    """The three config.json of a released snapshot for `cfg` (the keys the model's own code
+    and ggk read; Ling-mini-2.0's BailingMoeV2Config names)."""
+    llm = {"hidden_size": cfg.hidden, "intermediate_size": cfg.intermediate,
+           "moe_intermediate_size": cfg.moe_intermediate, "num_hidden_layers": cfg.layers,
+           "num_attention_heads": cfg.heads, "num_key_value_heads": cfg.kv_heads,
+           "head_dim": cfg.head_dim, "num_experts": cfg.experts,
+           "num_shared_experts": cfg.shared_experts, "first_k_dense_replace": cfg.first_dense,
+           "vocab_size": cfg.vocab, "n_group": cfg.n_group, "topk_group": cfg.topk_group,
+           "num_experts_per_tok": cfg.top_k, "routed_scaling_factor": cfg.routed_scaling,
+           "rope_theta": cfg.rope_theta, "rms_norm_eps": cfg.eps, "partial_rotary_factor": 0.5,
+           "use_qkv_bias": False, "use_bias": False, "hidden_act": "silu",
+           "router_type": "MultiRouter", "rope_scaling": {"type": "video_rope"},
+           "image_patch_token": IMAGE_PATCH, "image_start_token": IMAGE_START,
+           "max_position_embeddings": 32768}
+    connector = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+                 "hidden_size": cfg.conn_hidden, "num_hidden_layers": cfg.conn_layers,
+                 "num_attention_heads": cfg.conn_heads, "num_key_value_heads": cfg.conn_kv_heads,
+                 "head_dim": cfg.conn_head_dim,
+                 "intermediate_size": cfg.conn_intermediate, "rope_theta": cfg.conn_theta,
+                 "rms_norm_eps": cfg.eps, "vocab_size": 8}
+    side = round(cfg.num_queries ** 0.5)
+    mlp = {"img_gen_scales": [side], "diffusion_c_input_dim": cfg.caption_dim,
+           "diffusion_inner_dim": cfg.diffusion_dim, "connector_norm": connector_norm,
+           "selected_hidden_states_layers": [*cfg.direct_states, cfg.layers],
+           "use_vlm_directvlm_condition": True, "use_learnable_token_condition": True,
+           "use_identity_mlp": True}
+    return {"mllm": {"architectures": ["BailingMM2NativeForConditionalGeneration"],
+                     "mlp_depth": 2, "llm_config": llm},
+            "connector": connector, "mlp": mlp}
+
+
+def write_released_snapshot(dest: Path, model: MingTextEncoder | None = None, *,
+                            connector_norm: bool = False, dtype=torch.float32) -> Path:
+    """`model` (default the tiny one) as a released Ming-Image snapshot: mllm/ in two shards
+    with model.safetensors.index.json, connector/ with its index, mlp/model.safetensors, the
+    three config.json and mllm/tokenizer.json."""
+    from safetensors.torch import save_file
+
+    model = model or build_tiny_ming()
+    dest = Path(dest)
+    files = released_files(model)
+    configs = released_configs(model.cfg, connector_norm)
+    for comp, tensors in files.items():
+        folder = dest / comp
+        folder.mkdir(parents=True, exist_ok=True)
+        write_text(folder / "config.json", json.dumps(configs[comp], indent=2) + "\n")
+        names = sorted(tensors)
+        if comp == "mlp":
+            shards = {"model.safetensors": names}
+        else:  # split in two as the release's index names its shards
+            half = len(names) // 2
+            shards = {f"model-0000{i + 1}-of-00002.safetensors": part
+                      for i, part in enumerate((names[:half], names[half:]))}
+            index = {"metadata": {}, "weight_map": {n: f for f, part in shards.items()
+                                                    for n in part}}
+            write_text(folder / "model.safetensors.index.json", json.dumps(index, indent=2))
+        for file, part in shards.items():
+            save_file({n: tensors[n].to(dtype).contiguous() for n in part}, str(folder / file),
+                      metadata={"format": "pt"})
+    write_text(dest / "mllm" / "tokenizer.json", ling_tokenizer_json())
+    return dest

@@ -14,6 +14,10 @@ each <= 1e-4 relative (max |diff| over max |value|):
     directvlm Linear is the identity (192 = 3 x 64) exposes RMSNorm(cat(hs5, hs12, final)),
     compared segment by segment.
 
+The released snapshot's layout (mllm/ shards + index, connector/, mlp/, the three config.json:
+tiny/ming.py write_released_snapshot) read by teachers/ming_release.py gives a teacher that equals
+the engine running the same weights under its own names, caption and direct rows <= 1e-4.
+
 One engine deviation, measured here and reproduced by the port's `engine_moe` switch for these
 comparisons only: ggk 0.9.7's gk backends run every routed expert's down projection on the
 activation of the token's first expert (gk_compute_mul_mat_id reads one activation row per
@@ -149,3 +153,34 @@ def test_the_real_bailing_moe_is_not_what_the_engine_computes(binary, tiny, tmp_
         rel = _rel(got[real.cfg.num_queries :], out.direct[0].double().numpy())
         assert rel > 1e-2, "the engine now computes the real MoE: drop engine_moe"
     print(f"real Bailing MoE vs the engine (direct rows): rel {rel:.2f}")
+
+
+def test_the_released_layout_is_read_into_what_the_engine_computes(binary, tiny, tmp_path):
+    from dataclasses import replace
+
+    from gguf_trainer.engine.ling_bpe import ming_prompt_ids
+    from gguf_trainer.teachers.ming_snapshot import load_ming_teacher
+    from gguf_trainer.tiny.ming import write_released_snapshot
+
+    model, bpe = tiny
+    plain = type(model)(replace(model.cfg, engine_moe=False))
+    plain.load_state_dict(model.state_dict())
+    root = write_released_snapshot(tmp_path / "Ming-Image-0.1-Design", plain.eval())
+    teacher = load_ming_teacher(root, "cpu", 1280)
+    assert teacher.model.cfg == plain.cfg, "the three config.json give the tiny config"
+    sample = type("Sample", (), {"text": TEXTS[2]})()
+    assert teacher.slot_ids(sample) == ming_prompt_ids(bpe, TEXTS[2])[0]  # mllm/tokenizer.json
+    ported = type(model)(replace(teacher.model.cfg, engine_moe=True))
+    ported.load_state_dict(teacher.model.state_dict())
+    ported.eval()
+    write_te(tmp_path / "te.gguf", model)  # the engine's names, from the tiny model itself
+    worst = {"caption": 0.0, "direct": 0.0}
+    for text, _, got, out in _runs(binary, tmp_path / "te.gguf", ported, bpe, tmp_path):
+        cfg = ported.cfg
+        rel_cap = _rel(got[: cfg.num_queries, : cfg.caption_dim], out.caption[0].double().numpy())
+        rel_dir = _rel(got[cfg.num_queries :], out.direct[0].double().numpy())
+        worst["caption"] = max(worst["caption"], rel_cap)
+        worst["direct"] = max(worst["direct"], rel_dir)
+        assert rel_cap <= RTOL and rel_dir <= RTOL, (text[:24], rel_cap, rel_dir)
+    print(f"released layout -> teacher vs MingImageTextRunner: caption {worst['caption']:.2e}, "
+          f"direct {worst['direct']:.2e}")

@@ -1,0 +1,273 @@
+"""The released inclusionAI/Ming-Image-0.1-Design snapshot, read into teachers/ming.py's
+MingTextEncoder under the names ggk 0.9.7's MingImageTextRunner reads (ming_image_te.hpp, `T:`).
+
+The release keeps the text encoder in three folders (the model's own loader,
+modeling_bailingmm2.py BailingMM2NativeForConditionalGeneration.from_pretrained and
+load_image_gen_modules):
+
+  mllm/       config.json {"llm_config": Ling-mini-2.0's BailingMoeV2 keys, "vision_config": the
+              Qwen2.5-VL tower's, "mlp_depth"}, model-*.safetensors + model.safetensors.index.json:
+              model.model.word_embeddings.weight, model.model.layers.N.*, model.model.norm.weight,
+              model.lm_head.weight, vision.*, linear_proj.{0,2}.*
+  connector/  a Qwen2 causal LM (AutoModelForCausalLM, subfolder "connector"): config.json,
+              model.layers.N.*, model.norm.weight (+ model.embed_tokens, lm_head: unused)
+  mlp/        config.json (img_gen_scales, diffusion_c_input_dim, diffusion_inner_dim,
+              selected_hidden_states_layers, connector_norm, use_* switches), model.safetensors:
+              query_tokens_dict.16x16, proj_in.*, proj_out.*, proj_directvlm.{0,1}.*, mlp.* (the
+              DiT side's, unused)
+
+A Bailing layer's names are the model's own (modeling_bailing_moe_v2.py): attention.
+{query_key_value, dense, q_norm, k_norm}, input_layernorm, post_attention_layernorm; layer 0's
+dense mlp.{gate,up,down}_proj; a MoE layer's mlp.gate.{weight, expert_bias}, mlp.image_gate.*,
+mlp.audio_gate.* (unused: no audio), mlp.experts.E.{gate,up,down}_proj.weight and
+mlp.shared_experts.*. The engine's names differ in four places, mapped here: embed_tokens for
+word_embeddings, thinker./connector. for model.model./model., `gate.proj.weight` for the router
+weight (T:359-380), and the experts fused per layer as `experts.gate_up_proj.weight` [E, 2I, H]
+(gate rows first: ggml_swiglu's order) and `experts.down_proj.weight` [E, H, I] (T:381-384).
+
+    cfg = released_config(root)                     # MingConfig from the three config.json
+    state = released_state(root, cfg)               # {engine name: tensor}
+    table = released_embed_table(root)              # the Ling table (the seed PCA)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from pathlib import Path
+
+from gguf_trainer.base.errors import UserError
+
+log = logging.getLogger(__name__)
+
+MLLM, CONNECTOR, MLP = "mllm", "connector", "mlp"
+EMBED = "model.model.word_embeddings.weight"
+# The values ggk 0.9.7 hard-codes instead of reading them (T:160-179, llm.hpp 256-269): a release
+# whose config says otherwise is read as its config says, and the engine differs (logged).
+ENGINE_FIXED = {"n_group": 8, "topk_group": 4, "top_k": 8, "routed_scaling": 2.5,
+                "rope_theta": 600000.0, "eps": 1e-6, "conn_theta": 1000000.0}
+_LAYER = re.compile(r"model\.model\.layers\.(\d+)\.(.+)")
+_EXPERT = re.compile(r"mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight")
+_SKIP_MLLM = ("model.lm_head.", "vision.", "linear_proj.")
+
+
+def is_released(root: Path) -> bool:
+    return (Path(root) / MLLM / "config.json").is_file()
+
+
+def _json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"{path} is missing; download the teacher snapshot again.") from None
+    except ValueError:
+        raise UserError(f"{path} is not JSON; download the teacher snapshot again.") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path} is not a config object; download the teacher again.")
+    return data
+
+
+def released_config(root: Path):
+    """MingConfig of a released snapshot; one sentence for what the engine cannot run."""
+    from gguf_trainer.teachers.ming import MingConfig
+
+    root = Path(root)
+    llm = _json(root / MLLM / "config.json").get("llm_config")
+    conn = _json(root / CONNECTOR / "config.json")
+    mlp = _json(root / MLP / "config.json")
+    if not isinstance(llm, dict):
+        raise UserError(f"{root / MLLM / 'config.json'} has no llm_config; download the "
+                        "teacher again.")
+    scales = mlp.get("img_gen_scales", [4, 8, 16])  # the model's own default
+    layers = mlp.get("selected_hidden_states_layers")
+    try:
+        n_layers = int(llm["num_hidden_layers"])
+        if len(scales) != 1:
+            raise UserError(f"{root / MLP / 'config.json'} has img_gen_scales {scales}; the "
+                            "engine runs one query scale (16x16).")
+        if not (mlp.get("use_vlm_directvlm_condition") and
+                mlp.get("use_learnable_token_condition", True)):
+            raise UserError(f"{root / MLP / 'config.json'} turns off a conditioning stream; the "
+                            "engine needs both the caption and the directvlm rows.")
+        if not layers or layers[-1] != n_layers or len(layers) not in (1, 3):
+            raise UserError(f"{root / MLP / 'config.json'}: selected_hidden_states_layers "
+                            f"{layers} must end at the final norm ({n_layers}) with 1 or 3 "
+                            "states, as the engine reads them.")
+        if float(llm.get("partial_rotary_factor", 0.5)) != 0.5:
+            raise UserError(f"{root / MLP / 'config.json'}: the engine rotates half of each "
+                            "head (partial_rotary_factor 0.5).")
+        if llm.get("use_qkv_bias") or llm.get("use_bias"):
+            raise UserError(f"{root / MLLM / 'config.json'}: the engine's Bailing attention has "
+                            "no biases (use_qkv_bias / use_bias).")
+        heads = int(llm["num_attention_heads"])
+        cfg = MingConfig(
+            hidden=int(llm["hidden_size"]), intermediate=int(llm["intermediate_size"]),
+            moe_intermediate=int(llm["moe_intermediate_size"]), layers=n_layers, heads=heads,
+            kv_heads=int(llm["num_key_value_heads"]),
+            head_dim=int(llm.get("head_dim") or int(llm["hidden_size"]) // heads),
+            experts=int(llm["num_experts"]), shared_experts=int(llm.get("num_shared_experts", 0)),
+            first_dense=int(llm.get("first_k_dense_replace", 0)), vocab=int(llm["vocab_size"]),
+            n_group=int(llm["n_group"]), topk_group=int(llm["topk_group"]),
+            top_k=int(llm["num_experts_per_tok"]),
+            routed_scaling=float(llm["routed_scaling_factor"]),
+            rope_theta=float(llm["rope_theta"]), eps=float(llm["rms_norm_eps"]),
+            conn_hidden=int(conn["hidden_size"]), conn_layers=int(conn["num_hidden_layers"]),
+            conn_heads=int(conn["num_attention_heads"]),
+            conn_kv_heads=int(conn["num_key_value_heads"]),
+            conn_intermediate=int(conn["intermediate_size"]),
+            conn_head_dim=int(conn.get("head_dim") or int(conn["hidden_size"])
+                              // int(conn["num_attention_heads"])),
+            conn_theta=float(conn.get("rope_theta", 1000000.0)),
+            num_queries=int(scales[0]) ** 2, caption_dim=int(mlp["diffusion_c_input_dim"]),
+            diffusion_dim=int(mlp["diffusion_inner_dim"]),
+            direct_states=tuple(int(i) for i in layers[:-1]),
+            caption_l2=bool(mlp.get("connector_norm", True)))  # the model's own default
+    except (KeyError, TypeError, ValueError) as e:
+        raise UserError(f"{root}: the Ming-Image configs lack or garble {e}; download the "
+                        "teacher again.") from None
+    differ = {k: getattr(cfg, k) for k, v in ENGINE_FIXED.items() if getattr(cfg, k) != v}
+    if differ:
+        log.warning("the released config sets %s where ggk 0.9.7 hard-codes %s: targets follow "
+                    "the config", differ, {k: ENGINE_FIXED[k] for k in differ})
+    if cfg.caption_l2:
+        log.warning("mlp/config.json sets connector_norm: the caption targets are L2-normalised "
+                    "as the model's own code does; ggk 0.9.7's full text encoder does not")
+    return cfg
+
+
+def weight_map(folder: Path) -> dict[str, str]:
+    """{tensor name: file} of one component folder: its model.safetensors.index.json, else
+    its single model.safetensors."""
+    from safetensors import safe_open
+
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        wmap = _json(index).get("weight_map")
+        if not isinstance(wmap, dict):
+            raise UserError(f"{index} is not a weight index; download the teacher again.")
+        for name in set(wmap.values()):
+            if not (folder / name).is_file():
+                raise UserError(f"{folder / name} is missing (named by {index.name}); download "
+                                "the teacher again.")
+        return dict(wmap)
+    single = folder / "model.safetensors"
+    if not single.is_file():
+        raise UserError(f"{folder} holds no model.safetensors; download the teacher again.")
+    with safe_open(str(single), "pt") as f:
+        return dict.fromkeys(f.keys(), single.name)
+
+
+def _read(folder: Path, names: dict[str, str]) -> dict:
+    """{source name: tensor} of the names `names` maps to files, one file open at a time."""
+    from safetensors import safe_open
+
+    out = {}
+    for file in sorted(set(names.values())):
+        with safe_open(str(folder / file), "pt") as f:
+            for name, where in names.items():
+                if where == file:
+                    out[name] = f.get_tensor(name)
+    return out
+
+
+def mllm_name(name: str) -> str | None:
+    """The engine's name of one mllm/ tensor (None: not the text encoder's, or an expert,
+    which released_state fuses)."""
+    if name == EMBED:
+        return "thinker.embed_tokens.weight"
+    if name == "model.model.norm.weight":
+        return "thinker.norm.weight"
+    m = _LAYER.fullmatch(name)
+    if m is None or name.startswith(_SKIP_MLLM):
+        return None
+    layer, rest = m.groups()
+    if rest.startswith(("mlp.audio_gate.", "mlp.experts.")):
+        return None
+    for gate in ("gate", "image_gate"):
+        if rest == f"mlp.{gate}.weight":
+            rest = f"mlp.{gate}.proj.weight"
+    return f"thinker.layers.{layer}.{rest}"
+
+
+def connector_name(name: str) -> str | None:
+    stem = name.removeprefix("model.")
+    if stem.startswith("layers.") or stem == "norm.weight":
+        return "connector." + stem
+    return None  # embed_tokens, lm_head: the connector runs on embeddings
+
+
+def mlp_name(name: str, num_queries: int) -> str | None:
+    side = round(num_queries ** 0.5)
+    if name == f"query_tokens_dict.{side}x{side}":
+        return "query_tokens"
+    if name.startswith(("proj_in.", "proj_out.", "proj_directvlm.")):
+        return name
+    return None  # mlp.*: the DiT side's
+
+
+def released_state(root: Path, cfg, dtype=None) -> dict:
+    """{engine name: tensor} of the text encoder, experts fused per layer; `dtype` casts."""
+    import torch
+
+    root = Path(root)
+    state = {}
+
+    def put(name, t):
+        state[name] = t if dtype is None else t.to(dtype)
+
+    folder = root / MLLM
+    wmap = weight_map(folder)
+    wanted = {n: f for n, f in wmap.items() if mllm_name(n) is not None}
+    experts = {n: f for n, f in wmap.items()
+               if (m := _LAYER.fullmatch(n)) and _EXPERT.fullmatch(m.group(2))}
+    for name, t in _read(folder, wanted).items():
+        put(mllm_name(name), t)
+    for layer in range(cfg.first_dense, cfg.layers):
+        pre = f"model.model.layers.{layer}.mlp.experts."
+        names = {n: f for n, f in experts.items() if n.startswith(pre)}
+        got = _read(folder, names)
+        try:
+            gate_up = torch.stack([torch.cat([got[f"{pre}{e}.gate_proj.weight"],
+                                              got[f"{pre}{e}.up_proj.weight"]])
+                                   for e in range(cfg.experts)])
+            down = torch.stack([got[f"{pre}{e}.down_proj.weight"] for e in range(cfg.experts)])
+        except KeyError as e:
+            raise UserError(f"{folder} lacks {e.args[0]}; download the teacher "
+                            "again.") from None
+        put(f"thinker.layers.{layer}.mlp.experts.gate_up_proj.weight", gate_up)
+        put(f"thinker.layers.{layer}.mlp.experts.down_proj.weight", down)
+        del got, gate_up, down
+    folder = root / CONNECTOR
+    wmap = weight_map(folder)
+    for name, t in _read(folder, {n: f for n, f in wmap.items()
+                                  if connector_name(n) is not None}).items():
+        put(connector_name(name), t)
+    folder = root / MLP
+    wmap = weight_map(folder)
+    for name, t in _read(folder, {n: f for n, f in wmap.items()
+                                  if mlp_name(n, cfg.num_queries) is not None}).items():
+        put(mlp_name(name, cfg.num_queries), t)
+    return state
+
+
+def released_embed_table(root: Path):
+    """The Ling embedding table (vocab, hidden) as stored, read alone."""
+    folder = Path(root) / MLLM
+    wmap = weight_map(folder)
+    if EMBED not in wmap:
+        raise UserError(f"{folder} has no {EMBED}; download the teacher again.")
+    return _read(folder, {EMBED: wmap[EMBED]})[EMBED]
+
+
+def stored_dtype(root: Path):
+    """The dtype the text encoder runs in: float32 when the thinker's table is stored so,
+    else bfloat16 (the release's own; 16B parameters)."""
+    import torch
+    from safetensors import safe_open
+
+    folder = Path(root) / MLLM
+    wmap = weight_map(folder)
+    with safe_open(str(folder / wmap[EMBED]), "pt") as f:
+        dt = f.get_slice(EMBED).get_dtype()
+    return torch.float32 if dt in ("F32", "F64") else torch.bfloat16
