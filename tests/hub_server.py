@@ -23,6 +23,9 @@ Xet off, `HF_HUB_DISABLE_XET`, which this fixture sets: the legacy LFS path):
     POST /api/{models|datasets}/{repo}/commit/{rev}         NDJSON: header, file (base64),
                                                             lfsFile (an object it holds)
 
+With Xet on (no HF_HUB_DISABLE_XET) and `hub_server.xet = XetStore()`, the Xet write token and
+the CAS routes of hub_xet_routes.py answer too.
+
 Writes need a token in `tokens` (else 401). LFS objects stay stored per repo whether or not a
 commit names them, as on the Hub, so a second upload after a kill sends only what is missing.
 
@@ -241,7 +244,8 @@ class _Handler(BaseHTTPRequestHandler, _UploadRoutes):
 
     # ---- routing -----------------------------------------------------------------------
     def do_GET(self):
-        self._dispatch(send_body=True)
+        if not self._xet_get():  # the Xet token and CAS reads (hub_xet_routes.py)
+            self._dispatch(send_body=True)
 
     def do_HEAD(self):
         self._dispatch(send_body=False)

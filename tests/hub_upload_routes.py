@@ -1,7 +1,9 @@
 """The write half of the local Hub (hub_server.py): the endpoints huggingface_hub 2.4 calls to
 upload with Xet off - create_repo, validate-yaml, preupload, the LFS batch with the `basic`
-transfer, the object PUT and its verify, and the NDJSON commit. Mixed into hub_server's
-request handler; the server's state (repos, stored LFS objects, commits, holds) is its `hub`.
+transfer, the object PUT and its verify, and the NDJSON commit - and, with Xet on, the CAS
+routes of hub_xet_routes.py instead of the LFS ones (the commit takes a file the CAS rebuilt
+as it takes an LFS object). Mixed into hub_server's request handler; the server's state
+(repos, stored LFS objects, commits, holds, `xet`) is its `hub`.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import hashlib
 import json
 import re
 from urllib.parse import unquote, urlsplit
+
+from hub_xet_routes import _XetRoutes, xet_object
 
 _WRITE_ROUTES = (
     ("preupload", re.compile(r"^/api/(models|datasets)/(.+?)/preupload/([^/]+)$")),
@@ -37,20 +41,20 @@ def _front_matter_error(content: str) -> str | None:
     return None if isinstance(data, dict) else "the front matter is not a mapping"
 
 
-class _UploadRoutes:
+class _UploadRoutes(_XetRoutes):
     """The write half of the Hub protocol (module docstring); mixed into the handler."""
 
     hub: object  # hub_server.HubServer
 
     def _body(self) -> bytes:
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-            out = b""
+            parts = []  # joined once: a 64 MB xorb arrives in many small pieces
             while True:
                 size = int(self.rfile.readline().strip().split(b";")[0] or b"0", 16)
                 if not size:
                     self.rfile.readline()
-                    return out
-                out += self.rfile.read(size)
+                    return b"".join(parts)
+                parts.append(self.rfile.read(size))
                 self.rfile.readline()
         return self.rfile.read(int(self.headers.get("Content-Length") or 0))
 
@@ -65,6 +69,8 @@ class _UploadRoutes:
         raw = urlsplit(self.path).path
         self.hub._record(self.command, unquote(raw), {k.lower(): v for k, v in
                                                       self.headers.items()})
+        if self.command == "POST" and self._xet_post(raw):
+            return None
         if self.command == "POST" and raw == "/api/repos/create":
             return self._create_repo(json.loads(self._body() or b"{}"))
         if self.command == "POST" and raw == "/api/validate-yaml":
@@ -198,9 +204,11 @@ class _UploadRoutes:
                 lfs_paths.discard(value["path"])
                 written.append(value["path"])
             elif key == "lfsFile":
-                if value["oid"] not in stored:
+                data = stored.get(value["oid"])
+                data = xet_object(self.hub, value["oid"]) if data is None else data
+                if data is None:
                     return self._error(422, "", f"LFS object {value['oid']} was never uploaded")
-                files[value["path"]] = stored[value["oid"]]
+                files[value["path"]] = data
                 lfs_paths.add(value["path"])
                 written.append(value["path"])
             elif key in ("deletedFile", "deletedFolder"):

@@ -6,9 +6,13 @@ and gets one only for objects the Hub does not hold yet, PUTs those, and then wr
 commit naming every file. An object the Hub already stores - sent by an upload that was killed
 before its commit - is never sent again, so a second upload after a kill sends only what is
 missing and still ends in one commit; a file that is committed already and unchanged is left
-out of the commit (no empty commit is made). With `hf_xet` installed and the Hub offering Xet,
-the client takes the Xet path instead (its resume is hf_xet's chunk deduplication; the tests
-run the LFS path, HF_HUB_DISABLE_XET).
+out of the commit (no empty commit is made). That is the LFS path, taken only without hf_xet
+or with HF_HUB_DISABLE_XET=1: huggingface_hub 2.4 uploads through Xet whenever hf_xet is
+installed (its dependency on x86_64 and arm64, so the usual case), with no question to the Hub.
+Xet packs the files into xorbs of up to 64 MB sent to the Hub's CAS, notes each xorb sent in
+HF_HOME/xet/.../staging, and a later upload skips the xorbs noted; hub_upload asks for a note
+after every xorb (XET_NOTE_EVERY), so a second upload after a kill sends only the xorbs that
+were in flight, then the one commit (tests/e2e/test_publish_resume.py runs both paths).
 
 The token is `hub.get_token()` (HF_TOKEN or the stored login), read when the upload starts and
 never put in a message. Knows nothing of projects: the caller says which files go where.
@@ -19,6 +23,7 @@ never put in a message. Knows nothing of projects: the caller says which files g
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -27,6 +32,7 @@ from gguf_trainer.materials.hub import endpoint, get_token, transport_errors
 
 # What the Hub accepts as a repo name under a user or an organization (USER/NAME).
 REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9_.-]{1,96}")
+XET_NOTE_EVERY = "HF_XET_SESSION_XORB_METADATA_FLUSH_MAX_COUNT"
 LOGIN = "log in with a token that may write (`gguf-trainer login`, or HF_TOKEN), then publish again"
 
 
@@ -58,6 +64,11 @@ def upload(repo: str, files: dict[str, Path | bytes], private: bool, message: st
 
     repo = check_repo_id(repo)
     token = require_token()
+    # hf_xet notes each xorb it has sent in its session folder (HF_HOME/xet/.../staging), and
+    # the next upload skips what is noted; by default the note is written every few xorbs, so
+    # a kill re-sent every xorb (up to 64 MB each) since the last one. One xorb: a kill costs
+    # only the xorbs in flight. Read when the process's Xet session starts.
+    os.environ.setdefault(XET_NOTE_EVERY, "1")
     api = HfApi(endpoint=endpoint(), token=token)
     ops = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=data if isinstance(data, bytes)
                               else str(data)) for name, data in files.items()]

@@ -5,6 +5,7 @@ sends only the object the Hub lacks and ends in one commit holding both files an
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -62,3 +63,63 @@ def test_a_killed_publish_sends_only_the_missing_object_then_commits_once(
     repo = hub_server.repos[("model", REPO)]
     assert repo.files[final.name] == final.read_bytes()
     assert repo.files[snap.name] == snap.read_bytes()
+
+
+UPLOAD = ("import json, sys; from pathlib import Path; "
+          "from gguf_trainer.materials import hub_upload; "
+          "files = {n: Path(p) for n, p in json.loads(sys.argv[2]).items()}; "
+          "files['README.md'] = b'# card'; "
+          "print(json.dumps(hub_upload.upload(sys.argv[1], files, False, 'Upload')))")
+
+
+def test_a_killed_xet_upload_sends_only_the_xorb_the_cas_lacks(hub_server, tmp_path, monkeypatch):
+    """huggingface_hub takes the Xet path whenever hf_xet is installed (the default install):
+    hf_xet packs the files into xorbs of up to 64 MB, and a killed upload's next run sends
+    only the xorbs hf_xet had not recorded as sent (its session's xorb records, flushed after
+    every xorb because hub_upload asks it to) - then one commit, the files whole."""
+    from hub_xet_routes import XetStore
+    from huggingface_hub import constants
+
+    hub_server.tokens.add(TOKEN)
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    monkeypatch.delenv("HF_HUB_DISABLE_XET")
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", False)
+    monkeypatch.setenv("HF_XET_XORB_COMPRESSION_POLICY", "none")  # the fake decodes no LZ4
+    xet = hub_server.xet = XetStore()
+    files = {}
+    for name in ("pig_a-f16.gguf", "pig_b-f16.gguf"):  # 80 MiB: two xorbs
+        files[name] = tmp_path / name
+        files[name].write_bytes(os.urandom(40 << 20))
+    cmd = [sys.executable, "-c", UPLOAD, REPO, json.dumps({n: str(p) for n, p in files.items()})]
+    xet.hold_xorb(2)
+    proc = subprocess.Popen(cmd, env=dict(os.environ), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    records = lambda: list((tmp_path / "hf_home").glob("xet/*/staging/*/xorb_metadata/*"))
+    try:
+        wait_for(lambda: proc.poll() is not None
+                 or (len(xet.xorbs) == 1 and xet.xorb_held() and records()), timeout_s=120,
+                 what="one xorb stored and recorded by hf_xet, the other's POST held")
+        assert proc.poll() is None, proc.communicate()
+        proc.kill()
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    xet.release_xorbs()  # the held body is never read: not stored
+    stored = set(xet.xorbs)
+    missing = [h for h in xet.xorb_posts if h not in stored]
+    assert len(stored) == 1 and len(missing) == 1 and not hub_server.commits
+    sent_before = len(xet.xorb_posts)
+
+    done = subprocess.run(cmd, env=dict(os.environ), capture_output=True, text=True,
+                          check=False)
+
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert xet.xorb_posts[sent_before:] == missing  # only what the CAS lacked
+    assert len(hub_server.commits) == 1
+    repo = hub_server.repos[("model", REPO)]
+    assert sorted(repo.files) == sorted([*files, "README.md"])
+    for name, path in files.items():
+        assert repo.files[name] == path.read_bytes(), name
+    assert not any(p.startswith("/_lfs/") for _, p, _ in hub_server.requests)  # Xet, not LFS
