@@ -100,7 +100,7 @@ class Schedule:
 
 
 # ---------------------------------------------------------------- the weights it keeps
-def lean_state(state: dict, cfg, mu=None, sigma_f=None) -> dict:
+def lean_state(state: dict, cfg, mu=None, sigma_f=None, bank_fold=None) -> dict:
     """The state dict a kept step stores: folded like the export folds (when mu/sigma_f are
     given: a standardized recipe), f32 except the tensors every export.dtype writes f16,
     which are cast to f16 exactly as the export casts them (numpy)."""
@@ -112,6 +112,10 @@ def lean_state(state: dict, cfg, mu=None, sigma_f=None) -> dict:
     state = {k: v.detach().cpu() for k, v in state.items()}
     if mu is not None:
         state = fold_standardization(state, mu, sigma_f)
+    if bank_fold is not None:  # the Qwen3.5 bridge's FLUX.3 bank (data/bank_rows.py)
+        from gguf_trainer.model.export import fold_bank
+
+        state = fold_bank(state, *bank_fold)
     # a full seed table the export may factorize (train.seed_rank) is factorized from f32
     factorizable = cfg.kind == "seeded_resampler" and not cfg.seed_rank
     out = {}
@@ -220,8 +224,10 @@ class KeptSteps:
 
         cfg = AdapterConfig.from_dict(extra["config"])
         folded = bool(extra.get("standardized"))
+        bank = extra.get("bank_mu")
         state = lean_state(model.state_dict(), cfg, *((extra["mu"], extra["sigma_f"])
-                                                      if folded else ()))
+                                                      if folded else (None, None)),
+                           bank_fold=None if bank is None else (bank, extra["bank_sigma_f"]))
         content = {
             "kept": FORMAT, "model": state, "step": step, "best_val_cos": best_val_cos,
             "folded": True, "time": time.time(),

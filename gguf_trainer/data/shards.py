@@ -231,11 +231,16 @@ def student_dim(path: Path) -> int:
 
 
 def dims(path: Path) -> dict[str, int]:
-    """{"in_dim", "out_dim", "vis_dim"} of the adapter these shards train, from the header."""
+    """{"in_dim", "out_dim", "vis_dim"} of the adapter these shards train, from the header;
+    "bank_dim" too when they hold a second target set (data/bank_rows.py)."""
     with safe_open(str(path), framework="pt") as f:
-        vis = f.get_slice("vis_rows").get_shape()[1] if "vis_rows" in set(f.keys()) else 0
+        keys = set(f.keys())
+        vis = f.get_slice("vis_rows").get_shape()[1] if "vis_rows" in keys else 0
+        bank = {"bank_dim": int(f.get_slice("bank_rows").get_shape()[1])} \
+            if "bank_rows" in keys else {}
         return {"in_dim": int(f.get_slice("student_rows").get_shape()[1]),
-                "out_dim": int(f.get_slice("target_rows").get_shape()[1]), "vis_dim": int(vis)}
+                "out_dim": int(f.get_slice("target_rows").get_shape()[1]), "vis_dim": int(vis),
+                **bank}
 
 
 def linear_fit(files: list[Path], stats: Stats | None = None, max_rows: int = 65536):
@@ -351,12 +356,13 @@ class Batch:
     vis: torch.Tensor | None = None
     vis_mask: torch.Tensor | None = None
     n_real: torch.Tensor | None = None
+    bank: object = None  # data/bank_rows.BankBatch: the Qwen3.5 bridge's FLUX.3 bank targets
 
     def to(self, device) -> Batch:
         move = lambda x: None if x is None else x.to(device, non_blocking=True)
         return Batch(move(self.hidden), move(self.mask), move(self.target), move(self.row_mask),
                      move(self.seed_ids), move(self.sup_start), self.samples, move(self.vis),
-                     move(self.vis_mask), move(self.n_real))
+                     move(self.vis_mask), move(self.n_real), move(self.bank))
 
 
 def _pad(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -390,10 +396,12 @@ def collate(shard: Shard, rows: list[int], file_index: int, fixed_rows: int = 0)
     n_real = None
     if sup is not None:
         n_real = torch.tensor([unpadded_length(shard.student_ids(i).tolist()) for i in rows])
+    from gguf_trainer.data.bank_rows import collate_bank
+
     return Batch(hidden, mask, target, row_mask,
                  None if seed is None else seed[rows].long(),
                  None if sup is None else sup[rows].long(),
-                 [(file_index, i) for i in rows], vis, vis_mask, n_real)
+                 [(file_index, i) for i in rows], vis, vis_mask, n_real, collate_bank(shard, rows))
 
 
 def _vision(shard: Shard, rows: list[int], length: int):

@@ -71,6 +71,16 @@ def fold_standardization(state_dict: dict[str, torch.Tensor], mu, sigma_f) -> di
     return out
 
 
+def fold_bank(state_dict: dict[str, torch.Tensor], mu, sigma_f) -> dict:
+    """The Qwen3.5 bridge's FLUX.3 bank trained on (t - mu) / sigma_f of its own rows
+    (data/bank_rows.py): `out_bank` folded as fold_standardization folds out_proj. New dict."""
+    sub = {"out_proj.weight": state_dict["out_bank.weight"],
+           "out_proj.bias": state_dict["out_bank.bias"]}
+    folded = fold_standardization(sub, mu, sigma_f)
+    return {**state_dict, "out_bank.weight": folded["out_proj.weight"],
+            "out_bank.bias": folded["out_proj.bias"]}
+
+
 def factorize_seed(state_dict: dict[str, torch.Tensor], cfg: AdapterConfig, rank: int):
     """The full seed table T (V, W) as its best rank-r factorization (truncated SVD, Eckart-Young):
     t5_embed_a = T·V_r (V, r) and t5_embed_b.weight = V_r (W, r), so B(A[id]) = T[id]·V_r·V_rᵀ.
@@ -270,9 +280,11 @@ def write_adapter_gguf(
     name: str | None = None,
     dtype: str = "f16",
     tokenizer: dict | None = None,
+    bank_fold=None,
 ) -> dict:
     """Write `adapter.<name>` tensors + KVs to a temp file in `dtype` (tensor_type), verify it
-    reads back as `cfg`, then rename it into place. Returns {"path", "n_f16", "n_f32",
+    reads back as `cfg`, then rename it into place. `bank_fold` (mu, sigma_f): the bridge's
+    standardized bank head (fold_bank). Returns {"path", "n_f16", "n_f32",
     "n_tensors", "bytes", "dtype", "types": {type: count}}."""
     import gguf
 
@@ -293,6 +305,8 @@ def write_adapter_gguf(
         tokenizer = None
     if mu is not None:
         state_dict = fold_standardization(state_dict, mu, sigma_f)
+    if bank_fold is not None:
+        state_dict = fold_bank(state_dict, *bank_fold)
     path = Path(path)
     kv = _structural_kv(cfg)
     clash = sorted((set(kv) | {"general.name", "general.architecture"}) & set(metadata))

@@ -250,6 +250,11 @@ class TrainerPack:
         pre-flight's need); default: the pack's reference figure."""
         return self.teacher_memory_gib
 
+    def shard_extras(self, targets: Sequence) -> dict:
+        """Tensors a shard stores beside the targets, from the teacher's per-sample output
+        (the Qwen3.5 bridge's FLUX.3 bank, data/bank_rows.py); default none."""
+        return {}
+
     def check_rows(self, seed_ids: Sequence[int]) -> list[bool] | None:
         """`gguf-trainer check`: which rows of a dump of a seeded adapter the DiT reads, by the
         dump's seed ids; None (the default): every row (a layerwise family: from `start`)."""

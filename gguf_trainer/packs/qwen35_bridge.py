@@ -11,10 +11,11 @@ the slots are the Qwen3.5 ids of `<|im_start|>user\\n` + (prompt, or " ") +
 the adapter GGUF carries (`tokenizer.ggml.tokens` / `merges`, `tokenizer.ggml.pre` "qwen35",
 gk-diffuser.cpp 1236-1278); the student reads the raw prompt (its own BPE, no template, no
 emphasis parsing; empty -> [151643]); no pads. The same file serves FLUX.3 Klein through its
-optional bank head (`bank_query`, `bank_in`, `out_bank` -> 20480; the module, export, inspect and
-the engine tier have it): this pack trains the slot head; the bank head's training (the
-Qwen3-VL-4B 8-tap targets of the FLUX.3 template, `train.klein_head`) is the next step, so its
-exports carry no bank and ggk refuses them for FLUX.3 with its own sentence.
+optional bank head (`bank_query`, `bank_in`, `out_bank` -> 20480): with `train.bank_slots` n > 0
+(a multiple of 80) the pack also trains it on Qwen3-VL-4B's 8-tap stack of the prompt as
+FLUX.3's template types it, token-aligned over the student's ids (teachers/qwen35_bank.py, the
+`bank_teacher` material; data/bank_rows.py: the second target set, loss and figures); with 0
+(the default) the export has no bank and ggk refuses it for FLUX.3 with its own sentence.
 
 Teacher: Qwen/Qwen3.5-9B (transformers `qwen3_5`, hybrid Gated-DeltaNet), text only so far
 (references through the Qwen3.5 mmproj are the next step; the adapter already has vis_q/vis_in,
@@ -26,6 +27,8 @@ None, the health line "n/a"); judge by cos against the mean baseline.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import functools
 import zlib
 from pathlib import Path
@@ -34,6 +37,7 @@ from gguf_trainer.engine.template_ids import Piece
 from gguf_trainer.materials.spec import Material
 
 from .base import MockIdentity, TrainerPack
+from .teacher_repos import QWEN3VL_4B_TEACHER
 
 QWEN35_9B = "Qwen/Qwen3.5-9B"
 MAX_SLOTS = 1536  # the engine's default slot_query rows: template 11 + a 512-token prompt, twice
@@ -42,6 +46,8 @@ VIS_DIM = 4096  # mmproj-qwen3.5-9b's output: vis_q / vis_in, always declared by
 HIDDEN = 4096  # the 9B's hidden size: the rows MOSS-Image reads
 STUDENT_ROWS = 30  # student tokens of a reference-corpus prompt (the shard estimate)
 TYPICAL_SLOTS = 42  # Qwen3.5 template tokens of a reference-corpus prompt
+BANK_DIM = 20480  # FLUX.3's 8 taps of Qwen3-VL-4B (2560 each): the bank's rows
+TYPICAL_BANK_ROWS = 39  # a reference-corpus prompt's FLUX.3 template rows + its one pad row
 
 QWEN35_9B_TEACHER = Material(
     "teacher", "Teacher: Qwen3.5-9B", "hf_snapshot", repo=QWEN35_9B, subdir="Qwen3.5-9B",
@@ -50,6 +56,10 @@ QWEN35_9B_TEACHER = Material(
               "tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
               "chat_template.jinja", "preprocessor_config.json"),
 )
+# FLUX.3's text encoder, for the bank head (train.bank_slots > 0): the FLUX.3 pack's snapshot
+# under its own id, so the 9B stays `teacher`.
+BANK_TEACHER = dataclasses.replace(QWEN3VL_4B_TEACHER, id="bank_teacher",
+                                   title="FLUX.3 bank teacher: Qwen3-VL-4B-Instruct")
 
 
 @functools.lru_cache(maxsize=2)
@@ -126,6 +136,7 @@ class Qwen35BridgePack(TrainerPack):
     num_queries = MAX_SLOTS  # the adapter's slot_query rows (max_slots)
     seed_vocab = SEED_VOCAB
     vis_dim = 0  # no reference images in the corpus yet (the adapter has vis_q/vis_in anyway)
+    n_bank = 0  # the FLUX.3 bank's rows (train.bank_slots; configured)
     default_name = "qwen3.5_9b_adapter"
     shard_contract = "qwen35_bridge/1"
     max_len_student = 512
@@ -146,7 +157,8 @@ class Qwen35BridgePack(TrainerPack):
         "train.width": 1024, "train.depth": 6, "train.steps": 20000, "train.batch_size": 32,
         "train.lr": 2e-4, "train.warmup": 1000, "train.seed_rank": 384,
     }
-    demo_settings = {"train.seed_rank": 32}  # the tiny teacher is 64 wide
+    # the tiny teacher is 64 wide; the demo trains the FLUX.3 bank too (one 80-row block)
+    demo_settings = {"train.seed_rank": 32, "train.bank_slots": 80}
     hints = {
         "train": "Targets: Qwen3.5-9B's last hidden state (4096) of every MOSS template token.",
         "eval": "Judge by cos against the mean baseline (no reference run).",
@@ -171,7 +183,43 @@ class Qwen35BridgePack(TrainerPack):
 
     @property
     def bytes_per_sample(self) -> int:  # type: ignore[override]
-        return TYPICAL_SLOTS * self.out_dim * 2 + STUDENT_ROWS * 1024 * 2 + self.num_queries * 4
+        bank = TYPICAL_BANK_ROWS * BANK_DIM * 2 if self.n_bank else 0
+        return (TYPICAL_SLOTS * self.out_dim * 2 + STUDENT_ROWS * 1024 * 2 + self.num_queries * 4
+                + bank)
+
+    def configured(self, settings):
+        """With train.bank_slots n > 0: the pack with the FLUX.3 bank head of n rows, its
+        teacher material (Qwen3-VL-4B as `bank_teacher`) and a shard contract of its own."""
+        n = settings.train.bank_slots
+        if not n:
+            return self
+        from gguf_trainer.base.errors import UserError
+
+        from ..teachers.qwen35_bank import check_n_bank
+
+        try:
+            check_n_bank(n)
+        except ValueError as e:
+            raise UserError(f"{e}.") from None
+        pack = copy.copy(self)
+        pack.n_bank = n
+        pack.shard_contract = f"{self.shard_contract}+bank{n}"
+        pack.teacher_materials = (*self.teacher_materials, BANK_TEACHER)
+        pack.serves = "MOSS-Image (text-to-image) and FLUX.3 Klein (prompt upsampler slot)"
+        pack.engine_notes = (
+            "The adapter carries the Qwen3.5 vocabulary: no Qwen3.5 GGUF is needed.",
+            ("FLUX.3 Klein: --llm <qwen3vl-4b .gguf> --prompt-upsampler {student} "
+             "--prompt-upsampler-adapter {adapter} (the bank replaces the upsampler and 4B)."),
+        )
+        return pack
+
+    def shard_extras(self, targets) -> dict:
+        """The FLUX.3 bank's second target set (data/bank_rows.py), when the bank is on."""
+        if not self.n_bank:
+            return {}
+        from gguf_trainer.data.bank_rows import shard_tensors
+
+        return shard_tensors([t.bank for t in targets], self.n_bank)
 
     def format_prompt(self, text: str) -> str:
         from gguf_trainer.engine.qwen35_bpe import moss_prompt
@@ -193,13 +241,16 @@ class Qwen35BridgePack(TrainerPack):
             vocabulary = qwen35_vocabulary()
         return _bpe(tuple(vocabulary[0]), tuple(vocabulary[1])).encode(moss_prompt(text))
 
-    def adapter_config(self, train, in_dim: int, out_dim: int = 0, vis_dim: int = 0):
+    def adapter_config(self, train, in_dim: int, out_dim: int = 0, vis_dim: int = 0,
+                       bank_dim: int = 0):
         from gguf_trainer.model.adapters import AdapterConfig
 
         return AdapterConfig(kind=self.adapter_kind, in_dim=in_dim, out_dim=out_dim or self.out_dim,
                              width=train.width, depth=train.depth, num_queries=self.num_queries,
                              seed_vocab=self.seed_vocab, seed_rank=train.seed_rank or 384,
-                             vis_dim=vis_dim or VIS_DIM)
+                             vis_dim=vis_dim or VIS_DIM, n_bank=self.n_bank,
+                             bank_dim=(bank_dim or BANK_DIM) if self.n_bank else 0,
+                             bank_align=bool(self.n_bank))
 
     # -- the teacher's vocabulary and embedding table (export and the seed PCA) --------------
 
@@ -242,8 +293,19 @@ class Qwen35BridgePack(TrainerPack):
     def load_teacher(self, materials, plan, device):
         from ..teachers.qwen35 import load_qwen35_teacher
 
-        return load_qwen35_teacher(materials["teacher"], device, self.num_queries, plan.mode,
-                                   plan.cpu_gib)
+        slots = load_qwen35_teacher(materials["teacher"], device, self.num_queries, plan.mode,
+                                    plan.cpu_gib)
+        if not self.n_bank:
+            return slots
+        from ..teachers.qwen35_bank import PADDING, TAPS, BankTeacher, WithBank
+        from ..teachers.qwen_taps import TapLayout, load_tap_teacher
+
+        taps = load_tap_teacher(materials["bank_teacher"], device, student_pieces=None,
+                                layout=TapLayout(taps=TAPS, padding=PADDING),
+                                family="FLUX.3 bank", mode=plan.mode, ram_limit_gib=plan.cpu_gib)
+        bank = BankTeacher(taps, self.n_bank)
+        bank.check_template()
+        return WithBank(slots, bank)
 
     def check_teacher(self, materials) -> str:
         from ..teachers.qwen35 import read_config, text_config
@@ -255,25 +317,37 @@ class Qwen35BridgePack(TrainerPack):
     def teacher_gib(self, materials, device) -> float:
         import torch
 
-        root = Path(materials["teacher"])
-        files = sorted(root.glob("*.safetensors")) if root.is_dir() else []
+        roots = [Path(materials[m]) for m in ("teacher", "bank_teacher")
+                 if m == "teacher" or (self.n_bank and m in materials)]
+        files = [f for r in roots if r.is_dir() for f in sorted(r.glob("*.safetensors"))]
         if not files:
             return self.teacher_memory_gib
         gib = sum(f.stat().st_size for f in files) / 2**30
         return gib if torch.device(device).type == "cuda" else 2 * gib
 
     def demo_materials(self, folder):
-        """A tiny real Qwen3.5 (hybrid Gated-DeltaNet, the full vocabulary; tiny/qwen35.py)."""
+        """A tiny real Qwen3.5 (hybrid Gated-DeltaNet, the full vocabulary; tiny/qwen35.py) and
+        a tiny real Qwen3-VL as deep as FLUX.3's deepest tap (the bank teacher)."""
         from gguf_trainer.tiny.qwen35 import copy_tiny_qwen35
+        from gguf_trainer.tiny.qwen_taps import write_tiny_tap_teacher
 
-        return {"teacher": copy_tiny_qwen35(folder / f"{self.id}-teacher-tiny")}
+        from ..teachers.qwen35_bank import TAPS
+
+        return {"teacher": copy_tiny_qwen35(folder / f"{self.id}-teacher-tiny"),
+                "bank_teacher": write_tiny_tap_teacher(folder / f"{self.id}-bank-teacher-tiny",
+                                                       "qwen3_vl", max(TAPS))}
 
     def build_mock_teacher(self, project):
-        return MockBridgeTeacher(self.id, self.num_queries, self.out_dim)
+        slots = MockBridgeTeacher(self.id, self.num_queries, self.out_dim)
+        if not self.n_bank:
+            return slots
+        from ..teachers.qwen35_bank import MockBank, WithBank
+
+        return WithBank(slots, MockBank(self.n_bank, BANK_DIM))
 
     def describe(self) -> dict:
         return {**super().describe(), "family": self.family, "serves": self.serves,
-                "max_slots": self.num_queries}
+                "max_slots": self.num_queries, "bank_slots": self.n_bank}
 
 
 PACK = Qwen35BridgePack()

@@ -83,6 +83,8 @@ def export_checkpoint(project, which: str, dest, is_snapshot: bool, ck: dict | N
     is_folded = bool(ck.get("folded"))  # data.kept_steps: folded as this export folds
     fold = {"mu": ck["mu"], "sigma_f": ck["sigma_f"]} if ck.get("standardized") and not is_folded \
         else {}
+    if ck.get("bank_mu") is not None and not is_folded:  # the bridge's FLUX.3 bank head
+        fold["bank_fold"] = (ck["bank_mu"], ck["bank_sigma_f"])
     kind = "snapshot" if is_snapshot else "final"
     meta = export_metadata(project, ck, which, is_snapshot)
     rank = project.settings.train.seed_rank

@@ -145,6 +145,7 @@ def build_shard(
         tensors["sup_start"] = torch.tensor([t.sup_start for t in targets], dtype=torch.int32)
     if ctx.vision_proj is not None:
         tensors.update(_vision_tensors(samples, ctx.vision_proj.shape[1]))
+    tensors.update(ctx.pack.shard_extras(targets))  # a second target set (the bridge's bank)
     return tensors
 
 

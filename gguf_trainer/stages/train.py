@@ -30,6 +30,7 @@ from gguf_trainer.base import project_file, safe_delete
 from gguf_trainer.base.errors import UserError
 from gguf_trainer.base.jsonvals import finite
 from gguf_trainer.base.paths import BEST, CHECKPOINTS_DIR, LAST, STALE_PREFIX, tool_files_in
+from gguf_trainer.data.bank_rows import bank_loss, bank_stats_for, score_bank
 from gguf_trainer.data.checkpoints import (
     TrainProgress,
     checkpoint_path,
@@ -49,6 +50,7 @@ from gguf_trainer.data.shards import (
     Stats,
     StreamPos,
     dims,
+    iter_batches,
     shard_files,
 )
 from gguf_trainer.machine import distributed, hardware
@@ -115,6 +117,10 @@ def build_model(pack, cfg, seed: int, stats: Stats, vision_proj=None, skip=None,
         from gguf_trainer.model.slot_resampler import set_seed_table
 
         set_seed_table(model, seed_table)
+    if getattr(model, "out_bank", None) is not None:  # the bridge's FLUX.3 bank: its mean too
+        from gguf_trainer.data.bank_rows import start_bank
+
+        start_bank(model)
     return model
 
 
@@ -132,15 +138,21 @@ def train_step(
     recipe: Recipe | None = None,
     scales=None,
     n_taps: int = 1,
+    bank_stats: Stats | None = None,
 ) -> tuple[torch.Tensor, dict]:
     """One optimisation step: forward and loss -> backward -> clip -> step. A non-finite loss
     returns before anything is updated (the caller stops the run). With `ranks`
     (distributed.TrainRanks) `batch` is this rank's slice of the global batch: the loss and
-    the gradients are those of the global batch on every rank."""
+    the gradients are those of the global batch on every rank. `bank_stats`: the Qwen3.5
+    bridge's FLUX.3 bank head is trained too, its loss added (data/bank_rows.py)."""
     fit = None if recipe is None else RowFit.for_batch(batch, recipe, scales, n_taps)
     with autocast:
         pred = forward_rows(model, batch)  # the rows the loss reads, nothing else
     loss, parts = compute_loss(pred.float(), batch, stats, standardized, cos_weight, fit)
+    if bank_stats is not None and batch.bank is not None:
+        with autocast:
+            bank, bank_parts = bank_loss(model, batch, bank_stats, cos_weight)
+        loss, parts = loss + bank, {**parts, **bank_parts}
     shown = loss
     if ranks is not None:
         n_rows = None if fit is None else fit.weight_sum
@@ -227,6 +239,7 @@ def run_train(project, report, train_fp: str, skip=None) -> str:
     cfg = pack.adapter_config(s, **dims(train_files[0]))  # the adapter's dims come from the shards
     n_taps = max(1, len(cfg.taps))
     stats, scales = recipe_stats(train_files, recipe, n_taps)
+    bstats = bank_stats_for(cfg, train_files, s.sigma_floor, ranks)  # None without a bank
     fit_recipe = recipe if recipe.needs_classes or recipe.cosine != "row" else None
     proj = load_vision_proj(paths.vision_proj) if pack.vis_dim and cfg.vis_dim else None
     # A slot kind's frozen seed table (None for the others); a resume takes it from last.pt, so
@@ -236,6 +249,7 @@ def run_train(project, report, train_fp: str, skip=None) -> str:
     model = build_model(pack, cfg, s.seed, stats, proj, skip, recipe.standardized,
                         seed_table=table).to(device)
     stats = _stats_to(stats, device)
+    bstats = None if bstats is None else _stats_to(bstats, device)
     scales = None if scales is None else scales.to(device)
     log.info("train: recipe %s", recipe.describe())
     if hardware.use_grad_checkpointing(s.grad_checkpoint, device):
@@ -276,6 +290,8 @@ def run_train(project, report, train_fp: str, skip=None) -> str:
         "recipe": asdict(recipe),
         "val_cos": None if val is None else val["val_cos"],
         "val": None if val is None else finite(val),
+        **({} if bstats is None else {"bank_mu": bstats.mu.cpu(),
+                                      "bank_sigma_f": bstats.sigma_f.cpu()}),
     }
     snapshot = _Snapshot(paths.snapshot_request)
     kept = KeptSteps(paths, Schedule.from_settings(s))  # train.history: weights-only copies
@@ -304,6 +320,7 @@ def run_train(project, report, train_fp: str, skip=None) -> str:
             fit_recipe,
             scales,
             n_taps,
+            bstats,
         )
         if not torch.isfinite(loss):
             raise UserError(
@@ -323,6 +340,7 @@ def run_train(project, report, train_fp: str, skip=None) -> str:
                     "cos": parts["cos"],
                     "lr": lr,
                     "steps_per_s": round(rate, 3),
+                    **{k: parts[k] for k in ("bank_cos", "bank_mse") if k in parts},
                 },
             )
             new = read_steps(paths)
@@ -356,11 +374,18 @@ def run_train(project, report, train_fp: str, skip=None) -> str:
                 means = SetMeans.of(val_files, s.batch_size, pack.fixed_rows)
             val = validate(model, val_files, pack, stats, s.batch_size, device,
                            recipe.standardized, means, n_taps)
+            if bstats is not None:  # both heads: best.pt picks by their mean cosine
+                val.update(score_bank(model, iter_batches(val_files, s.batch_size,
+                                                          pack.fixed_rows), bstats, device))
+                val["val_cos"] = 0.5 * (val["val_cos"] + val["bank_cos"])
             # the centred cosine of the DiT's token (and pad) rows leads the chart and the
             # health line; val_cos (the pack's headline) stays best.pt's pick
             report.metrics(prog.step, {"val_cos": val["val_cos"], "val_rel_mse": val["rel_mse"],
                                        **{k: val[k] for k in ("val_cc_tokens", "val_cc_pads")
-                                          if val[k] is not None}})
+                                          if val[k] is not None},
+                                       **{f"val_{k}": val[k] for k in ("bank_cos",
+                                                                       "bank_baseline_cos")
+                                          if k in val}})
             # Only scheduled validations pick best.pt: a snapshot leaves the run's result unchanged.
             if is_scheduled and val["val_cos"] > prog.best_val_cos:
                 prog.best_val_cos = val["val_cos"]

@@ -308,6 +308,14 @@ class TrainSettings(_Section):
                        advanced=True,
                        packs=("t5xxl_pixart", "t5xxl_chroma", "umt5xxl_wan", "qwen35_bridge"),
                        why="the rank cannot exceed the adapter width (at most 16384)")
+    # The Qwen3.5 bridge's FLUX.3 bank head (data/bank_rows.py): its rows, 0 = no bank.
+    bank_slots: Int = S(0, "FLUX.3 bank rows", "qwen35_bridge: 0 = the MOSS-Image slot head "
+                        "only; n (a multiple of 80, e.g. 240) = also train the FLUX.3 Klein bank "
+                        "head of n rows on Qwen3-VL-4B's 8-tap stack of the prompt (needs the "
+                        "bank_teacher material), so --prompt-upsampler pig_clip "
+                        "--prompt-upsampler-adapter serves FLUX.3", ge=0, le=4080,
+                        advanced=True, packs=("qwen35_bridge",),
+                        why="the engine's bank holds the FLUX.3 template of at most 4080 rows")
     grad_checkpoint: Literal["auto", "on", "off"] = S(
         "auto", "Gradient checkpointing", "trade compute for memory", live=True, advanced=True)
     log_every: Int = S(25, "Log every", "steps between log lines (and live steps checks)", ge=1,
