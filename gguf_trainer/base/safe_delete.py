@@ -125,23 +125,14 @@ def _lstat(path: Path) -> os.stat_result | None:
 
 def _gguf_names(path: Path) -> str | None:
     """general.name of a GGUF, read with bounds; None if unreadable."""
-    try:
-        from gguf_trainer.base import gguf_bounds  # ROBUST's bounded pre-scan, when present
+    from gguf_trainer.base.gguf_read import read_gguf  # bounded, and fast on a vocabulary
 
-        gguf_bounds.check_gguf(path)
-    except ImportError:
-        pass
+    try:
+        field = read_gguf(path).fields.get("general.name")
     except Exception:  # noqa: BLE001 - anything unreadable is simply "not ours"
         return None
-    try:
-        from gguf import GGUFReader
-
-        field = GGUFReader(str(path), "r").fields.get("general.name")
-        if field is None:
-            return None
-        return bytes(field.parts[field.data[0]]).decode("utf-8", errors="replace")
-    except Exception:  # noqa: BLE001
-        return None
+    value = None if field is None else field.contents()
+    return value if isinstance(value, str) else None
 
 
 def check_recorded_file(path: str | os.PathLike, record: dict | None,

@@ -28,11 +28,11 @@ from pathlib import Path
 import numpy as np
 import torch
 import transformers
-from gguf import GGMLQuantizationType, GGUFReader
+from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from gguf_trainer.base.errors import UserError
-from gguf_trainer.base.gguf_bounds import check_gguf
+from gguf_trainer.base.gguf_read import GGUFFile, read_gguf
 from gguf_trainer.engine.qwen_ids import PAD_ID
 
 log = logging.getLogger(__name__)
@@ -67,23 +67,12 @@ _LAYER = re.compile(r"layers\.(\d+)\.")
 # ---------------------------------------------------------------- reading the GGUF
 
 
-def _open_reader(path: Path) -> GGUFReader:
+def _open_reader(path: Path) -> GGUFFile:
     if not path.is_file():
         raise UserError(f"{path} does not exist; choose {SHIPPED_FILE} in Setup → Student.")
-    # Counts and sizes are checked against the file before GGUFReader allocates anything.
-    check_gguf(path, fix=f"re-download {SHIPPED_FILE}")
-    try:
-        return GGUFReader(path)
-    # gguf raises ValueError (incl. UnicodeDecodeError) for a bad magic, an empty file, a
-    # garbled header or a short tensor region, IndexError when the header itself is cut and
-    # KeyError for duplicate keys: all mean "not a whole GGUF".
-    except (ValueError, IndexError, KeyError) as exc:
-        log.debug("GGUFReader(%s) failed: %r", path, exc)
-        raise UserError(
-            f"{path} is truncated or not a GGUF file; re-download {SHIPPED_FILE}."
-        ) from None
-    except OSError as exc:  # unreadable: permissions, I/O error
-        raise UserError(f"{path} cannot be read ({exc.strerror}); check the file.") from None
+    # Bounded (every count checked against the file: a short, garbled or truncated file is
+    # "truncated or not a GGUF file; re-download ...") and fast on the file's vocabulary.
+    return read_gguf(path, fix=f"re-download {SHIPPED_FILE}")
 
 
 def hf_name(gguf_name: str) -> str | None:
