@@ -87,7 +87,50 @@ def pytest_itemcollected(item):
     item.user_properties.append(("tier", tier_of({m.name for m in item.iter_markers()})))
 
 
+# pytest-xdist (.ci/run: `-n 2 --dist loadfile`): a module's tests run on one worker (its module
+# fixtures built once), and so do the modules of a group here: those sharing a session fixture a
+# `gguf-trainer demo` subprocess builds (~40 s), or a build folder engine_build's cache lock does
+# not cover (ming_engine.build_probe). pytest_collection_modifyitems checks the fixture groups.
+XDIST_GROUPS = {
+    "pixart_demo": ("e2e/test_t5_demo.py", "e2e/test_demo_travels.py"),
+    "ming_probe": ("engine/test_ming_adapter_engine.py", "engine/test_ming_teacher_engine.py"),
+}
+SHARED_SESSION_FIXTURES = ("pixart_demo",)
+
+
+def xdist_scope(nodeid: str) -> str:
+    """The unit of work one xdist worker takes whole: the test's module, or its group's name."""
+    module = nodeid.split("::", 1)[0]
+    rel = module.split("tests/", 1)[-1]
+    return next((g for g, modules in XDIST_GROUPS.items() if rel in modules), module)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile` by xdist_scope, the slow tiers' modules first in collection order (their
+    folders come first: a long e2e module started last would leave one worker idle at the end;
+    xdist's own order is by test count). xdist 3.8's `--dist loadgroup` groups nothing under
+    pytest 9 (it renames `item._nodeid`, which pytest 9 no longer reads)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleGroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_scope(nodeid)
+
+    config.option.loadscopereorder = False
+    return ModuleGroupScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        rel = os.path.relpath(str(item.path), _TESTS).replace(os.sep, "/")
+        for name in SHARED_SESSION_FIXTURES:
+            if name in getattr(item, "fixturenames", ()) and rel not in XDIST_GROUPS[name]:
+                raise pytest.UsageError(
+                    f"{rel} uses the session fixture {name}: add it to XDIST_GROUPS[{name!r}] in "
+                    "tests/conftest.py, so that pytest-xdist runs it on the worker that builds it")
     try:
         import torch
 

@@ -19,6 +19,8 @@ probe.cpp's Fibo2Probe.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import pwd
@@ -57,6 +59,32 @@ def cache_root() -> Path:
     )
 
 
+_HELD = [0]  # this process's depth inside cache_lock (re-entered: build_t5clip calls build)
+
+
+@contextlib.contextmanager
+def cache_lock():
+    """The cache folder's exclusive lock (fcntl on <cache>/.lock), held while it is fetched,
+    unpacked or built: under pytest-xdist two workers' engine modules may ask at once, and the
+    second must find the first's build rather than write the same files beside it."""
+    if _HELD[0]:
+        _HELD[0] += 1
+        try:
+            yield
+        finally:
+            _HELD[0] -= 1
+        return
+    root = cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # released when f closes
+        _HELD[0] = 1
+        try:
+            yield
+        finally:
+            _HELD[0] = 0
+
+
 def build_root() -> Path:
     """The cache folder of the pinned sdist: its tarball, unpacked source, snippets and build."""
     return cache_root() / SDIST_SHA256[:16]
@@ -79,6 +107,11 @@ def _sha256(path: Path) -> str:
 def fetch_sdist(folder: Path) -> Path:
     """The pinned sdist in `folder`, downloaded from the registry when absent; refused when its
     sha256 is not the pinned one."""
+    with cache_lock():
+        return _fetch_sdist(folder)
+
+
+def _fetch_sdist(folder: Path) -> Path:
     path = folder / SDIST
     if not path.is_file():
         folder.mkdir(parents=True, exist_ok=True)
@@ -109,6 +142,13 @@ def unpack(sdist: Path, dest: Path) -> Path:
     engine = dest / ENGINE
     if (dest / ".unpacked").is_file():
         return engine
+    with cache_lock():
+        if not (dest / ".unpacked").is_file():  # another worker may have unpacked it meanwhile
+            _unpack(sdist, dest)
+    return engine
+
+
+def _unpack(sdist: Path, dest: Path) -> None:
     with tarfile.open(sdist) as tar:
         members = [
             m
@@ -117,7 +157,6 @@ def unpack(sdist: Path, dest: Path) -> Path:
         ]
         tar.extractall(dest, members=members, filter="data")
     (dest / ".unpacked").write_text("ok\n")
-    return engine
 
 
 def source_lines(engine: Path, file: str, first: int, last: int) -> list[str]:
@@ -347,7 +386,8 @@ def build(jobs: int = 2, log=print) -> Path:
     built. Once per process: each test module asks, and a no-op cmake run of the three
     targets costs 5-15 s on a loaded 2-core machine."""
     if "probe" not in _BUILT:
-        _BUILT["probe"] = _build(jobs, log)
+        with cache_lock():
+            _BUILT["probe"] = _build(jobs, log)
     return _BUILT["probe"]
 
 
@@ -443,6 +483,12 @@ def build_t5clip(jobs: int = 2, log=print) -> Path:
     probe = build(jobs, log)
     if "t5clip" in _BUILT:
         return _BUILT["t5clip"]
+    with cache_lock():
+        _BUILT["t5clip"] = _build_t5clip(probe, jobs, log)
+    return _BUILT["t5clip"]
+
+
+def _build_t5clip(probe: Path, jobs: int, log) -> Path:
     t0 = time.perf_counter()
     res = subprocess.run(
         ["cmake", "--build", str(probe.parent), "--target", "t5clip_probe", "-j", str(jobs)],
@@ -458,8 +504,7 @@ def build_t5clip(jobs: int = 2, log=print) -> Path:
         f"engine tier: T5CLIPEmbedder driver {'built' if 'Linking' in res.stdout else 'up to date'}"
         f" in {time.perf_counter() - t0:.1f} s"
     )
-    _BUILT["t5clip"] = probe.parent / "t5clip_probe"
-    return _BUILT["t5clip"]
+    return probe.parent / "t5clip_probe"
 
 
 if __name__ == "__main__":
