@@ -133,7 +133,34 @@ def copy_tiny_ming(dest: Path) -> Path:
     return dest
 
 
-def released_files(model: MingTextEncoder) -> dict[str, dict]:
+# A tiny Qwen2.5-VL tower with what MingImageVisionRunner hard-codes (ming_image_te.hpp 112-123):
+# 16 heads, 112 px windows, full attention at block 7 (of 8), patch 14, merge 2, temporal 2.
+TINY_VISION = {"depth": 8, "hidden_size": 128, "intermediate_size": 96, "out_hidden_size": 96,
+               "num_heads": 16, "window_size": 112, "patch_size": 14, "spatial_merge_size": 2,
+               "temporal_patch_size": 2, "fullatt_block_indexes": [7], "in_channels": 3,
+               "hidden_act": "silu"}
+
+
+def build_tiny_ming_vision(seed: int = SEED + 1, hidden: int = TINY.hidden):
+    """teachers/ming_vision.py's MingVision on TINY_VISION with seeded weights (linears
+    N(0, 1/fan_in), norms 1 + N(0, 0.1), biases N(0, 0.02)); float32, eval."""
+    from gguf_trainer.teachers.ming_vision import MingVision, vision_config
+
+    model = MingVision(vision_config(dict(TINY_VISION)), hidden)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
+            if p.ndim == 1 and "norm" in name or "ln_q" in name:
+                p.copy_(1.0 + 0.1 * noise)
+            elif p.ndim == 1:
+                p.copy_(0.02 * noise)
+            else:
+                p.copy_(noise / p[0].numel() ** 0.5)
+    return model.float().eval().requires_grad_(False)
+
+
+def released_files(model: MingTextEncoder, vision=None) -> dict[str, dict]:
     """The tiny model in the released snapshot's layout, written out by hand from the model's own
     loaders (modeling_bailingmm2.py, modeling_bailing_moe_v2.py; not by inverting
     teachers/ming_release.py): {component: {source name: tensor}}, the experts unfused, plus
@@ -167,6 +194,8 @@ def released_files(model: MingTextEncoder) -> dict[str, dict]:
         for proj in ("gate_proj", "up_proj", "down_proj"):
             mllm[f"{src}mlp.shared_experts.{proj}.weight"] = \
                 sd[f"{dst}mlp.shared_experts.{proj}.weight"]
+    if vision is not None:  # the tower and linear_proj under the release's own names
+        mllm.update(vision.state_dict())
     connector = {"model.embed_tokens.weight": torch.zeros(8, cfg.conn_hidden),
                  "lm_head.weight": torch.zeros(8, cfg.conn_hidden)}
     for k, v in sd.items():
@@ -208,20 +237,22 @@ def released_configs(cfg: MingConfig, connector_norm: bool = False) -> dict[str,
            "use_vlm_directvlm_condition": True, "use_learnable_token_condition": True,
            "use_identity_mlp": True}
     return {"mllm": {"architectures": ["BailingMM2NativeForConditionalGeneration"],
-                     "mlp_depth": 2, "llm_config": llm},
+                     "mlp_depth": 2, "llm_config": llm, "vision_config": dict(TINY_VISION)},
             "connector": connector, "mlp": mlp}
 
 
 def write_released_snapshot(dest: Path, model: MingTextEncoder | None = None, *,
-                            connector_norm: bool = False, dtype=torch.float32) -> Path:
-    """`model` (default the tiny one) as a released Ming-Image snapshot: mllm/ in two shards
-    with model.safetensors.index.json, connector/ with its index, mlp/model.safetensors, the
-    three config.json and mllm/tokenizer.json."""
+                            connector_norm: bool = False, dtype=torch.float32,
+                            vision=None) -> Path:
+    """`model` (default the tiny one) and `vision` (default the tiny tower) as a released
+    Ming-Image snapshot: mllm/ in two shards with model.safetensors.index.json, connector/ with
+    its index, mlp/model.safetensors, the three config.json and mllm/tokenizer.json."""
     from safetensors.torch import save_file
 
     model = model or build_tiny_ming()
+    vision = vision or build_tiny_ming_vision(hidden=model.cfg.hidden)
     dest = Path(dest)
-    files = released_files(model)
+    files = released_files(model, vision)
     configs = released_configs(model.cfg, connector_norm)
     for comp, tensors in files.items():
         folder = dest / comp
