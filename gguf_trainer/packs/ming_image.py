@@ -112,7 +112,8 @@ class MingImagePack(TrainerPack):
     engine_notes = (
         "The adapter carries the Ling tokenizer.json: no Ling GGUF is needed.",
         "Design-Layer: the same adapter with the -layer DiT.",
-        "Text-to-image only so far: edits need the vision path (next step).",
+        ("Edits: the export writes pig_ming_vision-f16.gguf from the released snapshot; add "
+         "--llm_vision <it> --ref-image ref.png (the adapter is trained text-only so far)."),
     )
     export_kv = {
         "adapter.teacher": MING_DESIGN,
@@ -224,6 +225,28 @@ class MingImagePack(TrainerPack):
         if not files:
             return self.teacher_memory_gib
         return sum(f.stat().st_size for f in files) / 2**30
+
+    def write_companions(self, project, adapter_path, may_write=None):
+        """`<base>_vision-f16.gguf` (pig_ming_vision-f16.gguf, ggk's --llm_vision for edits)
+        from the released snapshot's tower, rebuilt only when a shard is newer; none, said in
+        one line, for a teacher without one (the demo's, a mock)."""
+        import logging
+
+        from ..teachers.ming_release import is_released
+        from ..teachers.ming_vision_export import vision_file_for, write_ming_vision_gguf
+
+        root = None if project.settings.precompute.mock_teacher else \
+            project.material_path("teacher")
+        if root is None or not is_released(root):
+            logging.getLogger(__name__).info(
+                "export: no pig_ming_vision companion (the teacher is not the released "
+                "Ming-Image snapshot); the ggk command leaves --llm_vision out: text-to-image "
+                "works, edits need it")
+            return []
+        dest = vision_file_for(adapter_path)
+        if may_write is not None:
+            may_write(Path(dest))
+        return [Path(write_ming_vision_gguf(root, dest)["path"])]
 
     def demo_materials(self, folder):
         """A tiny real Ming text encoder (tiny/ming.py) and the tests' Ling-like tokenizer."""

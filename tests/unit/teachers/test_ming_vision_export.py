@@ -81,3 +81,28 @@ def test_a_snapshot_without_a_tower_has_no_companion(tmp_path):
               str(tmp_path / "mllm" / "model.safetensors"))
     with pytest.raises(UserError, match="holds no vision tower"):
         write_ming_vision_gguf(tmp_path, tmp_path / "v.gguf")
+
+
+def _project(teacher, mock=False):
+    from types import SimpleNamespace
+
+    settings = SimpleNamespace(precompute=SimpleNamespace(mock_teacher=mock))
+    return SimpleNamespace(settings=settings, material_path=lambda mid: teacher)
+
+
+def test_the_pack_writes_the_companion_beside_the_adapter(snapshot, tmp_path, caplog):
+    import logging
+
+    from gguf_trainer.packs import get_pack
+    from gguf_trainer.tiny.ming import copy_tiny_ming
+
+    pack = get_pack("ming_image")
+    adapter = tmp_path / "pig_ming_adapter-f16.gguf"
+    asked = []
+    (written,) = pack.write_companions(_project(snapshot), adapter, may_write=asked.append)
+    assert written == tmp_path / "pig_ming_vision-f16.gguf" and written.is_file()
+    assert asked == [written]
+    with caplog.at_level(logging.INFO):
+        assert pack.write_companions(_project(copy_tiny_ming(tmp_path / "demo")), adapter) == []
+        assert pack.write_companions(_project(snapshot, mock=True), adapter) == []
+    assert "no pig_ming_vision companion" in caplog.text
