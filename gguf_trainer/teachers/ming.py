@@ -17,6 +17,10 @@ What it computes for one Ling prompt of P tokens (T:818-840 builds the sequence,
     direct  = proj_directvlm.1(RMSNorm_1e-5(cat(hs[5], hs[12], norm(final))[:P]))   (P, 3840)
     caption = proj_out(connector(proj_in(norm(final)[P+1 : P+257])))                (256, 2560)
 
+An edit's reference image (`images=`): its tower rows (teachers/ming_vision.py) over the
+<imagePatch> run of the HUMAN turn, a (grid_h, grid_w) frame of the video rope at the next t with
+centred h / w, routed through image_gate; the direct rows then include the image block's.
+
 hs[i] is Hugging Face's hidden_states[i], the output of block i-1 (T:578-583). The connector is a
 Qwen2 stack fed embeddings: bidirectional, positions 0..255, NEOX rope over the whole 128-wide
 head at theta 1e6, q/k/v biased (llm.hpp 256-269, 1406-1408, 1726-1815); the engine reads its
@@ -334,22 +338,31 @@ class MingOutput:
     states: list  # per sample (P_i, hidden * (len(direct_states) + 1)): hs[5], hs[12], final norm
 
 
-def video_positions(prompt_len: int, num_queries: int) -> torch.Tensor:
-    """(3, P + num_queries + 2) int64 t/h/w positions of one sequence (T:842-875): the prompt
-    counts up, <image> takes the next, the query bank is a (1, num_queries) frame one later with
-    w centred on it, </image> continues at t + 1."""
+def video_positions(prompt_len: int, num_queries: int, image: tuple | None = None):
+    """(3, P + num_queries + 2) int64 t/h/w positions of one sequence and its (T,) bool image
+    mask (T:818-875). Text counts up on all three axes; an image block (start, grid_h, grid_w)
+    takes the next t for all its tokens with centred h / w offsets, and the text after it goes on
+    at t + 1. The query bank is a (1, num_queries) block at the position after the prompt's
+    <image>; `image` is an input image's run inside the prompt (an edit's reference)."""
     total = prompt_len + num_queries + 2
-    t = torch.arange(total)
-    h, w = t.clone(), t.clone()
-    qs = prompt_len + 1
-    base = qs
-    i = torch.arange(num_queries)
-    t[qs : qs + num_queries] = base
-    h[qs : qs + num_queries] = base  # grid_h 1: hi - (1 - 1) // 2 = 0
-    w[qs : qs + num_queries] = base + i - (num_queries - 1) // 2
-    tail = qs + num_queries
-    t[tail:] = h[tail:] = w[tail:] = base + 1 + torch.arange(total - tail)
-    return torch.stack([t, h, w])
+    pos = torch.zeros(3, total, dtype=torch.long)
+    is_image = torch.zeros(total, dtype=torch.bool)
+    blocks = ([image] if image is not None else []) + [(prompt_len + 1, 1, num_queries)]
+    nxt = tok = 0
+    for start, gh, gw in blocks:
+        if start < tok or start + gh * gw > total:
+            raise ValueError(f"image block {(start, gh, gw)} outside the sequence")
+        pos[:, tok:start] = torch.arange(nxt, nxt + start - tok)
+        nxt += start - tok
+        i = torch.arange(gh * gw)
+        span = slice(start, start + gh * gw)
+        pos[0, span] = nxt
+        pos[1, span] = nxt + i // gw - (gh - 1) // 2
+        pos[2, span] = nxt + i % gw - (gw - 1) // 2
+        is_image[span] = True
+        tok, nxt = start + gh * gw, nxt + 1
+    pos[:, tok:] = torch.arange(nxt, nxt + total - tok)
+    return pos, is_image
 
 
 def video_rope(pos: torch.Tensor, rope_dim: int, theta: float):
@@ -391,8 +404,12 @@ class MingTextEncoder(nn.Module):
         return list(prompt) + [IMAGE_START] + [IMAGE_PATCH] * self.cfg.num_queries + [IMAGE_END]
 
     @torch.no_grad()
-    def forward(self, prompts: list[list[int]], want_states: bool = False) -> MingOutput:
+    def forward(self, prompts: list[list[int]], want_states: bool = False,
+                images: list | None = None) -> MingOutput:
         """prompts: the Ling ids of each templated prompt (Ming's template, no generation block).
+        images: per prompt None or (rows (n, hidden), start, grid_h, grid_w): an input image's
+        tower rows (ming_vision.py) laid over its <imagePatch> run from `start` (T:672-693), its
+        tokens routed through image_gate like the query bank's.
         Right-padded batch: each sequence ends with its query block and every layer is causal,
         so a real row never reads a pad and each sample equals its own unpadded run."""
         cfg = self.cfg
@@ -406,16 +423,21 @@ class MingTextEncoder(nn.Module):
         cos = torch.zeros(b, total, cfg.rope_dim // 2)
         sin = torch.zeros_like(cos)
         image = torch.zeros(b, total)
+        images = images or [None] * b
         for i, p in enumerate(prompts):
             seq = self.sequence(p)
             ids[i, : len(seq)] = torch.tensor(seq)
-            pos = video_positions(len(p), nq)
+            block = None if images[i] is None else tuple(images[i][1:])
+            pos, is_image = video_positions(len(p), nq, block)
             c, s = video_rope(pos, cfg.rope_dim, cfg.rope_theta)
             cos[i, : len(seq)], sin[i, : len(seq)] = c, s
-            image[i, len(p) + 1 : len(p) + 1 + nq] = 1.0
+            image[i, : len(seq)] = is_image.float()
         x = self.thinker.embed_tokens(ids.to(dev)).to(dtype)
         for i, p in enumerate(prompts):
             x[i, len(p) + 1 : len(p) + 1 + nq] = self.query_tokens
+            if images[i] is not None:
+                rows, start = images[i][0], images[i][1]
+                x[i, start : start + rows.shape[0]] = rows.to(dev, dtype)
         causal = torch.full((total, total), float("-inf")).triu(1).to(dev, dtype)
         mask = causal[None, None]
         cos, sin, image = cos.to(dev), sin.to(dev), image.to(dev)

@@ -14,6 +14,10 @@ each <= 1e-4 relative (max |diff| over max |value|):
     directvlm Linear is the identity (192 = 3 x 64) exposes RMSNorm(cat(hs5, hs12, final)),
     compared segment by segment.
 
+An edit's reference image (the tiny tower's rows over the template's <imagePatch> run, a
+3x4 and a 2x2 grid): the port's grid positions, splice and image_gate routing = the engine's
+(`te ... V.bin START GH GW`), caption and direct rows <= 1e-4.
+
 The released snapshot's layout (mllm/ shards + index, connector/, mlp/, the three config.json:
 tiny/ming.py write_released_snapshot) read by teachers/ming_release.py gives a teacher that equals
 the engine running the same weights under its own names, caption and direct rows <= 1e-4.
@@ -184,3 +188,42 @@ def test_the_released_layout_is_read_into_what_the_engine_computes(binary, tiny,
         assert rel_cap <= RTOL and rel_dir <= RTOL, (text[:24], rel_cap, rel_dir)
     print(f"released layout -> teacher vs MingImageTextRunner: caption {worst['caption']:.2e}, "
           f"direct {worst['direct']:.2e}")
+
+
+@pytest.mark.parametrize("grid", [(3, 4), (2, 2)], ids=["3x4", "2x2"])
+def test_an_edits_reference_image_is_read_as_the_engine_reads_it(binary, tiny, tmp_path, grid):
+    """The reference's rows (the tiny tower + linear_proj + L2 on an image of grid x 28 px)
+    over the <imagePatch> run of Ming's template: video-rope grid positions, image_gate
+    routing, caption and direct rows (the image block's included) = MingImageTextRunner's."""
+    from gguf_trainer.engine.ling_bpe import ming_prompt_ids
+    from gguf_trainer.tiny.ming import build_tiny_ming_vision
+
+    model, bpe = tiny
+    cfg = model.cfg
+    gh, gw = grid
+    image = torch.randn(3, gh * 28, gw * 28, generator=torch.Generator().manual_seed(gh * gw))
+    rows = build_tiny_ming_vision().encode(image)
+    assert rows.shape == (gh * gw, cfg.hidden)
+    write_te(tmp_path / "te.gguf", model)
+    probe = Probe(binary, te=tmp_path / "te.gguf")
+    worst = 0.0
+    try:
+        for text in TEXTS[:2]:
+            ids, start = ming_prompt_ids(bpe, text, gh * gw)
+            assert ids[start : start + gh * gw] == [157157] * (gh * gw)
+            (tmp_path / "ids.txt").write_text("".join(f"{i}\n" for i in ids))
+            rows.numpy().astype("<f4").tofile(tmp_path / "v.bin")
+            probe.ask(f"te {tmp_path}/ids.txt {tmp_path}/o.bin {tmp_path}/v.bin {start} {gh} {gw}")
+            got = np.fromfile(tmp_path / "o.bin", dtype=np.float32).reshape(-1, cfg.diffusion_dim)
+            with torch.no_grad():
+                out = model([ids], images=[(rows, start, gh, gw)])
+                blind = model([ids])
+            rel_cap = _rel(got[: cfg.num_queries, : cfg.caption_dim], out.caption[0].numpy())
+            rel_dir = _rel(got[cfg.num_queries :], out.direct[0].numpy())
+            worst = max(worst, rel_cap, rel_dir)
+            assert rel_cap <= RTOL and rel_dir <= RTOL, (text[:24], rel_cap, rel_dir)
+            # the image changed what the engine computes: the rows were read, not ignored
+            assert _rel(got[cfg.num_queries :], blind.direct[0].numpy()) > 1e-2
+    finally:
+        probe.close()
+    print(f"reference image {gh}x{gw}: torch port vs MingImageTextRunner worst rel {worst:.2e}")

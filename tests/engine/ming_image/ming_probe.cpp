@@ -1,11 +1,14 @@
 // The engine tier's Ming-Image driver: ggk 0.9.7's own code on the project's files.
 //   ming_probe TE.gguf|- ADAPTER.gguf|-      then one command per stdin line:
-//   te IDS.txt OUT.bin   MingImageTE::MingImageTextRunner::compute on the Ling prompt ids (one a
+//   te IDS.txt OUT.bin [V.bin START GH GW]
+//                        MingImageTE::MingImageTextRunner::compute on the Ling prompt ids (one a
 //                        line): the full text encoder path ggk runs for Ming-Image (thinker with the
 //                        256 query tokens spliced after <image>, connector, proj_out, directvlm),
 //                        output [diffusion_dim, 256 + P] as f32. TE.gguf holds the text encoder
 //                        under the names the engine reads after "text_encoders.llm." (thinker.*,
-//                        connector.*, query_tokens, proj_in/out, proj_directvlm.*).
+//                        connector.*, query_tokens, proj_in/out, proj_directvlm.*). With V.bin:
+//                        GH x GW input-image rows (f32, hidden each) over the <imagePatch> run
+//                        from START, as an edit's reference (ImageBlock).
 //   ling HEX             MingImageTE::build_prompt_tokens(text) with LingTokenizer, the slot ids of
 //                        MingImageAdapterEmbedder (conditioner.hpp 4079-4080), text only
 //   tok HEX              LingTokenizer::encode of the text alone
@@ -279,11 +282,18 @@ int main(int argc, char** argv) {
             std::string text = unhex(h);
             print_ids(cmd == "ling" ? MingImageTE::build_prompt_tokens(*ling, text, 0, 0, 0, nullptr) : ling->encode(text, nullptr));
         } else if (cmd == "te" && te) {
-            std::string ids_path, out_path;
-            in >> ids_path >> out_path;
+            std::string ids_path, out_path, vpath;
+            long long start = -1, gh = 0, gw = 0;
+            in >> ids_path >> out_path >> vpath >> start >> gh >> gw;
             std::vector<int32_t> ids = read_ids(ids_path);
             std::vector<int> tokens(ids.begin(), ids.end());
-            write_floats(out_path, te->compute(1, tokens));
+            if (vpath.empty()) {
+                write_floats(out_path, te->compute(1, tokens));
+            } else {  // an input image's rows over its <imagePatch> run (an edit's reference)
+                const int64_t hidden = te->config.backbone.hidden_size;
+                sd::Tensor<float> rows({hidden, gh * gw}, read_floats(vpath, static_cast<size_t>(hidden * gh * gw)));
+                write_floats(out_path, te->compute(1, tokens, rows, MingImageTE::ImageBlock{start, gh, gw}));
+            }
         } else if (cmd == "run" && adapter) {
             std::string hpath, ids_path, out_path, vpath;
             long long L, nv = 0, start = 0;
