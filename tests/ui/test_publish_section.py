@@ -1,5 +1,6 @@
 """Output tab › Publish to the Hugging Face Hub, in process: before the button it says what
-would go up, or the sentence publish would refuse with, and no request is made for either."""
+would go up, or the sentence publish would refuse with, and no request is made for either; after
+it, each state of the publish job in a line."""
 
 from __future__ import annotations
 
@@ -32,3 +33,24 @@ def test_the_box_builds_inside_the_output_tab():
             parts = output_tab.build()
         output_tab.wire(parts, gr.State(None), tab)
     assert parts.publish.button.value == "Publish" and parts.publish.private.value is False
+
+
+def test_the_box_says_each_state_of_the_publish_job_in_one_line():
+    base = {"pid": None, "progress": {}, "error": None, "result": None}
+    assert publish_section.status_md({**base, "status": "idle"}) == ""
+    assert publish_section.status_md({**base, "status": "running", "pid": 7, "progress": {
+        "phase": "uploading a.gguf, README.md to me/x"}}) == (
+        "**Publishing** (pid 7): uploading a.gguf, README.md to me/x")
+    done = {"url": "https://huggingface.co/me/x", "commit": "0123456789abcdef", "created": False,
+            "changed": True, "files": ["a.gguf", "README.md"], "visibility_kept": True}
+    assert publish_section.status_md({**base, "status": "done", "result": done}) == (
+        "* published a.gguf, README.md to https://huggingface.co/me/x (commit 0123456789).\n"
+        "* the repo existed already, so Private left its visibility as it was; change it in "
+        "the repo's settings on the Hub.")
+    # a state file edited by hand is a plain line, never a traceback
+    assert publish_section.status_md({**base, "status": "done", "result": {"url": 1}}) == (
+        "Last publish done.")
+    assert publish_section.status_md({**base, "status": "failed", "error": "the Hub said no."}) == (
+        "Last publish failed: the Hub said no.")
+    assert "publishing again sends only what the Hub lacks" in publish_section.status_md(
+        {**base, "status": "stopped"})
