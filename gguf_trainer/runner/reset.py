@@ -161,6 +161,8 @@ def _blocked(paths: ProjectPaths, target: str) -> str | None:
         )
     if jobs.is_running(paths.root, "snapshot"):
         return f"a snapshot export is running; wait for it before resetting {target}"
+    if jobs.is_running(paths.root, "publish"):  # it reads the exports a reset would delete
+        return f"a publish is uploading this project's files; wait for it before resetting {target}"
     return None
 
 

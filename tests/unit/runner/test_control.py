@@ -701,6 +701,16 @@ def test_a_running_snapshot_job_shows_in_status_json_and_blocks_reset(proj, caps
         jobs.stop_job(proj, "snapshot")
 
 
+def test_a_running_publish_blocks_reset(proj, capsys, job_module):
+    jobs.start_job(proj, "publish", f"{job_module}:slow", {})
+    try:
+        assert "publish" in control.reset_plan(proj, "output").blocked
+        code, _, err = run_cli(capsys, "reset", "--project", proj, "output")
+        assert code == EXIT_USER and "a publish is uploading" in err
+    finally:
+        jobs.stop_job(proj, "publish")
+
+
 def test_control_imports_no_torch():
     code = (
         "import sys, gguf_trainer.runner.control as c, gguf_trainer.runner.jobs, "
