@@ -26,7 +26,7 @@ from gguf_trainer.packs import get_pack
 from gguf_trainer.teachers.base import VisionSegment
 from gguf_trainer.teachers.qwen_taps import TapLayout, load_tap_teacher, mrope_positions
 from gguf_trainer.tiny import qwen_tokenizer_dir
-from gguf_trainer.tiny.qwen_taps import HIDDEN, write_tiny_tap_teacher
+from gguf_trainer.tiny.qwen_taps import HIDDEN
 
 PACK = get_pack("qwen3vl_fibo2")
 PAD, VSTART, VEND = 151655, 151652, 151653
@@ -167,8 +167,8 @@ def test_mrope_positions_are_the_engines():
 
 
 @pytest.fixture(scope="module")
-def teacher(tmp_path_factory):
-    root = write_tiny_tap_teacher(tmp_path_factory.mktemp("tiny") / "vl", "qwen3_vl", 4)
+def teacher(tiny_tap_teacher):
+    root = tiny_tap_teacher("qwen3_vl", 4)
     layout = TapLayout(taps=(1, 2, 3, 4), image_preprocess=preprocess_fibo2)
     t = load_tap_teacher(root, "cpu", student_pieces=PACK.student_pieces, layout=layout,
                          family="Fibo 2.0")

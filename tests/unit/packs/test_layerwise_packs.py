@@ -20,7 +20,7 @@ from gguf_trainer.model.student import load_tokenizer
 from gguf_trainer.packs import get_pack, pack_ids
 from gguf_trainer.teachers.qwen_taps import load_tap_teacher
 from gguf_trainer.tiny import qwen_tokenizer_dir
-from gguf_trainer.tiny.qwen_taps import HIDDEN, write_tiny_tap_teacher
+from gguf_trainer.tiny.qwen_taps import HIDDEN
 
 LAYERWISE = ("qwen3vl_krea2", "qwen3vl_flux3", "qwen3vl_fibo2", "qwen3vl_ideogram4", "qwen3vl_sefi",
              "qwen3_flux2_klein")
@@ -44,9 +44,8 @@ def encode():
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny")
-    return {arch: write_tiny_tap_teacher(root / arch, arch, 36) for arch in ("qwen3", "qwen3_vl")}
+def tiny(tiny_tap_teacher):
+    return {arch: tiny_tap_teacher(arch, 36) for arch in ("qwen3", "qwen3_vl")}
 
 
 def test_padding_is_pad_tokens():
@@ -165,8 +164,8 @@ def test_teacher_refuses_ids_that_are_not_the_students(tiny, encode):
         teacher.targets([s], [encode(pack.format_prompt("a fox"))[:-1]])
 
 
-def test_a_teacher_too_shallow_for_the_taps_is_refused(tmp_path):
-    root = write_tiny_tap_teacher(tmp_path / "shallow", "qwen3_vl", 20)
+def test_a_teacher_too_shallow_for_the_taps_is_refused(tiny_tap_teacher):
+    root = tiny_tap_teacher("qwen3_vl", 20)
     pack = get_pack("qwen3vl_krea2")
     with pytest.raises(UserError, match="20 decoder layers but the family taps layer 35"):
         load_tap_teacher(root, "cpu", pack.student_pieces, pack.tap_layout(), family="Krea2")

@@ -18,7 +18,7 @@ from gguf_trainer.model.student import load_tokenizer
 from gguf_trainer.packs import get_pack, pack_ids
 from gguf_trainer.teachers.qwen_taps import load_tap_teacher
 from gguf_trainer.tiny import qwen_tokenizer_dir
-from gguf_trainer.tiny.qwen_taps import HIDDEN, write_tiny_tap_teacher
+from gguf_trainer.tiny.qwen_taps import HIDDEN
 
 PROMPTS = ("a sheep in sunglasses", "a (red:1.3) fox, [blurry] background", "", " \t\n", "x " * 300)
 ASSISTANT = "<|im_end|>\n<|im_start|>assistant\n"
@@ -145,12 +145,8 @@ def test_template_start_and_pads_are_the_engines(pid, encode):
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny")
-    return {
-        "qwen3": write_tiny_tap_teacher(root / "qwen3", "qwen3", 36),
-        "qwen3_vl": write_tiny_tap_teacher(root / "qwen3_vl", "qwen3_vl", 51),
-    }
+def tiny(tiny_tap_teacher):
+    return {"qwen3": tiny_tap_teacher("qwen3", 36), "qwen3_vl": tiny_tap_teacher("qwen3_vl", 51)}
 
 
 def _hf_states(teacher, ids):
@@ -189,8 +185,8 @@ def test_the_teacher_rows_are_what_the_dit_reads(pid, tiny, encode):
         assert len(ids) == 284 and n < 284
 
 
-def test_a_teacher_too_shallow_for_the_tap_is_refused(tmp_path):
-    root = write_tiny_tap_teacher(tmp_path / "shallow", "qwen3", 20)
+def test_a_teacher_too_shallow_for_the_tap_is_refused(tiny_tap_teacher):
+    root = tiny_tap_teacher("qwen3", 20)
     pack = get_pack("qwen3_zimage")
     with pytest.raises(UserError, match="20 decoder layers but the family taps layer 35"):
         pack.check_teacher({"teacher": root})

@@ -24,7 +24,6 @@ from gguf_trainer.teachers import qwen_taps
 from gguf_trainer.teachers.base import VisionSegment
 from gguf_trainer.teachers.qwen_taps import TapLayout, load_tap_teacher
 from gguf_trainer.tiny.qwen3vl import copy_tiny_qwen3vl
-from gguf_trainer.tiny.qwen_taps import write_tiny_tap_teacher
 
 FIBO2 = get_pack("qwen3vl_fibo2")
 PAD = FIBO2.image_pad_id
@@ -56,8 +55,8 @@ def _streamed(teacher) -> bool:
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "qwen3_vl"])
-def test_every_mode_gives_the_cpu_teachers_targets(arch, tmp_path, card_is_cpu):
-    root = write_tiny_tap_teacher(tmp_path / arch, arch, 4)
+def test_every_mode_gives_the_cpu_teachers_targets(arch, tiny_tap_teacher, card_is_cpu):
+    root = tiny_tap_teacher(arch, 4)
     want = _text_targets(load_tap_teacher(root, "cpu", _pieces, LAYOUT, mode="cpu"))
     for mode in ("gpu", "offload"):
         t = load_tap_teacher(root, "cuda", _pieces, LAYOUT, mode=mode)
@@ -88,11 +87,11 @@ def _edit_batch(teacher, tmp_path):
     return samples, ids, segs
 
 
-def test_offload_keeps_the_deepstack_path_and_the_tower(tmp_path, card_is_cpu):
+def test_offload_keeps_the_deepstack_path_and_the_tower(tmp_path, tiny_tap_teacher, card_is_cpu):
     """Fibo 2.0 edits under offload: the tower resident, the deepstack rows added at the image
     rows of the streamed stack and taken by the pre-hooks after the addition: the CPU teacher's
     targets (whose path test_fibo2_edits checks against transformers' own Qwen3VLModel)."""
-    root = write_tiny_tap_teacher(tmp_path / "vl", "qwen3_vl", 4)
+    root = tiny_tap_teacher("qwen3_vl", 4)
     layout = TapLayout(taps=(1, 2, 3, 4), image_preprocess=preprocess_fibo2)
     cpu = load_tap_teacher(root, "cpu", _pieces, layout, mode="cpu")
     off = load_tap_teacher(root, "cuda", _pieces, layout, mode="offload")
@@ -110,12 +109,12 @@ def test_offload_keeps_the_deepstack_path_and_the_tower(tmp_path, card_is_cpu):
 
 @pytest.mark.parametrize("pid, layers", [("qwen3vl_krea2", 35), ("qwen3vl_minimax_h3", 50),
                                          ("qwen3vl_qwen_image_2_1", 0)])
-def test_the_packs_pass_the_planned_mode(pid, layers, tmp_path, card_is_cpu):
+def test_the_packs_pass_the_planned_mode(pid, layers, tmp_path, tiny_tap_teacher, card_is_cpu):
     """A layerwise, a token-aligned and a full-vision pack: the planner's offload reaches the
     teacher (it used to load the whole model onto the card whatever the plan said)."""
     pack = get_pack(pid)
     root = (copy_tiny_qwen3vl(tmp_path / "t") if not layers
-            else write_tiny_tap_teacher(tmp_path / "t", pack.teacher_arch, layers))
+            else tiny_tap_teacher(pack.teacher_arch, layers))
     want = None
     for mode in ("cpu", "offload"):
         plan = Plan(mode=mode, budgets=None, gpu_gib=12.0, cpu_gib=64.0)
@@ -130,8 +129,8 @@ def test_the_packs_pass_the_planned_mode(pid, layers, tmp_path, card_is_cpu):
         t.close()
 
 
-def test_card_modes_need_a_card(tmp_path):
-    root = write_tiny_tap_teacher(tmp_path / "t", "qwen3", 27)
+def test_card_modes_need_a_card(tiny_tap_teacher):
+    root = tiny_tap_teacher("qwen3", 27)
     pack = get_pack("qwen3_flux2_klein")  # taps 9, 18, 27
     for mode in ("gpu", "offload"):
         with pytest.raises(UserError, match=f"teacher mode {mode} needs a CUDA device"):
@@ -141,10 +140,10 @@ def test_card_modes_need_a_card(tmp_path):
     assert t.device.type == "cpu" and t.dtype == torch.float32 and t.mode == "cpu"
 
 
-def test_the_ram_the_mode_keeps_is_checked_before_loading(tmp_path, card_is_cpu):
+def test_the_ram_the_mode_keeps_is_checked_before_loading(tiny_tap_teacher, card_is_cpu):
     """cpu holds fp32 (4 bytes a parameter), offload bf16 (2): a limit of 3 bytes a parameter
     refuses the one and loads the other; the tower counts when the layout keeps it."""
-    root = write_tiny_tap_teacher(tmp_path / "t", "qwen3_vl", 4)
+    root = tiny_tap_teacher("qwen3_vl", 4)
     n = qwen_taps.text_stack_params(root)
     limit = n * 3 / 1024**3
     with pytest.raises(UserError, match=r"needs 0\.0 GiB of RAM in teacher mode cpu"):
