@@ -157,10 +157,11 @@ def bank_loss(model, batch, stats, cos_weight: float):
     return loss, {"bank_mse": float(mse.detach()), "bank_cos": float(cos.detach())}
 
 
-def score_bank(model, batches, stats, device) -> dict:
+def score_bank(model, batches, stats, device, standardized: bool = True) -> dict:
     """The bank's figures over `batches` (data/shards.Batch with .bank), in the teacher's
     scale: cos, cos_centered, rel_mse and the mean baseline's (the per-dimension mean on every
-    row) baseline_cos / baseline_rel_mse, every row the DiT gets counted once (pads included)."""
+    row) baseline_cos / baseline_rel_mse, every row the DiT gets counted once (pads included).
+    `standardized` False: the model emits the teacher's scale already (an exported file)."""
     metrics = RowMetrics(mu=stats.mu.to(device).double())
     offset = 0
     model.eval()
@@ -168,7 +169,9 @@ def score_bank(model, batches, stats, device) -> dict:
         for batch in batches:
             batch = batch.to(device)
             with torch.no_grad():
-                pred = predict_bank(model, batch).float() * stats.sigma_f + stats.mu
+                pred = predict_bank(model, batch).float()
+                if standardized:
+                    pred = pred * stats.sigma_f + stats.mu
             m = batch.bank.weight > 0
             ids = (torch.arange(m.shape[0], device=device)[:, None] + offset).expand_as(m)[m]
             metrics.update(pred[m], batch.bank.target[m], ids)

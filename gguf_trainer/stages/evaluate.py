@@ -112,6 +112,13 @@ def evaluate_gguf(project, gguf: Path, which: str = "best", device: str | torch.
             gguf_model.config.taps,
             device,
         )
+    if ck.get("bank_mu") is not None and gguf_model.config.n_bank:  # the bridge's FLUX.3 bank
+        from gguf_trainer.data.bank_rows import BankStats, score_bank
+
+        bank = BankStats(ck["bank_mu"].to(device), ck["bank_sigma_f"].to(device),
+                         ck["bank_sigma_f"].to(device), 0)
+        record["bank"] = score_bank(gguf_model, iter_batches(val_files, batch_size, fixed), bank,
+                                    device, standardized=False)
     # export.dtype q8_0 / bf16: the file against the f16 one of the same checkpoint
     record["quantized"] = compare_with_f16(project, gguf, ck, stats, device)
     if record["mock"]:

@@ -155,8 +155,11 @@ def _adapter(path: Path, vocabulary, n_bank: int = 0) -> Path:
     with torch.no_grad():
         for p in m.parameters():
             p.copy_(torch.randn(p.shape, generator=g) / (p.shape[-1] ** 0.5 if p.ndim == 2 else 5))
+    # a bank is written as training writes it: its standardized head folded (fold_bank)
+    fold = {"bank_fold": (torch.randn(160, generator=g), torch.rand(160, generator=g) + 0.5)} \
+        if n_bank else {}
     write_adapter_gguf(path, m.state_dict(), cfg, metadata={"adapter.pack": "qwen35_bridge"},
-                       tokenizer=vocabulary)
+                       tokenizer=vocabulary, **fold)
     return path
 
 
@@ -196,8 +199,11 @@ def test_engine_graph_is_load_gguf(binary, vocabulary, tmp_path, n_bank):
             (tmp_path / "ids.txt").write_text("".join(f"{i}\n" for i in ids))
             kw, extra = {}, ""
             if n_bank:
-                bank_hidden = torch.zeros(1, n_bank, IN)
-                bank_hidden[0, 5 : 5 + L] = hidden[0]  # the student rows under the body
+                from gguf_trainer.data.bank_rows import PREFIX_ROWS
+
+                n_body = min(L, n_bank - 8) if text else 0  # conditioner.hpp 4436-4446
+                bank_hidden = torch.zeros(1, n_bank, IN)  # the layout training builds
+                bank_hidden[0, PREFIX_ROWS : PREFIX_ROWS + n_body] = hidden[0, :n_body]
                 bank_hidden.numpy().astype(np.float32).tofile(tmp_path / "bh.bin")
                 kw, extra = {"want_bank": True, "bank_hidden": bank_hidden}, f" {tmp_path}/bh.bin"
             out = probe.ask(f"run {tmp_path}/h.bin {L} {tmp_path}/ids.txt {tmp_path}/o.bin "
