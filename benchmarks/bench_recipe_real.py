@@ -61,8 +61,10 @@ from gguf_trainer.data.recipe import (
     Recipe,
     _accumulate,
     _stats_and_scales,
+    kept_pad_rows,
     legacy_recipe,
     recipe_stats_of_rows,
+    stored_rows,
 )
 from gguf_trainer.data.scoring import forward, raw_prediction
 from gguf_trainer.data.shards import Batch
@@ -79,6 +81,7 @@ WIDTH = 576  # SmolLM2-135M hidden size
 STUDENT_STATE = 3  # model.norm(hidden_states[3])
 SLOTS = ("student", "hs6", "hs12", "hs18", "hs24", "final_norm")  # the cached row layout
 FIX = 160  # padded_fixed: pad to 160 rows at index positions (klein 512 / SeFi 1024 in small)
+FIX_QUICK = 96  # --quick: the first 96 of them (the pads' share of the rows stays ~2/3)
 PREFIX_TEXT = "<|im_start|>user\n"
 SUFFIX_TEXT = "<|im_end|>\n<|im_start|>assistant\n"
 PAD_TEXT = "<|endoftext|>"
@@ -107,7 +110,7 @@ ALTERNATIVES = {  # every value a recipe setting can take (sigma_floor's value i
     "target_space": ("raw", "standardized"), "cosine": ("row", "tap"),
     "sigma_floor_mode": ("absolute", "relative"), "pad_weight": ("row", "one"),
     "prefix_rows": ("in", "out"), "stats_rows": ("all", "loss"),
-    "sink": ("none", "token", "apart"),
+    "sink": ("none", "token", "tempered", "apart"),
 }
 SIZES = {  # (short train, short val, long train, long val, steps)
     "quick": (96, 32, 24, 8, 150),
@@ -223,8 +226,8 @@ def samples_of(data: dict, kind: str, quick: bool) -> tuple[list, list]:
     for bucket, n_train in (("short", s_tr), ("long", l_tr)):
         for i, rec in enumerate(data["prompts"][bucket]):
             n, rows = rec["n"], rec["rows"]
-            if spec["pads"] == "fixed":
-                sel = rows[:-1]  # real rows + pads up to FIX (a longer template has none)
+            if spec["pads"] == "fixed":  # real rows + pads up to FIX (a longer template: none)
+                sel = rows[:max(n, FIX_QUICK if quick else FIX)]
             elif spec["pads"] == "x80":
                 sel = torch.cat([rows[:n], rows[-1:].expand(-(-n // 80) * 80 - n, -1)])
             else:
@@ -248,10 +251,12 @@ def collate(batch: list) -> Batch:
     B, D = len(batch), batch[0]["y"].shape[1]
     x, y = torch.zeros(B, L, WIDTH), torch.zeros(B, L, D)
     m = torch.zeros(B, L, dtype=torch.bool)
+    rm = torch.zeros(B, L, dtype=torch.bool)
     for b, s in enumerate(batch):
         R = s["x"].shape[0]
         x[b, :R], y[b, :R], m[b, :R] = s["x"].float(), s["y"].float(), True
-    return Batch(hidden=x, mask=m, target=y, row_mask=m.clone(), seed_ids=None,
+        rm[b, :R] = s.get("keep", True)
+    return Batch(hidden=x, mask=m, target=y, row_mask=rm, seed_ids=None,
                  sup_start=torch.tensor([s["start"] for s in batch]), samples=[],
                  n_real=torch.tensor([s["n"] for s in batch]))
 
@@ -289,13 +294,32 @@ def options(kind: str) -> list[tuple[str, Recipe]]:
 # ---------------------------------------------------------------- train and judge
 
 
+def _keep(s) -> torch.Tensor:
+    return s["keep"] if "keep" in s else torch.ones(len(s["cls"]), dtype=torch.bool)
+
+
+def stored(train_set: list, recipe: Recipe, pack) -> list:
+    """The train samples as the product's shards store them for `recipe` (data/recipe.py
+    stored_rows): with K pad rows a sample, the real rows and the K evenly spaced pads are the
+    supervised rows (`keep`); the student's rows all stay, as the shards keep them."""
+    k = stored_rows(recipe, pack).pads
+    if not k:
+        return train_set
+    out = []
+    for s in train_set:
+        keep = s["cls"] != PAD
+        keep[kept_pad_rows(s["n"], len(s["cls"]), k)] = True
+        out.append({**s, "keep": keep})
+    return out
+
+
 def train(kind: str, recipe: Recipe, train_set: list, steps: int):
     """The product's model, step and statistics on the cached rows; returns (model, stats)."""
     spec, pack = KINDS[kind], get_pack(KINDS[kind]["pack"])
     n_taps = len(spec["taps"])
+    train_set = stored(train_set, recipe, pack)
     stats, scales = recipe_stats_of_rows(
-        ((s["y"], s["cls"], torch.ones(len(s["cls"]), dtype=torch.bool)) for s in train_set),
-        recipe, n_taps)
+        ((s["y"], s["cls"], _keep(s)) for s in train_set), recipe, n_taps)
     taps = tuple(int(t[2:]) for t in spec["taps"]) if n_taps > 1 else ()
     if spec.get("window"):
         seeded = kind == "seeded_resampler"
@@ -455,17 +479,28 @@ def run_key(kind: str, recipe: Recipe, train_set: list, moments: dict) -> tuple:
     n_taps = len(KINDS[kind]["taps"])
     at = (recipe.prefix_rows, recipe.pad_weight, recipe.stats_rows)
     if at not in moments:
-        moments[at] = _accumulate(
-            ((s["y"], s["cls"], torch.ones(len(s["cls"]), dtype=torch.bool)) for s in train_set),
-            recipe)
+        rows = stored(train_set, recipe, get_pack(KINDS[kind]["pack"]))
+        moments[at] = _accumulate(((s["y"], s["cls"], _keep(s)) for s in rows), recipe)
     stats, scales = _stats_and_scales(moments[at], recipe, n_taps)
+    # a class no supervised row belongs to: its scale changes nothing (start_row's constant
+    # rows are all before the start row)
+    rows = stored(train_set, recipe, get_pack(KINDS[kind]["pack"]))
+    weighed = {c for s in rows for c in s["cls"][_loss_weights(s, recipe) > 0].tolist()}
     tensors = [stats.mu, stats.sigma_f] + ([] if scales is None else [
-        scales.token, scales.pad, scales.prefix, scales.const])
+        getattr(scales, name) for c, name in ((TOKEN, "token"), (PAD, "pad"), (PREFIX, "prefix"),
+                                              (CONST, "const")) if c in weighed])
     fit = recipe.needs_classes or recipe.cosine != "row"
     plain = replace(recipe, sigma_floor=0.0, sigma_floor_mode="absolute")
     return (plain, fit, None if scales is None else scales.n_const,
             tuple(hashlib.sha256(t.detach().contiguous().numpy().tobytes()).hexdigest()
                   for t in tensors))
+
+
+def _loss_weights(s, recipe: Recipe) -> torch.Tensor:
+    """A sample's row weights in training (data/recipe.py `_weights` of its classes)."""
+    from gguf_trainer.data.recipe import _weights
+
+    return _weights(s["cls"][None], _keep(s)[None], recipe)[0]
 
 
 _DATA: dict = {}

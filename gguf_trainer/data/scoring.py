@@ -82,7 +82,8 @@ def validate(model, val_files, pack, stats: Stats, batch_size: int, device,
              n_taps: int = 1) -> dict:
     """The pack's metrics of `model` over every val shard; "val_cos" is the pack's headline
     (best.pt's pick), "lead" the centred cosines of the rows the DiT reads (dit_rows.py) and
-    "val_cc_tokens" / "val_cc_pads" their lead figures (None without rows of that set).
+    "val_cc_tokens" / "val_cc_pads" their lead figures, "val_cc_tokens_short" / "_long" (and the
+    pads') those of short and long prompts apart (None without rows of that set or bucket).
     `standardized`: the space the model predicts in (the recipe's; None: the pack's); `means`:
     the val row sets' means (SetMeans.of; computed here when not given)."""
     if standardized is None:
@@ -105,8 +106,10 @@ def validate(model, val_files, pack, stats: Stats, batch_size: int, device,
         model.train()
     res["val_cos"] = res[pack.headline]
     res["lead"] = lead.result()
-    res["val_cc_tokens"] = lead_value(res["lead"], "tokens")
-    res["val_cc_pads"] = lead_value(res["lead"], "pads")
+    for name in ("tokens", "pads"):  # all rows, then short and long prompts apart
+        res[f"val_cc_{name}"] = lead_value(res["lead"], name)
+        for bucket in ("short", "long"):
+            res[f"val_cc_{name}_{bucket}"] = lead_value(res["lead"], name, bucket)
     return res
 
 

@@ -63,11 +63,12 @@ class LayerwisePack(TrainerPack):
         README "Recipes on real activations"): massive activations (the attention-sink row,
         appended pads) need standardized targets folded at export, statistics over the rows the
         loss reads and the rows before the start row out. Without pads every row is whitened
-        by the token rows' own sigma (`sink` token: from 600 steps on it beats one whitening on
-        every token row set, by 0.03-0.04 centred cosine, and halves their rel_mse, the sink row
-        still exact; at the quick tier's 150 steps it is behind, and the product trains
-        20,000), and then one cosine over the whole stack beats a cosine per tap (+0.04 at 150
-        steps, +0.014 long prompts at 600). With pads neither is better on both row sets
+        by the token rows' own sigma, the template's constant rows (the sink among them)
+        weighing less (`sink` tempered: ahead of one whitening and of `token` at 150 steps,
+        level with `token` at 600, where both beat one whitening on every token row set by
+        0.03-0.04 centred cosine and halve their rel_mse, the sink row exact), and then one
+        cosine over the whole stack beats a cosine per tap (+0.04 at 150 steps, +0.014 long
+        prompts at 600). With pads neither is better on both row sets
         (FLUX.3's pads lose 0.04 at 600 steps under token whitening; SeFi's lose 0.01 with one
         cosine), so one whitening and a cosine per tap stay. Pads to a multiple (FLUX.3: every
         pad at one rope position, so one identical row per sample) weigh one row together;
@@ -80,7 +81,7 @@ class LayerwisePack(TrainerPack):
             "train.sigma_floor": 0.05, "train.sigma_floor_mode": "relative",
             "train.pad_weight": "one" if self.padding.multiple else "row",
             "train.prefix_rows": "out", "train.stats_rows": "loss",
-            "train.sink": "none" if self.padding.pads else "token",
+            "train.sink": "none" if self.padding.pads else "tempered",
         }
 
     @property

@@ -14,8 +14,10 @@ import time
 from gguf_trainer.runner.status import format_eta
 
 # The stage fields shown after a bar (and in `status`): the centred cosine of the DiT's token
-# and pad rows (data/dit_rows.py) first, the pack's plain headline after it.
-SHOWN_FIELDS = ("step", "loss", "val_cc_tokens", "val_cc_pads", "val_cos", "best_val_cos",
+# and pad rows (data/dit_rows.py) first, all rows then short and long prompts apart (absent
+# where the val set has no prompt of a bucket), the pack's plain headline after it.
+SHOWN_FIELDS = ("step", "loss", "val_cc_tokens", "val_cc_tokens_short", "val_cc_tokens_long",
+                "val_cc_pads", "val_cc_pads_short", "val_cc_pads_long", "val_cos", "best_val_cos",
                 "prompts_per_s", "detail")
 
 

@@ -57,7 +57,10 @@ _STATE_TYPES = {"status": _str, "pid": _int, "pid_start_time": _num, "host": _st
                 "slowest_unit_s": _num, "stage": _str, "step": _num, "steps": _num,
                 "val_cos": _num, "best_val_cos": _num, "error": _str, "exit_code": _int}
 _STAGE_TYPES = {"status": _str, "started": _num, "finished": _num, "done": _num, "total": _num,
-                "unit": _str, "rate": _num, "eta_s": _num, "detail": _str}
+                "unit": _str, "rate": _num, "eta_s": _num, "detail": _str,
+                # the lead figures (stages/train.py LEAD_FIELDS): all rows, short, long prompts
+                **{f"val_cc_{n}{b}": _num for n in ("tokens", "pads")
+                   for b in ("", "_short", "_long")}}
 
 
 def sanitize_state(raw) -> dict | None:

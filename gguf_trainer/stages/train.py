@@ -61,6 +61,10 @@ from gguf_trainer.store.project import read_steps
 log = logging.getLogger(__name__)
 
 
+# the lead figures a train stage reports (data/scoring.validate): all rows, short, long prompts
+LEAD_FIELDS = tuple(f"val_cc_{n}{b}" for n in ("tokens", "pads") for b in ("", "_short", "_long"))
+
+
 def lr_at(step: int, steps: int, warmup: int, lr: float) -> float:
     """Linear warmup, then cosine down to 10% of lr over the steps in force."""
     if step < warmup:
@@ -391,7 +395,7 @@ def run_train(project, report, train_fp: str, skip=None) -> str:
                 prog.best_val_cos = val["val_cos"]
                 save_checkpoint(folder, BEST, model, opt, prog, extra(val))
             report.fields(val_cos=val["val_cos"], best_val_cos=prog.best_val_cos,
-                          val_cc_tokens=val["val_cc_tokens"], val_cc_pads=val["val_cc_pads"])
+                          **{k: val[k] for k in LEAD_FIELDS})
         if prog.step % s.save_every == 0 or is_stop or is_snapshot or prog.step == steps:
             every_rank = ranks.rank_states(prog.stream) if ranks is not None else {}
             if main:

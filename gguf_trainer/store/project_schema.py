@@ -294,10 +294,12 @@ class TrainSettings(_Section):
     stats_rows: Literal["all", "loss"] = S(
         "all", "Statistics over", "all: every stored row; loss: the rows weighted as the loss "
         "weighs them", advanced=True)
-    sink: Literal["none", "token", "apart"] = S(
+    sink: Literal["none", "token", "tempered", "apart"] = S(
         "none", "Whitening", "none: every row whitened by the fold's sigma; token: every row by "
         "the token rows' own sigma (the attention-sink row keeps its exact fit but no longer sets "
-        "the scale of ordinary rows); apart: token and pad rows each by their own", advanced=True)
+        "the scale of ordinary rows); tempered: as token, the template's constant rows (the sink "
+        "among them) weighing less, so fitting them does not crowd out the token rows; apart: "
+        "token and pad rows each by their own", advanced=True)
     # Seeded packs: the export writes t5_embed_a/_b (engine-families §4) instead of the table.
     # The Qwen3.5 bridge: the rank of the frozen PCA seed table (model/slot_resampler.py).
     seed_rank: Int = S(0, "Seed rank", "0 = the full seed table; r = the export factorizes it "

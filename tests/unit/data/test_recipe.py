@@ -152,3 +152,26 @@ def test_token_whitening_ignores_the_constant_rows_scale():
     assert stats.sigma_f[0] > 300  # the constant row owns the fold's sigma in dim 0
     assert scales.token[0] > 100 and abs(float(scales.token[1]) - 1) < 0.3
     assert scales.n_const == 1
+
+
+def test_tempered_whitening_weighs_the_constant_rows_less_than_token_whitening():
+    """sink = tempered: the token and pad rows as `token` scales them; the constant rows (the
+    sink) by that scale raised to SINK_TEMPER, between the fold's whitening (1) and token's."""
+    from gguf_trainer.data.recipe import CONST, SINK_TEMPER, recipe_stats_of_rows
+
+    g = torch.Generator().manual_seed(0)
+    samples = []
+    for _ in range(20):
+        rows = torch.randn(5, 2, generator=g)
+        rows[0] = torch.tensor([1000.0, 0.0])
+        cls = torch.tensor([CONST, TOKEN, TOKEN, TOKEN, TOKEN], dtype=torch.int8)
+        samples.append((rows, cls, torch.ones(5, dtype=torch.bool)))
+    token = recipe_stats_of_rows(samples, Recipe(target_space="standardized", sink="token",
+                                                  stats_rows="loss"), 1)[1]
+    _, temp = recipe_stats_of_rows(samples, Recipe(target_space="standardized",
+                                                  sink="tempered", stats_rows="loss"), 1)
+    assert torch.equal(temp.token, token.token) and torch.equal(temp.pad, token.pad)
+    assert torch.allclose(temp.const, token.token.pow(SINK_TEMPER))
+    assert 1 < float(temp.const[0]) < float(temp.token[0]) / 4  # 0.7 of ~400x: ~66x
+    cls = torch.tensor([CONST, TOKEN, PAD], dtype=torch.int8)
+    assert torch.equal(temp.per_row(cls), torch.stack([temp.const, temp.token, temp.pad]))

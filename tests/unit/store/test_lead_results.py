@@ -43,6 +43,26 @@ def test_status_shows_the_val_token_rows_centred_cosine_before_val_cos():
         "val_cos=0.97")
 
 
+def test_status_shows_the_short_and_long_prompts_apart_where_the_eval_has_them():
+    from gguf_trainer.data.scoring import validate  # noqa: F401  (the fields' source)
+    from gguf_trainer.runner.status import sanitize_state
+    from gguf_trainer.stages.train import LEAD_FIELDS
+
+    assert LEAD_FIELDS == ("val_cc_tokens", "val_cc_tokens_short", "val_cc_tokens_long",
+                           "val_cc_pads", "val_cc_pads_short", "val_cc_pads_long")
+    stage = {"status": "running", "val_cos": 0.97, "val_cc_tokens": 0.61,
+             "val_cc_tokens_short": 0.63, "val_cc_tokens_long": 0.55, "val_cc_pads": 0.52,
+             "val_cc_pads_short": "junk", "val_cc_pads_long": None, "step": 5}
+    st = sanitize_state({"status": "running", "stages": {"train": stage}})
+    info = {"project": "p", "message": "running", "status": "running", "stages": st["stages"]}
+    line = format_status(info).splitlines()[1]
+    assert line.index("val_cc_tokens=0.61") < line.index("val_cc_tokens_short=0.63") < (
+        line.index("val_cc_tokens_long=0.55")) < line.index("val_cc_pads=0.52") < line.index(
+        "val_cos=0.97")
+    # no long prompt's pad rows: nothing to show; a value that is no number is dropped
+    assert "val_cc_pads_long" not in line and "val_cc_pads_short" not in line
+
+
 def test_the_health_line_leads_with_it_only_where_no_published_run_judges():
     sefi = get_pack("qwen3vl_sefi")  # no published run: n/a
     line = sefi.health_line({"cos": 0.97, "baseline_cos": 0.9}, LEAD)
