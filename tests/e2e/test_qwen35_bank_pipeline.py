@@ -49,6 +49,10 @@ def test_training_fits_the_bank_beyond_its_mean(bank_run):
     print(f"bank val cos {last['val_bank_cos']:.4f} vs mean {last['val_bank_baseline_cos']:.4f}")
     assert last["val_bank_cos"] > last["val_bank_baseline_cos"]
     assert any("bank_cos" in r for r in rows)
+    ev = json.loads(bank_run.paths.eval_json.read_text())  # the exported file's bank
+    print(f"eval bank: cos {ev['bank']['bank_cos']:.4f} vs mean "
+          f"{ev['bank']['bank_baseline_cos']:.4f}")
+    assert ev["bank"]["bank_cos"] > ev["bank"]["bank_baseline_cos"]
 
 
 def test_export_carries_the_trained_folded_bank(bank_run):
