@@ -42,6 +42,23 @@ def test_adapter_config_is_the_engines_bridge():
     assert PACK.adapter_config(unset, 64).seed_rank == 384
 
 
+def test_bank_slots_configure_the_flux3_bank():
+    import pytest
+
+    from gguf_trainer.base.errors import UserError
+
+    assert PACK.configured(SimpleNamespace(train=SimpleNamespace(bank_slots=0))) is PACK
+    pack = PACK.configured(SimpleNamespace(train=SimpleNamespace(bank_slots=240)))
+    assert pack.n_bank == 240 and pack.shard_contract == "qwen35_bridge/1+bank240"
+    assert [m.id for m in pack.teacher_materials] == ["teacher", "bank_teacher"]
+    assert pack.teacher_materials[1].repo == "Qwen/Qwen3-VL-4B-Instruct"
+    cfg = pack.adapter_config(SimpleNamespace(width=128, depth=2, seed_rank=32), 64, 64)
+    assert (cfg.n_bank, cfg.bank_dim, cfg.bank_align) == (240, 20480, True) and not cfg.validate()
+    assert pack.bytes_per_sample > PACK.bytes_per_sample and PACK.n_bank == 0
+    with pytest.raises(UserError, match="multiple of 80"):
+        PACK.configured(SimpleNamespace(train=SimpleNamespace(bank_slots=100)))
+
+
 def test_seed_table_is_a_pca_of_the_mock_teachers_table():
     mock = SimpleNamespace(precompute=SimpleNamespace(mock_teacher=True))
     project = SimpleNamespace(settings=mock)
@@ -53,12 +70,10 @@ def test_seed_table_is_a_pca_of_the_mock_teachers_table():
     )
 
 
-def test_check_says_it_cannot_compare_a_bridge_dump_yet():
-    import pytest
-
-    from gguf_trainer.base.errors import UserError
+def test_check_judges_a_bridge_file_by_its_pack():
+    """check compares a bridge's dump (tests/unit/check/test_check_slots.py): a file naming no
+    pack is the kind's shipped pack's."""
     from gguf_trainer.check import _pack_for
 
     module = SimpleNamespace(config=SimpleNamespace(kind="qwen35_bridge"))
-    with pytest.raises(UserError, match="cannot compare a qwen35_bridge adapter with a dump yet"):
-        _pack_for(module)
+    assert _pack_for(module) == "qwen35_bridge"
