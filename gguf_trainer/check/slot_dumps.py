@@ -21,6 +21,11 @@ What the engine writes (vendor/engine/diffusion/src/conditioning/conditioner.hpp
     vis_embeds.bin    the references through the Qwen3.5 tower, concatenated [sum n_i, vis_dim]
     seed_ids.txt      the P slot ids;  vis_pos.txt: "slot n" per reference (empty text-only)
 
+  The full teacher (no --llm-adapter) writes the same rows as the adapter is trained to:
+    Ming-Image (MingImageEmbedder, 3911-3932): ming_te_out.bin [256 + P, 3840] + ming_tokens.txt
+    MOSS-Image (LLMEmbedder, 2843-2895): llm_hidden.bin [P, 4096] (the 9B's final norm) +
+    tokens.txt; against either the figure is the adapter's quality, not a port check.
+
 The check rebuilds each of these from the prompt (the engine's slot ids over the vocabulary in
 the file: engine/qwen35_bpe.py, engine/ling_bpe.py; the student ids; the references' rows from
 the dump itself), runs `load_gguf`'s forward and compares row for row. The dump is the engine's
@@ -39,12 +44,18 @@ import numpy as np
 from gguf_trainer.base.errors import UserError
 from gguf_trainer.engine.qwen_bpe import engine_bpe
 
-from .dump_files import DUMP_FILES, QWEN_HIDDEN, VIS_EMBEDS, VIS_POS, read_dump, read_ids
+from .dump_files import QWEN_HIDDEN, TOKENS_TXT, VIS_EMBEDS, VIS_POS, read_dump, read_ids
 from .figures import compare, lead_figures
 
 SLOT_KINDS = ("qwen35_bridge", "ming_image")
 SEED_IDS_TXT = "seed_ids.txt"  # the bridge's slot ids (conditioner.hpp 4475-4480)
 ADAPTER_OUT = "adapter_out.bin"
+# The full teacher's run (no --llm-adapter), the same rows as the adapter's and its ids: Ming's
+# MingImageEmbedder (conditioner.hpp 3911-3932: ming_te_out.bin [256 + P, 3840], the caption
+# zero-padded, and ming_tokens.txt), MOSS-Image's LLMEmbedder (2843-2895: the 9B's final-norm
+# states over the same template, llm_hidden.bin [P, 4096], and tokens.txt).
+TEACHER_OUT = {"ming_image": "ming_te_out.bin", "qwen35_bridge": "llm_hidden.bin"}
+TEACHER_IDS = {"ming_image": "ming_tokens.txt", "qwen35_bridge": TOKENS_TXT}
 BANK_ROW_MULTIPLE = 80  # the FLUX.3 bank's rows to the DiT: a multiple of 80 (4440)
 BANK_PREFIX = "<|im_start|>user\n"  # the Qwen3-VL-4B template around the bank's rows (4426-4427)
 BANK_SUFFIX = "<|im_end|>\n<|im_start|>assistant\n"
@@ -146,17 +157,21 @@ def _template_rows(ids_of, prompt: str, counts) -> np.ndarray:
     return (r >= head) & (r < len(ids) - min(tail, len(ids) - head))
 
 
-def _dump_size(dump) -> tuple[Path, int]:
+def _reference(dump, kind: str) -> tuple[Path, int]:
+    """(the file the figures compare with, its size): the engine's run of the adapter
+    (adapter_out.bin) first, else the full teacher's (TEACHER_OUT)."""
     path = Path(dump)
+    names = (ADAPTER_OUT, TEACHER_OUT[kind])
     if path.is_dir():
-        path = path / ADAPTER_OUT
+        path = next((path / n for n in names if (path / n).is_file()), path / ADAPTER_OUT)
     if not path.is_file():
         raise UserError(f"{path} does not exist; run the engine with SD_DUMP_COND set to an "
-                        f"existing folder (a {'/'.join(SLOT_KINDS)} adapter writes "
-                        f"{ADAPTER_OUT}), or name that file.")
-    if path.name not in DUMP_FILES:
-        raise UserError(f"{path.name} is not what the engine writes for this adapter; pass the "
-                        f"dump folder or its {ADAPTER_OUT}.")
+                        f"existing folder (with this adapter it writes {ADAPTER_OUT}, with the "
+                        f"full teacher {TEACHER_OUT[kind]}), or name that file.")
+    if path.name not in names:
+        raise UserError(f"{path.name} is not what the engine writes for a {kind} adapter or its "
+                        f"teacher; pass the dump folder, its {ADAPTER_OUT} or "
+                        f"{TEACHER_OUT[kind]}.")
     return path, path.stat().st_size
 
 
@@ -169,7 +184,8 @@ def slot_check(adapter, adapter_path, student, prompt: str, dump, pack_id: str) 
 
     cfg, kind = adapter.config, adapter.config.kind
     dump_dir = Path(dump) if Path(dump).is_dir() else Path(dump).parent
-    out_path, n_bytes = _dump_size(dump)
+    out_path, n_bytes = _reference(dump, kind)
+    teacher = out_path.name == TEACHER_OUT[kind]
     ids_of = _slot_ids_of(adapter, kind, adapter_path)
     vis, runs = _references(dump_dir, kind, cfg.vis_dim)
     n_cap = cfg.n_bank if kind == "ming_image" else 0
@@ -190,12 +206,14 @@ def slot_check(adapter, adapter_path, student, prompt: str, dump, pack_id: str) 
     if len(ids) > cfg.num_queries:
         raise UserError(f"this prompt is {len(ids)} slots but the adapter holds "
                         f"{cfg.num_queries}; the engine refuses it (it writes no dump).")
-    engine_ids = read_ids(dump_dir / SEED_IDS_TXT) if kind == "qwen35_bridge" else None
+    ids_name = TEACHER_IDS[kind] if teacher else SEED_IDS_TXT
+    engine_ids = (read_ids(dump_dir / ids_name) if teacher or kind == "qwen35_bridge"
+                  else None)
     if engine_ids is not None and engine_ids != ids:
         empty = prompt.strip() and engine_ids == ids_of("", counts)[0]
         raise UserError(
-            f"the dump's {SEED_IDS_TXT} is the empty prompt's: {CFG_HINT}." if empty else
-            f"the dump's {SEED_IDS_TXT} ({len(engine_ids)} slots) is not this prompt's "
+            f"the dump's {ids_name} is the empty prompt's: {CFG_HINT}." if empty else
+            f"the dump's {ids_name} ({len(engine_ids)} slots) is not this prompt's "
             f"({len(ids)}); pass the exact --prompt the engine ran, or a dump of this adapter's "
             "family (a dump is overwritten by each pass).")
 
@@ -205,7 +223,7 @@ def slot_check(adapter, adapter_path, student, prompt: str, dump, pack_id: str) 
     sids = pack.student_ids(encode, Sample(prompt), [])
     heads = {"slots": (lead_n + len(ids), cfg.out_dim)}
     bank_real = 0
-    if kind == "qwen35_bridge" and cfg.n_bank:
+    if kind == "qwen35_bridge" and cfg.n_bank and not teacher:  # MOSS's teacher: slots only
         if cfg.bank_align:
             pre, suf = encode(BANK_PREFIX), encode(BANK_SUFFIX)
             body = 0 if not prompt else min(cfg.n_bank - len(pre) - len(suf), len(sids))
@@ -262,7 +280,7 @@ def slot_check(adapter, adapter_path, student, prompt: str, dump, pack_id: str) 
         sets = ({"caption": r < lead_n} if lead_n else {}) | {"tokens": own}
     lead = lead_figures(pred, ref, sets)
     student_cos = None
-    if (dump_dir / QWEN_HIDDEN).is_file():
+    if (dump_dir / QWEN_HIDDEN).is_file() and not teacher:  # the teacher's run writes none
         states = hidden[0].float().numpy()
         # room for another prompt's rows, so that one is named as such (a larger file is
         # refused unread)
@@ -282,7 +300,12 @@ def slot_check(adapter, adapter_path, student, prompt: str, dump, pack_id: str) 
         # whether the engine's slot ids were compared: the bridge writes seed_ids.txt, Ming none
         "slot_ids_checked": engine_ids is not None,
         "t5_ids_checked": None, "lead": lead, **figures, "per_tap": None,
-        "verdict": ("port check (the engine's run of this adapter vs this tool's): cos "
+        "ids_file": ids_name if engine_ids is not None else None,
+        "verdict": (f"quality (the adapter vs the engine's full teacher, {out_path.name}): cos "
+                    f"{figures['cos']:.6f}; n/a: no reference run for "
+                    f"{get_pack(pack_id).title}, compare with eval's val cos and its mean "
+                    "baseline" if teacher else
+                    "port check (the engine's run of this adapter vs this tool's): cos "
                     f"{figures['cos']:.6f}; near 1 means the engine reads the file as trained, "
                     "not that the adapter is good (judge quality by eval's val cos)"),
         "thresholds": None,
@@ -293,7 +316,7 @@ def slot_ids_line(res: dict) -> str:
     """The dump line's note on the slot ids (format_check)."""
     where = f"{res['slots']} slots, {res['head']} head"
     if res.get("slot_ids_checked"):
-        return f"{where}; {SEED_IDS_TXT} matches this prompt's"
+        return f"{where}; {res.get('ids_file') or SEED_IDS_TXT} matches this prompt's"
     if res.get("kind") == "ming_image":
         return (f"{where}; Ming-Image dumps no slot ids: a dump of another prompt of the same "
                 "Ling length shows only in the student cosine")

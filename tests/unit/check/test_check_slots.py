@@ -298,3 +298,43 @@ def test_ming_dump_of_another_pass_is_a_sentence(ming, student, tiny_materials, 
     np.asarray(h2, "<f4").tofile(dump / "qwen_hidden.bin")  # the student read another prompt
     with pytest.raises(UserError, match="qwen_hidden.bin has 10 student rows but this prompt is 4"):
         run_check(path, s, dump, PROMPT, tok)
+
+
+def test_teacher_dumps_give_the_adapters_quality(ming, bridge, student, tiny_materials, tmp_path):
+    """The full teacher's run (no --llm-adapter): Ming's ming_te_out.bin + ming_tokens.txt,
+    MOSS's llm_hidden.bin + tokens.txt; a stale qwen_hidden.bin of an adapter run is not read."""
+    from gguf_trainer.engine.ling_bpe import ming_prompt_ids
+    from gguf_trainer.engine.qwen35_bpe import moss_prompt
+
+    s, tok = tiny_materials["student"], tiny_materials["tokenizer"]
+    rng = np.random.default_rng(4)
+    path, bpe = ming
+    ids, _ = ming_prompt_ids(bpe, PROMPT)
+    h = _student_states(student, "ming_image", PROMPT)
+    teacher = ming_forward(path, h, ids)
+    teacher[24:] += rng.standard_normal(teacher[24:].shape) * teacher[24:].std()  # not the adapter
+    folder = tmp_path / "ming"
+    folder.mkdir()
+    np.asarray(teacher, "<f4").tofile(folder / "ming_te_out.bin")
+    (folder / "ming_tokens.txt").write_text("".join(f"{i}\n" for i in ids))
+    np.zeros((3, HIDDEN), "<f4").tofile(folder / "qwen_hidden.bin")  # stale: another prompt
+    res = run_check(path, s, folder, PROMPT, tok)
+    print(f"ming teacher dump: cos {res['cos']:.4f} lead {res['lead']}")
+    assert res["verdict"].startswith("quality") and res["slot_ids_checked"]
+    assert res["lead"]["caption"]["cos"] > 0.9999 > res["lead"]["tokens"]["cos"]
+    assert res["student_cos"] is None and "ming_tokens.txt matches" in format_check(res)
+    (folder / "ming_tokens.txt").write_text("".join(f"{i}\n" for i in ids[:-1] + [5]))
+    with pytest.raises(UserError, match="ming_tokens.txt .* is not this prompt's"):
+        run_check(path, s, folder, PROMPT, tok)
+
+    _, path, bpe = bridge
+    ids = bpe.encode(moss_prompt(PROMPT))
+    h = _student_states(student, "qwen35_bridge", PROMPT)
+    teacher = slot_forward(path, h, ids) + rng.standard_normal((len(ids), 96))
+    folder = tmp_path / "moss"
+    folder.mkdir()
+    np.asarray(teacher, "<f4").tofile(folder / "llm_hidden.bin")
+    (folder / "tokens.txt").write_text("".join(f"{i}\n" for i in ids))
+    res = run_check(path, s, folder / "llm_hidden.bin", PROMPT, tok)
+    assert res["verdict"].startswith("quality") and res["head"] == "slots"
+    assert res["slot_ids_checked"] and 0 < res["cos"] < 0.999
