@@ -10,7 +10,7 @@ import json
 
 import pytest
 import torch
-from pipeline_helpers import make_project, run_pipeline
+from pipeline_helpers import adapter_tensors, assert_same_tensors, make_project, run_pipeline
 
 from gguf_trainer.data.shards import Shard, shard_files
 from gguf_trainer.model.adapters import load_gguf
@@ -19,12 +19,14 @@ from gguf_trainer.store.project import load_project
 pytestmark = pytest.mark.slow
 
 
+SETTINGS = {"train.bank_slots": 80, "train.seed_rank": 16, "train.steps": 40,
+            "train.val_every": 20, "train.lr": 3e-3}
+
+
 @pytest.fixture(scope="module")
 def bank_run(tmp_path_factory, tiny_materials):
     root = tmp_path_factory.mktemp("bank") / "p"
-    make_project(root, "qwen35_bridge", tiny_materials, **{
-        "train.bank_slots": 80, "train.seed_rank": 16, "train.steps": 40, "train.val_every": 20,
-        "train.lr": 3e-3})
+    make_project(root, "qwen35_bridge", tiny_materials, **SETTINGS)
     assert run_pipeline(root) == "done"
     return load_project(root)
 
@@ -79,3 +81,13 @@ def test_export_carries_the_trained_folded_bank(bank_run):
     rel = float((got - want).norm() / want.norm())
     print(f"export bank vs checkpoint bank (folded): rel {rel:.2e}")
     assert rel < 5e-3  # f16 weights
+
+
+def test_a_stopped_bank_run_resumes_bit_identically(bank_run, tmp_path, tiny_materials):
+    root = tmp_path / "p"
+    make_project(root, "qwen35_bridge", tiny_materials, **SETTINGS)
+    stop = lambda step, row, r: step == 14 and "loss" in row and r.request_stop()
+    assert run_pipeline(root, on_metrics=stop) == "stopped"
+    assert run_pipeline(root) == "done"
+    assert_same_tensors(adapter_tensors(load_project(root).final_gguf),
+                        adapter_tensors(bank_run.final_gguf))

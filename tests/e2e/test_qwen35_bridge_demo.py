@@ -77,6 +77,23 @@ def test_export_is_a_bridge_the_engine_reads(demo):
         assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
 
 
+def test_demo_trains_the_flux3_bank_beyond_its_mean(demo):
+    """The demo sets train.bank_slots 80: the tiny real Qwen3-VL's 8-tap rows of the FLUX.3
+    template are in the shards, the bank beats its mean baseline, the export carries it."""
+    proj = demo["project"]
+    shard = Shard(shard_files(proj.paths.shard_dir("train"))[0])
+    assert int(shard.t["bank_slots"][0]) == 80 and shard.t["bank_rows"].shape[1] % 8 == 0
+    rows = [json.loads(x) for x in proj.paths.metrics_jsonl.read_text().splitlines()]
+    last = [r for r in rows if "val_bank_cos" in r][-1]
+    print(f"demo bank: val cos {last['val_bank_cos']:.4f} vs mean baseline "
+          f"{last['val_bank_baseline_cos']:.4f}")
+    assert last["val_bank_cos"] > last["val_bank_baseline_cos"]
+    model = load_gguf(_adapter(proj))
+    cfg = model.config
+    assert (cfg.n_bank, cfg.bank_align) == (80, True)
+    assert cfg.bank_dim == shard.t["bank_rows"].shape[1]
+
+
 def test_new_project_of_the_pack(tmp_path):
     out = cli_at_home("new", "--pack", "qwen35_bridge", tmp_path / "p", home=tmp_path / "home")
     assert out.returncode == 0, out.stdout + out.stderr
