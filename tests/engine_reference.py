@@ -12,6 +12,7 @@ forward then runs in float64 so that the reference itself adds no visible error.
 from __future__ import annotations
 
 import math
+import os
 
 import gguf
 import numpy as np
@@ -31,8 +32,23 @@ DEFAULTS = {
 _erf = np.vectorize(math.erf, otypes=[np.float64])
 
 
+# The last file read, keyed by what changes when it is rewritten: GGUFReader takes ~16 s on a
+# bridge export's 248k-token vocabulary, and a test runs several prompts through one file.
+_LAST_READ: dict[tuple, dict[str, np.ndarray]] = {}
+
+
 def read_engine_tensors(path) -> dict[str, np.ndarray]:
-    """`rest` names (under text_encoders.llm_adapter.adapter.) -> float64 arrays, torch order."""
+    """`rest` names (under text_encoders.llm_adapter.adapter.) -> float64 arrays, torch order
+    (fresh copies: a caller may change them)."""
+    st = os.stat(path)
+    key = (os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns)
+    if key not in _LAST_READ:
+        _LAST_READ.clear()
+        _LAST_READ[key] = _read_engine_tensors(path)
+    return {name: a.copy() for name, a in _LAST_READ[key].items()}
+
+
+def _read_engine_tensors(path) -> dict[str, np.ndarray]:
     reader = gguf.GGUFReader(path)
     out = {}
     for t in reader.tensors:
@@ -117,7 +133,7 @@ def _round_bf16(x: np.ndarray) -> np.ndarray:
 
 
 def fibo2_bundles(states: np.ndarray, width: int) -> np.ndarray:
-    """fibo2.hpp make_bundles (167-193), applied by get_learned_condition to whatever
+    """fibo2.hpp make_bundles (167-195), applied by get_learned_condition to whatever
     encode_prompt returned (the full teacher's taps or the adapter's output alike, 316-338):
     each tap RMS-normalised per token (no weight, eps 1e-6, the sum in double), bf16-rounded,
     then gathered into the six three-tap bundles. states (T, 15 * width) -> (T, 18 * width)."""
@@ -228,7 +244,7 @@ def vision_project(path_or_tensors, e_raw) -> np.ndarray:
 
 def slot_forward(path_or_tensors, hidden, seed_ids, vis=None, vis_slot=None, want_bank=False,
                  bank_hidden=None) -> np.ndarray:
-    """The Qwen3.5 bridge (llm_adapter.hpp 693-847) for one prompt, from the file alone:
+    """The Qwen3.5 bridge (llm_adapter.hpp 753-837) for one prompt, from the file alone:
     hidden (L, in_dim), seed_ids (P,), vis (V, vis_dim) raw mmproj rows, vis_slot (P, vis_dim),
     bank_hidden (n_bank, in_dim) -> slots (P, out_dim) or the bank (n_bank, bank_dim). No
     masks anywhere: the engine runs one unpadded prompt."""
