@@ -5,6 +5,7 @@ siblings, and the light paths (CLI, control API, stage list) load neither torch 
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import json
 import subprocess
@@ -49,7 +50,13 @@ def module_files() -> dict[str, Path]:
 
 def import_graph() -> dict[str, set[str]]:
     """module -> the modules it imports, at module level or inside functions, each resolved
-    to the most specific module that exists (`from gguf_trainer import project` is project)."""
+    to the most specific module that exists (`from gguf_trainer import project` is project).
+    A fresh copy of one parse per test run (parsing every module takes seconds; six tests ask)."""
+    return {m: set(names) for m, names in _parsed_graph().items()}
+
+
+@functools.cache
+def _parsed_graph() -> dict[str, frozenset[str]]:
     files = module_files()
 
     def known(name: str) -> str | None:
@@ -82,7 +89,7 @@ def import_graph() -> dict[str, set[str]]:
                     target = known(name.removeprefix("gguf_trainer").removeprefix("."))
                     if target is not None and target != module:
                         out.add(target)
-        graph[module] = out
+        graph[module] = frozenset(out)
     return graph
 
 
