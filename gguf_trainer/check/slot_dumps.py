@@ -12,11 +12,11 @@ What the engine writes (vendor/engine/diffusion/src/conditioning/conditioner.hpp
     vis_embeds.bin    an edit's reference image through the Ling tower [n, vis_dim] (one image)
     no id file: the Ling ids are the template's (MingImageTE::build_prompt_tokens) over the
     tokenizer.json the adapter carries; the image's slots start after `<image>`.
-  Qwen35BridgeEmbedder (4458-4488)
+  Qwen35BridgeEmbedder (conditioner.hpp 4458-4488)
     qwen_hidden.bin   as above (4388-4397)
     adapter_out.bin   MOSS-Image: [P, out_dim], one row per Qwen3.5 slot of the MOSS template;
                       FLUX.3 (the bank head): [R, bank_dim], R = the token-aligned bank's real
-                      rows rounded up to a multiple of 80 (4440-4456), or all n_bank rows
+                      rows rounded up to a multiple of 80 (4438-4439), or all n_bank rows
     bank_hidden.bin   the token-aligned bank's student rows [n_bank, 1024] (FLUX.3 only)
     vis_embeds.bin    the references through the Qwen3.5 tower, concatenated [sum n_i, vis_dim]
     seed_ids.txt      the P slot ids;  vis_pos.txt: "slot n" per reference (empty text-only)
@@ -44,7 +44,15 @@ import numpy as np
 from gguf_trainer.base.errors import UserError
 from gguf_trainer.engine.qwen_bpe import engine_bpe
 
-from .dump_files import QWEN_HIDDEN, TOKENS_TXT, VIS_EMBEDS, VIS_POS, read_dump, read_ids
+from .dump_files import (
+    QWEN_HIDDEN,
+    T5_IDS_TXT,
+    TOKENS_TXT,
+    VIS_EMBEDS,
+    VIS_POS,
+    read_dump,
+    read_ids,
+)
 from .figures import compare, lead_figures
 
 SLOT_KINDS = ("qwen35_bridge", "ming_image")
@@ -209,6 +217,11 @@ def slot_check(adapter, adapter_path, student, prompt: str, dump, pack_id: str) 
     ids_name = TEACHER_IDS[kind] if teacher else SEED_IDS_TXT
     engine_ids = (read_ids(dump_dir / ids_name) if teacher or kind == "qwen35_bridge"
                   else None)
+    others = [n for n in (TOKENS_TXT, T5_IDS_TXT) if (dump_dir / n).is_file()]
+    if kind == "qwen35_bridge" and not teacher and engine_ids is None and others:
+        raise UserError(f"{dump_dir} holds {others[0]} but no {SEED_IDS_TXT}: it is another "
+                        "kind's dump (a token-aligned, layerwise or T5 adapter's run), not this "
+                        "bridge's; dump this adapter's run into a fresh folder.")
     if engine_ids is not None and engine_ids != ids:
         empty = prompt.strip() and engine_ids == ids_of("", counts)[0]
         raise UserError(

@@ -174,6 +174,10 @@ def test_bridge_dump_of_another_pass_is_a_sentence(bridge, student, tiny_materia
     np.zeros((len(other), 2560), "<f4").tofile(family / "adapter_out.bin")
     with pytest.raises(UserError, match="another family's conditioner or adapter"):
         run_check(path, s, family, PROMPT, tok)
+    np.zeros((len(other), 96), "<f4").tofile(family / "adapter_out.bin")  # the bridge's width
+    (family / "tokens.txt").write_text("1\n2\n")  # a token-aligned run's id file
+    with pytest.raises(UserError, match="tokens.txt but no seed_ids.txt: it is another kind's"):
+        run_check(path, s, family, PROMPT, tok)
 
 
 def test_bridge_bank_dump_is_the_flux3_head(bridge, student, tiny_materials, tmp_path):
