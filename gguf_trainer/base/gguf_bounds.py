@@ -1,12 +1,13 @@
-"""Bounded pre-scan of an untrusted GGUF file, before `gguf.GGUFReader` sees it.
+"""Bounded scan of an untrusted GGUF file: the one walk gguf_read.py reads files with, and the
+pre-scan before anything else (tests, a companion writer) hands a file to `gguf.GGUFReader`.
 
 GGUFReader trusts the counts in the header: a 30-byte file that declares a 2^50-element
 metadata array makes it loop and allocate without limit, and a tensor that claims more
 bytes than the file has turns into a numpy error deep inside it. `check_gguf` walks the
 header, every key/value and every tensor description with plain `struct` reads on an mmap,
 checks each count and size against the bytes the file actually has, and raises one
-`UserError` sentence naming the first problem. Only a file that passes is handed to
-GGUFReader, whose own work is then bounded by the file size.
+`UserError` sentence naming the first problem. Only a file that passes is read further,
+so that work is bounded by the file size.
 
 Must not: import torch or allocate anything proportional to a declared count. Library code:
 it knows nothing of projects or adapters (callers add the "what to do" half of the sentence).
@@ -14,9 +15,10 @@ it knows nothing of projects or adapters (callers add the "what to do" half of t
 The scan also records what it walked (every key's types and value, every tensor's dims, type
 and offset) so gguf_read.py builds its fields and memory-mapped tensors without a second walk.
 A string array is walked in one tight loop and decoded as one UTF-8 text (a 248k-token
-vocabulary: ~0.1 s, where GGUFReader's per-item numpy views take ~16 s).
+vocabulary: ~0.3 s on a quiet machine, where GGUFReader's per-item numpy views take ~16 s).
 
-Usage: `check_gguf(path, fix="re-export it")`; `scan_buffer(buf, size)` on a mapped file.
+Usage: `check_gguf(path, fix="re-export it")`; `scan_buffer(buf, size, path, fix)` on a
+mapped file.
 """
 
 from __future__ import annotations
