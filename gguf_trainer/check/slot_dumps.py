@@ -6,7 +6,7 @@ What the engine writes (vendor/engine/diffusion/src/conditioning/conditioner.hpp
 0.9.7 sdist; headerless f32, the feature axis innermost; the last conditioning pass wins):
 
   MingImageAdapterEmbedder (4137-4150)
-    qwen_hidden.bin   the student's final-norm states on the RAW prompt [L, 1024] (4100-4111)
+    qwen_hidden.bin   the student's final-norm states on the RAW prompt [L, 1024] (4103-4116)
     adapter_out.bin   [256 + P, out_dim]: the caption rows zero-padded to out_dim, then one
                       direct row per Ling slot (llm_adapter.hpp 594-598)
     vis_embeds.bin    an edit's reference image through the Ling tower [n, vis_dim] (one image)
