@@ -195,17 +195,15 @@ def slot_check(adapter, adapter_path, student, prompt: str, dump, pack_id: str) 
     out_path, n_bytes = _reference(dump, kind)
     teacher = out_path.name == TEACHER_OUT[kind]
     ids_of = _slot_ids_of(adapter, kind, adapter_path)
-    vis, runs = _references(dump_dir, kind, cfg.vis_dim)
     n_cap = cfg.n_bank if kind == "ming_image" else 0
     lead_n = n_cap  # caption rows before the slots in adapter_out.bin
-
-    def slot_rows(counts):
-        return lead_n + len(ids_of(prompt, counts)[0])
-
+    text_pass = n_bytes == (lead_n + len(ids_of(prompt)[0])) * cfg.out_dim * 4
+    if kind == "ming_image" and text_pass:
+        vis, runs = None, []  # a vis_embeds.bin an earlier edit run left is not this pass's
+    else:
+        vis, runs = _references(dump_dir, kind, cfg.vis_dim)
     counts = [n for _, n in runs] if kind == "qwen35_bridge" else (
         [vis.shape[0]] if vis is not None else [])
-    if kind == "ming_image" and vis is not None and n_bytes == slot_rows([]) * cfg.out_dim * 4:
-        vis, counts = None, []  # a vis_embeds.bin left by an earlier edit run: this one is text
     ids, starts = ids_of(prompt, counts)
     if kind == "qwen35_bridge" and starts != [s for s, _ in runs]:
         raise UserError(f"the dump's {VIS_POS} puts the references at slots {[s for s, _ in runs]}"

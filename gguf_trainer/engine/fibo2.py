@@ -1,6 +1,6 @@
 """ggk 0.9.7's Fibo 2.0 conditioner (conditioning/fibo2.hpp) as the qwen3vl_fibo2 pack needs it:
 the caption port (format_prompt and its JSON parse, clean and dump, 57-151; the image markers of
-edits, 292-316) and the reference images as it hands them to Qwen3-VL (231-268).
+edits, 292-316) and the reference images as it hands them to Qwen3-VL (231-319).
 
 Owns, for captions: `fibo2_caption` (what the template carries between `<|im_start|>user\n` and
 `<|im_end|>`: plain text as typed, a JSON object cleaned and dumped as nlohmann does, the empty
@@ -113,7 +113,7 @@ def resize_8bit(x: np.ndarray, th: int, tw: int) -> np.ndarray:
 def preprocess_fibo2(path: Path | str, side: int = MAX_SIDE) -> np.ndarray:
     """(3, h̄, w̄) float32: the picture at `path` as the engine hands it to Qwen3-VL's tower.
     The engine loads a Fibo 2.0 reference with 3 channels (alpha dropped, gk-diffuser.cpp
-    3731-3733, 5872-5895), as load_rgb does."""
+    3731-3733, 5872-5897), as load_rgb does."""
     x = load_rgb(path)
     h, w = vlm_size(*x.shape[:2], side)
     x = resize_8bit(x, h, w)

@@ -31,18 +31,18 @@ from gguf_trainer.engine.qwen_bpe import (
     split_specials,
 )
 
-# ling_tokenizer.cpp 184-207, in its order (split_with_special_tokens takes the first on a tie).
+# ling_tokenizer.cpp 199-222, in its order (split_with_special_tokens takes the first on a tie).
 SPECIALS = (
     "<|startoftext|>", "<|endoftext|>", "[CLS]", "[gMASK]", "<|role_end|>", "<tool_call>",
     "</tool_call>", "<tool_response>", "</tool_response>", "<role>", "</role>", "<image>",
     "<imagePatch>", "</image>", "<video>", "</video>", "<framePatch>", "<audio>", "</audio>",
     "<audioPatch>", "<think>", "</think>",
 )
-UNK_ID = 156892  # ling_tokenizer.cpp 179: a piece the vocabulary lacks
+UNK_ID = 156892  # ling_tokenizer.cpp 195: a piece the vocabulary lacks
 IMAGE_PATCH, IMAGE_START, IMAGE_END = 157157, 157158, 157159  # ming_image_te.hpp 40-42
 PREFIX = ("<role>SYSTEM</role>你是一个友好的AI助手。\n\ndetailed thinking off<|role_end|>"
-          "<role>HUMAN</role>")  # ming_image_te.hpp 1245-1247
-SUFFIX = "<|role_end|><role>ASSISTANT</role>"  # ming_image_te.hpp 1248
+          "<role>HUMAN</role>")  # ming_image_te.hpp 1246-1248
+SUFFIX = "<|role_end|><role>ASSISTANT</role>"  # ming_image_te.hpp 1249
 
 
 def _is_space(ch: str) -> bool:

@@ -1,8 +1,8 @@
 """Reference images as ggk 0.9.7's Qwen3.5 bridge hands them to the Qwen3.5 vision tower
-(conditioner.hpp 4248-4283, Qwen35BridgeEmbedder::get_learned_condition; engine-families §2 rows
+(conditioner.hpp 4296-4330, Qwen35BridgeEmbedder::get_learned_condition; engine-families §2 rows
 20-21): Qwen's smart resize to multiples of patch × merge (32), the area clamped to
 [65536, max_pixels] (1024² unless `--ref-image-args vlm_max_size=S`: S²), then
-`sd::ops::interpolate` in Bilinear mode WITH antialias (core/tensor.hpp 908-1029: the triangle
+`sd::ops::interpolate` in Bilinear mode WITH antialias (core/tensor.hpp 908-1030: the triangle
 filter widened by the downscale factor, centres at (o + 0.5)·scale − 0.5, out-of-range taps
 clamped to the edge pixel, weights normalised, summed in double), alpha composited over white,
 then 2x − 1. Must not: run a model.
@@ -25,7 +25,7 @@ MAX_PIXELS = 1024 * 1024
 
 def smart_size(width: int, height: int, max_pixels: int = MAX_PIXELS,
                factor: int = FACTOR) -> tuple[int, int]:
-    """(w̄, h̄) as conditioner.hpp 4257-4269 computes them, in double."""
+    """(w̄, h̄) as conditioner.hpp 4306-4317 computes them, in double."""
     def round_to(v: float) -> int:
         return max(factor, int(_llround(v / factor)) * factor)
 
@@ -79,7 +79,7 @@ def resize(x: np.ndarray, w_bar: int, h_bar: int) -> np.ndarray:
 
 def bridge_pixels(image: np.ndarray, max_pixels: int = MAX_PIXELS) -> np.ndarray:
     """(H, W, 3 or 4) float in [0, 1] -> (3, h̄, w̄) float32: resized, alpha over white, 2x − 1
-    (conditioner.hpp 4270-4283)."""
+    (conditioner.hpp 4318-4330)."""
     h, w = image.shape[:2]
     w_bar, h_bar = smart_size(w, h, max_pixels)
     r = resize(image, w_bar, h_bar)

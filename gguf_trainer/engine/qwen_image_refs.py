@@ -1,7 +1,7 @@
 """Reference images as ggk 0.9.7 hands them to Qwen Image 2.1's text encoder (an edit run).
 
 Unlike MageFlow's (mageflow_images.py) these are resized by the PIPELINE, not by the
-conditioner, and the size depends on the render: gk-diffuser.cpp 6017-6071 (preset "qwen",
+conditioner, and the size depends on the render: gk-diffuser.cpp 6017-6072 (preset "qwen",
 resize_before_vae, no vae_input_max_pixels) takes the render area A = W·H of the request
 (default_pixels, 6027) and sizes reference i of w×h pixels as
 
@@ -35,7 +35,7 @@ import numpy as np
 from gguf_trainer.base.errors import UserError
 from gguf_trainer.engine.qwen_vl_images import FACTOR, nearest_resize
 
-DEFAULT_RENDER = (1024, 1024)  # (W, H): the family's default output (gk-diffuser.cpp 4943)
+DEFAULT_RENDER = (1024, 1024)  # (W, H): the family's default output (gk-diffuser.cpp 4943-4946)
 
 
 def _round_side(x: float) -> int:
@@ -70,7 +70,7 @@ default_ref_size.sized_by_pipeline = True  # type: ignore[attr-defined]
 
 def align_render(w: int, h: int) -> tuple[int, int]:
     """The request size aligned up to multiples of 32 (align_image_size, gk-diffuser.cpp
-    5183-5195)."""
+    5183-5202)."""
     return tuple(-(-int(s) // FACTOR) * FACTOR for s in (w, h))
 
 

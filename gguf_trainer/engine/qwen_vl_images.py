@@ -47,7 +47,7 @@ def target_size(h: int, w: int) -> tuple[int, int]:
 
 
 def resized_size(h: int, w: int, th: int, tw: int) -> tuple[int, int]:
-    """The engine's clip_preprocess resize (util.cpp 771-784): scale = max(tw/w, th/h) and
+    """The engine's clip_preprocess resize (util.cpp 777-786): scale = max(tw/w, th/h) and
     (⌊scale·h⌋, ⌊scale·w⌋), all in float32."""
     scale = max(np.float32(tw) / np.float32(w), np.float32(th) / np.float32(h))
     return int(np.float32(scale) * np.float32(h)), int(np.float32(scale) * np.float32(w))

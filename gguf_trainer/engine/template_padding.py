@@ -3,10 +3,10 @@ do with them (engine-families §1, ggk 0.9.7 conditioner.hpp and tokenizers/toke
 
 `LLMEmbedder::tokenize` (conditioner.hpp 2551-2623) pads the template's ids on the right with
 151643 to `min_length` (Flux.2 klein 512, SeFi-Image 1024; FLUX.3: the next multiple of 80,
-capped at max_length 4096) through `Tokenizer::pad_tokens` (tokenizer.cpp 39-150): a sequence
+capped at max_length 4096) through `Tokenizer::pad_tokens` (tokenizer.cpp 39-195): a sequence
 longer than max_length is cut to max_length, never padded. The pads are masked as keys for
 the student and the full teacher alike (the causal mask plus the pad keys, conditioner.hpp
-2646-2663); FLUX.3 also puts every pad at rope position 1 on every axis (2698-2712). The adapter
+2649-2663); FLUX.3 also puts every pad at rope position 1 on every axis (2698-2712). The adapter
 then reads every row, pads included, with no mask (2727-2735). No torch here: packs, teachers
 and the check share it.
 

@@ -72,7 +72,7 @@ F32_NAMES = ("query", "vision_proj.weight", "layer_map", *slot_file.F32_QUERIES)
 # Embedding tables keep these types in the engine; anything else becomes f32 on load.
 EMBED_KEPT_TYPES = ("f16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
 # A Linear keeps its file's type when its input width (ne0) is a multiple of the type's block
-# (ggml_extend.hpp 3692-3695; else f32): the types export.dtype writes besides f16.
+# (ggml_extend.hpp 3695-3698; else f32): the types export.dtype writes besides f16.
 LINEAR_TYPES = {"q8_0": 32, "bf16": 1}
 
 

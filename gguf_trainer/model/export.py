@@ -130,7 +130,7 @@ def tensor_type(name: str, shape: tuple[int, ...], dtype: str = "f16") -> str:
     biases, queries, vision_proj and layer_map in every type; an embedding table f16 (the
     engine reads it row by row); every other 2-D weight is a Linear: bf16, or Q8_0 when its
     input width (shape[-1], the engine's ne0) is a multiple of 32 and f16 otherwise (the engine
-    turns a Q8_0 weight of another width into f32, ggml_extend.hpp 3692-3695)."""
+    turns a Q8_0 weight of another width into f32, ggml_extend.hpp 3695-3698)."""
     if is_f32_tensor(name, len(shape)):
         return "f32"
     if dtype == "f16" or name in EMBED_TABLES:
@@ -176,7 +176,7 @@ def _structural_kv(cfg: AdapterConfig) -> dict[str, int]:
 
 def _add_tokenizer(writer, tokenizer: dict) -> None:
     """The teacher's vocabulary as llama.cpp KVs, the way the engine reads it for the Qwen3.5
-    bridge (gk-diffuser.cpp 1236-1278, gguf_io.cpp read_gguf_tokenizer): tokens (id order),
+    bridge (gk-diffuser.cpp 1236-1277, gguf_io.cpp read_gguf_tokenizer): tokens (id order),
     merges ("a b"), pre-tokenizer name; model "gpt2" (byte-level BPE)."""
     writer.add_tokenizer_model(tokenizer.get("model", "gpt2"))
     writer.add_tokenizer_pre(tokenizer["pre"])

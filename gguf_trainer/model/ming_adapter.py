@@ -5,7 +5,7 @@ the DiT's c_crossattn) followed by one seeded slot per Ling prompt token (-> the
 encoder it was trained on. The slot-resampler trunk (slot_resampler.py) with a caption bank.
 
 What the engine reads (ggk 0.9.7 vendor/engine/diffusion/src/model/te/llm_adapter.hpp,
-`MingAdapterConfig` 465-530, `MingAdapter` 532-600; ggml ne order, torch shape reversed; names
+`MingAdapterConfig` 466-530, `MingAdapter` 533-599; ggml ne order, torch shape reversed; names
 under `adapter.`):
 
     cap_query           ne [W, n_cap]            f32 param (539)       torch (n_cap, W)
@@ -22,7 +22,7 @@ under `adapter.`):
 
 and beside them, outside `adapter.`, `tokenizer_json`: the Ling tokenizer.json bytes, one f16
 per byte (gk-diffuser.cpp 1285-1310, 1327-1356: the engine has no Ling vocabulary built in).
-Selected by `cap_query` (481-483). Forward (565-599), per prompt:
+Selected by `cap_query` (llm_adapter.hpp 481-482). Forward (564-598), per prompt:
 
     kv   = in_proj(h) ++ vis_in(v)
     q    = cap_query ++ (slot_query[:P] + seed_proj(seed_embed[ids]) + vis_q(v under each slot))

@@ -93,7 +93,7 @@ def slot_families(kind: str, g: dict) -> list[str]:
 
 def slot_metadata_problems(kind: str, metadata: dict) -> list[str]:
     """The vocabulary the engine needs in the file: the bridge's Qwen3.5 tokens and merges with
-    tokenizer.ggml.pre "qwen35" (gk-diffuser.cpp 1236-1278: otherwise MOSS-Image needs the 9B's
+    tokenizer.ggml.pre "qwen35" (gk-diffuser.cpp 1236-1277: otherwise MOSS-Image needs the 9B's
     GGUF or a tokenizer pack, and FLUX.3 refuses the file as a source)."""
     if kind != "qwen35_bridge":
         return []

@@ -4,7 +4,7 @@ not the student's. One file serves Ming-Image 0.1 Design and Design-Layer (the e
 version from the DiT).
 
 Engine (ggk 0.9.7 conditioner.hpp MingImageAdapterEmbedder 3951-4158, llm_adapter.hpp 447-652):
-the file is a Ming adapter when `adapter.cap_query` is in it (gk-diffuser.cpp 1784-1786); the
+the file is a Ming adapter when `adapter.cap_query` is in it (gk-diffuser.cpp 1785-1786); the
 slots are the Ling ids of Ming's template around the prompt (ming_image_te.hpp 1240-1266:
 the prefix `<role>SYSTEM</role>你是一个友好的AI助手。\\n\\ndetailed thinking off<|role_end|>`
 `<role>HUMAN</role>` encoded alone, then prompt + `<|role_end|><role>ASSISTANT</role>`),
@@ -135,7 +135,7 @@ class MingImagePack(TrainerPack):
         return PREFIX + text + SUFFIX
 
     def student_pieces(self, sample, image_tokens=()):
-        """The raw prompt as one piece (conditioner.hpp 4100-4103: no template, no weights)."""
+        """The raw prompt as one piece (conditioner.hpp 4103-4107: no template, no weights)."""
         return (Piece(sample.text),)
 
     def slot_ids_for_text(self, text: str, tokenizer_json: str | None = None) -> list[int]:

@@ -5,11 +5,12 @@ the 9B's 248320-row embedding table, emitting the 9B's last hidden state (after 
 4096) of that token.
 
 Engine (ggk 0.9.7 conditioner.hpp Qwen35BridgeEmbedder, 4175-4494; llm_adapter.hpp 654-897):
-the file is a bridge when `slot_query` is in it without `cap_query` (gk-diffuser.cpp 1579, 1599);
-the slots are the Qwen3.5 ids of `<|im_start|>user\\n` + (prompt, or " ") +
+the file is a bridge when `slot_query` is in it without `cap_query` (llm_adapter.hpp 693-695,
+called at gk-diffuser.cpp 1579 and 1599); the slots are the Qwen3.5 ids of
+`<|im_start|>user\\n` + (prompt, or " ") +
 `<|im_end|>\\n<|im_start|>assistant\\n<think>\\n`, tokenized as one string with the vocabulary
 the adapter GGUF carries (`tokenizer.ggml.tokens` / `merges`, `tokenizer.ggml.pre` "qwen35",
-gk-diffuser.cpp 1236-1278); the student reads the raw prompt (its own BPE, no template, no
+gk-diffuser.cpp 1236-1277); the student reads the raw prompt (its own BPE, no template, no
 emphasis parsing; empty -> [151643]); no pads. The same file serves FLUX.3 Klein through its
 optional bank head (`bank_query`, `bank_in`, `out_bank` -> 20480): with `train.bank_slots` n > 0
 (a multiple of 80) the pack also trains it on Qwen3-VL-4B's 8-tap stack of the prompt as

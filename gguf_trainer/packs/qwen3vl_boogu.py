@@ -10,10 +10,10 @@ line breaks takes the EDIT system prompt instead (3244, 3285); with reference im
 prompt is followed by `<|vision_start|>` + pads + `<|vision_end|>` per image (3247-3283). No pads;
 no out_layers: the DiT reads the final norm.
 
-Edits (3246-3283): each reference image is resized to about 384^2 pixels (`boogu_target_size`,
+Edits (3246-3286): each reference image is resized to about 384^2 pixels (`boogu_target_size`,
 3258-3263), run by the tower's main merger (encode_image as MageFlow's, no deepstack, plain
 positions) and spliced at the row the engine's tokenizer counts for everything before its
-`<|image_pad|>` run (3270-3272); the export is token_aligned_vision (vision_proj + vis_in).
+`<|image_pad|>` run (3269-3271); the export is token_aligned_vision (vision_proj + vis_in).
 
 Teacher: no citable public source names the repo of Boogu Image's text encoder, so the pack
 declares "link a local copy": the Qwen3-VL text encoder of the Boogu Image release (transformers

@@ -10,14 +10,14 @@ caption (`format_prompt`, 88-151, ported in engine/fibo2.py); taps {5, 7, 9, 11,
 
 Normalisation. `get_learned_condition` hands `make_bundles` whatever `encode_prompt` returned
 (342): the full teacher's taps and an adapter's output alike. make_bundles RMS-normalises every
-tap (eps 1e-6, no weight), rounds to bf16 and gathers the bundles (167-193). So the adapter emits
+tap (eps 1e-6, no weight), rounds to bf16 and gathers the bundles (167-195). So the adapter emits
 the RAW tap stack and the engine normalises it once; the targets here are the raw taps
 (tests/unit/packs/test_layerwise_packs.py pins it against fibo2.hpp's arithmetic).
 
 Teacher: Qwen3-VL-4B (hidden 2560, 36 layers; fibo2.hpp 49-53, the `qwen3vl-4b-it` GGUF of the
 ggk README).
 
-Edits (fibo2.hpp 125-142, 210-321). With N reference images the caption becomes the compact JSON
+Edits (fibo2.hpp 127-142, 213-320). With N reference images the caption becomes the compact JSON
 {"image": M} (N = 1) or {"image_1": M, "image_2": M, ...}, then "structured_caption" (a JSON
 prompt's caption, when not empty) and "edit_instruction" (its edit_instruction, or the whole
 prompt when it has none), M = `<|vision_start|><|image_pad|><|vision_end|>`; image i's marker
@@ -31,7 +31,7 @@ needs both (217-221), so the export is layerwise + vision_proj + vis_in. The tea
 full Qwen3-VL path instead (deepstack after the first decoder layers, M-RoPE image positions:
 teachers/qwen_taps.py), which is what the DiT was trained on. Start 0: the DiT reads every row,
 image rows included. What ggk does BEFORE the conditioner (model.hpp 46-58, gk-diffuser.cpp
-6017-6071): a single reference is scaled to cover the render size (-W/-H, else its own size
+6017-6072): a single reference is scaled to cover the render size (-W/-H, else its own size
 rounded to 16 px) and centre-cropped (Lanczos), several each to a ~1 MP bucket; the conditioner
 then sees that crop. Training feeds each corpus picture to the conditioner's steps as it is.
 """

@@ -3,7 +3,7 @@ encoder of FLUX.3 Image Klein (engine-families §2 row 17).
 
 Engine (ggk 0.9.7 conditioner.hpp 3549-3561): `<|im_start|>user\\n` + the prompt range +
 `<|im_end|>\\n<|im_start|>assistant\\n`; start 0; max_length 4096; out_layers {4, 8, ..., 32};
-`tokenize` pads to the next multiple of 80 (2613-2616) and every pad sits at rope position 1 on
+`tokenize` pads to the next multiple of 80 (2610-2612) and every pad sits at rope position 1 on
 every axis, masked as a key (2698-2712), for the student as for the 4B. The engine's abort message
 and README name this pack and its file `pig_qwen3vl_4b_it_adapter-f16.gguf` (2826-2829).
 

@@ -3,7 +3,7 @@ encoder of MiniMax H3 (engine-families §2 row 12).
 
 Engine (ggk 0.9.7 conditioner.hpp 2948-2953, `sd_version_is_minimax_h3`): the raw prompt, no
 template and no special tokens; prompt range {0, 0}, so the prompt is ONE piece and weight
-syntax is plain text (2551-2580); start 0; no pads; out_layers {50}: "the raw, unnormalized
+syntax is plain text (2557-2576); start 0; no pads; out_layers {50}: "the raw, unnormalized
 output of truncated Qwen3-VL layer 50", 5120 wide (engine-families §2 row 12). An empty prompt
 gives no ids at all: the engine has nothing to encode, so the demo corpus holds no empty prompts
 (corpus.empty_frac 0).

@@ -13,27 +13,27 @@ resolved from the linked snapshot (36 for Qwen3-VL-8B).
 Edits (3085-3145): after the user marker, reference image i as `<image{i+1}><|vision_start|>`
 + pads + `<|vision_end|>`, a space before every image but the first, then the prompt range; start
 stays 14. The pipeline has already resized each reference by the render area
-(qwen_image_refs.py: gk-diffuser.cpp 6017-6071, nearest, sides multiples of 32); the conditioner
-composites the alpha over white and scales to 2x − 1 (3100-3107). The engine with an adapter
-needs vision_proj + vis_in (3068-3071) and hands it the tower's MAIN merger rows only
-(`encode_image(..., nullptr)` at 3123, no image extras: every rope axis the token index), while
-the reference it was distilled from, the full Qwen3-VL-8B, sees the tower WITH its deepstack
-features and M-RoPE image positions (3052-3060, llm.hpp 2336-2364, 2442-2470): so the teacher
-here runs that full path (the tap teacher, teachers/qwen_taps.py, at the last layer with the
-tower: `teacher_full_vision`) and the student stores the main rows.
+(qwen_image_refs.py: gk-diffuser.cpp 6017-6072, nearest, sides multiples of 32); the conditioner
+composites the alpha over white and scales to 2x − 1 (conditioner.hpp 3100-3107). The engine with an
+adapter needs vision_proj + vis_in (3068-3071) and hands it the tower's MAIN merger rows only
+(`encode_image(..., nullptr)` at 3123, no image extras: every rope axis the token index), while the
+reference it was distilled from, the full Qwen3-VL-8B, sees the tower WITH its deepstack features
+and M-RoPE image positions (conditioner.hpp 3052-3060, llm.hpp 2336-2365, 2442-2469): so the teacher
+here runs that full path (the tap teacher, teachers/qwen_taps.py, at the last layer with the tower:
+`teacher_full_vision`) and the student stores the main rows.
 The DiT never reads the adapter's rows at the image slots: the conditioner tags each context
-row with its slot (conditioner.hpp 3781-3797: 0 = text, i + 1 = the pad run of reference i,
+row with its slot (conditioner.hpp 3782-3797: 0 = text, i + 1 = the pad run of reference i,
 from image_embeds[i].first for the image's row count, so `<|vision_start|>`/`<|vision_end|>`
 stay text), the DiT's layout makes an image segment of each tagged run (qwen_image_2_1.hpp
-74-120) and fills it with img_in(patchify(reference latent)) instead of the context rows
+74-122) and fills it with img_in(patchify(reference latent)) instead of the context rows
 (279-288). So `dit_reads_vision_rows = False`: those rows stay in the adapter's input and
 attention (its self-attention sees them, and the teacher's text rows after an image attend to
 it), but the shards mark them `target_keep` 0 and the loss, every eval figure (cos_slice, the
 headline) and the target moments leave them out; there is no cos_vis for this pack.
 
-Teacher: the engine names the full "Qwen3-VL-8B" (3064-3075) but no citable public source names
-the repo of Qwen Image 2.1's text encoder, so the pack declares "link a local copy": the
-Qwen3-VL-8B text encoder of the Qwen Image 2.1 release (transformers Qwen3-VL, hidden 4096, 36
+Teacher: the engine names the full "Qwen3-VL-8B" (conditioner.hpp 3064-3075) but no citable public
+source names the repo of Qwen Image 2.1's text encoder, so the pack declares "link a local copy":
+the Qwen3-VL-8B text encoder of the Qwen Image 2.1 release (transformers Qwen3-VL, hidden 4096, 36
 layers, ~8.8 B parameters with the tower, ~17.5 GB bf16) with its tokenizer files.
 """
 

@@ -8,7 +8,7 @@ memory figure, the seed tokenizer `check` reads, the tiny demo teacher, the mock
 rows `gguf-trainer check` compares. A family module declares facts only:
 
   * `embedder`: the engine's conditioner. PIXART_EMBEDDER (PixArtT5Embedder, conditioner.hpp
-    1781-1822): the window is the DiT's caption length, 120 or 300, which
+    1655-1891): the window is the DiT's caption length, 120 or 300, which
     `precompute.t5_window` picks (`configured`). T5CLIP_EMBEDDER (T5CLIPEmbedder): chunk_len 512
     (conditioner.hpp 1199), the adapter's num_queries (1240-1245), one window for every model;
   * `num_queries` (the window), `seed_vocab` (the seed table's rows: the T5 vocabulary);

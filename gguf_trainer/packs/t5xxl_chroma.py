@@ -14,7 +14,7 @@ KVs: `chroma_use_t5_mask = false` (ggk 0.9.7 gk-diffuser.cpp:4390) — the T5 ru
 512-slot window with no attention mask, pads included (conditioner.hpp:1503-1506), so every real
 row depends on the pads — and `chroma_use_dit_mask = true` with `chroma_t5_mask_pad = 1`
 (gk-diffuser.cpp:4389, 4391): the DiT reads the real slots (pieces + EOS) and the first pad slot
-(conditioner.hpp:1396-1410, 1533; model/diffusion/flux.hpp:1520-1523). The teacher is the encoder
+(conditioner.hpp:1396-1410, 1533; model/diffusion/flux.hpp:1520-1528). The teacher is the encoder
 run that way; the supervised rows are those the DiT reads. A user who passes
 `--chroma-enable-t5-mask` or
 `--chroma-disable-dit-mask` conditions on other rows than the adapter learned.

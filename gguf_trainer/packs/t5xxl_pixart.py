@@ -10,7 +10,7 @@ from .t5_seeded import F16_NOTE, PIXART_EMBEDDER, T5_VOCAB, T5SeededPack
 from .teacher_repos import T5_V1_1_XXL, T5_V1_1_XXL_TEACHER
 
 T5_WINDOW = 120  # PixArt-alpha caption_length
-# PixArtT5Embedder (conditioner.hpp 1781-1822): the raw prompt's weight chunks, no template
+# PixArtT5Embedder (conditioner.hpp 1655-1891): the raw prompt's weight chunks, no template
 # (engine_template {}), for the student (the base pack's pieces) and for T5 (teachers/t5.py).
 
 

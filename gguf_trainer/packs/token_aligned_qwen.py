@@ -11,7 +11,7 @@ counts as one layer, conditioner.hpp 2798-2840) while `teacher_taps` names what 
 hands the DiT: (k,) = the raw output of decoder layer k, () = the final norm (llm.hpp 1779-1815),
 `tap_last_layer` = the snapshot's last layer before the norm (Qwen Image 2.1, conditioner.hpp
 3083). Targets cover every template row (the adapter runs over all of them, no mask, 2727-2735);
-the loss reads rows from `start` on, the rows the DiT gets (2895-2927): these packs' recipe
+the loss reads rows from `start` on, the rows the DiT gets (2900-2926): these packs' recipe
 stores `train.prefix_rows` "out", which weighs every row before `start` 0 in `compute_loss`
 (data/recipe.py row_weights; a project written before the recipe keys keeps them in), and with
 `train.stats_rows` "loss" nothing reads them, so the shards store none of those target rows

@@ -3,7 +3,7 @@
 engine-families §2 row 3).
 
 Sources. The engine builds Wan's conditioner with the T5 mask on and the UMT5 tokenizer
-(ggk 0.9.7 gk-diffuser.cpp:1643-1648: use_mask true, mask_pad 0, is_umt5 true); its UMT5 vocabulary
+(ggk 0.9.7 gk-diffuser.cpp:1644-1648: use_mask true, mask_pad 0, is_umt5 true); its UMT5 vocabulary
 is PAD 0, EOS 1, BOS 2, UNK 3 (tokenizers/t5_unigram_tokenizer.cpp:217-226). The teacher is the
 UMT5-XXL encoder of the official Wan 2.2 diffusers snapshot,
 https://huggingface.co/Wan-AI/Wan2.2-TI2V-5B-Diffusers (`text_encoder/`: UMT5EncoderModel in three

@@ -7,7 +7,7 @@ ming_image_te.hpp, cited `T:<line>`) rather than from Hugging Face: transformers
 this port equals it: hidden states 5 and 12, the
 final norm and the 256 caption rows, <= 1e-4 relative.
 
-What it computes for one Ling prompt of P tokens (T:818-840 builds the sequence, T:694-728 runs it):
+What it computes for one Ling prompt of P tokens (T:818-840 builds the sequence, T:694-726 runs it):
 
     ids   = prompt ++ <image> ++ <imagePatch> x 256 ++ </image>        (157158, 157157, 157159)
     x     = embed(ids), query_tokens spliced over the 256 patches      (T:672-693)
@@ -23,7 +23,7 @@ centred h / w, routed through image_gate; the direct rows then include the image
 
 hs[i] is Hugging Face's hidden_states[i], the output of block i-1 (T:578-583). The connector is a
 Qwen2 stack fed embeddings: bidirectional, positions 0..255, NEOX rope over the whole 128-wide
-head at theta 1e6, q/k/v biased (llm.hpp 256-269, 1406-1408, 1726-1815); the engine reads its
+head at theta 1e6, q/k/v biased (llm.hpp 256-269, 1406-1408, 1726-1844); the engine reads its
 width from nothing (no embed_tokens), so it is Qwen2-1.5B's 1536 (llm.hpp 262), head_dim 128.
 The routing constants the engine hard-codes (T:160-179: 8 groups, top 4 groups, top 8 experts,
 scale 2.5, theta 6e5, eps 1e-6) are this port's too.
@@ -48,7 +48,7 @@ from torch import nn
 IMAGE_PATCH, IMAGE_START, IMAGE_END = 157157, 157158, 157159  # T:40-42
 SPATIAL_FREQS = 24  # T:46: of the rope_dim / 2 frequencies, the first 24 are h / w
 VOCAB = 157184
-# The Ming-Image chat template around the prompt (T:1245-1249, conditioner.hpp 3843-3846).
+# The Ming-Image chat template around the prompt (T:1246-1249, conditioner.hpp 3843-3846).
 PREFIX = ("<role>SYSTEM</role>你是一个友好的AI助手。\n\ndetailed thinking off<|role_end|>"
           "<role>HUMAN</role>")
 SUFFIX = "<|role_end|><role>ASSISTANT</role>"
@@ -100,7 +100,7 @@ class MingConfig:
 
     @property
     def rope_dim(self) -> int:
-        return self.head_dim // 2  # T:269: partial_rotary_factor 0.5
+        return self.head_dim // 2  # T:247: partial_rotary_factor 0.5
 
 
 class RMSNorm(nn.Module):
@@ -234,7 +234,7 @@ def _engine_down(xf, idx, w, gu, down):
 
 
 class BailingAttention(nn.Module):
-    """T:281-353: fused query_key_value, per-head q/k RMSNorm, rope on the first rope_dim
+    """T:281-351: fused query_key_value, per-head q/k RMSNorm, rope on the first rope_dim
     channels (NEOX halves, per-token per-frequency angles), causal GQA, `dense` out, no biases."""
 
     def __init__(self, cfg: MingConfig):
@@ -259,7 +259,7 @@ class BailingAttention(nn.Module):
 
 
 def _rope_partial(x, cos, sin):
-    """x (B, T, heads, d); cos/sin (B, T, half): T:309-323."""
+    """x (B, T, heads, d); cos/sin (B, T, half): T:303-315."""
     half = cos.shape[-1]
     c, s = cos[:, :, None].to(x.dtype), sin[:, :, None].to(x.dtype)
     first, second, rest = x[..., :half], x[..., half : 2 * half], x[..., 2 * half :]
@@ -386,7 +386,7 @@ def neox_rope(n: int, dim: int, theta: float):
 
 
 class MingTextEncoder(nn.Module):
-    """MingImageTextModel (T:607-729) for text prompts (no input image)."""
+    """MingImageTextModel (T:607-727) for text prompts (no input image)."""
 
     def __init__(self, cfg: MingConfig):
         super().__init__()

@@ -22,7 +22,7 @@ dense mlp.{gate,up,down}_proj; a MoE layer's mlp.gate.{weight, expert_bias}, mlp
 mlp.audio_gate.* (unused: no audio), mlp.experts.E.{gate,up,down}_proj.weight and
 mlp.shared_experts.*. The engine's names differ in four places, mapped here: embed_tokens for
 word_embeddings, thinker./connector. for model.model./model., `gate.proj.weight` for the router
-weight (T:359-380), and the experts fused per layer as `experts.gate_up_proj.weight` [E, 2I, H]
+weight (T:404-405), and the experts fused per layer as `experts.gate_up_proj.weight` [E, 2I, H]
 (gate rows first: ggml_swiglu's order) and `experts.down_proj.weight` [E, H, I] (T:381-384).
 
     cfg = released_config(root)                     # MingConfig from the three config.json

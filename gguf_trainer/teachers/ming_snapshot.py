@@ -2,7 +2,7 @@
 MingTextEncoder, the Ling slot ids of each prompt (engine/ling_bpe.py over the snapshot's own
 mllm/tokenizer.json, the vocabulary the adapter GGUF then carries), and one TargetRows per sample
 in the engine's output layout: the 256 caption rows zero-padded to the direct width, then one
-direct row per Ling token (ming_image_te.hpp 727-728, llm_adapter.hpp 594-598), so row j of the
+direct row per Ling token (ming_image_te.hpp 725-726, llm_adapter.hpp 594-598), so row j of the
 targets is row j of what the adapter emits.
 
 Snapshot layouts:

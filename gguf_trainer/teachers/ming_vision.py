@@ -7,9 +7,9 @@ The tower is transformers' Qwen2_5_VisionTransformerPretrainedModel on the snaps
 `vision_config` (the names are the release's, loaded strictly); ggk 0.9.7 runs the same weights
 from the pig_ming_vision companion (teachers/ming_vision_export.py) as MingImageVisionRunner, which
 hard-codes 16 heads, 112 px windows and full attention at blocks 7/15/23/31
-(ming_image_te.hpp 86-135): a config that differs is refused in one sentence.
+(ming_image_te.hpp 86-130): a config that differs is refused in one sentence.
 
-Pixels: the engine's preprocess_vision_image (ming_image_te.hpp 137-160) resizes to
+Pixels: the engine's preprocess_vision_image (ming_image_te.hpp 137-157) resizes to
 vision_input_size (two smart_resize passes: 4..1024 28-px patches, then the fixed 451,584-px
 area) and CLIP-normalises; `patchify` turns such a (3, H, W) tensor into the tower's input rows
 (Qwen2VLImageProcessor's flattening: the frame twice for the temporal patch, 2x2 merge windows).

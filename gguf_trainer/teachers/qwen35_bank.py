@@ -2,7 +2,7 @@
 32, 20480 per row) of the prompt as FLUX.3's text encoder reads it, laid out as the engine lays
 the adapter's bank (engine-families §2 row 21).
 
-The engine (ggk 0.9.7 conditioner.hpp 4426-4447, Qwen35BridgeEmbedder, `want_bank` with
+The engine (ggk 0.9.7 conditioner.hpp 4426-4448, Qwen35BridgeEmbedder, `want_bank` with
 `bank_align`): the bank is FLUX.3's template `<|im_start|>user\\n` + prompt +
 `<|im_end|>\\n<|im_start|>assistant\\n` over the STUDENT's own ids (the same Qwen BPE as the 4B):
 prefix and suffix each encoded alone, the body the student's ids of the raw prompt (one piece,
@@ -35,9 +35,9 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 TAPS = (4, 8, 12, 16, 20, 24, 28, 32)  # FLUX.3's out_layers (packs/qwen3vl_flux3.py)
-PREFIX = "<|im_start|>user\n"  # conditioner.hpp 4432
-SUFFIX = "<|im_end|>\n<|im_start|>assistant\n"  # conditioner.hpp 4433
-MULTIPLE = 80  # the rows the DiT gets: the next multiple of 80 (conditioner.hpp 4444)
+PREFIX = "<|im_start|>user\n"  # conditioner.hpp 4427
+SUFFIX = "<|im_end|>\n<|im_start|>assistant\n"  # conditioner.hpp 4428
+MULTIPLE = 80  # the rows the DiT gets: the next multiple of 80 (conditioner.hpp 4439)
 PADDING = Padding(multiple=MULTIPLE, max_length=4096, pad_position=1)  # FLUX.3's (row 17)
 # The student's ids of PREFIX and SUFFIX (Qwen2 BPE; the tier compares the engine's).
 PREFIX_IDS = (151644, 872, 198)

@@ -158,7 +158,7 @@ def sup_start(has_images: bool, p: Template) -> int:
 
 def mrope_positions(length: int, images: Sequence[tuple[int, int, int]]) -> list[list[int]]:
     """The (t, h, w) rope positions of `length` rows with images (start row, gh, gw) in row
-    order, as llm.hpp 2336-2362 builds them for the full Qwen3-VL (HF get_rope_index for still
+    order, as llm.hpp 2336-2365 builds them for the full Qwen3-VL (HF get_rope_index for still
     images): text rows count on, an image's row j sits at (p, p + j // gw, p + j % gw), the text
     after it resumes at p + max(gh, gw). One rule for both Qwen3-VL teachers (qwen_taps too)."""
     axes = [[0] * length for _ in range(3)]

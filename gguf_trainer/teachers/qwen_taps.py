@@ -4,7 +4,7 @@ teacher for a family that conditions on a stack of layers (engine-families §1, 
 
 Owns: the family's template ids built by the engine's rule (the pack's pieces, template_ids.py,
 then the family's pads, template_padding.py) and refused unless they are the student's; the
-attention (causal, the pads masked as keys, conditioner.hpp 2646-2663) and rope positions
+attention (causal, the pads masked as keys, conditioner.hpp 2649-2663) and rope positions
 (0..L-1; FLUX.3's pads at 1 on every axis, 2698-2712; every M-RoPE axis equal for text, as the
 engine runs a text-only prompt); the taps: tap k is the RAW output of decoder layer k (1-based),
 so k = num_layers is taken before the final norm, and no taps means the final norm (llm.hpp
@@ -16,7 +16,7 @@ or settings.
 
 Reference images (a layout with `image_preprocess`, Fibo 2.0 edits): the teacher keeps the
 snapshot's vision tower and runs the FULL Qwen3-VL path the engine runs without an adapter
-(fibo2.hpp 280-333, llm.hpp 2336-2362 and 2439-2470): each picture preprocessed by the family's
+(fibo2.hpp 281-332, llm.hpp 2336-2365 and 2439-2469): each picture preprocessed by the family's
 rule, the tower's main merger rows spliced over its `<|image_pad|>` run, its deepstack rows
 added after decoder layers 1, 2, ... at those rows, and M-RoPE image positions (t = the
 block's start, h / w = start + row / col; the text after resumes at start + max(gh, gw)). A tap
@@ -200,7 +200,7 @@ class QwenTapTeacher:
         layers = self.text.layers
         for k in taps:
             # the input of the next layer (of the final norm after the last): layer k's output
-            # with its deepstack rows added, where the engine takes tap k (llm.hpp 1779-1795)
+            # with its deepstack rows added, where the engine takes tap k (llm.hpp 1779-1796)
             after = layers[k] if k < len(layers) else self.text.norm
 
             def hook(_module, args, kwargs, k=k):

@@ -183,7 +183,8 @@ class Source:
         function or struct whose opening line names it); None when the file's code never names
         it (the citation's word is this tool's or a string's, not the engine's)."""
         # code only: a tensor name in a string literal ("...adapter.cap_query") is not an identifier
-        lines = [re.sub(r'"(?:[^"\\]|\\.)*"', '""', s) for s in self.text(cited)]
+        lines = [re.sub(r"//.*$", "", re.sub(r'"(?:[^"\\]|\\.)*"', '""', s))
+                 for s in self.text(cited)]
         if not any(name in s for s in lines):
             return None
         if any(name in s for s in lines[first - 1 : last]):  # has_vis_in holds vis_in
@@ -196,3 +197,77 @@ class Source:
                 if end + 1 >= last:
                     return True
         return False
+
+    # ---------------------------------------------------------------- blocks
+    def knows(self, cited: str) -> bool:
+        """Whether a citation's file name is one file of the sdist (llama.cpp is not)."""
+        try:
+            self.path(cited)
+            return True
+        except KeyError:
+            return False
+
+    def _opener(self, lines: list[str], i: int) -> int | None:
+        """The index of the line whose `{` opens the block headed at index i (i itself, or the
+        last line of a signature whose parameters run on), None when i heads no block."""
+        s = lines[i].strip()
+        if not s or s.startswith(("//", "/*", "*", "#")) or s == "}":
+            return None
+        depth = 0  # a head's parentheses may run on over a few lines, its `{` after them
+        for j in range(i, min(i + 12, len(lines))):
+            t = re.sub(r"//.*$", "", re.sub(r'"(?:[^"\\]|\\.)*"', '""', lines[j])).rstrip()
+            depth += t.count("(") - t.count(")")
+            if depth <= 0:
+                return j if t.endswith("{") else None
+        return None
+
+    def block_at(self, cited: str, line: int) -> tuple[int, int] | None:
+        """(head, last) of the block line `line` heads (1-based): an `if`/`} else if` branch,
+        a loop, a function or a struct. last is its body's last line: the one before the
+        `}` or `} else` that closes it (a template branch's last, as in template_chain); None
+        when the line heads no block."""
+        lines = self.text(cited)
+        i = line - 1
+        if self._opener(lines, i) is None:
+            return None
+        indent = len(lines[i]) - len(lines[i].lstrip())
+        for k in range(self._opener(lines, i) + 1, len(lines)):
+            t = lines[k]
+            if not t.strip():
+                continue
+            ind = len(t) - len(t.lstrip())
+            if ind < indent:
+                return None
+            if ind == indent and t.lstrip().startswith("}"):
+                return line, k
+        return None
+
+    def enclosing(self, cited: str, line: int) -> tuple[int, int] | None:
+        """(head, last) of the innermost function or struct whose body holds line `line`."""
+        lines = self.text(cited)
+        floor = len(lines[line - 1]) - len(lines[line - 1].lstrip())
+        for h in range(line - 2, -1, -1):
+            t = lines[h]
+            if not t.strip() or t.lstrip().startswith(("//", "*", "/*", "#")):
+                continue
+            ind = len(t) - len(t.lstrip())
+            if ind >= floor:
+                continue
+            floor = ind
+            head = t.strip()
+            if head == "{" or re.match(r"(\}\s*)?(else|if|for|while|switch|do|try|case|namespace|"
+                                       r"extern|default)\b", head):
+                continue
+            block = self.block_at(cited, h + 1)
+            if block and block[1] >= line:
+                return block
+        return None
+
+    def cut_block(self, cited: str, first: int, last: int) -> tuple[int, int] | None:
+        """The first block that opens on lines first..last (1-based) but does not end by last:
+        a range running on past a block it claims must end on a whole statement."""
+        for h in range(first, last + 1):
+            block = self.block_at(cited, h)
+            if block and block[1] > last:
+                return block
+        return None

@@ -9,10 +9,11 @@
     start are the pack's, and their cut keeps the template's suffix;
   * every pack's `engine_template` is the whole branch of its own version in the template chain
     (engine_source.py parses the chain and model.h's sd_version_is_*);
-  * every line citation in gguf_trainer/ ("conditioner.hpp 3549-3560", "llm.hpp:1779") names
-    lines of the pinned sdist, a pack's citation into the template chain lies in the branch of
-    its own version (or of a family it serves), and a citation that names an identifier cites
-    lines holding it.
+  * every line citation in gguf_trainer/ and tests/ (engine_citations.py reads its forms) names
+    lines of the pinned sdist; one starting on a branch or function head is that whole block, one
+    inside a function stays in it, an identifier it names is on its lines, a constant on its
+    line is spelled there; a pack's citation into the template chain lies in the branch of its
+    own version (or of a family it serves).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import pytest
 from engine_build import build
+from engine_citations import check, citations, parse
 from engine_driver import Driver, hexs, template
 from engine_source import CONDITIONER, Source
 
@@ -35,7 +37,7 @@ SHIPPED = [i for i in pack_ids()
 TEMPLATED = [i for i in SHIPPED if get_pack(i).engine_template]
 RAW = [i for i in SHIPPED if get_pack(i).adapter_kind == "seeded_resampler"]  # the T5 windows
 FAKE_LLM_LAYERS = 36  # probe.cpp FakeLLM config.num_layers: Qwen Image 2.1's {num_layers}
-NO_MAX = 100000000  # tokenize's default max_length (conditioner.hpp 2555): no cut
+NO_MAX = 100000000  # tokenize's default max_length (conditioner.hpp 2554): no cut
 PACKAGE = Path(__file__).resolve().parents[2] / "gguf_trainer"
 
 
@@ -225,74 +227,101 @@ def test_engine_template_is_the_branch_of_its_version(src, pack_id):
 
 # ---------------------------------------------------------------- citations
 
-CITE = re.compile(
-    r"(?P<file>[\w./-]+\.(?:hpp|cpp|h))(?::|\s)(?P<ranges>\d{1,5}(?:\s*-\s*\d{1,5})?"
-    r"(?:,\s*\d{1,5}(?:\s*-\s*\d{1,5})?)*)")
-# an identifier right before the citation: "PixArtT5Embedder (conditioner.hpp 1781-1822)",
-# "`LLMEmbedder::tokenize` (conditioner.hpp ...", "(sd_get_default_resolution, gk-diffuser.cpp"
-NAMED = re.compile(r"(?:`([A-Za-z_][\w:]*)`|\b([A-Za-z_]\w*(?:::\w+)+|[a-z]\w*_\w+"
-                   r"|[A-Z]\w*[a-z][A-Z]\w*))\s*(?:\(|,)\s*$")
+ROOTS = (PACKAGE, PACKAGE.parent / "tests")
 
 
-def citations():
-    """(module, file, first, last, identifier or None) for each cited range in gguf_trainer/."""
-    out = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        text = path.read_text(encoding="utf-8")
-        for m in CITE.finditer(text):
-            before = text[max(0, m.start() - 60) : m.start()]
-            named = NAMED.search(before)
-            name = (named.group(1) or named.group(2)) if named else None
-            for r in m.group("ranges").split(","):
-                a, _, b = r.strip().partition("-")
-                out.append((path, m.group("file"), int(a), int(b or a), name))
-    return out
+@pytest.fixture(scope="module")
+def cited(src):
+    return citations(ROOTS, src.knows)
 
 
-CITATIONS = citations()
+def test_citation_forms_are_read():
+    """Every form the code writes a citation in is read, a bare range taking the file last
+    named in its docstring or comment run (and no file: no citation)."""
+    # the file names spelled apart so that this module's own scan does not read them
+    f, u, b, m, l = "conditioner", "util", "fibo2", "ming_image_te", "llm"
+    text = (f'''"""Engine ({f}.hpp 3549-3561): pads (2610-2612); Iris-3B (3656-3673).
+`LLMEmbedder::tokenize` ({f}.hpp 2551-2622); {f}.hpp:1199 and {f}.hpp:1396-1410, 1533.
+{u}.cpp, lines 806-906; {b}.hpp clean_caption (64-86); {l}.hpp 2336-2365 and 2442-2469;
+{m}.hpp, cited `T:<line>`: T:40-42.
+"""
+X = 512  # {f}.hpp:1199
+Y = 1
+# t5 (2-4 layers, llama.cpp 5-9) (10-20)
+''')
+    read = parse(Path("m.py"), text, known=lambda name: name != "llama.cpp")
+    got = [(c.file, c.first, c.last, c.name, c.line) for c in read]
+    assert got == [
+        (f"{f}.hpp", 3549, 3561, None, 1), (f"{f}.hpp", 2610, 2612, None, 1),
+        (f"{f}.hpp", 3656, 3673, None, 1), (f"{f}.hpp", 2551, 2622, "LLMEmbedder::tokenize", 2),
+        (f"{f}.hpp", 1199, 1199, None, 2), (f"{f}.hpp", 1396, 1410, None, 2),
+        (f"{f}.hpp", 1533, 1533, None, 2), (f"{u}.cpp", 806, 906, None, 3),
+        (f"{b}.hpp", 64, 86, "clean_caption", 3), (f"{l}.hpp", 2336, 2365, None, 3),
+        (f"{l}.hpp", 2442, 2469, None, 3), (f"{m}.hpp", 40, 42, None, 4),
+        (f"{f}.hpp", 1199, 1199, None, 6)], got
+    assert read[-1].code == "X = 512" and read[0].code is None
 
 
-def test_citations_are_found():
-    assert len(CITATIONS) > 60 and any(f.endswith("conditioner.hpp") for _, f, *_ in CITATIONS)
+def test_the_citation_check_catches_drift(src):
+    """The two citations found stale by hand (FLUX.3's branch cited 3549-3560, Iris-3B's as a
+    bare (3656-3680)) fail the check; the branches as they are (3549-3561, 3656-3673) pass; a
+    few lines inside a branch pass, a range cut short of a function or running out of it fails,
+    and a constant not on its cited line fails."""
+    f = "conditioner"
+    flux3, iris = src.branch_of("VERSION_FLUX3"), src.branch_of("VERSION_IRIS")
+    assert (flux3.head, flux3.last, iris.head, iris.last) == (3549, 3561, 3656, 3673)
+
+    def problems(body: str) -> list[str]:
+        return [p for c in parse(Path("m.py"), body, src.knows) for p in check(c, src)]
+
+    old = f'''"""Engine (ggk 0.9.7 {f}.hpp 3549-3560): FLUX.3. Iris-3B (3656-3680) too."""'''
+    found = problems(old)
+    assert len(found) == 2 and "cite 3549-3561" in found[0] and "3656-3680" in found[1], found
+    assert not problems(old.replace("3560", "3561").replace("3680", "3673"))
+    assert not problems(f'"""{f}.hpp 3550-3555 and (3657-3660)"""')  # lines inside: fine
+    tok = src.function(CONDITIONER, "std::tuple<std::vector<int>, std::vector<float>, std::")
+    assert not problems(f'"""`LLMEmbedder::tokenize` ({f}.hpp {tok[0]}-{tok[1] - 1})"""')
+    assert problems(f'"""{f}.hpp {tok[0]}-{tok[1] - 5}"""')  # cut short
+    assert problems(f'"""{f}.hpp {tok[0] + 10}-{tok[1] + 5}"""')  # runs out of it
+    assert problems(f"X = 81  # {f}.hpp 2612")  # the pad multiple is 80 on that line
+    assert not problems(f"X = 80  # {f}.hpp 2612")
 
 
-def test_every_citation_names_lines_of_the_sdist(src):
+def test_every_citation_is_the_engines(src, cited):
+    """Every citation in gguf_trainer/ and tests/ says what the engine's lines are (see
+    engine_citations.check: a block cited whole, lines inside a function, its identifier and
+    its constant on them)."""
     # the rule catches a citation off its identifier, and takes lines inside its definition
     first, last = src.function(CONDITIONER, "struct PixArtT5Embedder")
     assert src.holds(CONDITIONER, first + 20, first + 30, "PixArtT5Embedder") is True
     assert src.holds(CONDITIONER, last + 5, last + 9, "PixArtT5Embedder") is False
     assert src.holds(CONDITIONER, 1, 2, "no_such_engine_word") is None
-    bad = []
-    for module, file, a, b, name in CITATIONS:
-        try:
-            lines = src.text(file)
-        except KeyError as e:
-            bad.append(f"{module.name}: {e}")
-            continue
-        if not 1 <= a <= b <= len(lines):
-            bad.append(f"{module.name}: {file} {a}-{b} is past its {len(lines)} lines")
-        elif name and src.holds(file, a, b, name.split("::")[-1]) is False:
-            bad.append(f"{module.name}: {file} {a}-{b} does not hold `{name}`, nor lie in it")
+    found = {c: check(c, src) for c in cited}
+    bad = [p for problems in found.values() for p in problems]
+    print(f"{len(cited)} citations checked in {len({c.module for c in cited})} modules, "
+          f"{sum(map(bool, found.values()))} stale")
+    assert len(cited) > 300 and any(c.file.endswith("conditioner.hpp") for c in cited)
     assert not bad, "citations that are not the engine's:\n" + "\n".join(bad)
 
 
-def test_pack_citations_into_the_template_chain_are_their_branch(src):
+def test_pack_citations_into_the_template_chain_are_their_branch(src, cited):
+    from engine_build import served_branches
+
     lo, hi = src.chain_span
     owner = {type(get_pack(p)).__module__.rsplit(".", 1)[1]: get_pack(p) for p in SHIPPED}
     bad, checked = [], 0
-    for module, file, a, b, _ in CITATIONS:
-        pack = owner.get(module.stem)
-        if pack is None or not file.endswith("conditioner.hpp") or b < lo or a > hi:
+    for c in cited:
+        pack = owner.get(c.module.stem) if c.module.parent.name == "packs" else None
+        a, b = c.first, c.last
+        if pack is None or not c.file.endswith("conditioner.hpp") or b < lo or a > hi:
             continue
         checked += 1
-        from engine_build import served_branches
-
         own = pack.engine_template.get("version")
         allowed = ([src.branch_of(own)] if own else []) + [
             src.branch_of(v) for v, _ in served_branches(src.engine, pack)]
         if not any(br.head <= a <= b <= br.last for br in allowed):
             where = [br.cond for br in src.template_chain if br.head <= a <= br.last]
-            bad.append(f"{module.name}: conditioner.hpp {a}-{b} is not in the branch of "
-                       f"{own} ({', '.join(f'{br.head}-{br.last}' for br in allowed)}); "
+            bad.append(f"{c}: not in the branch of {own} "
+                       f"({', '.join(f'{br.head}-{br.last}' for br in allowed)}); "
                        f"it starts in `{where[0] if where else '?'}`")
     assert checked >= 10 and not bad, f"{checked} checked:\n" + "\n".join(bad)

@@ -2,7 +2,7 @@
 ggk 0.9.7's own ModelLoader and run by the runner ggk picks (adapter_probe.cpp), equals this
 tool's dequantized reading of the same file (load_gguf, the gguf library's dequantizer) once
 each Q8_0 Linear's input is rounded to Q8_0 blocks as ggml's Q8_0 dot product rounds it: the
-engine kept the Q8_0 weights (ggml_extend.hpp 3692-3695: a Linear keeps its file's type when its
+engine kept the Q8_0 weights (ggml_extend.hpp 3695-3698: a Linear keeps its file's type when its
 input width is a block multiple), computed in them, and the Linear of another width (in 48,
 f16 in the file) ran as f16.
 """

@@ -283,6 +283,8 @@ def test_ming_edit_dump_reads_its_image(ming, student, tiny_materials, tmp_path)
     np.asarray(ming_forward(path, h, text_ids), "<f4").tofile(dump / "adapter_out.bin")
     res = run_check(path, s, dump, PROMPT, tok)
     assert res["images"] == 0 and res["cos"] > 0.99999
+    np.zeros(7, "<f4").tofile(dump / "vis_embeds.bin")  # another adapter's width: not read either
+    assert run_check(path, s, dump, PROMPT, tok)["images"] == 0
 
 
 def test_ming_dump_of_another_pass_is_a_sentence(ming, student, tiny_materials, tmp_path):

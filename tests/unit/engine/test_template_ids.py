@@ -1,5 +1,5 @@
 """Every pack's student ids follow the engine's chunked rule (conditioner.hpp 2551-2623,
-3443-3463, PixArtT5Embedder): template pieces tokenized one by one, the prompt's weight chunks
+3443-3464, PixArtT5Embedder): template pieces tokenized one by one, the prompt's weight chunks
 each on its own, the engine's Qwen2 BPE (no NFC). Expected ids are built from the pieces by
 hand; the Hugging Face tokenizer on the joined string is the old (wrong) reading they differ
 from. tests/engine compares the same rule with the engine's own code."""

@@ -35,7 +35,7 @@ def _randomize(m, seed=1):
 
 
 def test_state_dict_is_what_the_engine_declares():
-    """llm_adapter.hpp 537-557 (ming_adapter.py's table), torch shapes = ne reversed."""
+    """llm_adapter.hpp 536-557 (ming_adapter.py's table), torch shapes = ne reversed."""
     m = build_adapter(CFG)
     got = {k: tuple(v.shape) for k, v in m.state_dict().items() if not k.startswith("blocks.")}
     assert got == {

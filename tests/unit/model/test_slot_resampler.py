@@ -42,7 +42,7 @@ def _randomize(m, seed=1):
 
 
 def test_state_dict_is_what_the_engine_declares():
-    """llm_adapter.hpp 762-792 (the module docstring's table), torch shapes = ne reversed."""
+    """llm_adapter.hpp 756-784 (the module docstring's table), torch shapes = ne reversed."""
     m = build_adapter(BANKED)
     got = {k: tuple(v.shape) for k, v in m.state_dict().items() if not k.startswith("blocks.")}
     assert got == {

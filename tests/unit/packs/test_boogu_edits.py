@@ -1,4 +1,4 @@
-"""Boogu Image edits (conditioner.hpp 3246-3283): the reference-image size rule, the edit template
+"""Boogu Image edits (conditioner.hpp 3246-3286): the reference-image size rule, the edit template
 with one `<|vision_start|>` block per image at the rows the engine's tokenizer counts, the
 Qwen3-VL teacher on a tiny real snapshot sized and spliced by Boogu's declarations (not
 MageFlow's), and the corpus refusing the shapes the engine throws on at Boogu's size. The

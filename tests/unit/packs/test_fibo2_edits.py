@@ -157,7 +157,7 @@ def test_the_edit_template_and_its_image_runs(encode):
 
 
 def test_mrope_positions_are_the_engines():
-    """llm.hpp 2336-2362: text counts on; a 2x3 image at row 2 sits at t = 2, h = 2 + row,
+    """llm.hpp 2336-2365: text counts on; a 2x3 image at row 2 sits at t = 2, h = 2 + row,
     w = 2 + col; the text after it resumes at 2 + max(2, 3)."""
     t, h, w = mrope_positions(10, [(2, 2, 3)])
     assert t == [0, 1, 2, 2, 2, 2, 2, 2, 5, 6]

@@ -1,6 +1,6 @@
 """Image-slot rows the DiT never reads (pack.dit_reads_vision_rows False: Qwen Image 2.1, whose
-DiT puts img_in(reference latent) at the slots, conditioner.hpp 3781-3797, qwen_image_2_1.hpp
-74-120 and 279-288) stay in the adapter's input but leave the loss, every figure and the target
+DiT puts img_in(reference latent) at the slots, conditioner.hpp 3782-3797, qwen_image_2_1.hpp
+74-122 and 279-288) stay in the adapter's input but leave the loss, every figure and the target
 moments; MageFlow's DiT reads them, so they stay supervised there.
 
 precompute_shard.build_shard runs for real on a stand-in teacher and student (fixed rows), the shard

@@ -25,7 +25,7 @@ from gguf_trainer.tiny.qwen_taps import HIDDEN
 LAYERWISE = ("qwen3vl_krea2", "qwen3vl_flux3", "qwen3vl_fibo2", "qwen3vl_ideogram4", "qwen3vl_sefi",
              "qwen3_flux2_klein")
 # ggk 0.9.7: (taps, start, min_length, multiple, max_length, pad position) per pack, read from
-# conditioner.hpp 3295-3305, 3549-3560, 3562-3573, 3574-3585, 3383-3390 and fibo2.hpp 39-42,
+# conditioner.hpp 3295-3305, 3549-3561, 3562-3573, 3574-3585, 3383-3390 and fibo2.hpp 39-42,
 # 316-326.
 ENGINE = {
     "qwen3vl_krea2": ((2, 5, 8, 11, 14, 17, 20, 23, 26, 29, 32, 35), 34, 0, 0, 0, None),
@@ -49,7 +49,7 @@ def tiny(tiny_tap_teacher):
 
 
 def test_padding_is_pad_tokens():
-    """tokenizer.cpp pad_tokens with FLUX.3's min_length (conditioner.hpp 2613-2616)."""
+    """tokenizer.cpp pad_tokens with FLUX.3's min_length (conditioner.hpp 2610-2615)."""
     flux3 = Padding(multiple=80, max_length=4096, pad_position=1)
     assert flux3.apply([5] * 3) == [5] * 3 + [PAD_ID] * 77
     assert flux3.apply([5] * 80) == [5] * 80
@@ -175,7 +175,7 @@ def test_a_teacher_too_shallow_for_the_taps_is_refused(tiny_tap_teacher):
 
 def test_fibo2_targets_are_the_raw_taps_the_engine_normalises_itself(tiny, encode):
     """fibo2.hpp 338: make_bundles runs on encode_prompt's output whether it came from the full
-    teacher or from the adapter, and RMS-normalises each tap (167-193). So the adapter emits the
+    teacher or from the adapter, and RMS-normalises each tap (167-195). So the adapter emits the
     raw stack, as the teacher produces it: the pack's targets are NOT normalised (or the engine
     would normalise twice... which is idempotent, but a normalised target throws away each tap's
     scale the engine never reads, and the raw stack is what the full teacher hands make_bundles)."""

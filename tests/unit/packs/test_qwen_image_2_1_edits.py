@@ -1,4 +1,4 @@
-"""Qwen Image 2.1 edits (conditioner.hpp 3050-3153, gk-diffuser.cpp 6017-6071): the pipeline's
+"""Qwen Image 2.1 edits (conditioner.hpp 3050-3153, gk-diffuser.cpp 6017-6072): the pipeline's
 reference size rule at the render area, the pixels the tower takes (nearest, alpha over white,
 2x − 1), the `<imageN><|vision_start|>` template with its runs at the rows the engine's tokenizer
 counts, M-RoPE image positions against transformers' own get_rope_index, and the teacher on a

@@ -22,7 +22,7 @@ from gguf_trainer.tiny.qwen_taps import HIDDEN
 
 PROMPTS = ("a sheep in sunglasses", "a (red:1.3) fox, [blurry] background", "", " \t\n", "x " * 300)
 ASSISTANT = "<|im_end|>\n<|im_start|>assistant\n"
-# conditioner.hpp 3591 (Ovis-Image's fixed user text)
+# conditioner.hpp 3590 (Ovis-Image's fixed user text)
 OVIS_TEXT = (
     "<|im_start|>user\nDescribe the image by detailing the color, quantity, text, shape, size, "
     "texture, spatial relationships of the objects and background:"

@@ -1,5 +1,5 @@
 """teachers/qwen35_bank.py: the FLUX.3 bank's ids follow the engine's rule (conditioner.hpp
-4426-4447), and on a tiny REAL Qwen3-VL the bank rows are what the FLUX.3 pack's own tap teacher
+4426-4448), and on a tiny REAL Qwen3-VL the bank rows are what the FLUX.3 pack's own tap teacher
 gives for the same template (real rows, and the pad row = every pad row)."""
 
 from __future__ import annotations

@@ -1,0 +1,253 @@
+"""The line citations of ggk 0.9.7's source written in gguf_trainer/ and tests/, read from the
+comments and strings of each module, and the check that each still says what it claims.
+
+The forms the code writes, all read here (a bare range takes the file last named in the same
+docstring, string or run of comment lines):
+
+    conditioner.hpp 3549-3561         conditioner.hpp:1199        llm.hpp 2336-2365 and 2439-2469
+    conditioner.hpp 1396-1410, 1533   util.cpp, lines 806-906     fibo2.hpp clean_caption (64-86)
+    Qwen35BridgeEmbedder, 4175-4494   Iris-3B (3656-3673)         (3052-3060, llm.hpp ...)
+    `MingAdapter` 533-599
+    T:818-840   (an alias a module declares: "ming_image_te.hpp, cited `T:<line>`")
+
+What a citation claims (check()):
+  * its lines exist in the file it names, the first not a blank or a lone closing brace, the
+    last not a blank (a range that slid with the code starts or ends off it);
+  * a range that starts on a block's head (a template branch `} else if (...) {`, an `if`, a
+    function or struct) is that block: it ends on the block's last line exactly (the line before
+    a `} else` that continues it, else its closing brace), so 3549-3560 for FLUX.3's branch
+    (3549-3561) or 3656-3680 for Iris-3B's (3656-3673) fails;
+  * a range starting inside a function or struct ends inside it (a few lines of a body);
+  * an identifier the citation names (`X` (file a-b), X (file a-b), file X a-b) is on the
+    lines or they lie in its definition (Source.holds);
+  * a constant written on the citation's own line (`UNK_ID = 156892  # ling_tokenizer.cpp 179`)
+    is spelled on the cited lines: its numbers and its strings as the C++ source spells them.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import re
+import tokenize
+from dataclasses import dataclass
+from pathlib import Path
+
+FILE = r"(?<![\w/.-])(?P<file>(?:[\w-]+/)*[A-Za-z_][\w-]*\.(?:hpp|cpp|h))\b"
+RANGE = r"\d{1,5}(?:\s*-\s*\d{1,5})?"
+RANGES = rf"{RANGE}(?:\s*(?:,|and)\s*{RANGE})*"
+IDENT = r"[A-Za-z_]\w*(?:::\w+)*"
+# a file, then (optionally) an identifier of its code or "lines", then the ranges
+LED = re.compile(
+    rf"{FILE}(?:,?\s+(?P<name>{IDENT})(?:\([^()\n]*\))?)?(?:,?\s+lines?)?(?::\s*|,?\s+\(?)"
+    rf"(?P<ranges>{RANGES})(?!\w)(?!\.\d)")
+MENTION = re.compile(FILE)
+# a range with no file: "(2610-2612)", "(64-86: ...", "lines 283-288", "`MingAdapter` 533-598"
+BARE = re.compile(rf"(?:\(\s*|\blines?\s+|`(?P<name>{IDENT})`\s+)"
+                  rf"(?P<ranges>\d{{2,5}}\s*-\s*\d{{2,5}}(?:\s*(?:,|and)\s*{RANGE})*)(?=\s*[),;:.]|\s+(?:and|in|of)\b)")
+ALIAS_USE = re.compile(rf"(?<![\w.])(?P<alias>[A-Z]):(?P<ranges>{RANGES})(?!\w)(?!\.\d)")
+ALIAS_DEF = re.compile(rf"{FILE}[^`\n]{{0,30}}`(?P<alias>[A-Z]):")
+# an identifier right before a citation: "PixArtT5Embedder (conditioner.hpp 1655-1891)",
+# "`LLMEmbedder::tokenize` (conditioner.hpp", "`chroma_use_t5_mask = false` (ggk 0.9.7 gk-...",
+# "(sd_get_default_resolution, gk-diffuser.cpp", "num_queries (1240-1245)"
+NAMED = re.compile(r"(?:`([A-Za-z_][\w:]*)[^`\n]*`|\b([A-Za-z_]\w*(?:::\w+)+|[a-z]\w*_\w+"
+                   r"|[A-Z]\w*[a-z][A-Z]\w*))\s*(?:\(|,)\s*(?:ggk 0\.9\.7\s+)?$")
+
+
+def code_like(name: str) -> bool:
+    """An identifier of the engine's code, not a word of prose ("the", "Krea2")."""
+    return "_" in name or "::" in name or bool(re.search(r"[a-z][A-Z]", name))
+
+
+@dataclass(frozen=True)
+class Citation:
+    module: Path  # the Python file it is written in
+    line: int  # where in it
+    file: str  # the engine file as written ("conditioner.hpp", "model/te/llm.hpp")
+    first: int
+    last: int
+    name: str | None = None  # an identifier the citation says the lines hold
+    code: str | None = None  # the code the comment sits on ("UNK_ID = 156892")
+    span: tuple[int, int] | None = None  # the lines of all the ranges written with it
+
+
+    def __str__(self):
+        return f"{self.module}:{self.line}: {self.file} {self.first}-{self.last}"
+
+
+def blocks(text: str):
+    """(text, [(offset, line)], code) for each string and each run of comment lines of a module;
+    code is the code a trailing one-line comment sits on, else None."""
+    run: list = []  # (line, comment text, code of the first line)
+
+    def flush():
+        if run:
+            body, marks = "", []
+            for line, s, _ in run:
+                marks.append((len(body), line))
+                body += s + "\n"
+            yield body, marks, run[0][2]
+            run.clear()
+
+    try:
+        toks = list(tokenize.generate_tokens(io.StringIO(text).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return
+    for t in toks:
+        if t.type == tokenize.COMMENT:
+            code = t.line[: t.start[1]].strip() or None
+            if code or (run and run[-1][0] != t.start[0] - 1):
+                yield from flush()  # a trailing comment starts a run; a gap ends one
+            run.append((t.start[0], t.string.lstrip("#").strip(), code))
+        else:
+            if t.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT):
+                yield from flush()
+            if t.type == tokenize.STRING:
+                marks = [(0, t.start[0])]
+                marks += [(m.end(), t.start[0] + i + 1)
+                          for i, m in enumerate(re.finditer("\n", t.string))]
+                yield t.string, marks, None
+    yield from flush()
+
+
+def _line(marks, off: int) -> int:
+    return max((ln for o, ln in marks if o <= off), default=marks[0][1])
+
+
+def _ranges(text: str):
+    for r in re.split(r"\s*(?:,|and)\s*", text.strip()):
+        a, _, b = r.partition("-")
+        yield int(a), int(b.strip() or a)
+
+
+def parse(module: Path, text: str, known=lambda f: True) -> list[Citation]:
+    """Every citation written in a module's text; `known(file)` tells a file of the sdist from
+    a name that is not one (llama.cpp), which a bare range never takes."""
+    aliases = {m.group("alias"): m.group("file") for m in ALIAS_DEF.finditer(text)}
+    out: list[Citation] = []
+    for body, marks, code in blocks(text):
+        spans: list[tuple[int, int]] = []  # what LED took, so BARE does not read it twice
+        found: list[tuple[int, str, str, str | None]] = []  # (offset, file, ranges, name)
+        for m in LED.finditer(body):
+            if not known(m.group("file")):
+                continue
+            name = m.group("name")
+            if name and not code_like(name):
+                if name != "lines" and not m.group(0)[m.end("name"):].lstrip(", ").startswith(
+                        ("(", "lines")):
+                    continue
+                name = None
+            spans.append((m.start(), m.end()))
+            if not name:
+                before = NAMED.search(body[max(0, m.start() - 60) : m.start()])
+                name = (before.group(1) or before.group(2)) if before else None
+            found.append((m.start(), m.group("file"), m.group("ranges"), name))
+        mentions = [(m.start(), m.group("file")) for m in MENTION.finditer(body)
+                    if known(m.group("file"))]
+        for m in BARE.finditer(body):
+            if any(a <= m.start("ranges") < b for a, b in spans):
+                continue
+            named = [f for o, f in mentions if o < m.start()]
+            if not named:
+                continue
+            before = NAMED.search(body[max(0, m.start() - 60) : m.start() + 1])
+            name = m.group("name") or ((before.group(1) or before.group(2)) if before else None)
+            found.append((m.start(), named[-1], m.group("ranges"), name))
+        for m in ALIAS_USE.finditer(body):
+            if m.group("alias") in aliases:
+                found.append((m.start(), aliases[m.group("alias")], m.group("ranges"), None))
+        for off, file, ranges, name in sorted(found):
+            line = _line(marks, off)
+            got = list(_ranges(ranges))
+            span = (min(a for a, _ in got), max(b for _, b in got))
+            for a, b in got:
+                out.append(Citation(module, line, file, a, b, name,
+                                    code if line == marks[0][1] else None, span))
+    return out
+
+
+def citations(roots, known=lambda f: True) -> list[Citation]:
+    out = []
+    for root in roots:
+        for path in sorted(Path(root).rglob("*.py")):
+            if ".venv" in path.parts or path.name == "engine_citations.py":  # its examples
+                continue
+            out += parse(path, path.read_text(encoding="utf-8"), known)
+    return out
+
+
+# ---------------------------------------------------------------- the check
+
+def constant_values(code: str) -> tuple[list[int], list[str]]:
+    """The numbers and the strings (as the source spells them) of the constant a trailing
+    comment sits on: `NAME = value` or a dict entry `"key": value,`."""
+    m = re.match(r"^(?:[A-Za-z_][\w, ]*=|\"[^\"]*\"\s*:)\s*(.+?),?$", code)
+    if not m:
+        return [], []
+    try:
+        node = ast.parse(m.group(1), mode="eval").body
+    except SyntaxError:
+        return [], []
+    nums, strs = [], []
+    for n in ast.walk(node):
+        if isinstance(n, ast.Constant) and isinstance(n.value, int) and \
+                not isinstance(n.value, bool):
+            nums.append(n.value)
+        elif isinstance(n, ast.Constant) and isinstance(n.value, str):
+            seg = ast.get_source_segment(m.group(1), n) or ""
+            strs.append(re.sub(r"^[rbuf]*(['\"])(.*)\1$", r"\2", seg))
+        elif not isinstance(n, (ast.Constant, ast.Tuple, ast.List, ast.Load, ast.UnaryOp,
+                                ast.USub)):
+            return [], []  # an expression, not a constant: nothing to find spelled
+    return nums, strs
+
+
+def check(c: Citation, src) -> list[str]:
+    """What is wrong with one citation against the sdist (Source), in words; [] when nothing."""
+    try:
+        lines = src.text(c.file)
+    except KeyError as e:
+        return [f"{c}: {e.args[0]}"]
+    a, b = c.first, c.last
+    if not 1 <= a <= b <= len(lines):
+        return [f"{c}: past the file's {len(lines)} lines"]
+    bad = []
+    if lines[a - 1].strip() in ("", "}", "};") or not lines[b - 1].strip():
+        # a range read off the code starts on a statement and ends on one; one that starts on a
+        # closing brace or a blank line, or ends on a blank, has slid off what it cited
+        bad.append(f"{c}: starts on `{lines[a - 1].strip()}` / ends on `{lines[b - 1].strip()}`,"
+                   " not on code")
+    block = src.block_at(c.file, a)
+    outer = src.enclosing(c.file, a)
+    if block and a < b < block[1]:
+        bad.append(f"{c}: line {a} opens `{lines[a - 1].strip()[:50]}`, which runs to "
+                   f"{block[1]}: cite {block[0]}-{block[1]}")
+    elif block and b > block[1]:  # the block and what follows it: whole statements
+        cut = src.cut_block(c.file, block[1] + 1, b)
+        end = re.sub(r"\s*//.*$", "", lines[b - 1]).rstrip()
+        if cut or not end.endswith((";", "}")):
+            bad.append(f"{c}: line {a} opens `{lines[a - 1].strip()[:50]}` ({block[0]}-"
+                       f"{block[1]}); the range then ends inside "
+                       + (f"{cut[0]}-{cut[1]}" if cut else f"the statement `{end.strip()}`"))
+    if outer and b > outer[1] + 1:  # its closing brace is still its own
+        bad.append(f"{c}: starts inside `{lines[outer[0] - 1].strip()[:50]}` "
+                   f"({outer[0]}-{outer[1]}) but runs past its end")
+    # "`x = 1` and `y = 2` (file 4389, 4391)": the name is on one of the ranges written with it
+    lo, hi = c.span or (a, b)
+    word = (c.name or "").split("::")[-1]
+    held = src.holds(c.file, lo, hi, word) if word and hi <= len(lines) else True
+    if held is None:  # not an identifier of the code: a string of it ("cap_query"), or nothing
+        code = [re.sub(r"//.*$", "", s) for s in lines]
+        held = not any(word in s for s in code) or any(word in s for s in code[lo - 1 : hi])
+    if held is False:
+        bad.append(f"{c}: does not hold `{c.name}`, nor lie in it")
+    if c.code:
+        nums, strs = constant_values(c.code)
+        cited = "\n".join(lines[a - 1 : b])
+        for n in nums:
+            if not re.search(rf"(?<![\w.]){n}(?![\w.])", cited):
+                bad.append(f"{c}: the constant's {n} is not on the cited lines")
+        for s in strs:
+            if s not in cited:
+                bad.append(f"{c}: the constant's \"{s}\" is not on the cited lines")
+    return bad
