@@ -1,5 +1,6 @@
 """The line citations of ggk 0.9.7's source written in gguf_trainer/ and tests/, read from the
-comments and strings of each module, and the check that each still says what it claims.
+comments and strings of each module (and the `//` comments of the tier's C++ probes), and the
+check that each still says what it claims.
 
 The forms the code writes, all read here (a bare range takes the file last named in the same
 docstring, string or run of comment lines):
@@ -110,6 +111,31 @@ def blocks(text: str):
     yield from flush()
 
 
+def cpp_blocks(text: str):
+    """blocks() for a C++ file (the tier's probes): each run of `//` comment lines, and a
+    trailing comment with the code it sits on."""
+    run: list = []  # (line, comment text, code of the first line)
+
+    def flush():
+        if run:
+            body, marks = "", []
+            for line, s, _ in run:
+                marks.append((len(body), line))
+                body += s + "\n"
+            yield body, marks, run[0][2]
+            run.clear()
+
+    for n, line in enumerate(text.splitlines(), 1):
+        bare = re.sub(r'"(?:[^"\\]|\\.)*"', lambda m: " " * len(m.group(0)), line)
+        at = bare.find("//")
+        code = line[:at].strip() if at >= 0 else ""
+        if at < 0 or code or (run and run[-1][0] != n - 1):
+            yield from flush()
+        if at >= 0:
+            run.append((n, line[at + 2 :].strip(), code or None))
+    yield from flush()
+
+
 def _line(marks, off: int) -> int:
     return max((ln for o, ln in marks if o <= off), default=marks[0][1])
 
@@ -125,7 +151,8 @@ def parse(module: Path, text: str, known=lambda f: True) -> list[Citation]:
     a name that is not one (llama.cpp), which a bare range never takes."""
     aliases = {m.group("alias"): m.group("file") for m in ALIAS_DEF.finditer(text)}
     out: list[Citation] = []
-    for body, marks, code in blocks(text):
+    for body, marks, code in (cpp_blocks(text) if module.suffix in (".cpp", ".h", ".hpp")
+                               else blocks(text)):
         spans: list[tuple[int, int]] = []  # what LED took, so BARE does not read it twice
         found: list[tuple[int, str, str, str | None]] = []  # (offset, file, ranges, name)
         for m in LED.finditer(body):
@@ -169,7 +196,8 @@ def parse(module: Path, text: str, known=lambda f: True) -> list[Citation]:
 def citations(roots, known=lambda f: True) -> list[Citation]:
     out = []
     for root in roots:
-        for path in sorted(Path(root).rglob("*.py")):
+        for path in sorted(p for p in Path(root).rglob("*")
+                           if p.suffix in (".py", ".cpp", ".h", ".hpp") and p.is_file()):
             if ".venv" in path.parts or path.name == "engine_citations.py":  # its examples
                 continue
             out += parse(path, path.read_text(encoding="utf-8"), known)

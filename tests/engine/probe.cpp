@@ -260,7 +260,7 @@ int main() {
                 std::cout << ids_text(cmd == "qwen" ? qwen.tokenize(unhex(h), nullptr) : t5.encode(unhex(h))) << "\n";
             } else if (cmd == "pixart") {
                 // PixArtT5Embedder::compute_qwen_hidden's ids and get_learned_condition's T5 window,
-                // composed of the engine's functions in the order conditioner.hpp 1781-1822 calls them
+                // composed of the engine's functions in the order conditioner.hpp calls them (1781-1799, 1802-1890)
                 size_t length;
                 std::string h;
                 in >> length >> h;

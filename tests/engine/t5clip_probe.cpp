@@ -1,7 +1,7 @@
 // The engine tier's driver for T5CLIPEmbedder (Chroma: T5 v1.1; Wan: UMT5), one line per command
 // read from stdin (text hex-encoded UTF-8, "-" = ""). The seed window ggk 0.9.7 feeds an adapter
 // is composed of the engine's functions in the order the embedder calls them: tokenize
-// (conditioner.hpp 1356-1423: each weight chunk's ids, then pad_tokens to chunk_len with
+// (conditioner.hpp 1356-1393: each weight chunk's ids, then pad_tokens to chunk_len with
 // allow_overflow_expand), get_learned_condition_common (1427-1434: the adapter keeps the first
 // chunk_len ids), get_learned_condition (1543: min = max = chunk_len).
 //   t5clip L HEX     the T5 v1.1 window of L slots (T5UniGramTokenizer(false))

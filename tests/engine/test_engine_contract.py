@@ -9,7 +9,8 @@
     start are the pack's, and their cut keeps the template's suffix;
   * every pack's `engine_template` is the whole branch of its own version in the template chain
     (engine_source.py parses the chain and model.h's sd_version_is_*);
-  * every line citation in gguf_trainer/ and tests/ (engine_citations.py reads its forms) names
+  * every line citation in gguf_trainer/ and tests/ (engine_citations.py reads its forms, in
+    Python comments and strings and the C++ probes' `//` comments) names
     lines of the pinned sdist; one starting on a branch or function head is that whole block, one
     inside a function stays in it, an identifier it names is on its lines, a constant on its
     line is spelled there; a pack's citation into the template chain lies in the branch of its
@@ -288,9 +289,9 @@ def test_the_citation_check_catches_drift(src):
 
 
 def test_every_citation_is_the_engines(src, cited):
-    """Every citation in gguf_trainer/ and tests/ says what the engine's lines are (see
-    engine_citations.check: a block cited whole, lines inside a function, its identifier and
-    its constant on them)."""
+    """Every citation in gguf_trainer/ and tests/ (the probes' C++ included) says what the
+    engine's lines are (engine_citations.check: a block cited whole, lines inside a function,
+    its identifier and its constant on them)."""
     # the rule catches a citation off its identifier, and takes lines inside its definition
     first, last = src.function(CONDITIONER, "struct PixArtT5Embedder")
     assert src.holds(CONDITIONER, first + 20, first + 30, "PixArtT5Embedder") is True

@@ -17,7 +17,7 @@
 //                        each) and the seed ids; with V.bin, NV vision rows (vis_dim each) laid
 //                        under the slots from START as the conditioner lays them (4127-4131).
 // The Ling vocabulary comes from the adapter's `tokenizer_json` tensor exactly as gk-diffuser.cpp
-// 1285-1310 and 1344-1356 read it (one f16 per byte -> hf_tokenizer_json_extract_* -> the
+// 1285-1310 and 1348-1357 read it (one f16 per byte -> hf_tokenizer_json_extract_* -> the
 // VocabProvider's ling.vocab / ling.merges). Each file's tensors are copied into the runner's
 // parameters (f16 -> f32 where the runner chose f32, as the loader converts); detection, graph
 // and math are the engine's.
