@@ -11,7 +11,9 @@ with SD_DUMP_COND (conditioner.hpp 4137-4150, 4458-4488), made as engine_ggk.py 
                    / MingAdapterRunner on those states and slot ids; FLUX.3's bank cut to the
                    real rows' next multiple of 80 as the conditioner cuts it (4440-4456)
 Asserted: check's port figure is >= 1 - 1e-5 on each (text, edit rows for Ming, the bank for
-the bridge), and a dump of the CFG negative pass is one sentence.
+the bridge), and a dump of the CFG negative pass is one sentence. The full Ming teacher's dump
+(ming_te_out.bin + ming_tokens.txt from the engine's MingImageTextRunner on the tiny encoder) is
+read in the engine's layout: the figure equals the one against the torch port's rows.
 
     python -m pytest -q tests/engine/test_check_slots_engine.py   # the probes build once
 """
@@ -157,3 +159,54 @@ def test_check_reads_the_engines_ming_dumps(student, tiny_materials, tmp_path, e
     assert res["cos"] >= 1 - TOL and res["rel_mse"] <= TOL
     assert res["lead"]["caption"]["cos_centered"] >= 1 - TOL
     assert res["lead"]["tokens"]["cos_centered"] >= 1 - TOL
+
+
+def test_check_reads_the_engines_ming_teacher_dump(student, tiny_materials, tmp_path):
+    """The full teacher's dump (MingImageEmbedder: ming_te_out.bin + ming_tokens.txt), written by
+    the engine's MingImageTextRunner on the tiny Ming text encoder: check reads its layout
+    (256 caption rows zero-padded, then the direct rows) and ids as the engine's; its figure
+    equals the one against the torch port's rows in that layout (test_ming_teacher_engine
+    shows the two agree within 1e-4)."""
+    from dataclasses import replace
+
+    from test_ming_teacher_engine import write_te
+
+    from gguf_trainer.tiny.ming import TINY, build_tiny_ming, ling_tokenizer_json
+
+    model = build_tiny_ming(cfg=replace(TINY, engine_moe=True))
+    c = model.cfg
+    write_te(tmp_path / "te.gguf", model)
+    h = _states(student, tmp_path / "dump", PROMPT)
+    cfg = AdapterConfig("ming_image", h.shape[1], c.diffusion_dim, 128, 2, num_queries=512,
+                        seed_vocab=157184, seed_rank=16, vis_dim=48, n_bank=c.num_queries,
+                        bank_dim=c.caption_dim)
+    path = _export(tmp_path / "pig_ming_adapter-f16.gguf", cfg, "ming_image",
+                   {"json": ling_tokenizer_json()})
+    (tmp_path / "dump" / "qwen_hidden.bin").unlink()  # the teacher's run writes none
+    probe = MingProbe(build_ming_probe(), te=tmp_path / "te.gguf", adapter=path)
+    try:
+        ids = probe.ids("ling", PROMPT)
+        _ids_file(tmp_path / "dump", ids, "ming_tokens.txt")
+        n = int(probe.ask(f"te {tmp_path}/dump/ming_tokens.txt {tmp_path}/dump/ming_te_out.bin"))
+    finally:
+        probe.close()
+    assert n == (c.num_queries + len(ids)) * c.diffusion_dim
+    s, tok = tiny_materials["student"], tiny_materials["tokenizer"]
+    res = run_check(path, s, tmp_path / "dump", PROMPT, tok)
+    print(f"adapter vs the engine's Ming teacher: {res['rows']} rows, cos {res['cos']:.4f}, lead "
+          + ", ".join(f"{k} {f['cos_centered']:.4f}" for k, f in res["lead"].items()))
+    assert res["verdict"].startswith("quality") and res["slot_ids_checked"]
+    assert res["rows"] == c.num_queries + len(ids) and res["student_cos"] is None
+    with torch.no_grad():
+        out = model([ids])
+    port = np.zeros((c.num_queries + len(ids), c.diffusion_dim), "<f4")
+    port[: c.num_queries, : c.caption_dim] = out.caption[0].numpy()
+    port[c.num_queries :] = out.direct[0].numpy()
+    torch_dir = tmp_path / "port"
+    torch_dir.mkdir()
+    port.tofile(torch_dir / "ming_te_out.bin")
+    _ids_file(torch_dir, ids, "ming_tokens.txt")
+    want = run_check(path, s, torch_dir, PROMPT, tok)
+    assert abs(res["cos"] - want["cos"]) < 1e-3
+    for k in ("caption", "tokens"):
+        assert abs(res["lead"][k]["cos_centered"] - want["lead"][k]["cos_centered"]) < 1e-3
