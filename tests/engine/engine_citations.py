@@ -20,7 +20,8 @@ What a citation claims (check()):
     (3549-3561) or 3656-3680 for Iris-3B's (3656-3673) fails;
   * a range starting inside a function or struct ends inside it (a few lines of a body);
   * an identifier the citation names (`X` (file a-b), X (file a-b), file X a-b) is on the
-    lines or they lie in its definition (Source.holds);
+    lines or they lie in its definition (Source.holds); code it quotes (`x = false` (file a))
+    that the file has is on them;
   * a constant written on the citation's own line (`UNK_ID = 156892  # ling_tokenizer.cpp 179`)
     is spelled on the cited lines: its numbers and its strings as the C++ source spells them.
 """
@@ -54,6 +55,9 @@ ALIAS_DEF = re.compile(rf"{FILE}[^`\n]{{0,30}}`(?P<alias>[A-Z]):")
 NAMED = re.compile(r"(?:`([A-Za-z_][\w:]*)[^`\n]*`|\b([A-Za-z_]\w*(?:::\w+)+|[a-z]\w*_\w+"
                    r"|[A-Z]\w*[a-z][A-Z]\w*))\s*(?:\(|,)\s*(?:ggk 0\.9\.7\s+)?$")
 
+# the code a citation quotes: "`chroma_use_t5_mask = false` (ggk 0.9.7 gk-diffuser.cpp:4390)"
+QUOTED = re.compile(r"`([^`\n]+)`\s*(?:\(|,)\s*(?:ggk 0\.9\.7\s+)?$")
+
 
 def code_like(name: str) -> bool:
     """An identifier of the engine's code, not a word of prose ("the", "Krea2")."""
@@ -70,6 +74,7 @@ class Citation:
     name: str | None = None  # an identifier the citation says the lines hold
     code: str | None = None  # the code the comment sits on ("UNK_ID = 156892")
     span: tuple[int, int] | None = None  # the lines of all the ranges written with it
+    quote: str | None = None  # the code quoted right before it, `...`
 
 
     def __str__(self):
@@ -168,7 +173,9 @@ def parse(module: Path, text: str, known=lambda f: True) -> list[Citation]:
             if not name:
                 before = NAMED.search(body[max(0, m.start() - 60) : m.start()])
                 name = (before.group(1) or before.group(2)) if before else None
-            found.append((m.start(), m.group("file"), m.group("ranges"), name))
+            quote = QUOTED.search(body[max(0, m.start() - 80) : m.start()])
+            found.append((m.start(), m.group("file"), m.group("ranges"), name,
+                          quote.group(1) if quote else None))
         mentions = [(m.start(), m.group("file")) for m in MENTION.finditer(body)
                     if known(m.group("file"))]
         for m in BARE.finditer(body):
@@ -179,17 +186,20 @@ def parse(module: Path, text: str, known=lambda f: True) -> list[Citation]:
                 continue
             before = NAMED.search(body[max(0, m.start() - 60) : m.start() + 1])
             name = m.group("name") or ((before.group(1) or before.group(2)) if before else None)
-            found.append((m.start(), named[-1], m.group("ranges"), name))
+            quote = QUOTED.search(body[max(0, m.start() - 80) : m.start() + 1])
+            found.append((m.start(), named[-1], m.group("ranges"), name,
+                          quote.group(1) if quote else None))
         for m in ALIAS_USE.finditer(body):
             if m.group("alias") in aliases:
-                found.append((m.start(), aliases[m.group("alias")], m.group("ranges"), None))
-        for off, file, ranges, name in sorted(found):
+                found.append((m.start(), aliases[m.group("alias")], m.group("ranges"), None,
+                              None))
+        for off, file, ranges, name, quote in sorted(found, key=lambda f: f[0]):
             line = _line(marks, off)
             got = list(_ranges(ranges))
             span = (min(a for a, _ in got), max(b for _, b in got))
             for a, b in got:
                 out.append(Citation(module, line, file, a, b, name,
-                                    code if line == marks[0][1] else None, span))
+                                    code if line == marks[0][1] else None, span, quote))
     return out
 
 
@@ -269,6 +279,11 @@ def check(c: Citation, src) -> list[str]:
         held = not any(word in s for s in code) or any(word in s for s in code[lo - 1 : hi])
     if held is False:
         bad.append(f"{c}: does not hold `{c.name}`, nor lie in it")
+    if c.quote and hi <= len(lines):  # quoted code the file has is on the cited lines
+        quote = " ".join(c.quote.split())
+        flat = [" ".join(s.split()) for s in lines]
+        if any(quote in s for s in flat) and quote not in " ".join(flat[lo - 1 : hi]):
+            bad.append(f"{c}: `{c.quote}` is not on the cited lines")
     if c.code:
         nums, strs = constant_values(c.code)
         cited = "\n".join(lines[a - 1 : b])

@@ -267,7 +267,7 @@ def test_the_citation_check_catches_drift(src):
     """The two citations found stale by hand (FLUX.3's branch cited 3549-3560, Iris-3B's as a
     bare (3656-3680)) fail the check; the branches as they are (3549-3561, 3656-3673) pass; a
     few lines inside a branch pass, a range cut short of a function or running out of it fails,
-    and a constant not on its cited line fails."""
+    so do a constant or quoted code not on its cited line and a range that slid off the code."""
     f = "conditioner"
     flux3, iris = src.branch_of("VERSION_FLUX3"), src.branch_of("VERSION_IRIS")
     assert (flux3.head, flux3.last, iris.head, iris.last) == (3549, 3561, 3656, 3673)
@@ -286,6 +286,10 @@ def test_the_citation_check_catches_drift(src):
     assert problems(f'"""{f}.hpp {tok[0] + 10}-{tok[1] + 5}"""')  # runs out of it
     assert problems(f"X = 81  # {f}.hpp 2612")  # the pad multiple is 80 on that line
     assert not problems(f"X = 80  # {f}.hpp 2612")
+    g = "gk-diffuser"  # quoted code the file has must be on the cited line
+    assert not problems(f'"""`chroma_use_t5_mask = false` ({g}.cpp:4390)"""')
+    assert problems(f'"""`chroma_use_dit_mask = true` ({g}.cpp:4390)"""')
+    assert problems(f'"""{f}.hpp 2613-2616"""')  # FLUX.3's old pad cite: off the code
 
 
 def test_every_citation_is_the_engines(src, cited):
