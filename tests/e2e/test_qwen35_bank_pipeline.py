@@ -20,7 +20,8 @@ pytestmark = pytest.mark.slow
 
 
 SETTINGS = {"train.bank_slots": 80, "train.seed_rank": 16, "train.steps": 40,
-            "train.val_every": 20, "train.lr": 3e-3}
+            "train.val_every": 20, "train.lr": 3e-3, "train.history": True,
+            "train.history_every": 20}
 
 
 @pytest.fixture(scope="module")
@@ -91,3 +92,18 @@ def test_a_stopped_bank_run_resumes_bit_identically(bank_run, tmp_path, tiny_mat
     assert run_pipeline(root) == "done"
     assert_same_tensors(adapter_tensors(load_project(root).final_gguf),
                         adapter_tensors(bank_run.final_gguf))
+
+
+def test_a_kept_step_exports_the_bank_as_last_pt_does(bank_run):
+    """train.history keeps step 40 folded (the bank by its own statistics): its export is the
+    export of last.pt at that step, tensor for tensor."""
+    from gguf_trainer.data.kept_steps import load_kept
+    from gguf_trainer.stages.export import export_checkpoint
+
+    dest = bank_run.output_dir / "pig_qwen3.5_9b_adapter-step40-f16.gguf"  # the project's name
+    export_checkpoint(bank_run, "step40", dest, True, load_kept(bank_run.paths, 40))
+    kept = adapter_tensors(dest)
+    export_checkpoint(bank_run, "last", dest, True)
+    last = adapter_tensors(dest)
+    assert "out_bank.weight" in kept
+    assert_same_tensors(kept, last)
