@@ -35,18 +35,19 @@ import torch
 from gguf_trainer.data.metrics import RowMetrics
 
 PREFIX_ROWS = 3  # the student's ids of `<|im_start|>user\n` (teachers/qwen35_bank.PREFIX_IDS)
-MULTIPLE = 80  # teachers/qwen35_bank.MULTIPLE
+MULTIPLE = 80  # the rows the DiT gets: the next multiple of 80 (conditioner.hpp 4439)
 
 
 def dit_rows(n_real: int, n_bank: int) -> int:
+    """The bank rows the DiT gets: n_real padded to the next multiple of 80, at most n_bank."""
     return min(n_bank, -(-n_real // MULTIPLE) * MULTIPLE)
 
 
 def shard_tensors(banks: list, n_bank: int) -> dict[str, torch.Tensor]:
     """The shard's bank tensors from one teachers.qwen35_bank.BankRows per sample."""
     rows = torch.cat([b.rows.float() for b in banks]).to(torch.bfloat16)
-    stored = rows.double()
-    w = torch.cat([_stored_weights(b.rows.shape[0], b.n_real) for b in banks]).double()
+    stored = rows.double()  # each stored row weighs 1: a real row, or the sample's pads together
+    w = torch.ones(stored.shape[0], dtype=torch.float64)
     return {
         "bank_rows": rows,
         "bank_len": torch.tensor([b.rows.shape[0] for b in banks], dtype=torch.int32),
@@ -57,12 +58,6 @@ def shard_tensors(banks: list, n_bank: int) -> dict[str, torch.Tensor]:
         "bank_moment_sq": (w[:, None] * stored * stored).sum(0),
         "bank_moment_n": w.sum().reshape(1),
     }
-
-
-def _stored_weights(n_stored: int, n_real: int) -> torch.Tensor:
-    """Each stored row's weight in the statistics: the real rows 1, the pad row (all the
-    sample's pads) 1."""
-    return torch.ones(n_stored)
 
 
 @dataclass

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from gguf_trainer.data.bank_rows import MULTIPLE, PREFIX_ROWS, dit_rows
 from gguf_trainer.engine.qwen_ids import PAD_ID
 from gguf_trainer.engine.template_padding import Padding
 
@@ -37,11 +38,11 @@ if TYPE_CHECKING:  # pragma: no cover
 TAPS = (4, 8, 12, 16, 20, 24, 28, 32)  # FLUX.3's out_layers (packs/qwen3vl_flux3.py)
 PREFIX = "<|im_start|>user\n"  # conditioner.hpp 4427
 SUFFIX = "<|im_end|>\n<|im_start|>assistant\n"  # conditioner.hpp 4428
-MULTIPLE = 80  # the rows the DiT gets: the next multiple of 80 (conditioner.hpp 4439)
 PADDING = Padding(multiple=MULTIPLE, max_length=4096, pad_position=1)  # FLUX.3's (row 17)
 # The student's ids of PREFIX and SUFFIX (Qwen2 BPE; the tier compares the engine's).
 PREFIX_IDS = (151644, 872, 198)
 SUFFIX_IDS = (151645, 198, 151644, 77091, 198)
+assert len(PREFIX_IDS) == PREFIX_ROWS  # bank row PREFIX_ROWS + i reads student row i
 
 
 @dataclass
@@ -63,11 +64,6 @@ def bank_ids(student_ids: Sequence[int], text: str, n_bank: int) -> tuple[list[i
         raise ValueError(f"a bank of {n_bank} rows cannot hold FLUX.3's 8 template ids")
     n_body = 0 if not text else min(room, len(student_ids))
     return list(PREFIX_IDS) + list(student_ids[:n_body]) + list(SUFFIX_IDS), n_body
-
-
-def dit_rows(n_real: int, n_bank: int) -> int:
-    """The bank rows the DiT gets: n_real padded to the next multiple of 80, at most n_bank."""
-    return min(n_bank, -(-n_real // MULTIPLE) * MULTIPLE)
 
 
 def check_n_bank(n_bank: int) -> None:

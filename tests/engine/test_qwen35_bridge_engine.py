@@ -201,7 +201,7 @@ def test_engine_graph_is_load_gguf(binary, vocabulary, tmp_path, n_bank):
             if n_bank:
                 from gguf_trainer.data.bank_rows import PREFIX_ROWS
 
-                n_body = min(L, n_bank - 8) if text else 0  # conditioner.hpp 4436-4446
+                n_body = min(L, n_bank - 8) if text else 0  # conditioner.hpp 4431-4439
                 bank_hidden = torch.zeros(1, n_bank, IN)  # the layout training builds
                 bank_hidden[0, PREFIX_ROWS : PREFIX_ROWS + n_body] = hidden[0, :n_body]
                 bank_hidden.numpy().astype(np.float32).tofile(tmp_path / "bh.bin")
