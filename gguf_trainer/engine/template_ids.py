@@ -5,8 +5,8 @@ The engine tokenizes a template in pieces (conditioner.hpp `LLMEmbedder::tokeniz
 2551-2623): the text before the prompt, then the prompt's weight chunks
 (`parse_prompt_attention`, each chunk on its own), then the text after it; a template with
 no prompt range (LLaDA's empty prompt) is one piece. PixArt's student and T5 ids are the
-prompt's chunks alone (`PixArtT5Embedder`, 1783-1816), an empty student result being
-[151643]. Tokenizing the joined string instead merges across the borders: LLaDA's
+prompt's chunks alone (`PixArtT5Embedder`, 1783-1785 and 1816-1819), an empty student result
+being [151643]. Tokenizing the joined string instead merges across the borders: LLaDA's
 "a sheep in sunglasses." gives 29 ids where the engine gives 30 ("." and "\\n" are separate
 pieces). The weights only rescale the adapter's output rows in the engine; training keeps
 them out of the targets.

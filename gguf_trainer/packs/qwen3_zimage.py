@@ -5,9 +5,9 @@ Engine (ggk 0.9.7 conditioner.hpp 3422-3442, `sd_version_is_z_image`): `<|im_sta
 prompt range + `<|im_end|>\\n<|im_start|>assistant\\n`; start 0 (every row reaches the DiT); no
 pads; out_layers {35}: the RAW output of decoder layer 35 of 36, i.e. transformers'
 hidden_states[-2], before the final norm (llm.hpp 1779-1815; the engine's own comment "-2").
-The Omni branch (reference images, 3427-3434) is not served: it indexes a never-filled range
-vector (engine-families §2 row 4), so this pack is text-to-image only and exports no vision
-tensors.
+The Omni branch (reference images, conditioner.hpp 3426-3433) is not served: it indexes a
+never-filled range vector (engine-families §2 row 4), so this pack is text-to-image only and
+exports no vision tensors.
 
 Teacher: Z-Image-Turbo's text_encoder is a transformers Qwen3 of Qwen3-4B's shape (hidden 2560,
 36 layers, vocab 151936; https://huggingface.co/smartdigitalnetworks/Z-Image-Turbo/blob/main/

@@ -20,7 +20,7 @@ when the reference preset's `pass_to_vlm` is on (gk-diffuser.cpp 6193); LingBot 
 preset (get_default_ref_image_preset, 3935-3963: "default", RefImageParams.pass_to_vlm false,
 model.hpp 20), and generate_image resolves the preset with no user override
 (resolve_ref_image_params(nullptr), 6637), so `--ref-image` with `--llm_vision` is not enough;
-the video path passes none (prepare_video_generation_embeds, 7197-7219; its
+the video path passes none (prepare_video_generation_embeds, gk-diffuser.cpp 7197-7225; its
 sd_vid_gen_params_t has no ref_images), so `-M vid_gen` with an init image conditions on the
 text alone. So the corpus trains text samples by default: `corpus.reference_images` (off in a
 new project; `takes_images`) keeps the image samples, the tower and the splice for a later ggk

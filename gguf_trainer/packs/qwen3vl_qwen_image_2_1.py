@@ -5,7 +5,7 @@ Engine (ggk 0.9.7 conditioner.hpp 3050-3153, VERSION_QWEN_IMAGE_2_1): the system
 `<|im_start|>system\\nComprehend and analyze the provided prompt.<|im_end|>\\n` is dropped ("The
 DiT never sees the system turn; drop exactly its tokens", 3080-3081: start = its token count, 14);
 then `<|im_start|>user\\n`, the prompt range (an empty prompt becomes " ": "Qwen has no bos
-token, so an empty prompt leaves nothing to read", 3148-3149), then
+token, so an empty prompt leaves nothing to read", 3150-3151), then
 `<|im_end|>\\n<|im_start|>assistant\\n`;
 no pads; out_layers {num_layers}: the last decoder layer before the final RMSNorm (3082-3083),
 resolved from the linked snapshot (36 for Qwen3-VL-8B).

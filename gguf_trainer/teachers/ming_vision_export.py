@@ -4,7 +4,7 @@ teacher reads.
 
 What ggk 0.9.7 reads (gk-diffuser.cpp 1154-1172: a Ming-Image --llm_vision that is not a llama.cpp
 mmproj loads under "text_encoders.llm."; ming_image_te.hpp 86-130 detect_vision,
-MingImageVisionRunner 1097-1240): `vision.*` (the Qwen2.5-VL tower: patch_embed.proj, blocks.N.
+MingImageVisionRunner 1097-1237): `vision.*` (the Qwen2.5-VL tower: patch_embed.proj, blocks.N.
 {norm1, norm2, attn.qkv, attn.proj, mlp.gate_proj/up_proj/down_proj}, merger.{ln_q, mlp.0,
 mlp.2}) and `linear_proj.{0,2}.*`, the release's own names. Types: ≥2-D tensors f16, 1-D f32;
 the 5-D Conv3d patch kernel [out, 3, 2, 14, 14] as the 4-D [out*3, 2, 14, 14] (ggml ne

@@ -44,9 +44,17 @@ LED = re.compile(
     rf"{FILE}(?:,?\s+(?P<name>{IDENT})(?:\([^()\n]*\))?)?(?:,?\s+lines?)?(?::\s*|,?\s+\(?)"
     rf"(?P<ranges>{RANGES})(?!\w)(?!\.\d)")
 MENTION = re.compile(FILE)
-# a range with no file: "(2610-2612)", "(64-86: ...", "lines 283-288", "`MingAdapter` 533-598"
-BARE = re.compile(rf"(?:\(\s*|\blines?\s+|`(?P<name>{IDENT})`\s+)"
-                  rf"(?P<ranges>\d{{2,5}}\s*-\s*\d{{2,5}}(?:\s*(?:,|and)\s*{RANGE})*)(?=\s*[),;:.]|\s+(?:and|in|of)\b)")
+# a range with no file: "(2610-2612)", "(64-86: ...", "lines 283-288", "`MingAdapter` 533-598",
+# "(MingImageEmbedder, 3911-3932)", "edits, 292-316", "detect_from_weights 485-530"; one line:
+# "(default_pixels, 6027)", "line 1245" (a bare "(4096)" or "(256, 2560)" is more often a shape
+# than lines); "1844-1867 PixArtT5Embedder," names what follows
+_LEAD = (rf"(?:\(\s*|\blines?\s+|,\s+|`(?P<name>{IDENT})`,?\s+"
+         rf"|\b(?P<word>{IDENT})(?P<comma>,)?\s+)")
+BARE = re.compile(rf"{_LEAD}(?P<ranges>\d{{2,5}}\s*-\s*\d{{2,5}}(?:\s*(?:,|and)\s*{RANGE})*)"
+                  rf"(?=\s*[),;:.]|\s+(?:and|in|of)\b|\s+(?P<after>{IDENT})[,;)])")
+BARE_ONE = re.compile(rf"(?<=\s)\((?:`(?P<name>{IDENT})`|(?P<word>{IDENT})),\s+"
+                      r"(?P<ranges>\d{3,5})(?=\s*\))")
+LINE_ONE = re.compile(r"\bline\s+(?P<ranges>\d{1,5})(?![\d-])")
 ALIAS_USE = re.compile(rf"(?<![\w.])(?P<alias>[A-Z]):(?P<ranges>{RANGES})(?!\w)(?!\.\d)")
 ALIAS_DEF = re.compile(rf"{FILE}[^`\n]{{0,30}}`(?P<alias>[A-Z]):")
 # an identifier right before a citation: "PixArtT5Embedder (conditioner.hpp 1655-1891)",
@@ -178,14 +186,20 @@ def parse(module: Path, text: str, known=lambda f: True) -> list[Citation]:
                           quote.group(1) if quote else None))
         mentions = [(m.start(), m.group("file")) for m in MENTION.finditer(body)
                     if known(m.group("file"))]
-        for m in BARE.finditer(body):
+        for m in [*BARE.finditer(body), *BARE_ONE.finditer(body), *LINE_ONE.finditer(body)]:
             if any(a <= m.start("ranges") < b for a, b in spans):
                 continue
             named = [f for o, f in mentions if o < m.start()]
-            if not named:
-                continue
+            word = m.groupdict().get("word")
+            if not named or (word and not code_like(word)
+                             and not (m.re is BARE and m.group("comma"))):
+                continue  # "rows 13-14": a range of something else
+            spans.append((m.start("ranges"), m.end("ranges")))
             before = NAMED.search(body[max(0, m.start() - 60) : m.start() + 1])
-            name = m.group("name") or ((before.group(1) or before.group(2)) if before else None)
+            after = m.groupdict().get("after")
+            name = m.groupdict().get("name") or (word if word and code_like(word) else None) or (
+                after if after and code_like(after) else None) or (
+                (before.group(1) or before.group(2)) if before else None)
             quote = QUOTED.search(body[max(0, m.start() - 80) : m.start() + 1])
             found.append((m.start(), named[-1], m.group("ranges"), name,
                           quote.group(1) if quote else None))

@@ -261,6 +261,14 @@ Y = 1
         (f"{l}.hpp", 2442, 2469, None, 3), (f"{m}.hpp", 40, 42, None, 4),
         (f"{f}.hpp", 1199, 1199, None, 6)], got
     assert read[-1].code == "X = 512" and read[0].code is None
+    more = f'''"""{f}.hpp 1460-1483 T5CLIPEmbedder, 1844-1867 PixArtT5Embedder; the dumps
+(MingImageEmbedder, 3911-3932), the edits, 292-316; detect_from_weights 485-530; its default
+(default_pixels, 6027); line 1245. Not lines: (4096), (256, 2560), rows 13-14, 2-4 layers."""'''
+    got = [(c.first, c.last, c.name) for c in parse(Path("m.py"), more)]
+    assert got == [(1460, 1483, None), (1844, 1867, "PixArtT5Embedder"),
+                   (3911, 3932, "MingImageEmbedder"), (292, 316, None),
+                   (485, 530, "detect_from_weights"), (6027, 6027, "default_pixels"),
+                   (1245, 1245, None)], got
 
 
 def test_the_citation_check_catches_drift(src):
