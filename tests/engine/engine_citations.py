@@ -55,6 +55,10 @@ BARE = re.compile(rf"{_LEAD}(?P<ranges>\d{{2,5}}\s*-\s*\d{{2,5}}(?:\s*(?:,|and)\
 BARE_ONE = re.compile(rf"(?<=\s)\((?:`(?P<name>{IDENT})`|(?P<word>{IDENT})),\s+"
                       r"(?P<ranges>\d{3,5})(?=\s*\))")
 LINE_ONE = re.compile(r"\bline\s+(?P<ranges>\d{1,5})(?![\d-])")
+# a row of a declaration table under a named file: "    cap_query   ne [W, n_cap]   f32 param (539)"
+# (the row's tensor is the name the cited line must hold)
+TABLE_ROW = re.compile(r"^[ \t]+(?P<name>[a-z_]\w*)[\w./*]*[ \t][^\n(]*?\((?P<ranges>\d{3,5})\)",
+                       re.MULTILINE)
 ALIAS_USE = re.compile(rf"(?<![\w.])(?P<alias>[A-Z]):(?P<ranges>{RANGES})(?!\w)(?!\.\d)")
 ALIAS_DEF = re.compile(rf"{FILE}[^`\n]{{0,30}}`(?P<alias>[A-Z]):")
 # an identifier right before a citation: "PixArtT5Embedder (conditioner.hpp 1655-1891)",
@@ -186,6 +190,12 @@ def parse(module: Path, text: str, known=lambda f: True) -> list[Citation]:
                           quote.group(1) if quote else None))
         mentions = [(m.start(), m.group("file")) for m in MENTION.finditer(body)
                     if known(m.group("file"))]
+        for m in TABLE_ROW.finditer(body):
+            named = [f for o, f in mentions if o < m.start()]
+            if named:
+                spans.append((m.start("ranges"), m.end("ranges")))
+                found.append((m.start("ranges"), named[-1], m.group("ranges"), m.group("name"),
+                              None))
         for m in [*BARE.finditer(body), *BARE_ONE.finditer(body), *LINE_ONE.finditer(body)]:
             if any(a <= m.start("ranges") < b for a, b in spans):
                 continue
@@ -288,9 +298,10 @@ def check(c: Citation, src) -> list[str]:
     lo, hi = c.span or (a, b)
     word = (c.name or "").split("::")[-1]
     held = src.holds(c.file, lo, hi, word) if word and hi <= len(lines) else True
-    if held is None:  # not an identifier of the code: a string of it ("cap_query"), or nothing
+    if not held:  # or spelled on the lines as a string of the code (blocks["seed_embed"])
         code = [re.sub(r"//.*$", "", s) for s in lines]
-        held = not any(word in s for s in code) or any(word in s for s in code[lo - 1 : hi])
+        held = any(word in s for s in code[lo - 1 : hi]) or (
+            None if held is None and not any(word in s for s in code) else False)
     if held is False:
         bad.append(f"{c}: does not hold `{c.name}`, nor lie in it")
     if c.quote and hi <= len(lines):  # quoted code the file has is on the cited lines

@@ -263,12 +263,15 @@ Y = 1
     assert read[-1].code == "X = 512" and read[0].code is None
     more = f'''"""{f}.hpp 1460-1483 T5CLIPEmbedder, 1844-1867 PixArtT5Embedder; the dumps
 (MingImageEmbedder, 3911-3932), the edits, 292-316; detect_from_weights 485-530; its default
-(default_pixels, 6027); line 1245. Not lines: (4096), (256, 2560), rows 13-14, 2-4 layers."""'''
+(default_pixels, 6027); line 1245. Not lines: (4096), (256, 2560), rows 13-14, 2-4 layers.
+
+    cap_query           ne [W, n_cap]            f32 param (539)       torch (n_cap, W)
+"""'''
     got = [(c.first, c.last, c.name) for c in parse(Path("m.py"), more)]
     assert got == [(1460, 1483, None), (1844, 1867, "PixArtT5Embedder"),
                    (3911, 3932, "MingImageEmbedder"), (292, 316, None),
                    (485, 530, "detect_from_weights"), (6027, 6027, "default_pixels"),
-                   (1245, 1245, None)], got
+                   (1245, 1245, None), (539, 539, "cap_query")], got
 
 
 def test_the_citation_check_catches_drift(src):
@@ -298,6 +301,9 @@ def test_the_citation_check_catches_drift(src):
     assert not problems(f'"""`chroma_use_t5_mask = false` ({g}.cpp:4390)"""')
     assert problems(f'"""`chroma_use_dit_mask = true` ({g}.cpp:4390)"""')
     assert problems(f'"""{f}.hpp 2613-2616"""')  # FLUX.3's old pad cite: off the code
+    a = "llm_adapter"  # a declaration table's row: its tensor on the cited line
+    row = f'"""{a}.hpp:\n    cap_query   ne [W, n_cap]   f32 param (539)\n"""'
+    assert not problems(row) and problems(row.replace("(539)", "(540)"))
 
 
 def test_every_citation_is_the_engines(src, cited):
