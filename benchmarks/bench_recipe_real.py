@@ -490,7 +490,9 @@ def run_key(kind: str, recipe: Recipe, train_set: list, moments: dict) -> tuple:
         getattr(scales, name) for c, name in ((TOKEN, "token"), (PAD, "pad"), (PREFIX, "prefix"),
                                               (CONST, "const")) if c in weighed])
     fit = recipe.needs_classes or recipe.cosine != "row"
-    plain = replace(recipe, sigma_floor=0.0, sigma_floor_mode="absolute")
+    # the floor and the sink act only through the statistics and scales hashed below
+    plain = replace(recipe, sigma_floor=0.0, sigma_floor_mode="absolute",
+                    sink="none" if scales is None else "token")
     return (plain, fit, None if scales is None else scales.n_const,
             tuple(hashlib.sha256(t.detach().contiguous().numpy().tobytes()).hexdigest()
                   for t in tensors))
