@@ -6,7 +6,7 @@
 // (engine_adapter_cases.py) say what to feed and what to expect.
 //
 //   adapter_probe ADAPTER.gguf OUT.bin --hidden H.bin L [--ids IDS.txt] [--vis V.bin ROWS]
-//                 [--vis-slot VS.bin] [--project P.bin ROWS PO.bin]
+//                 [--vis-slot VS.bin] [--project P.bin ROWS PO.bin] [--bank BH.bin]
 //
 // H.bin: L rows of student final-norm states (f32, in_dim each). IDS.txt: seed ids, one a line
 // (T5 window ids of a seeded resampler; a slot resampler's per-token seeds). V.bin: ROWS rows of
@@ -14,8 +14,11 @@
 // encode_prompt builds for vis_in (ROWS = L, zeros off-image, conditioner.hpp 2676-2695); for a
 // slot runner one row per vision embed. VS.bin: a slot runner's vision row under each slot.
 // P.bin: ROWS raw embeds run through the file's vision_proj (project_vision, the splice map);
-// its output goes to PO.bin. OUT.bin: the runner's output (f32), as SD_DUMP_COND's
-// adapter_out.bin. stdout, first line: what the runner detected ("key value" pairs).
+// its output goes to PO.bin. BH.bin: the Qwen3.5 bridge's FLUX.3 pass (want_bank, conditioner.hpp
+// 4426-4450): n_bank rows (f32, in_dim each), the student state under each bank row (row 3 + i =
+// student row i, zeros elsewhere); OUT.bin is then the bank [bank_dim, n_bank]. OUT.bin: the
+// runner's output (f32), as SD_DUMP_COND's adapter_out.bin. stdout, first line: what the runner
+// detected ("key value" pairs).
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -24,6 +27,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "ggml-backend.h"
@@ -83,11 +87,11 @@ static bool load(R& runner, ModelLoader& loader, ggml_backend_t backend) {
 int main(int argc, char** argv) {
     if (argc < 5) {
         fprintf(stderr, "usage: adapter_probe ADAPTER.gguf OUT.bin --hidden H.bin L [--ids IDS.txt] "
-                        "[--vis V.bin ROWS] [--vis-slot VS.bin] [--project P.bin ROWS PO.bin]\n");
+                        "[--vis V.bin ROWS] [--vis-slot VS.bin] [--project P.bin ROWS PO.bin] [--bank BH.bin]\n");
         return 2;
     }
     std::string adapter = argv[1], out_path = argv[2], hidden_path, ids_path, vis_path, vis_slot_path;
-    std::string project_path, project_out;
+    std::string project_path, project_out, bank_path;
     int64_t L = 0, vis_rows = 0, project_rows = 0;
     for (int i = 3; i < argc; ++i) {
         std::string a = argv[i];
@@ -101,6 +105,8 @@ int main(int argc, char** argv) {
             vis_rows = std::stoll(argv[++i]);
         } else if (a == "--vis-slot" && i + 1 < argc) {
             vis_slot_path = argv[++i];
+        } else if (a == "--bank" && i + 1 < argc) {
+            bank_path = argv[++i];
         } else if (a == "--project" && i + 3 < argc) {
             project_path = argv[++i];
             project_rows = std::stoll(argv[++i]);
@@ -142,17 +148,37 @@ int main(int argc, char** argv) {
         // the slot runners (gk-diffuser.cpp 1236-1238): `cap_query` = Ming, `slot_query` alone =
         // the Qwen3.5 bridge; both take the student states, the seeds and the vision rows
         auto run = [&](auto& runner, const char* kind) {
+            constexpr bool is_bridge =
+                std::is_same_v<std::decay_t<decltype(runner)>, Probe<LLMAdapter::Qwen35BridgeRunner>>;
             const auto& c = runner.config;
             printf("runner %s in_dim %lld out_dim %lld width %lld depth %lld max_slots %lld seed_vocab %lld "
-                   "seed_rank %lld vis_dim %lld\n",
+                   "seed_rank %lld vis_dim %lld",
                    kind, (long long)c.in_dim, (long long)c.out_dim, (long long)c.width, (long long)c.depth,
                    (long long)c.max_slots, (long long)c.seed_vocab, (long long)c.seed_rank, (long long)c.vis_dim);
+            if constexpr (is_bridge) {  // the FLUX.3 bank head (Qwen35BridgeConfig)
+                printf(" n_bank %lld bank_dim %lld bank_align %d", (long long)c.n_bank, (long long)c.bank_dim,
+                       c.bank_align);
+            }
+            printf("\n");
             if (!load(runner, loader, backend)) {
                 exit(1);
             }
             auto h  = rows(hidden_path, c.in_dim, L);
             auto v  = vis_path.empty() ? sd::Tensor<float>() : rows(vis_path, c.vis_dim, vis_rows);
             auto vs = vis_slot_path.empty() ? sd::Tensor<float>() : rows(vis_slot_path, c.vis_dim, static_cast<int64_t>(ids.size()));
+            if constexpr (is_bridge) {
+                if (!bank_path.empty()) {  // FLUX.3: want_bank with the token-aligned bank's rows
+                    if (c.n_bank == 0) {
+                        fprintf(stderr, "--bank: the adapter has no bank head\n");
+                        exit(1);
+                    }
+                    return runner.compute(1, h, tensor_ids(), v, vs, true, rows(bank_path, c.in_dim, c.n_bank));
+                }
+            }
+            if (!bank_path.empty()) {
+                fprintf(stderr, "--bank: only the Qwen3.5 bridge runner has a bank head\n");
+                exit(1);
+            }
             return runner.compute(1, h, tensor_ids(), v, vs);
         };
         if (ming) {

@@ -65,6 +65,24 @@ def bridge_export(pack, cfg, state, path: Path) -> Path:
     return path
 
 
+def bridge_bank_export(pack, cfg, state, path: Path) -> Path:
+    """The Qwen3.5 bridge with its FLUX.3 bank (train.bank_slots) as the export stage writes it:
+    bridge_export's file with the bank's standardization folded into out_bank (stages/export.py
+    `bank_fold`: the bank rows' mu and floored sigma, here fixed random ones at 20480)."""
+    import torch
+
+    from gguf_trainer.model.export import write_adapter_gguf
+    from gguf_trainer.tiny.qwen35 import qwen35_vocabulary
+
+    g = torch.Generator().manual_seed(9)
+    fold = (torch.randn(cfg.bank_dim, generator=g), torch.rand(cfg.bank_dim, generator=g) + 0.5)
+    tokens, merges = qwen35_vocabulary()
+    write_adapter_gguf(path, state, cfg, metadata={"adapter.pack": pack.id},
+                       tokenizer={"tokens": tokens, "merges": merges, "pre": "qwen35"},
+                       bank_fold=fold)
+    return path
+
+
 def bridge_rows(pack, prompt: str, drivers) -> tuple[list[int], list[int]]:
     """The student's MOSS template ids and the slot seeds (the Qwen3.5 ids of the same template;
     test_qwen35_bridge_engine.py proves them the engine's)."""
@@ -114,7 +132,10 @@ class AdapterCase:
     # whose ids another embedder builds (a slot resampler's Qwen3.5 template and per-token
     # seeds); None = LLMEmbedder's template, or the T5 embedders' window
     rows: Callable | None = None
-    train: dict = field(default_factory=dict)  # train settings over width 128, depth 2
+    # train settings over width 128, depth 2; `bank_slots` n > 0 configures the pack with its
+    # FLUX.3 bank head of n rows (packs/qwen35_bridge.configured) and runs the runner's FLUX.3
+    # pass (want_bank, the student rows laid under the bank as training lays them)
+    train: dict = field(default_factory=dict)
     tol: float = 1e-5
 
 
@@ -162,6 +183,12 @@ def _cases() -> list[AdapterCase]:
     if "qwen35_bridge" in _shipped():  # the slot kind: the MOSS template, one seed a token
         out.append(AdapterCase("qwen35_bridge", "qwen35_bridge", export=bridge_export,
                                rows=bridge_rows, train={"seed_rank": 16}))
+        # its FLUX.3 bank (train.bank_slots 80: 3 prefix rows, the body cut at 72, 5 suffix
+        # rows) on a prompt past the cut, with out_bank at FLUX.3's 20480
+        out.append(AdapterCase("qwen35_bridge-bank", "qwen35_bridge", export=bridge_bank_export,
+                               rows=bridge_rows, prompt=long_prompt(100),
+                               train={"seed_rank": 16, "bank_slots": 80},
+                               expect={"n_bank": 80, "bank_dim": 20480, "bank_align": 1}))
     if "ming_image" in _shipped():  # the Ming kind: 256 caption rows + one Ling slot a token
         out.append(AdapterCase("ming_image", "ming_image", export=ming_export, rows=ming_rows,
                                train={"seed_rank": 16},

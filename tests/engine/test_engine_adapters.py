@@ -1,9 +1,10 @@
 """The engine tier's adapter check: every case of engine_adapter_cases.CASES (every shipped pack at
-its own geometry, the seed table factorized, Iris-3B's cut) exported as this tool exports it,
-loaded by ggk 0.9.7's ModelLoader and run by the runner ggk picks (adapter_probe.cpp) on the rows
-ggk's own template code builds for the case's prompt; the runner's output equals this tool's
-forward of the same file (rel <= the case's tol), what the runner detects is what the pack
-declares, and a prompt written to reach the family's cut-off reaches it.
+its own geometry, the seed table factorized, Iris-3B's cut, the Qwen3.5 bridge's FLUX.3 bank)
+exported as this tool exports it, loaded by ggk 0.9.7's ModelLoader and run by the runner ggk
+picks (adapter_probe.cpp) on the rows ggk's own template code builds for the case's prompt; the
+runner's output equals this tool's forward of the same file (rel <= the case's tol), what the
+runner detects is what the pack declares, and a prompt written to reach the family's cut-off
+reaches it.
 """
 
 from __future__ import annotations
@@ -124,6 +125,9 @@ def test_the_engines_loader_and_runner_read_the_export(driver, t5clip, student, 
     t0 = time.perf_counter()
     pack = get_pack(case.pack)
     train = SimpleNamespace(**{"width": 128, "depth": 2, "seed_rank": 0, **case.train})
+    bank_slots = getattr(train, "bank_slots", 0)  # the bridge's FLUX.3 bank head
+    if bank_slots:
+        pack = pack.configured(SimpleNamespace(train=train))
     cfg = pack.adapter_config(train, student.hidden_size, out_dim=case.out_dim)
     torch.manual_seed(0)
     module = build_adapter(cfg)
@@ -165,6 +169,12 @@ def test_the_engines_loader_and_runner_read_the_export(driver, t5clip, student, 
         raw = np.random.default_rng(2).standard_normal((3, cfg.vis_dim)).astype("<f4")
         raw.tofile(tmp_path / "p.bin")
         files["project"] = (tmp_path / "p.bin", 3, tmp_path / "po.bin")
+    bank_hidden = None
+    if bank_slots:  # FLUX.3's pass: the student rows under the bank
+        assert cfg.n_bank == bank_slots
+        bank_hidden = lay_bank(hidden, student_ids, case.prompt, cfg.n_bank)
+        bank_hidden.numpy().astype("<f4").tofile(tmp_path / "bh.bin")
+        files["bank"] = (tmp_path / "bh.bin",)
     runner = driver.path.parent / "adapter_probe"
     detected = run_probe(runner, export, tmp_path / "out.bin", **files)
 
@@ -175,10 +185,20 @@ def test_the_engines_loader_and_runner_read_the_export(driver, t5clip, student, 
         assert max(seeds) >= 32128, "the prompt reaches no seed row past T5 v1.1's table"
 
     ours = load_gguf(export)
-    with torch.no_grad():
-        want = ours(hidden[None], seed_ids=None if seeds is None else torch.tensor([seeds]),
-                    vis=None if vis is None else vis[None])[0].numpy()
+
+    def forward(bank=None):
+        kw = {} if bank is None else {"want_bank": True, "bank_hidden": bank[None]}
+        with torch.no_grad():
+            return ours(hidden[None], seed_ids=None if seeds is None else torch.tensor([seeds]),
+                        vis=None if vis is None else vis[None], **kw)[0].numpy()
+
+    want = forward(bank_hidden)
     worst = rel_error(tmp_path / "out.bin", want)
+    if bank_hidden is not None:  # the runner read the bank rows at training's offset: shifted
+        # by one row they give another bank
+        off = rel_error(tmp_path / "out.bin", forward(torch.roll(bank_hidden, 1, 0)))
+        assert off > 1e-2, f"{case.id}: the bank rows shifted by one give {off:.2e}"
+        print(f"{case.id}: bank rows shifted by one: {off:.2e}")
     if vis is not None:  # the runner read the rows: without them the image rows come out otherwise
         with torch.no_grad():
             blind = ours(hidden[None])[0].numpy()
@@ -192,6 +212,23 @@ def test_the_engines_loader_and_runner_read_the_export(driver, t5clip, student, 
           f"({want.shape[0]} x {want.shape[1]} out): max |d| / max |ref| = {worst:.2e} "
           f"in {time.perf_counter() - t0:.1f} s")
     assert worst <= case.tol
+
+
+def lay_bank(hidden, student_ids, prompt: str, n_bank: int):
+    """The student rows under the FLUX.3 bank as training lays them (data/bank_rows.collate_bank
+    over teachers/qwen35_bank.bank_ids; the engine's conditioner.hpp 4426-4446): bank row
+    PREFIX_ROWS + i reads student row i, the body cut at n_bank - 8, none for an empty prompt,
+    zeros elsewhere."""
+    import torch
+
+    from gguf_trainer.data.bank_rows import PREFIX_ROWS
+    from gguf_trainer.teachers.qwen35_bank import bank_ids
+
+    _, n_body = bank_ids(student_ids, prompt, n_bank)
+    assert 0 < n_body < len(student_ids), "the case's prompt reaches past the bank's body cut"
+    out = torch.zeros(n_bank, hidden.shape[1])
+    out[PREFIX_ROWS : PREFIX_ROWS + n_body] = hidden[:n_body]
+    return out
 
 
 _ENCODE = {}
