@@ -16,9 +16,10 @@ in 105.3 s with GGUFReader and 2.50 s with read_gguf (42x; with the two lists 10
 Effect, same box and load (~8-12), before (efa43d5) / after (that + this reader and
 engine_reference's per-file cache), OMP_NUM_THREADS=1: tests/e2e/test_qwen35_bridge_demo.py
 811 s / 286 s (demo subprocess 356 / 201 s, the export test 430 / 52 s); `gguf-trainer inspect
---json` on the demo's 30 MB bridge export 115.8 / 8.6 s (identical JSON). The Ming demo reads
-no big metadata array (its vocabulary is a tensor): read_adapter on a Ling-vocabulary Ming
-export 0.07 / 0.04 s.
+--json` on the demo's 30 MB bridge export 115.8 / 8.6 s (identical JSON);
+tests/engine/test_qwen35_bridge_engine.py 371 / 78 s (each export's readback and load_gguf).
+The Ming demo reads no big metadata array (its vocabulary is a tensor): read_adapter on a
+Ling-vocabulary Ming export 0.07 / 0.04 s.
 
 Usage: python benchmarks/bench_gguf_read.py [--file existing.gguf]
 """
