@@ -245,7 +245,9 @@ def slot_check(adapter, adapter_path, student, prompt: str, dump, pack_id: str) 
             heads["bank"] = (cfg.n_bank, cfg.bank_dim)
     head = next((h for h, (r, d) in heads.items() if r * d * 4 == n_bytes), None)
     if head is None:
-        said = " or ".join(f"{r} {h.rstrip('s')} rows of {d}" for h, (r, d) in heads.items())
+        said = " or ".join(
+            f"{r} rows of {d} ({lead_n} caption + {r - lead_n} slots)" if h == "slots" and lead_n
+            else f"{r} {h.rstrip('s')} rows of {d}" for h, (r, d) in heads.items())
         most = {"slots": lead_n + cfg.num_queries, "bank": cfg.n_bank}  # what the file can make
         fits = [d for h, (_, d) in heads.items()
                 if n_bytes and n_bytes % (4 * d) == 0 and n_bytes // (4 * d) <= most[h]]
