@@ -182,7 +182,9 @@ def bank_stats_for(cfg, files: list[Path], sigma_floor: float, ranks=None):
     sentence when the shards hold no bank or the run is split over processes."""
     from gguf_trainer.base.errors import UserError
 
-    if not cfg.n_bank:
+    # Ming's config keeps its 256 caption queries in n_bank too (model/ming_adapter.py): those
+    # are its own head, trained on the main targets, never a FLUX.3 bank.
+    if cfg.kind != "qwen35_bridge" or not cfg.n_bank:
         return None
     if ranks is not None:
         raise UserError("the FLUX.3 bank head (train.bank_slots) trains in one process so far; "

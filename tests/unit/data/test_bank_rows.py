@@ -58,3 +58,16 @@ def test_start_bank_predicts_the_mean():
     out = m(torch.randn(1, 3, 8), seed_ids=torch.tensor([[1, 2, 3]]), want_bank=True,
             bank_hidden=torch.randn(1, 80, 8))
     assert out.shape == (1, 80, 10) and out.abs().max() == 0
+
+
+def test_only_the_bridge_has_a_flux3_bank():
+    """Ming keeps its 256 caption queries in n_bank: no bank statistics are asked of its shards
+    (asking them stopped every ming_image run with "the shards hold no FLUX.3 bank targets")."""
+    from types import SimpleNamespace
+
+    from gguf_trainer.data.bank_rows import bank_stats_for
+
+    ming = SimpleNamespace(kind="ming_image", n_bank=256)
+    assert bank_stats_for(ming, [], 0.03) is None
+    bridge = SimpleNamespace(kind="qwen35_bridge", n_bank=0)
+    assert bank_stats_for(bridge, [], 0.03) is None
