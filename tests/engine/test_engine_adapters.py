@@ -216,7 +216,7 @@ def test_the_engines_loader_and_runner_read_the_export(driver, t5clip, student, 
 
 def lay_bank(hidden, student_ids, prompt: str, n_bank: int):
     """The student rows under the FLUX.3 bank as training lays them (data/bank_rows.collate_bank
-    over teachers/qwen35_bank.bank_ids; the engine's conditioner.hpp 4426-4446): bank row
+    over teachers/qwen35_bank.bank_ids; the engine's conditioner.hpp 4426-4448): bank row
     PREFIX_ROWS + i reads student row i, the body cut at n_bank - 8, none for an empty prompt,
     zeros elsewhere."""
     import torch
