@@ -146,7 +146,10 @@ def _is_inside(path: Path, folder: Path) -> bool:
 def _local_file_status(out: dict, project, material) -> dict:
     path = project.material_path(material.id)
     if path is None:
-        out["error"] = f"not set; {material.hint or 'choose the file'} (Setup → Materials)"
+        # the `link` command, as every missing material says it (the GUI's words say Replace)
+        what = f" ({material.hint})" if material.hint else ""
+        out["error"] = (f"not set{what}; link it (`gguf-trainer link --project "
+                        f"{project.paths.root} {material.id} PATH`)")
     elif not path.is_file():
         out.update(state="failed", error=f"{path} does not exist; choose the file again")
     elif not discovery.is_gguf(path) and ".gguf" in material.suffixes:

@@ -146,7 +146,7 @@ def materials_view(project: str | None) -> tuple:
         prog = f"{100 * done / total:.0f}%" if total and done is not None else "—"
         rate = f"{common.fmt_size(m['rate_bps'])}/s" if m.get("rate_bps") else "—"
         eta = format_eta(m.get("eta_s")) if st == "downloading" else "—"
-        why = m.get("error") or m.get("note") or ""
+        why = common.gui_words(m.get("error") or m.get("note") or "")
         rows.append(
             [
                 m.get("title") or m["id"],
