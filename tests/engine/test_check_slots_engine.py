@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from adapter_cases import export_random
 from ming_engine import Probe as MingProbe
 from ming_engine import build_probe as build_ming_probe
 from test_qwen35_bridge_engine import Probe as BridgeProbe
@@ -31,26 +32,13 @@ from test_qwen35_bridge_engine import build_probe as build_bridge_probe
 from gguf_trainer.base.errors import UserError
 from gguf_trainer.check import format_check, run_check
 from gguf_trainer.engine.qwen_bpe import engine_bpe
-from gguf_trainer.model.adapters import AdapterConfig, build_adapter
-from gguf_trainer.model.export import write_adapter_gguf
+from gguf_trainer.model.adapters import AdapterConfig
 from gguf_trainer.model.student import load_student
 
 pytestmark = pytest.mark.slow
 
 PROMPT = "a sheep in sunglasses, watercolor"
 TOL = 1e-5
-
-
-def _export(path, cfg, pack, tokenizer):
-    torch.manual_seed(7)
-    m = build_adapter(cfg)
-    g = torch.Generator().manual_seed(8)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) / (p.shape[-1] ** 0.5 if p.ndim == 2 else 5))
-    write_adapter_gguf(path, m.state_dict(), cfg, metadata={"adapter.pack": pack},
-                       tokenizer=tokenizer)
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -83,8 +71,8 @@ def test_check_reads_the_engines_bridge_dumps(student, tiny_materials, tmp_path)
     cfg = AdapterConfig("qwen35_bridge", in_dim, 96, 128, 2, num_queries=512,
                         seed_vocab=len(tokens), seed_rank=16, vis_dim=64, n_bank=160,
                         bank_dim=48, bank_align=True)
-    path = _export(tmp_path / "pig_qwen3.5_9b_adapter-f16.gguf", cfg, "qwen35_bridge",
-                   {"tokens": list(tokens), "merges": list(merges), "pre": "qwen35"})
+    path = export_random(tmp_path / "pig_qwen3.5_9b_adapter-f16.gguf", cfg, "qwen35_bridge",
+                         {"tokens": list(tokens), "merges": list(merges), "pre": "qwen35"})
     s, tok = tiny_materials["student"], tiny_materials["tokenizer"]
     enc = engine_bpe(student.tokenizer).encode
     probe = BridgeProbe(build_bridge_probe(), path)
@@ -135,7 +123,7 @@ def test_check_reads_the_engines_ming_dumps(student, tiny_materials, tmp_path, e
     h = _states(student, tmp_path, PROMPT)
     cfg = AdapterConfig("ming_image", h.shape[1], 192, 128, 2, num_queries=512,
                         seed_vocab=157184, seed_rank=16, vis_dim=48, n_bank=256, bank_dim=128)
-    path = _export(tmp_path / "pig_ming_adapter-f16.gguf", cfg, "ming_image", {"json": text})
+    path = export_random(tmp_path / "pig_ming_adapter-f16.gguf", cfg, "ming_image", {"json": text})
     probe = MingProbe(build_ming_probe(), adapter=path)
     try:
         extra = ""
@@ -180,8 +168,8 @@ def test_check_reads_the_engines_ming_teacher_dump(student, tiny_materials, tmp_
     cfg = AdapterConfig("ming_image", h.shape[1], c.diffusion_dim, 128, 2, num_queries=512,
                         seed_vocab=157184, seed_rank=16, vis_dim=48, n_bank=c.num_queries,
                         bank_dim=c.caption_dim)
-    path = _export(tmp_path / "pig_ming_adapter-f16.gguf", cfg, "ming_image",
-                   {"json": ling_tokenizer_json()})
+    path = export_random(tmp_path / "pig_ming_adapter-f16.gguf", cfg, "ming_image",
+                         {"json": ling_tokenizer_json()})
     (tmp_path / "dump" / "qwen_hidden.bin").unlink()  # the teacher's run writes none
     probe = MingProbe(build_ming_probe(), te=tmp_path / "te.gguf", adapter=path)
     try:

@@ -18,11 +18,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from adapter_cases import export_random
 from ming_engine import Probe, build_probe
 from tier_corpus import prompts
 
-from gguf_trainer.model.adapters import AdapterConfig, build_adapter, load_gguf
-from gguf_trainer.model.export import write_adapter_gguf
+from gguf_trainer.model.adapters import AdapterConfig, load_gguf
 
 pytestmark = pytest.mark.slow
 
@@ -45,15 +45,7 @@ def tokenizer_json():
 def _adapter(path, tokenizer_json):
     cfg = AdapterConfig("ming_image", IN, 192, WIDTH, DEPTH, num_queries=1024, seed_vocab=157184,
                         seed_rank=16, vis_dim=VIS, n_bank=256, bank_dim=160)
-    torch.manual_seed(7)
-    m = build_adapter(cfg)
-    g = torch.Generator().manual_seed(8)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) / (p.shape[-1] ** 0.5 if p.ndim == 2 else 5))
-    write_adapter_gguf(path, m.state_dict(), cfg, metadata={"adapter.pack": "ming_image"},
-                       tokenizer={"json": tokenizer_json})
-    return path
+    return export_random(path, cfg, "ming_image", {"json": tokenizer_json})
 
 
 def test_engine_slot_ids_are_the_projects(binary, tokenizer_json, tmp_path):

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from adapter_cases import randomize
 from engine_build import (
     CONDITIONER,
     SDIST_SHA256,
@@ -150,11 +151,8 @@ def _adapter(path: Path, vocabulary, n_bank: int = 0) -> Path:
                         seed_vocab=len(vocabulary["tokens"]), seed_rank=16, vis_dim=64,
                         n_bank=n_bank, bank_dim=160 if n_bank else 0, bank_align=bool(n_bank))
     torch.manual_seed(7)
-    m = build_adapter(cfg)
     g = torch.Generator().manual_seed(8)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) / (p.shape[-1] ** 0.5 if p.ndim == 2 else 5))
+    m = randomize(build_adapter(cfg), g)
     # a bank is written as training writes it: its standardized head folded (fold_bank)
     fold = {"bank_fold": (torch.randn(160, generator=g), torch.rand(160, generator=g) + 0.5)} \
         if n_bank else {}

@@ -11,32 +11,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from adapter_cases import export_random
 from engine_reference import _lin, _ln, _mha, _mlp, _tensors, slot_forward
 
 from gguf_trainer.base.errors import UserError
 from gguf_trainer.check import format_check, run_check
 from gguf_trainer.data.samples import Sample
 from gguf_trainer.engine.qwen_bpe import engine_bpe
-from gguf_trainer.model.adapters import AdapterConfig, build_adapter
-from gguf_trainer.model.export import write_adapter_gguf
+from gguf_trainer.model.adapters import AdapterConfig
 from gguf_trainer.model.student import load_student
 from gguf_trainer.packs import get_pack
 
 PROMPT = "a sheep in sunglasses"
 LONGER = "a sheep in sunglasses on a red bicycle at dawn"
 HIDDEN = 64  # the tiny student
-
-
-def _export(path, cfg, pack, tokenizer):
-    torch.manual_seed(5)
-    m = build_adapter(cfg)
-    g = torch.Generator().manual_seed(6)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) / (p.shape[-1] ** 0.5 if p.ndim == 2 else 5))
-    write_adapter_gguf(path, m.state_dict(), cfg, metadata={"adapter.pack": pack},
-                       tokenizer=tokenizer)
-    return path
 
 
 def ming_forward(path, hidden, seed_ids, vis=None, vis_slot=None) -> np.ndarray:
@@ -116,8 +104,9 @@ def bridge(tmp_path_factory):
     cfg = AdapterConfig("qwen35_bridge", HIDDEN, 96, 64, 2, num_queries=256,
                         seed_vocab=len(tokens) + 33, seed_rank=8, vis_dim=32, n_bank=160,
                         bank_dim=48, bank_align=True)
-    path = _export(root / "pig_qwen3.5_9b_adapter-f16.gguf", cfg, "qwen35_bridge",
-                   {"tokens": list(tokens), "merges": list(merges), "pre": "qwen35"})
+    path = export_random(root / "pig_qwen3.5_9b_adapter-f16.gguf", cfg, "qwen35_bridge",
+                         {"tokens": list(tokens), "merges": list(merges), "pre": "qwen35"},
+                         seeds=(5, 6))
     from gguf_trainer.engine.qwen35_bpe import EngineQwen35BPE
 
     return root, path, EngineQwen35BPE(tokens, merges)
@@ -236,7 +225,8 @@ def ming(tmp_path_factory):
     root = tmp_path_factory.mktemp("ming")
     cfg = AdapterConfig("ming_image", HIDDEN, 96, 64, 2, num_queries=256, seed_vocab=157184,
                         seed_rank=8, vis_dim=32, n_bank=24, bank_dim=64)
-    path = _export(root / "pig_ming_adapter-f16.gguf", cfg, "ming_image", {"json": text})
+    path = export_random(root / "pig_ming_adapter-f16.gguf", cfg, "ming_image", {"json": text},
+                         seeds=(5, 6))
     return path, EngineLingBPE(text)
 
 

@@ -4,7 +4,19 @@ from __future__ import annotations
 
 import pytest
 import torch
-from adapter_cases import CFGS, DEPTH, FACTORIZED, IN, OUT, QUERIES, RANK, VIS, VOCAB, WIDTH
+from adapter_cases import (
+    CFGS,
+    DEPTH,
+    FACTORIZED,
+    IN,
+    OUT,
+    QUERIES,
+    RANK,
+    VIS,
+    VOCAB,
+    WIDTH,
+    randomize,
+)
 
 from gguf_trainer.base.errors import UserError
 from gguf_trainer.model.adapter_file import expected_tensors
@@ -126,19 +138,11 @@ def test_deterministic_given_seed():
         assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def _randomize(m, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) / (p.shape[-1] ** 0.5 if p.ndim == 2 else 5))
-    return m
-
-
 @pytest.mark.parametrize("kind", KINDS)
 def test_padded_batch_equals_unpadded_runs(kind):
     cfg = CFGS[kind]
     torch.manual_seed(SEED)
-    m = _randomize(build_adapter(cfg)).eval()
+    m = randomize(build_adapter(cfg)).eval()
     lengths = [5, 9, 1]
     g = torch.Generator().manual_seed(2)
     samples = [torch.randn(1, n, IN, generator=g) for n in lengths]
@@ -307,7 +311,7 @@ def test_rows_forward_is_the_full_forward_on_those_rows_exactly(kind, cfgs):
     the full forward on those rows, with padding and vision inputs, in train mode."""
     cfg = cfgs[kind]
     torch.manual_seed(SEED)
-    m = _randomize(build_adapter(cfg)).train()
+    m = randomize(build_adapter(cfg)).train()
     g = torch.Generator().manual_seed(4)
     hidden, mask, kw, rows = _supervised_case(cfg, g, [7, 40, 1, 23, 40, 12])
     threads = torch.get_num_threads()
@@ -337,7 +341,7 @@ def test_factorized_seed_module():
     """seed_rank > 0: t5_embed_a (V, r) + t5_embed_b (r -> W, no bias) in the §4 inventory,
     and the seed added to the queries is B(A[id])."""
     torch.manual_seed(SEED)
-    m = _randomize(build_adapter(FACTORIZED)).eval()
+    m = randomize(build_adapter(FACTORIZED)).eval()
     got = {k: tuple(v.shape) for k, v in m.state_dict().items()}
     assert got == engine_inventory(FACTORIZED)
     assert got["t5_embed_a.weight"] == (VOCAB, RANK) and got["t5_embed_b.weight"] == (WIDTH, RANK)

@@ -11,6 +11,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from adapter_cases import randomize
 
 from gguf_trainer.model.adapter_file import read_adapter, trainer_kind
 from gguf_trainer.model.adapter_report import inspect_main
@@ -24,14 +25,6 @@ CFG = AdapterConfig("ming_image", IN, OUT, WIDTH, DEPTH, num_queries=SLOTS, seed
                     seed_rank=RANK, vis_dim=VIS, n_bank=NCAP, bank_dim=CAP)
 TOKENIZER = json.dumps({"model": {"type": "BPE", "vocab": {"a": 0, "文": 1}, "merges": []},
                         "added_tokens": [{"id": 2, "content": "<role>"}]}, ensure_ascii=False)
-
-
-def _randomize(m, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) / (p.shape[-1] ** 0.5 if p.ndim == 2 else 5))
-    return m
 
 
 def test_state_dict_is_what_the_engine_declares():
@@ -58,7 +51,7 @@ def test_config_problems_are_sentences():
 
 
 def test_output_is_the_engines_layout_and_padding_is_exact():
-    m = _randomize(build_adapter(CFG)).eval()
+    m = randomize(build_adapter(CFG)).eval()
     g = torch.Generator().manual_seed(2)
     h = [torch.randn(1, n, IN, generator=g) for n in (4, 7)]
     ids = [torch.tensor([[3, 9, 1]]), torch.tensor([[5, 5, 8, 2, 40]])]
@@ -81,7 +74,7 @@ def test_output_is_the_engines_layout_and_padding_is_exact():
 
 
 def test_export_carries_the_tokenizer_and_loads_back(tmp_path):
-    m = _randomize(build_adapter(CFG))
+    m = randomize(build_adapter(CFG))
     path = tmp_path / "ming.gguf"
     with pytest.raises(ValueError, match="Ling tokenizer.json"):
         write_adapter_gguf(path, m.state_dict(), CFG, metadata={})

@@ -10,6 +10,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from adapter_cases import randomize
 from engine_reference import slot_forward
 
 from gguf_trainer.model.adapter_file import read_adapter, trainer_kind
@@ -31,14 +32,6 @@ CFG = AdapterConfig("qwen35_bridge", IN, OUT, WIDTH, DEPTH, num_queries=SLOTS, s
 BANKED = AdapterConfig(**{**CFG.to_dict(), "n_bank": BANK, "bank_dim": BANK_DIM,
                           "bank_align": True})
 TOKENIZER = {"tokens": [f"t{i}" for i in range(VOCAB)], "merges": ["t 1", "t1 0"], "pre": "qwen35"}
-
-
-def _randomize(m, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) / (p.shape[-1] ** 0.5 if p.ndim == 2 else 5))
-    return m
 
 
 def test_state_dict_is_what_the_engine_declares():
@@ -83,7 +76,7 @@ def _batch(g, lengths, slots):
 @pytest.mark.parametrize("cfg", [CFG, BANKED], ids=["slots", "bank"])
 def test_padded_batch_equals_single_prompt_runs(cfg):
     torch.manual_seed(0)
-    m = _randomize(build_adapter(cfg)).eval()
+    m = randomize(build_adapter(cfg)).eval()
     g = torch.Generator().manual_seed(2)
     lengths, slots = [5, 9, 1], [7, 3, 11]
     hidden, mask, ids = _batch(g, lengths, slots)
@@ -145,7 +138,7 @@ def test_pca_seed_is_the_centred_table_on_its_principal_directions():
 @pytest.mark.parametrize("cfg", [CFG, BANKED], ids=["slots", "bank"])
 def test_export_load_inspect_and_the_engine_forward(cfg, tmp_path):
     torch.manual_seed(0)
-    m = _randomize(build_adapter(cfg)).eval()
+    m = randomize(build_adapter(cfg)).eval()
     set_seed_table(m, pca_seed(torch.randn(VOCAB, 16), RANK))
     path = tmp_path / "pig_bridge-f16.gguf"
     write_adapter_gguf(path, m.state_dict(), cfg, metadata={"adapter.pack": "qwen35_bridge"},
