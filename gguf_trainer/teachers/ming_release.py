@@ -48,7 +48,6 @@ EMBED = "model.model.word_embeddings.weight"
 ENGINE_FIXED = {"n_group": 8, "topk_group": 4, "top_k": 8, "routed_scaling": 2.5,
                 "rope_theta": 600000.0, "eps": 1e-6, "conn_theta": 1000000.0}
 _LAYER = re.compile(r"model\.model\.layers\.(\d+)\.(.+)")
-_EXPERT = re.compile(r"mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight")
 _SKIP_MLLM = ("model.lm_head.", "vision.", "linear_proj.")
 
 
@@ -206,48 +205,128 @@ def mlp_name(name: str, num_queries: int) -> str | None:
     return None  # mlp.*: the DiT side's
 
 
-def released_state(root: Path, cfg, dtype=None) -> dict:
-    """{engine name: tensor} of the text encoder, experts fused per layer; `dtype` casts."""
-    import torch
+class ReleasedWeights:
+    """The text encoder's tensors of a released snapshot, read from its shards in parts: the
+    resident ones (table, norms, query tokens, projections) and one thinker or connector layer
+    at a time, so a teacher that streams its layers (teachers/ming_stream.py) holds one layer
+    beside the resident ones. Only the safetensors headers are read up front."""
 
-    root = Path(root)
-    state = {}
+    def __init__(self, root: Path, cfg):
+        self.root, self.cfg = Path(root), cfg
+        self.maps = {c: weight_map(self.root / c) for c in (MLLM, CONNECTOR, MLP)}
+        name_of = {MLLM: mllm_name, CONNECTOR: connector_name,
+                   MLP: lambda n: mlp_name(n, cfg.num_queries)}
+        # {(component, engine name): source name} of every tensor read as stored
+        self.plain = {(c, name_of[c](n)): n for c, wmap in self.maps.items() for n in wmap
+                      if name_of[c](n) is not None}
 
-    def put(name, t):
-        state[name] = t if dtype is None else t.to(dtype)
+    def _get(self, parts: dict, dtype, device) -> dict:
+        """{engine name: tensor} of {engine name: (component, source name)}, one file open at
+        a time, each tensor cast and moved as it is read."""
+        from safetensors import safe_open
 
-    folder = root / MLLM
-    wmap = weight_map(folder)
-    wanted = {n: f for n, f in wmap.items() if mllm_name(n) is not None}
-    experts = {n: f for n, f in wmap.items()
-               if (m := _LAYER.fullmatch(n)) and _EXPERT.fullmatch(m.group(2))}
-    for name, t in _read(folder, wanted).items():
-        put(mllm_name(name), t)
-    for layer in range(cfg.first_dense, cfg.layers):
+        out = {}
+        by_file = {}
+        for name, (comp, src) in parts.items():
+            by_file.setdefault((comp, self.maps[comp][src]), []).append((name, src))
+        for (comp, file), names in sorted(by_file.items()):
+            with safe_open(str(self.root / comp / file), "pt") as f:
+                for name, src in names:
+                    out[name] = _cast(f.get_tensor(src), dtype, device)
+        return out
+
+    def resident(self, dtype=None, device="cpu") -> dict:
+        """{engine name: tensor} of everything outside thinker.layers.N / connector.layers.N."""
+        return self._get({n: (c, src) for (c, n), src in self.plain.items()
+                          if not n.startswith(("thinker.layers.", "connector.layers."))},
+                         dtype, device)
+
+    def layer(self, stack: str, i: int, dtype=None, device="cpu") -> dict:
+        """{name inside the layer: tensor} of `stack` ("thinker" or "connector") layer `i`;
+        a thinker MoE layer's experts fused as the engine reads them."""
+        pre, comp = f"{stack}.layers.{i}.", MLLM if stack == "thinker" else CONNECTOR
+        got = self._get({n: (c, src) for (c, n), src in self.plain.items()
+                         if c == comp and n.startswith(pre)}, dtype, device)
+        out = {n.removeprefix(pre): t for n, t in got.items()}
+        if stack == "thinker" and i >= self.cfg.first_dense:
+            out.update(self._experts(i, dtype, device))
+        return out
+
+    def _experts(self, layer: int, dtype, device) -> dict:
+        """gate_up (E, 2I, H), gate rows first, and down (E, H, I) of one layer, each expert
+        copied into the fused tensor as it is read (no second copy of the bank)."""
+        import torch
+        from safetensors import safe_open
+
+        cfg, folder, wmap = self.cfg, self.root / MLLM, self.maps[MLLM]
         pre = f"model.model.layers.{layer}.mlp.experts."
-        names = {n: f for n, f in experts.items() if n.startswith(pre)}
-        got = _read(folder, names)
-        try:
-            gate_up = torch.stack([torch.cat([got[f"{pre}{e}.gate_proj.weight"],
-                                              got[f"{pre}{e}.up_proj.weight"]])
-                                   for e in range(cfg.experts)])
-            down = torch.stack([got[f"{pre}{e}.down_proj.weight"] for e in range(cfg.experts)])
-        except KeyError as e:
-            raise UserError(f"{folder} lacks {e.args[0]}; download the teacher "
-                            "again.") from None
-        put(f"thinker.layers.{layer}.mlp.experts.gate_up_proj.weight", gate_up)
-        put(f"thinker.layers.{layer}.mlp.experts.down_proj.weight", down)
-        del got, gate_up, down
-    folder = root / CONNECTOR
-    wmap = weight_map(folder)
-    for name, t in _read(folder, {n: f for n, f in wmap.items()
-                                  if connector_name(n) is not None}).items():
-        put(connector_name(name), t)
-    folder = root / MLP
-    wmap = weight_map(folder)
-    for name, t in _read(folder, {n: f for n, f in wmap.items()
-                                  if mlp_name(n, cfg.num_queries) is not None}).items():
-        put(mlp_name(name, cfg.num_queries), t)
+        need = [f"{pre}{e}.{p}.weight" for e in range(cfg.experts)
+                for p in ("gate_proj", "up_proj", "down_proj")]
+        lost = next((n for n in need if n not in wmap), None)
+        if lost is not None:
+            raise UserError(f"{folder} lacks {lost}; download the teacher again.")
+        e, i, h = cfg.experts, cfg.moe_intermediate, cfg.hidden
+        files = {wmap[n] for n in need}
+        gate_up = down = None
+        for file in sorted(files):
+            with safe_open(str(folder / file), "pt") as f:
+                for n in need:
+                    if wmap[n] != file:
+                        continue
+                    t = f.get_tensor(n)
+                    if gate_up is None:
+                        kw = {"dtype": dtype or t.dtype, "device": device}
+                        gate_up, down = torch.empty(e, 2 * i, h, **kw), torch.empty(e, h, i, **kw)
+                    k, part = n[len(pre):].split(".", 1)
+                    k = int(k)
+                    dst = {"gate_proj.weight": gate_up[k, :i], "up_proj.weight": gate_up[k, i:],
+                           "down_proj.weight": down[k]}[part]
+                    if tuple(t.shape) != tuple(dst.shape):
+                        raise UserError(f"{folder}: {n} is {tuple(t.shape)}, not the config's "
+                                        f"{tuple(dst.shape)}; download the teacher again.")
+                    dst.copy_(t)
+        return {"mlp.experts.gate_up_proj.weight": gate_up, "mlp.experts.down_proj.weight": down}
+
+    def layer_shapes(self, stack: str, i: int) -> dict:
+        """{name inside the layer: shape} from the headers (the experts' fused shapes as the
+        config gives them; `_experts` checks each expert against them when it reads)."""
+        from safetensors import safe_open
+
+        pre, comp = f"{stack}.layers.{i}.", MLLM if stack == "thinker" else CONNECTOR
+        by_file, out = {}, {}
+        for (c, n), src in self.plain.items():
+            if c == comp and n.startswith(pre):
+                by_file.setdefault(self.maps[c][src], []).append((n, src))
+        for file, names in sorted(by_file.items()):
+            with safe_open(str(self.root / comp / file), "pt") as f:
+                for n, src in names:
+                    out[n.removeprefix(pre)] = tuple(f.get_slice(src).get_shape())
+        if stack == "thinker" and i >= self.cfg.first_dense:
+            ex = f"model.model.layers.{i}.mlp.experts."
+            lost = next((n for e in range(self.cfg.experts)
+                         for p in ("gate_proj", "up_proj", "down_proj")
+                         if (n := f"{ex}{e}.{p}.weight") not in self.maps[MLLM]), None)
+            if lost is not None:
+                raise UserError(f"{self.root / MLLM} lacks {lost}; download the teacher again.")
+            e, inner, h = self.cfg.experts, self.cfg.moe_intermediate, self.cfg.hidden
+            out["mlp.experts.gate_up_proj.weight"] = (e, 2 * inner, h)
+            out["mlp.experts.down_proj.weight"] = (e, h, inner)
+        return out
+
+
+def _cast(t, dtype, device):
+    return t.to(device=device, dtype=dtype or t.dtype)
+
+
+def released_state(root: Path, cfg, dtype=None) -> dict:
+    """{engine name: tensor} of the whole text encoder, experts fused per layer; `dtype` casts
+    (ReleasedWeights' parts put together: the streamed teacher reads the very same tensors)."""
+    weights = ReleasedWeights(root, cfg)
+    state = weights.resident(dtype)
+    for stack, n in (("thinker", cfg.layers), ("connector", cfg.conn_layers)):
+        for i in range(n):
+            state.update({f"{stack}.layers.{i}.{k}": t
+                          for k, t in weights.layer(stack, i, dtype).items()})
     return state
 
 

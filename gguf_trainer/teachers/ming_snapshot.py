@@ -131,29 +131,69 @@ def embed_table(root: Path):
                         "again.") from None
 
 
-def _state(root: Path, cfg):
-    """(engine-named state, dtype, where it came from) of either layout."""
-    import torch
+def _own_state(root: Path):
+    """gguf-trainer's own layout: the whole state in one file (engine names, fp32)."""
     from safetensors.torch import load_file
 
-    from gguf_trainer.teachers.ming_release import released_state, stored_dtype
-
-    if not (root / CONFIG_FILE).is_file():  # read_config accepted it: the release
-        dtype = stored_dtype(root)
-        return released_state(root, cfg, dtype), dtype, root
     try:
-        return load_file(str(root / WEIGHTS_FILE)), torch.float32, root / WEIGHTS_FILE
+        return load_file(str(root / WEIGHTS_FILE))
     except FileNotFoundError:
         raise UserError(f"{root / WEIGHTS_FILE} is missing; download the teacher "
                         "again.") from None
 
 
-def load_ming_teacher(root: Path, device, max_slots: int, *, is_mock: bool = False):
+def _check_shapes(wanted: dict, shapes: dict, source) -> None:
+    missing = sorted(set(wanted) - set(shapes))
+    if missing:
+        raise UserError(f"{source} lacks {missing[0]} (and {len(missing) - 1} more); download "
+                        "the teacher again.")
+    wrong = [k for k, v in wanted.items() if tuple(shapes[k]) != tuple(v.shape)]
+    if wrong:
+        raise UserError(f"{source}: {wrong[0]} is {tuple(shapes[wrong[0]])}, not the "
+                        f"config's {tuple(wanted[wrong[0]].shape)}; download the teacher again.")
+
+
+def _load_released(model, root: Path, cfg, device, stream: bool):
+    """The release into `model` (built on meta) in its stored dtype: the resident parts on
+    `device`, then every layer read onto `device` one at a time (whole), or left on meta and
+    read for each forward (stream: teachers/ming_stream.py). Shapes come from the headers
+    first, so a broken snapshot is one sentence before any layer loads."""
+    from gguf_trainer.teachers.ming_release import ReleasedWeights, stored_dtype
+    from gguf_trainer.teachers.ming_stream import STACKS, stream_layers
+
+    dtype = stored_dtype(root)
+    weights = ReleasedWeights(root, cfg)
+    resident = weights.resident(dtype, device)
+    shapes = {k: tuple(v.shape) for k, v in resident.items()}
+    for stack in STACKS:
+        for i in range(len(getattr(model, stack).layers)):
+            shapes.update({f"{stack}.layers.{i}.{k}": v
+                           for k, v in weights.layer_shapes(stack, i).items()})
+    wanted = model.state_dict()
+    _check_shapes(wanted, shapes, root)
+    model.load_state_dict({k: resident[k] for k in wanted if k in resident}, strict=False,
+                          assign=True)
+    del resident
+    if stream:
+        stream_layers(model, weights, dtype, device)
+        return dtype
+    for stack in STACKS:
+        for i, layer in enumerate(getattr(model, stack).layers):
+            layer.load_state_dict(weights.layer(stack, i, dtype, device), assign=True)
+    return dtype
+
+
+def load_ming_teacher(root: Path, device, max_slots: int, *, mode: str | None = None,
+                      is_mock: bool = False):
     """Check config and vocabulary, then load the text encoder: gguf-trainer's layout in fp32,
-    the release in the dtype it is stored in."""
+    the release in the dtype it is stored in. `mode`, the planner's (teachers/offload.py):
+    gpu = resident on the card; offload and cpu = the release's layers streamed from its
+    shards through `device` (the card, or the CPU), one at a time (ming_stream.py); None =
+    resident on `device`. gguf-trainer's own layout (a tiny teacher) is always resident."""
     import torch
 
     from gguf_trainer.teachers.ming import MingTextEncoder, check_config
+    from gguf_trainer.teachers.offload import teacher_device
 
     root = Path(root)
     cfg = read_config(root)
@@ -161,27 +201,29 @@ def load_ming_teacher(root: Path, device, max_slots: int, *, is_mock: bool = Fal
     if problems:
         raise UserError(f"{root}: {problems[0]}.")
     bpe = EngineLingBPE(read_tokenizer(root))
-    state, dtype, source = _state(root, cfg)
+    if mode is not None:
+        device = teacher_device(mode, device)
+    released = not (root / CONFIG_FILE).is_file()  # read_config accepted it: the release
+    stream = released and mode in ("offload", "cpu")
     with torch.device("meta"):
         model = MingTextEncoder(cfg)
-    wanted = model.state_dict()
-    missing = sorted(set(wanted) - set(state))
-    if missing:
-        raise UserError(f"{source} lacks {missing[0]} (and {len(missing) - 1} more); download "
-                        "the teacher again.")
-    wrong = [k for k, v in wanted.items() if tuple(state[k].shape) != tuple(v.shape)]
-    if wrong:
-        raise UserError(f"{source}: {wrong[0]} is {tuple(state[wrong[0]].shape)}, not the "
-                        f"config's {tuple(wanted[wrong[0]].shape)}; download the teacher again.")
-    model.load_state_dict({k: state[k].to(dtype) for k in wanted}, assign=True)
-    del state
-    model = model.eval().requires_grad_(False).to(device)
+    if released:
+        dtype = _load_released(model, root, cfg, device, stream)
+    else:
+        state, dtype = _own_state(root), torch.float32
+        wanted = model.state_dict()
+        _check_shapes(wanted, {k: v.shape for k, v in state.items()}, root / WEIGHTS_FILE)
+        model.load_state_dict({k: state[k].to(dtype) for k in wanted}, assign=True)
+        del state
+        model = model.to(device)
+    model = model.eval().requires_grad_(False)
     identity = {"teacher": "ming_image", "layers": cfg.layers, "hidden": cfg.hidden,
                 "rows": "caption+directvlm", "max_slots": max_slots}
     log.info("teacher: Ming-Image text encoder, %d Bailing layers (%d experts), connector %d x "
-             "%d; caption %d + direct %d wide, %s on %s", cfg.layers, cfg.experts,
+             "%d; caption %d + direct %d wide, %s on %s%s", cfg.layers, cfg.experts,
              cfg.conn_layers, cfg.conn_hidden, cfg.caption_dim, cfg.diffusion_dim,
-             str(dtype).removeprefix("torch."), device)
+             str(dtype).removeprefix("torch."), device,
+             "; layers streamed from the shards, one at a time" if stream else "")
     teacher = MingTeacher(model, bpe, torch.device(device), max_slots, identity)
     teacher.is_mock = is_mock
     return teacher
