@@ -26,16 +26,14 @@ import importlib.util
 import json
 from pathlib import Path
 
-import torch
-
-from gguf_trainer.base.atomic import atomic_path, write_text
+from gguf_trainer.base.atomic import write_text
 from gguf_trainer.base.paths import TINY_MARKER
 from gguf_trainer.engine.qwen35_bpe import FIRST_SPECIAL_ID, SPECIALS, VOCAB_SIZE, padded_tokens
 from gguf_trainer.engine.qwen_bpe import byte_chars
+from gguf_trainer.tiny.qwen3vl import seeded_model, write_weights
 
 HIDDEN = 64
 SEED = 4321
-INIT_STD = 0.05
 CONFIG = {
     "architectures": ["Qwen3_5ForConditionalGeneration"],
     "model_type": "qwen3_5",
@@ -144,42 +142,19 @@ def tokenizer_json(tokens, merges) -> str:
 
 
 def build_tiny_qwen35(seed: int = SEED):
-    """Qwen3_5ForConditionalGeneration from CONFIG, seeded N(0, 0.05) weights (norm weights
-    1 + noise), float32, eval."""
+    """Qwen3_5ForConditionalGeneration from CONFIG: qwen3vl.seeded_model."""
     from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
     config = Qwen3_5Config(**{k: v for k, v in CONFIG.items() if k != "architectures"})
-    with torch.device("meta"):
-        model = Qwen3_5ForConditionalGeneration(config)
-    model.to_empty(device="cpu")
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in sorted(model.named_parameters()):
-            noise = torch.randn(param.shape, generator=gen, dtype=torch.float32) * INIT_STD
-            is_norm = param.ndim == 1 and "norm" in name and name.endswith("weight")
-            param.copy_(noise + 1.0 if is_norm else noise)
-    # to_empty left the non-persistent rotary buffers garbage; they are rebuilt from the config
-    text, visual = model.model.language_model, model.model.visual
-    text.rotary_emb = type(text.rotary_emb)(config=config.text_config)
-    visual.rotary_pos_emb = type(visual.rotary_pos_emb)(config=config.vision_config)
-    return model.float().eval().requires_grad_(False)
+    return seeded_model(Qwen3_5ForConditionalGeneration, config, seed)
 
 
 def copy_tiny_qwen35(dest: Path) -> Path:
     """A complete tiny snapshot in `dest`: config, bf16 weights (seeded: every copy is the same
     bytes), tokenizer.json of the real vocabulary and the tiny marker."""
-    from safetensors.torch import save_file
-
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    model = build_tiny_qwen35()
-    state = {
-        k: v.to(torch.bfloat16).contiguous()
-        for k, v in model.state_dict().items()
-        if not k.startswith("lm_head.")
-    }
-    with atomic_path(dest / "model.safetensors", suffix=".safetensors") as tmp:
-        save_file(state, str(tmp), metadata={"format": "pt"})
+    write_weights(build_tiny_qwen35(), dest)
     write_text(dest / "config.json", json.dumps(CONFIG, indent=2, sort_keys=True) + "\n")
     write_text(dest / "tokenizer.json", tokenizer_json(*qwen35_vocabulary()))
     write_text(dest / TINY_MARKER,

