@@ -214,7 +214,8 @@ def render_plan(project, prompt: str, seed: int, ggk: str | None,
             f"{GGK_FIELD}"
         )
     if student is None or not student.is_file():
-        plan.missing.append("the student pig_clip-f16.gguf: link it in Setup → Materials")
+        plan.missing.append("the student pig_clip-f16.gguf: link it (`gguf-trainer link "
+                            f"--project {project.paths.root} student PATH`)")
     if not adapter.is_file():
         plan.missing.append(f"the adapter {adapter.name}: train and export it first")
     student_arg = str(student or "pig_clip-f16.gguf")  # unlinked: named, and said missing above
@@ -275,6 +276,18 @@ def render_plan(project, prompt: str, seed: int, ggk: str | None,
             )
     plan.runs = [_runs(half, argv, ggk or GGK, prompt, seed, chosen) for half, argv in runs]
     return plan
+
+
+def teacher_dump_checked(pack) -> bool:
+    """Whether the figures read the teacher half's dump through `check`: the slot kinds'
+    full teacher (Ming-Image's MingImageEmbedder: ming_te_out.bin + ming_tokens.txt; MOSS-Image's
+    LLMEmbedder: llm_hidden.bin + tokens.txt; check/slot_dumps.py) writes the very rows the
+    adapter learns with the teacher's ids, which check compares with the adapter run in
+    PyTorch on the prompt (the caption and the prompt's own slots leading): the adapter's
+    quality against the engine's own teacher, not a port check."""
+    from .check.slot_dumps import SLOT_KINDS
+
+    return pack.adapter_kind in SLOT_KINDS
 
 
 def dump_cosine(teacher_dump: Path, adapter_dump: Path, max_dim: int, sets_of=None,

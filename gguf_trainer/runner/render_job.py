@@ -317,10 +317,21 @@ def _sets_of(project):
 
 
 def _figures(project, prompt: str, out: Path, plan: render.RenderPlan) -> tuple[dict | None, str]:
-    """The conditioning cosine: teacher dump vs adapter dump when ggk wrote both; else
-    `check` (the adapter in PyTorch vs the engine's adapter dump) for the fixed-shape packs."""
+    """The conditioning cosine: for the slot kinds, `check` of the teacher half's dump (the
+    rows the adapter learns, under the full teacher's own names: the adapter's quality);
+    else teacher dump vs adapter dump when ggk wrote both; else `check` (the adapter in
+    PyTorch vs the engine's adapter dump: a port check) for the fixed-shape packs."""
     halves = {r.half: r for r in plan.runs}
-    if "teacher" in halves:
+    why = ""
+    if "teacher" in halves and render.teacher_dump_checked(project.pack):
+        try:  # the slot kinds' full teacher: its own dump files, read by `check`
+            got = run_check(None, None, out / halves["teacher"].dump, prompt, project=project)
+        except UserError as e:
+            why = f"the teacher's dump was not read ({str(e).rstrip('.')}); "
+        else:
+            return got, (f"quality: the adapter in PyTorch vs the engine's full teacher "
+                         f"({Path(got['dump']).name} of the teacher's SD_DUMP_COND dump)")
+    elif "teacher" in halves:
         try:  # bounded by the pack's row width: a dump larger than that is said, not read
             got = render.dump_cosine(out / halves["teacher"].dump, out / halves["adapter"].dump,
                                      max_dim=project.pack.out_dim, sets_of=_sets_of(project),
@@ -337,7 +348,9 @@ def _figures(project, prompt: str, out: Path, plan: render.RenderPlan) -> tuple[
         return None, f"no cosine: {e}"
     return (
         got,
-        (
+        why + (
+            "check: the adapter in PyTorch vs the engine's adapter dump (a port check)"
+            if why else
             "check: the adapter in PyTorch vs the engine's adapter dump "
             "(ggk writes no teacher dump here)"
         ),
