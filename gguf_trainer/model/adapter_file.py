@@ -10,7 +10,9 @@ modules and are re-exported below.
 Files are read with base/gguf_read.py (bounded, and ~40x faster than gguf.GGUFReader on a
 file carrying a 248k vocabulary: benchmarks/bench_gguf_read.py).
 
-Usage: `view = read_adapter(path)`; `view.kind`, `view.problems`, `trainer_kind(view)`.
+Usage: `view = read_adapter(path)`; `view.kind`, `view.problems`, `trainer_kind(view)`. To read
+the view and then the arrays from one open (load_gguf): `f = open_adapter(path)`, then
+`read_adapter(path, f)` and `read_adapter_arrays(path, f)`.
 """
 
 from __future__ import annotations
@@ -53,14 +55,17 @@ from gguf_trainer.model.adapter_view import (
 __all__ = [  # what callers import from here
     "EMBED_TABLES", "ENGINE_PREFIX", "F32_NAMES", "GEOMETRY_KEYS", "LAYERWISE_FAMILIES", "PREFIX",
     "TOKENIZER_JSON", "AdapterView", "block_size", "expected_tensors", "families_for",
-    "is_layernorm_name", "read_adapter", "read_adapter_arrays", "trainer_kind", "weight_type",
+    "is_layernorm_name", "open_adapter", "read_adapter", "read_adapter_arrays", "trainer_kind",
+    "weight_type",
 ]
 
 
 # ---------------------------------------------------------------- reading
 
 
-def _open_reader(path) -> GGUFFile:
+def open_adapter(path) -> GGUFFile:
+    """The file opened for read_adapter / read_adapter_arrays; UserError when it is missing or
+    not a readable GGUF."""
     p = Path(path)
     if not p.is_file():
         raise UserError(
@@ -81,10 +86,12 @@ def _field_value(fld):
     return value
 
 
-def read_adapter(path) -> AdapterView:
+def read_adapter(path, reader: GGUFFile | None = None) -> AdapterView:
     """Detect the variant and geometry as the engine does and list every problem.
-    Raises UserError when the file is not a readable GGUF."""
-    reader = _open_reader(path)
+    Raises UserError when the file is not a readable GGUF. `reader`: `path` already opened
+    (open_adapter), so a caller that reads its arrays next opens the file once."""
+    if reader is None:
+        reader = open_adapter(path)
     view = AdapterView(path=str(path))
     view.tensors = {
         t.name: (tuple(int(d) for d in t.shape), _type_name(t.tensor_type)) for t in reader.tensors
@@ -144,12 +151,14 @@ def _layer_map_values(reader) -> tuple[int, ...]:
     return ()
 
 
-def read_adapter_arrays(path) -> dict[str, np.ndarray]:
+def read_adapter_arrays(path, reader: GGUFFile | None = None) -> dict[str, np.ndarray]:
     """Every adapter tensor as float32 in torch shape order, keyed by its state-dict name.
-    Quantized and bf16 data are dequantized the way the engine converts them."""
+    Quantized and bf16 data are dequantized the way the engine converts them. `reader`: as
+    read_adapter's."""
     import gguf
 
-    reader = _open_reader(path)
+    if reader is None:
+        reader = open_adapter(path)
     arrays = {}
     for t in reader.tensors:
         name = rest_name(t.name)

@@ -27,7 +27,12 @@ from gguf_trainer.model.adapter_blocks import (
     as_bool,
     gather_rows,
 )
-from gguf_trainer.model.adapter_file import read_adapter, read_adapter_arrays, trainer_kind
+from gguf_trainer.model.adapter_file import (
+    open_adapter,
+    read_adapter,
+    read_adapter_arrays,
+    trainer_kind,
+)
 from gguf_trainer.model.ming_adapter import KIND as MING_KIND
 from gguf_trainer.model.ming_adapter import MingAdapter, ming_problems
 from gguf_trainer.model.slot_resampler import FROZEN, SLOT_KINDS, SlotResampler, slot_problems
@@ -316,8 +321,10 @@ def set_vision_proj(module: nn.Module, weight) -> None:
 def load_gguf(path, device="cpu") -> nn.Module:
     """Rebuild the module the way the engine reads the file: variant from tensor names,
     geometry from shapes, float32 weights. Sets `.config` and `.metadata` (the GGUF KVs).
-    UserError for a file the engine would refuse or gguf-trainer cannot rebuild."""
-    view = read_adapter(path)
+    UserError for a file the engine would refuse or gguf-trainer cannot rebuild. The file is
+    opened once: the view, then (when it loads) the arrays, from one reader."""
+    reader = open_adapter(path)
+    view = read_adapter(path, reader)
     if view.refusals:
         raise UserError(
             f"{path} would be refused by the engine: {view.refusals[0]} "
@@ -352,7 +359,8 @@ def load_gguf(path, device="cpu") -> nn.Module:
     )
     with torch.random.fork_rng(devices=[]):  # loading must not move the caller's RNG
         module = build_adapter(cfg)
-    arrays = read_adapter_arrays(path)
+    arrays = read_adapter_arrays(path, reader)
+    del reader  # the arrays are copies: drop the mapping before a caller renames the file
     state = {k: torch.from_numpy(arrays[k]) for k in module.state_dict()}
     module.load_state_dict(state, strict=True)
     module.metadata = dict(view.metadata)
