@@ -26,8 +26,8 @@ import torch
 from adapter_cases import export_random
 from ming_engine import Probe as MingProbe
 from ming_engine import build_probe as build_ming_probe
-from test_qwen35_bridge_engine import Probe as BridgeProbe
-from test_qwen35_bridge_engine import build_probe as build_bridge_probe
+from qwen35_engine import Probe as BridgeProbe
+from qwen35_engine import build_probe as build_bridge_probe
 
 from gguf_trainer.base.errors import UserError
 from gguf_trainer.check import format_check, run_check
