@@ -135,7 +135,7 @@ def predict_bank(model, batch) -> torch.Tensor:
     """The adapter's bank (B, n_bank, D) as the engine's FLUX.3 pass computes it: the same
     slots (MOSS template seeds) and keys, the bank queries reading the student through
     bank_in."""
-    return model(batch.hidden, mask=batch.mask, seed_ids=batch.seed_ids, vis=batch.vis,
+    return model(batch.hidden, mask=batch.mask, seed_ids=batch.seed_ids, **batch.vision_kwargs(),
                  want_bank=True, bank_hidden=batch.bank.hidden)
 
 

@@ -19,13 +19,13 @@ from gguf_trainer.data.shards import Batch, Stats, iter_batches
 
 
 def forward(model, batch: Batch) -> torch.Tensor:
-    return model(batch.hidden, mask=batch.mask, seed_ids=batch.seed_ids, vis=batch.vis)
+    return model(batch.hidden, mask=batch.mask, seed_ids=batch.seed_ids, **batch.vision_kwargs())
 
 
 def forward_rows(model, batch: Batch) -> torch.Tensor:
     """The training forward: the supervised rows only, (N, out) in masked_rows order, each
     equal to `forward`'s; the adapter skips the rest of its last block and out_proj."""
-    return model(batch.hidden, mask=batch.mask, seed_ids=batch.seed_ids, vis=batch.vis,
+    return model(batch.hidden, mask=batch.mask, seed_ids=batch.seed_ids, **batch.vision_kwargs(),
                  rows=batch.row_mask)
 
 

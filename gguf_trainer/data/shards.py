@@ -18,7 +18,8 @@ in bf16, concatenated over its samples:
     sup_start    [S] int32           token-aligned only: first row the DiT consumes
     sample_index [S] int64           line of the corpus file
     vis_rows     [Tv, vis_dim] bf16  vision packs only: raw vision-tower rows of every image
-    vis_pos      [Tv] int32          ...the student-token position each row is spliced at
+    vis_pos      [Tv] int32          ...the student-token position each row is spliced at;
+                                     with seed_ids (slot kinds) the teacher slot it sits on
     vis_len      [S] int32           ...rows per sample (0 for a text-only sample)
     moment_sum, moment_sq [out_dim] f64, moment_n [1] i64   per-dimension moments of the kept rows
 
@@ -344,6 +345,9 @@ class Batch:
     when no sample has an image: the same as zeros for `vis_in`, which has no bias) and
     vis_mask [B, L] (True at image tokens, supervised or not). Token-aligned kinds: n_real [B],
     each template's length less its appended pads (data/recipe.py's row classes).
+    Slot kinds with references: vis [B, V, vis_dim] each sample's rows first (zeros after),
+    vis_at [B, R] True at the image slots (row k of a sample sits on its k-th True), and
+    vis_mask = vis_at (cos_vis / cos_txt over the slot rows).
     """
 
     hidden: torch.Tensor
@@ -357,12 +361,18 @@ class Batch:
     vis_mask: torch.Tensor | None = None
     n_real: torch.Tensor | None = None
     bank: object = None  # data/bank_rows.BankBatch: the Qwen3.5 bridge's FLUX.3 bank targets
+    vis_at: torch.Tensor | None = None
 
     def to(self, device) -> Batch:
         move = lambda x: None if x is None else x.to(device, non_blocking=True)
         return Batch(move(self.hidden), move(self.mask), move(self.target), move(self.row_mask),
                      move(self.seed_ids), move(self.sup_start), self.samples, move(self.vis),
-                     move(self.vis_mask), move(self.n_real), move(self.bank))
+                     move(self.vis_mask), move(self.n_real), move(self.bank), move(self.vis_at))
+
+    def vision_kwargs(self) -> dict:
+        """The vision arguments of the adapter's forward: `vis`, and a slot kind's `vis_at`."""
+        return {"vis": self.vis} if self.vis_at is None else {"vis": self.vis,
+                                                              "vis_at": self.vis_at}
 
 
 def _pad(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -392,7 +402,12 @@ def collate(shard: Shard, rows: list[int], file_index: int, fixed_rows: int = 0)
         row_mask = torch.nn.functional.pad(row_mask, (0, extra))
     seed = shard.t.get("seed_ids")
     sup = shard.t.get("sup_start")
-    vis, vis_mask = _vision(shard, rows, hidden.shape[1])
+    vis_at = None
+    if seed is not None and shard.v_off is not None:  # a slot kind's references
+        vis, vis_mask = _slot_vision(shard, rows, target.shape[1])
+        vis_at = None if vis is None else vis_mask
+    else:
+        vis, vis_mask = _vision(shard, rows, hidden.shape[1])
     n_real = None
     if sup is not None:
         n_real = torch.tensor([unpadded_length(shard.student_ids(i).tolist()) for i in rows])
@@ -401,7 +416,8 @@ def collate(shard: Shard, rows: list[int], file_index: int, fixed_rows: int = 0)
     return Batch(hidden, mask, target, row_mask,
                  None if seed is None else seed[rows].long(),
                  None if sup is None else sup[rows].long(),
-                 [(file_index, i) for i in rows], vis, vis_mask, n_real, collate_bank(shard, rows))
+                 [(file_index, i) for i in rows], vis, vis_mask, n_real, collate_bank(shard, rows),
+                 vis_at)
 
 
 def _vision(shard: Shard, rows: list[int], length: int):
@@ -417,6 +433,22 @@ def _vision(shard: Shard, rows: list[int], length: int):
         vis[b, pos.long()] = r.float()
         mask[b, pos.long()] = True
     return vis, mask
+
+
+def _slot_vision(shard: Shard, rows: list[int], width: int):
+    """(vis [B, V, vis_dim] or None, vis_at [B, width]) for a slot kind's shard: each sample's
+    rows in order from row 0 (the engine's `vis`, conditioner.hpp 4401-4417) and the slots
+    they sit on (its `vis_slot`, built from these by the adapter)."""
+    at = torch.zeros(len(rows), width, dtype=torch.bool)
+    parts = [shard.vision(i) for i in rows]
+    n = max(r.shape[0] for r, _ in parts)
+    if not n:
+        return None, at
+    vis = torch.zeros(len(rows), n, shard.t["vis_rows"].shape[1], dtype=torch.float32)
+    for b, (r, pos) in enumerate(parts):
+        vis[b, : r.shape[0]] = r.float()
+        at[b, pos.long()] = True
+    return vis, at
 
 
 @dataclass

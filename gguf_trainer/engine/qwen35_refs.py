@@ -9,6 +9,7 @@ then 2x − 1. Must not: run a model.
 
     w_bar, h_bar = smart_size(w, h)             # multiples of 32
     x = bridge_pixels(rgba)                     # (3, h̄, w̄) float32 in [-1, 1]
+    starts = image_slot_starts(bpe.encode, [64, 16])   # each image's first <|image_pad|> slot
 """
 
 from __future__ import annotations
@@ -88,6 +89,29 @@ def bridge_pixels(image: np.ndarray, max_pixels: int = MAX_PIXELS) -> np.ndarray
         a = r[..., 3:4]
         rgb = rgb * a + 1.0 - a
     return np.ascontiguousarray((2.0 * rgb - 1.0).transpose(2, 0, 1), dtype=np.float32)
+
+
+def image_slot_starts(encode, counts) -> list[int]:
+    """Each reference's first `<|image_pad|>` slot, as the engine counts it: the ids of the
+    prompt built so far, up to and including that image's `<|vision_start|>`
+    (conditioner.hpp 4336-4349: index = encode(prompt).size(), then `count` pads and
+    `<|vision_end|>`). `encode` is the Qwen3.5 tokenizer's (qwen35_bpe.EngineQwen35BPE)."""
+    from gguf_trainer.engine.qwen35_bpe import IMAGE_PAD, PREFIX
+
+    prompt, starts = PREFIX, []
+    for n in counts:
+        prompt += "<|vision_start|>"
+        starts.append(len(encode(prompt)))
+        prompt += IMAGE_PAD * n + "<|vision_end|>"
+    return starts
+
+
+def vision_grid(width: int, height: int, max_pixels: int = MAX_PIXELS) -> tuple[int, int]:
+    """(grid_h, grid_w) of merged vision rows a width x height reference gives (h̄/32, w̄/32):
+    the tower emits grid_h * grid_w rows (conditioner.hpp 3530-3531, the full MOSS path's
+    image extras)."""
+    w_bar, h_bar = smart_size(width, height, max_pixels)
+    return h_bar // FACTOR, w_bar // FACTOR
 
 
 def load_image(path: Path | str) -> np.ndarray:

@@ -123,11 +123,14 @@ class SlotBlock(ResamplerBlock):
         return q + self.mlp(self.ln_mlp(q))
 
 
-def seeded_slots(module, hidden, mask, seed_ids, vis, vis_mask, vis_slot):
+def seeded_slots(module, hidden, mask, seed_ids, vis, vis_mask, vis_slot, vis_at=None):
     """The slot kinds' shared first half (the bridge's and Ming's runners build it alike): one
     query per teacher token up to the batch's longest (slot_query + seed_proj(seed_embed(id)),
     + vis_q of the row under an image slot), and the keys: in_proj of the student rows, then
-    vis_in of the vision rows. -> (queries (B, R, W), slot mask (B, R), keys, key mask)."""
+    vis_in of the vision rows. -> (queries (B, R, W), slot mask (B, R), keys, key mask).
+    `vis_at` (B, >= R) bool, training's compact form of vis_slot: True at the image slots, a
+    sample's vision row k on its k-th True slot, its rows first in `vis` (the rest padding,
+    masked as keys); vis_q is bias-free, so vis_q(0) = 0 off the slots as in the engine."""
     slot_mask = seed_ids >= 0
     r = max(int(slot_mask.sum(1).max()), 1)
     if r > module.config.num_queries:
@@ -137,6 +140,13 @@ def seeded_slots(module, hidden, mask, seed_ids, vis, vis_mask, vis_slot):
     q = module.slot_query[:r].unsqueeze(0) + module.seed_proj(module.seed_embed(ids))
     if vis_slot is not None:
         q = q + module.vis_q(vis_slot[:, :r])
+    if vis_at is not None and vis is not None:
+        at = vis_at[:, :r].bool()
+        counts = at.sum(1)
+        vis_mask = torch.arange(vis.shape[1], device=vis.device)[None, :] < counts[:, None]
+        if int(counts.sum()) != int(vis_at.sum()):
+            raise ValueError("an image slot lies past the batch's slots")
+        q = q.index_put(at.nonzero(as_tuple=True), module.vis_q(vis[vis_mask]), accumulate=True)
     kv = module.in_proj(hidden)
     kv_mask = as_bool(mask)
     if vis is not None:
@@ -177,14 +187,15 @@ class SlotResampler(nn.Module):
         self.out_proj = nn.Linear(w, cfg.out_dim)
 
     def forward(self, hidden, mask=None, seed_ids=None, vis=None, rows=None, *, vis_mask=None,
-                vis_slot=None, want_bank=False, bank_hidden=None):
+                vis_slot=None, want_bank=False, bank_hidden=None, vis_at=None):
         """hidden (B, L, in_dim) student final-norm states, mask (B, L) True = real; seed_ids
         (B, S) teacher ids, PAD_SLOT past each sample's P slots; vis (B, V, vis_dim) raw mmproj
         rows with vis_mask (B, V) True = real; vis_slot (B, S, vis_dim) the row under each image
         slot, zeros elsewhere; bank_hidden (B, n_bank, in_dim) the student state under each bank
         row (token-aligned bank). -> slot rows (B, R, out_dim), R = the batch's largest P (rows
         past a sample's P are meaningless), or with want_bank the bank (B, n_bank, bank_dim).
-        With `rows` (B, R) bool only those slot rows, (N, out_dim) in masked_rows order."""
+        With `rows` (B, R) bool only those slot rows, (N, out_dim) in masked_rows order.
+        `vis_at` (B, R) bool: vis_slot's compact form (seeded_slots), which builds vis_mask."""
         if seed_ids is None:
             raise ValueError(f"a {self.config.kind} adapter needs seed_ids (one per slot)")
         lead_q, lead_out, lead_in = self._lead
@@ -192,7 +203,7 @@ class SlotResampler(nn.Module):
         if want_bank and not n_bank:
             raise ValueError("this adapter has no bank head")
         q, slot_mask, kv, kv_mask = seeded_slots(self, hidden, mask, seed_ids, vis, vis_mask,
-                                                 vis_slot)
+                                                 vis_slot, vis_at)
         q_mask = slot_mask
         if n_bank:
             lead = getattr(self, lead_q).unsqueeze(0).expand(q.shape[0], -1, -1)

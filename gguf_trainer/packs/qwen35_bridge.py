@@ -18,9 +18,15 @@ FLUX.3's template types it, token-aligned over the student's ids (teachers/qwen3
 `bank_teacher` material; data/bank_rows.py: the second target set, loss and figures); with 0
 (the default) the export has no bank and ggk refuses it for FLUX.3 with its own sentence.
 
-Teacher: Qwen/Qwen3.5-9B (transformers `qwen3_5`, hybrid Gated-DeltaNet), text only so far
-(references through the Qwen3.5 mmproj are the next step; the adapter already has vis_q/vis_in,
-which the engine always declares, at the mmproj's width 4096).
+Teacher: Qwen/Qwen3.5-9B (transformers `qwen3_5`, hybrid Gated-DeltaNet). References (samples
+with `images`: image datasets and folders, .jsonl `images`, as the other vision packs take them)
+go through the snapshot's own Qwen3.5 tower on the engine's pixels (engine/qwen35_refs.py;
+`mmproj-qwen3.5-9b` is that tower): the teacher reads the template with the rows spliced over
+the `<|image_pad|>` runs at M-RoPE positions (teachers/qwen35.py), the shard stores the raw
+rows at their slots, and the adapter reads them as the engine hands them (conditioner.hpp
+4401-4417): every row a `vis_in` key, each row also on its slot through `vis_q`. No
+vision_proj: the student never sees the picture. A corpus without references stores shards
+byte for byte as before.
 
 Eval: no published pig_clip + MOSS-Image run exists, so there is no healthy floor (`verdict`
 None, the health line "n/a"); judge by cos against the mean baseline.
@@ -77,6 +83,8 @@ class MockBridgeTeacher:
 
     is_mock = True
 
+    vis_dim = VIS_DIM
+
     def __init__(self, pack_id: str, max_slots: int, out_dim: int, seed: int = 3535):
         import torch
 
@@ -89,14 +97,37 @@ class MockBridgeTeacher:
         self.feat = torch.randn(251, 32, generator=g)
         self.proj = torch.randn(32, out_dim, generator=g) / 32**0.5
         self.table = torch.randn(SEED_VOCAB, 32, generator=g)
+        self.vis_proj = torch.randn(3, self.vis_dim, generator=g)
+        self.vis_back = torch.randn(self.vis_dim, out_dim, generator=g) / self.vis_dim**0.5
 
-    def slot_ids(self, sample) -> list[int]:
+    def slot_ids(self, sample, image_tokens=()) -> list[int]:
         from gguf_trainer.engine.qwen35_bpe import moss_prompt
 
-        return self.bpe.encode(moss_prompt(sample.text))
+        return self.bpe.encode(moss_prompt(sample.text, image_tokens))
 
-    def lengths(self, samples, student_ids) -> list[int]:
-        return [len(self.slot_ids(s)) for s in samples]
+    def lengths(self, samples, student_ids, vision=None) -> list[int]:
+        vision = vision or [()] * len(samples)
+        return [len(self.slot_ids(s, [g.rows.shape[0] for g in segs or ()]))
+                for s, segs in zip(samples, vision)]
+
+    def vision(self, images) -> list:
+        """Rows as many as the engine's tower gives (one per 32x32 block of the engine's
+        pixels, engine/qwen35_refs.py), each from its block's mean colour."""
+        import torch
+
+        from gguf_trainer.engine.qwen35_refs import FACTOR, bridge_pixels, load_image
+
+        out = []
+        for path in images:
+            x = torch.from_numpy(bridge_pixels(load_image(path)))
+            blocks = torch.nn.functional.avg_pool2d(x[None], FACTOR)[0]  # (3, gh, gw)
+            out.append(torch.tanh(blocks.flatten(1).T @ self.vis_proj))
+        return out
+
+    def vision_segments(self, rows) -> list:
+        from ..teachers.qwen35 import vision_segments
+
+        return vision_segments(self.bpe, rows)
 
     def targets(self, samples, student_ids, vision=None) -> list:
         import torch
@@ -105,10 +136,13 @@ class MockBridgeTeacher:
         from ..teachers.qwen35 import PAD_SLOT
 
         out = []
-        for s in samples:
-            ids = self.slot_ids(s)
+        vision = vision or [()] * len(samples)
+        for s, segs in zip(samples, vision):
+            ids = self.slot_ids(s, [g.rows.shape[0] for g in segs or ()])
             base = self.feat[torch.tensor([zlib.crc32(str(i).encode()) % 251 for i in ids])]
             base = base @ self.proj
+            for g in segs or ():  # the picture under its slots, spread on by the running mean
+                base[g.start : g.start + g.rows.shape[0]] += g.rows.float() @ self.vis_back
             steps = torch.arange(1, len(ids) + 1, dtype=torch.float32)[:, None]
             rows = 0.6 * base + 0.4 * torch.cumsum(base, 0) / steps
             pads = [PAD_SLOT] * (self.max_slots - len(ids))
@@ -136,7 +170,8 @@ class Qwen35BridgePack(TrainerPack):
     out_dim = HIDDEN
     num_queries = MAX_SLOTS  # the adapter's slot_query rows (max_slots)
     seed_vocab = SEED_VOCAB
-    vis_dim = 0  # no reference images in the corpus yet (the adapter has vis_q/vis_in anyway)
+    vis_dim = 0  # no vision_proj: references reach the adapter alone (vis_q / vis_in, always)
+    slot_vision = True  # references: the tower's rows at their template slots (takes_images)
     n_bank = 0  # the FLUX.3 bank's rows (train.bank_slots; configured)
     default_name = "qwen3.5_9b_adapter"
     shard_contract = "qwen35_bridge/1"
@@ -221,6 +256,10 @@ class Qwen35BridgePack(TrainerPack):
         from gguf_trainer.data.bank_rows import shard_tensors
 
         return shard_tensors([t.bank for t in targets], self.n_bank)
+
+    def takes_images(self, settings) -> bool:
+        """Reference-image samples: MOSS-Image reads references through the 9B's tower."""
+        return True
 
     def format_prompt(self, text: str) -> str:
         from gguf_trainer.engine.qwen35_bpe import moss_prompt

@@ -77,6 +77,16 @@ def context(project, cache: dict) -> Context:
     return cache[CACHE_KEY]
 
 
+def slot_references(project, split: str) -> bool:
+    """Whether this split's shards carry a slot kind's reference rows: the pack places them
+    on its teacher's slots (`slot_vision`) and some sample of the split has an image. Decided
+    per split, so every shard of it has the same tensors (the adapter's vis_dim is read from
+    the first train shard) and a split without references stores what it always stored."""
+    if not getattr(project.pack, "slot_vision", False):
+        return False
+    return any(s.images for s in iter_samples(samples_file(project, split)))
+
+
 def run_precompute(project, report, split: str, cache: dict, fingerprint: str) -> None:
     """Write every missing shard of `split` ("val" or "train")."""
     size = shard_size(project, split)
@@ -84,6 +94,7 @@ def run_precompute(project, report, split: str, cache: dict, fingerprint: str) -
     n_shards = max(1, math.ceil(n_samples / size))
     folder = project_file.make_dir(project.paths.root, project.paths.shard_dir(split))
     stored = stored_rows(project)
+    refs = slot_references(project, split)
     meta = {
         "fingerprint": fingerprint,
         "contract": project.pack.shard_contract,
@@ -111,7 +122,7 @@ def run_precompute(project, report, split: str, cache: dict, fingerprint: str) -
         report.fields(detail=None)
         t0 = time.monotonic()
         records = list(iter_samples(samples_file(project, split), k * size, (k + 1) * size))
-        samples, lengths, dropped = tokenize_samples(ctx, records, k * size)
+        samples, lengths, dropped = tokenize_samples(ctx, records, k * size, refs)
         log_dropped(split, k, dropped, ctx.pack)
         if not samples:
             raise UserError(
@@ -126,6 +137,7 @@ def run_precompute(project, report, split: str, cache: dict, fingerprint: str) -
             lengths,
             stored.pads,
             stored.from_start,
+            refs,
         )
         shards.write_shard(path, tensors, meta)
         done += 1

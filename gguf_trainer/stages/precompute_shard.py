@@ -32,6 +32,7 @@ class _Sample:
     sample: object  # the gguf_trainer.data.samples.Sample record the teacher gets
     ids: list[int]  # the student's token ids
     vision: list = None  # VisionSegment per image (raw rows + start in ids); [] without images
+    # (slot kinds: the start is the image's first <|image_pad|> slot in the teacher's template)
 
 
 def _student_rows(ctx: Context, samples: list[_Sample]) -> list[torch.Tensor]:
@@ -48,7 +49,7 @@ def _student_rows(ctx: Context, samples: list[_Sample]) -> list[torch.Tensor]:
             (j, seg.start, seg.rows.float() @ ctx.vision_proj.T)
             for j, i in enumerate(batch)
             for seg in samples[i].vision or ()
-        ]
+        ] if ctx.vision_proj is not None else []  # a slot kind's student never sees a picture
         with torch.no_grad():
             h = (
                 ctx.student.hidden(
@@ -87,7 +88,9 @@ def _teacher_rows(
         if report.stop_requested():
             raise Stopped()
         with torch.no_grad():
-            vis = [samples[i].vision or [] for i in batch] if ctx.vision_proj is not None else None
+            vis = ([samples[i].vision or [] for i in batch]
+                   if ctx.vision_proj is not None or any(samples[i].vision for i in batch)
+                   else None)  # a text-only batch of a slot kind: the text path as before
             rows = ctx.teacher.targets(
                 [samples[i].sample for i in batch], [samples[i].ids for i in batch], vis
             )
@@ -99,13 +102,15 @@ def _teacher_rows(
 
 def build_shard(
     ctx: Context, samples: list[_Sample], report, on_batch, lengths: list[int] | None = None,
-    pad_rows: int = 0, from_start: bool = False,
+    pad_rows: int = 0, from_start: bool = False, slot_vision: bool = False,
 ) -> dict[str, torch.Tensor]:
     """`pad_rows`: K > 0 stores only K evenly spaced pad rows of each sample's targets
     (data/recipe.py stored_pad_rows); `from_start`: no target row before the sample's start
     row (data/recipe.py stores_from_start). Either way `target_pos` names the template row of
     each stored row; neither (the default) stores every row, as every shard did before. The
-    student's states of every template row are stored either way: the adapter reads them."""
+    student's states of every template row are stored either way: the adapter reads them.
+    `slot_vision` (a slot kind whose split has references): the vision tensors in every shard,
+    vis_pos naming teacher slots (the shard's seed_ids) instead of student tokens."""
     if lengths is None:
         lengths = ctx.teacher.lengths([s.sample for s in samples], [s.ids for s in samples])
     targets = _teacher_rows(ctx, samples, lengths, report, on_batch)
@@ -145,6 +150,8 @@ def build_shard(
         tensors["sup_start"] = torch.tensor([t.sup_start for t in targets], dtype=torch.int32)
     if ctx.vision_proj is not None:
         tensors.update(_vision_tensors(samples, ctx.vision_proj.shape[1]))
+    elif slot_vision:
+        tensors.update(_vision_tensors(samples, ctx.teacher.vis_dim))
     tensors.update(ctx.pack.shard_extras(targets))  # a second target set (the bridge's bank)
     return tensors
 
@@ -198,9 +205,10 @@ def _vision_tensors(samples: list[_Sample], vis_dim: int) -> dict[str, torch.Ten
     }
 
 
-def _vision_rows(ctx: Context, records: list) -> list[list[torch.Tensor]]:
+def _vision_rows(ctx: Context, records: list, slot_vision: bool = False
+                 ) -> list[list[torch.Tensor]]:
     """Raw vision rows per image of each record ([] for text-only records or packs)."""
-    if ctx.vision_proj is None or not any(r.images for r in records):
+    if (ctx.vision_proj is None and not slot_vision) or not any(r.images for r in records):
         return [[] for _ in records]
     with torch.no_grad():  # one call for the shard's images: the teacher batches its tower
         rows = list(ctx.teacher.vision([p for r in records for p in ctx.pack.vision_inputs(r)]))
@@ -225,14 +233,18 @@ def _segments(pack, ids: list[int], rows: list[torch.Tensor]):
 
 
 def tokenize_samples(
-    ctx: Context, records: list, start: int
+    ctx: Context, records: list, start: int, slot_vision: bool = False
 ) -> tuple[list[_Sample], list[int], dict]:
-    """The samples within both length limits, their teacher lengths, and the drop counts."""
+    """The samples within both length limits, their teacher lengths, and the drop counts.
+    `slot_vision`: a slot kind's references, placed by the teacher on its template's slots."""
     pack = ctx.pack
-    raw = _vision_rows(ctx, records)
+    raw = _vision_rows(ctx, records, slot_vision)
     encode = engine_bpe(ctx.student.tokenizer).encode  # the engine's ids, piece by piece
     ids = [pack.student_ids(encode, r, [v.shape[0] for v in rows]) for r, rows in zip(records, raw)]
-    segments = [_segments(pack, t, rows) for t, rows in zip(ids, raw)]
+    if slot_vision:  # the student reads the raw prompt: the images live in the teacher's slots
+        segments = [ctx.teacher.vision_segments(rows) if rows else [] for rows in raw]
+    else:
+        segments = [_segments(pack, t, rows) for t, rows in zip(ids, raw)]
     within = [
         _Sample(start + k, r, t, seg)
         for k, (r, t, seg) in enumerate(zip(records, ids, segments))
@@ -244,8 +256,10 @@ def tokenize_samples(
             "precompute: dropped %d samples whose text spells the image token itself", n_spelled
         )
     dropped = {"student": len(records) - len(within) - n_spelled, "teacher": 0}
+    kw = {"vision": [s.vision for s in within]} if slot_vision else {}
     lengths = (
-        ctx.teacher.lengths([s.sample for s in within], [s.ids for s in within]) if within else []
+        ctx.teacher.lengths([s.sample for s in within], [s.ids for s in within], **kw)
+        if within else []
     )
     keep = [(s, n) for s, n in zip(within, lengths) if n <= pack.max_len_teacher]
     dropped["teacher"] = len(within) - len(keep)

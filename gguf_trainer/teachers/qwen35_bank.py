@@ -162,8 +162,18 @@ class WithBank:
         self.is_mock = slots.is_mock
         self.identity = {**slots.identity, "bank": bank.identity}
 
-    def lengths(self, samples, student_ids):
-        return self.slots.lengths(samples, student_ids)
+    def lengths(self, samples, student_ids, vision=None):
+        return self.slots.lengths(samples, student_ids, vision)
+
+    @property
+    def vis_dim(self) -> int:
+        return self.slots.vis_dim
+
+    def vision(self, images) -> list:  # references: the slot teacher's tower (the bank is text)
+        return self.slots.vision(images)
+
+    def vision_segments(self, rows) -> list:
+        return self.slots.vision_segments(rows)
 
     def targets(self, samples, student_ids, vision=None) -> list:
         out = self.slots.targets(samples, student_ids, vision)
