@@ -1,6 +1,6 @@
-"""The line citations of ggk 0.9.7's source written in gguf_trainer/ and tests/, read from the
-comments and strings of each module (and the `//` comments of the tier's C++ probes), and the
-check that each still says what it claims.
+"""The line citations of ggk 0.9.7's source written in gguf_trainer/, tests/ and README.md, read
+from the comments and strings of each module (the `//` comments of the tier's C++ probes, the
+paragraphs of a Markdown file), and the check that each still says what it claims.
 
 The forms the code writes, all read here (a bare range takes the file last named in the same
 docstring, string or run of comment lines):
@@ -8,8 +8,11 @@ docstring, string or run of comment lines):
     conditioner.hpp 3549-3561         conditioner.hpp:1199        llm.hpp 2336-2365 and 2439-2469
     conditioner.hpp 1396-1410, 1533   util.cpp, lines 806-906     fibo2.hpp clean_caption (64-86)
     Qwen35BridgeEmbedder, 4175-4494   Iris-3B (3656-3673)         (3052-3060, llm.hpp ...)
-    `MingAdapter` 533-599
+    `MingAdapter` 533-599              `conditioner.hpp` 4426-4447     returned (342)
     T:818-840   (an alias a module declares: "ming_image_te.hpp, cited `T:<line>`")
+
+A lone "(NNN)" reads as a line only where a file is named before it and NNN is no multiple of
+32: "(4096)", "proj_out (2560)", "11 cells (352)" are widths and counts.
 
 What a citation claims (check()):
   * its lines exist in the file it names, the first not a blank or a lone closing brace, the
@@ -41,13 +44,13 @@ RANGES = rf"{RANGE}(?:\s*(?:,|and)\s*{RANGE})*"
 IDENT = r"[A-Za-z_]\w*(?:::\w+)*"
 # a file, then (optionally) an identifier of its code or "lines", then the ranges
 LED = re.compile(
-    rf"{FILE}(?:,?\s+(?P<name>{IDENT})(?:\([^()\n]*\))?)?(?:,?\s+lines?)?(?::\s*|,?\s+\(?)"
+    rf"{FILE}`?(?:,?\s+(?P<name>{IDENT})(?:\([^()\n]*\))?)?(?:,?\s+lines?)?(?::\s*|,?\s+\(?)"
     rf"(?P<ranges>{RANGES})(?!\w)(?!\.\d)")
 MENTION = re.compile(FILE)
 # a range with no file: "(2610-2612)", "(64-86: ...", "lines 283-288", "`MingAdapter` 533-598",
 # "(MingImageEmbedder, 3911-3932)", "edits, 292-316", "detect_from_weights 485-530"; one line:
-# "(default_pixels, 6027)", "line 1245" (a bare "(4096)" or "(256, 2560)" is more often a shape
-# than lines); "1844-1867 PixArtT5Embedder," names what follows
+# "(default_pixels, 6027)", "line 1245" (a bare "(256, 2560)" is more often a shape than lines,
+# and so is a lone "(4096)": PAREN_ONE); "1844-1867 PixArtT5Embedder," names what follows
 _LEAD = (rf"(?:\(\s*|\blines?\s+|,\s+|`(?P<name>{IDENT})`,?\s+"
          rf"|\b(?P<word>{IDENT})(?P<comma>,)?\s+)")
 BARE = re.compile(rf"{_LEAD}(?P<ranges>\d{{2,5}}\s*-\s*\d{{2,5}}(?:\s*(?:,|and)\s*{RANGE})*)"
@@ -55,6 +58,9 @@ BARE = re.compile(rf"{_LEAD}(?P<ranges>\d{{2,5}}\s*-\s*\d{{2,5}}(?:\s*(?:,|and)\
 BARE_ONE = re.compile(rf"(?<=\s)\((?:`(?P<name>{IDENT})`|(?P<word>{IDENT})),\s+"
                       r"(?P<ranges>\d{3,5})(?=\s*\))")
 LINE_ONE = re.compile(r"\bline\s+(?P<ranges>\d{1,5})(?![\d-])")
+# "`...assistant\\n` (227)", "returned (342)": a lone parenthesised line (see SHAPE)
+PAREN_ONE = re.compile(r"(?<=\s)\((?P<ranges>\d{3,5})\)")
+SHAPE = 32  # a lone "(NNN)" that is a multiple of it is a width or a count, not a line
 # a row of a declaration table under a named file: "    cap_query   ne [W, n_cap]   f32 param (539)"
 # (the row's tensor is the name the cited line must hold)
 TABLE_ROW = re.compile(r"^[ \t]+(?P<name>[a-z_]\w*)[\w./*]*[ \t][^\n(]*?\((?P<ranges>\d{3,5})\)",
@@ -153,6 +159,21 @@ def cpp_blocks(text: str):
     yield from flush()
 
 
+def md_blocks(text: str):
+    """blocks() for a Markdown file (README.md): each paragraph, a run of non-blank lines."""
+    run: list = []  # (line, text)
+    for n, line in enumerate([*text.splitlines(), ""], 1):
+        if line.strip():
+            run.append((n, line))
+        elif run:
+            body, marks = "", []
+            for ln, s in run:
+                marks.append((len(body), ln))
+                body += s + "\n"
+            yield body, marks, None
+            run.clear()
+
+
 def _line(marks, off: int) -> int:
     return max((ln for o, ln in marks if o <= off), default=marks[0][1])
 
@@ -168,8 +189,8 @@ def parse(module: Path, text: str, known=lambda f: True) -> list[Citation]:
     a name that is not one (llama.cpp), which a bare range never takes."""
     aliases = {m.group("alias"): m.group("file") for m in ALIAS_DEF.finditer(text)}
     out: list[Citation] = []
-    for body, marks, code in (cpp_blocks(text) if module.suffix in (".cpp", ".h", ".hpp")
-                               else blocks(text)):
+    reader = {".cpp": cpp_blocks, ".h": cpp_blocks, ".hpp": cpp_blocks, ".md": md_blocks}
+    for body, marks, code in reader.get(module.suffix, blocks)(text):
         spans: list[tuple[int, int]] = []  # what LED took, so BARE does not read it twice
         found: list[tuple[int, str, str, str | None]] = []  # (offset, file, ranges, name)
         for m in LED.finditer(body):
@@ -196,7 +217,9 @@ def parse(module: Path, text: str, known=lambda f: True) -> list[Citation]:
                 spans.append((m.start("ranges"), m.end("ranges")))
                 found.append((m.start("ranges"), named[-1], m.group("ranges"), m.group("name"),
                               None))
-        for m in [*BARE.finditer(body), *BARE_ONE.finditer(body), *LINE_ONE.finditer(body)]:
+        lone = [m for m in PAREN_ONE.finditer(body) if int(m.group("ranges")) % SHAPE]
+        for m in [*BARE.finditer(body), *BARE_ONE.finditer(body), *LINE_ONE.finditer(body),
+                  *lone]:
             if any(a <= m.start("ranges") < b for a, b in spans):
                 continue
             named = [f for o, f in mentions if o < m.start()]
@@ -228,10 +251,12 @@ def parse(module: Path, text: str, known=lambda f: True) -> list[Citation]:
 
 
 def citations(roots, known=lambda f: True) -> list[Citation]:
+    """Every citation in the roots: folders (their .py and C++ files) and files (README.md)."""
     out = []
-    for root in roots:
-        for path in sorted(p for p in Path(root).rglob("*")
-                           if p.suffix in (".py", ".cpp", ".h", ".hpp") and p.is_file()):
+    for root in map(Path, roots):
+        found = [root] if root.is_file() else root.rglob("*")
+        for path in sorted(p for p in found
+                           if p.suffix in (".py", ".cpp", ".h", ".hpp", ".md") and p.is_file()):
             if ".venv" in path.parts or path.name == "engine_citations.py":  # its examples
                 continue
             out += parse(path, path.read_text(encoding="utf-8"), known)

@@ -228,7 +228,7 @@ def test_engine_template_is_the_branch_of_its_version(src, pack_id):
 
 # ---------------------------------------------------------------- citations
 
-ROOTS = (PACKAGE, PACKAGE.parent / "tests")
+ROOTS = (PACKAGE, PACKAGE.parent / "tests", PACKAGE.parent / "README.md")
 
 
 @pytest.fixture(scope="module")
@@ -272,6 +272,13 @@ Y = 1
                    (3911, 3932, "MingImageEmbedder"), (292, 316, None),
                    (485, 530, "detect_from_weights"), (6027, 6027, "default_pixels"),
                    (1245, 1245, None), (539, 539, "cap_query")], got
+    # a file in backticks; a lone "(NNN)" after a named file unless a multiple of 32 (a width)
+    lone = f'"""`{f}.hpp` 4426-4448: returned (342), `x` (227); widths (2560), (352)."""'
+    got = [(c.first, c.last) for c in parse(Path("m.py"), lone)]
+    assert got == [(4426, 4448), (342, 342), (227, 227)], got
+    md = f"A paragraph ({f}.hpp 2551-2623)\nand more (2898).\n\nNo file here (2898).\n"
+    got = [(c.file, c.first, c.line) for c in parse(Path("README.md"), md)]
+    assert got == [(f"{f}.hpp", 2551, 1), (f"{f}.hpp", 2898, 2)], got
 
 
 def test_the_citation_check_catches_drift(src):
