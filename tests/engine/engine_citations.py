@@ -99,6 +99,15 @@ class Citation:
         return f"{self.module}:{self.line}: {self.file} {self.first}-{self.last}"
 
 
+def _joined(run) -> tuple[str, list, str | None]:
+    """A run of (line, text, code) as one block: its text, [(offset, line)], the first's code."""
+    body, marks = "", []
+    for line, s, _ in run:
+        marks.append((len(body), line))
+        body += s + "\n"
+    return body, marks, run[0][2]
+
+
 def blocks(text: str):
     """(text, [(offset, line)], code) for each string and each run of comment lines of a module;
     code is the code a trailing one-line comment sits on, else None."""
@@ -106,11 +115,7 @@ def blocks(text: str):
 
     def flush():
         if run:
-            body, marks = "", []
-            for line, s, _ in run:
-                marks.append((len(body), line))
-                body += s + "\n"
-            yield body, marks, run[0][2]
+            yield _joined(run)
             run.clear()
 
     try:
@@ -141,11 +146,7 @@ def cpp_blocks(text: str):
 
     def flush():
         if run:
-            body, marks = "", []
-            for line, s, _ in run:
-                marks.append((len(body), line))
-                body += s + "\n"
-            yield body, marks, run[0][2]
+            yield _joined(run)
             run.clear()
 
     for n, line in enumerate(text.splitlines(), 1):
@@ -161,16 +162,12 @@ def cpp_blocks(text: str):
 
 def md_blocks(text: str):
     """blocks() for a Markdown file (README.md): each paragraph, a run of non-blank lines."""
-    run: list = []  # (line, text)
+    run: list = []  # (line, text, None)
     for n, line in enumerate([*text.splitlines(), ""], 1):
         if line.strip():
-            run.append((n, line))
+            run.append((n, line, None))
         elif run:
-            body, marks = "", []
-            for ln, s in run:
-                marks.append((len(body), ln))
-                body += s + "\n"
-            yield body, marks, None
+            yield _joined(run)
             run.clear()
 
 
