@@ -437,7 +437,7 @@ def _vision(shard: Shard, rows: list[int], length: int):
 
 def _slot_vision(shard: Shard, rows: list[int], width: int):
     """(vis [B, V, vis_dim] or None, vis_at [B, width]) for a slot kind's shard: each sample's
-    rows in order from row 0 (the engine's `vis`, conditioner.hpp 4401-4417) and the slots
+    rows in order from row 0 (the engine's `vis`, conditioner.hpp 4401-4418) and the slots
     they sit on (its `vis_slot`, built from these by the adapter)."""
     at = torch.zeros(len(rows), width, dtype=torch.bool)
     parts = [shard.vision(i) for i in rows]

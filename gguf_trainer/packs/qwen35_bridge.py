@@ -24,7 +24,7 @@ go through the snapshot's own Qwen3.5 tower on the engine's pixels (engine/qwen3
 `mmproj-qwen3.5-9b` is that tower): the teacher reads the template with the rows spliced over
 the `<|image_pad|>` runs at M-RoPE positions (teachers/qwen35.py), the shard stores the raw
 rows at their slots, and the adapter reads them as the engine hands them (conditioner.hpp
-4401-4417): every row a `vis_in` key, each row also on its slot through `vis_q`. No
+4401-4418): every row a `vis_in` key, each row also on its slot through `vis_q`. No
 vision_proj: the student never sees the picture. A corpus without references stores shards
 byte for byte as before.
 

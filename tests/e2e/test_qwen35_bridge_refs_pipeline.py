@@ -3,7 +3,7 @@ corpus keeps the samples' images (the MageFlow demo corpus: 40 text + 40 image s
 with two), precompute stores each image's rows at its `<|image_pad|>` slots of the MOSS
 template (vis_pos names teacher slots; the seed ids there are 248056), training reads them
 (cos_vis / cos_txt over the slot rows, vis_in and vis_q trained), and the export's forward in
-the engine's own layout (vis + vis_slot, conditioner.hpp 4401-4417) is the checkpoint's in
+the engine's own layout (vis + vis_slot, conditioner.hpp 4401-4418) is the checkpoint's in
 training's compact one (vis + vis_at). A bridge project without references stores the
 text-only shard as before (no vision tensor)."""
 
