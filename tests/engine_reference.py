@@ -242,6 +242,34 @@ def vision_project(path_or_tensors, e_raw) -> np.ndarray:
     return np.asarray(e_raw, dtype=np.float64) @ _tensors(path_or_tensors)["vision_proj.weight"].T
 
 
+def slot_inputs(t, hidden, seed_ids, vis=None, vis_slot=None):
+    """What the slot kinds (the bridge, Ming) start from: kv = in_proj(hidden) ++ the vision
+    rows through vis_in; the seeded slot queries slot_query[:P] + seed_proj(seed_embed[ids]),
+    plus vis_q(vis_slot) at image slots. Returns (kv, q)."""
+    ids = np.asarray(seed_ids)
+    kv = _lin(t, "in_proj", np.asarray(hidden, dtype=np.float64))
+    if vis is not None:
+        kv = np.concatenate([kv, np.asarray(vis, np.float64) @ t["vis_in.weight"].T], 0)
+    q = t["slot_query"][: len(ids)] + t["seed_embed.weight"][ids] @ t["seed_proj.weight"].T
+    if vis_slot is not None:
+        q = q + np.asarray(vis_slot, np.float64) @ t["vis_q.weight"].T
+    return kv, q
+
+
+def slot_blocks(t, q, kv) -> np.ndarray:
+    """The slot kinds' resampler blocks over q (self-attention, cross-attention to kv, MLP;
+    depth and heads read off the file), then ln_out."""
+    heads = t["slot_query"].shape[1] // HEAD_DIM
+    depth = max(int(n.split(".")[1]) for n in t if n.startswith("blocks.")) + 1
+    for i in range(depth):
+        b = f"blocks.{i}"
+        x = _ln(t, f"{b}.ln_self", q)
+        q = q + _mha(t, f"{b}.self_attn", x, x, heads)
+        q = q + _mha(t, f"{b}.cross_attn", _ln(t, f"{b}.ln_q", q), _ln(t, f"{b}.ln_kv", kv), heads)
+        q = q + _mlp(t, b, q)
+    return _ln(t, "ln_out", q)
+
+
 def slot_forward(path_or_tensors, hidden, seed_ids, vis=None, vis_slot=None, want_bank=False,
                  bank_hidden=None) -> np.ndarray:
     """The Qwen3.5 bridge (llm_adapter.hpp 753-837) for one prompt, from the file alone:
@@ -249,18 +277,8 @@ def slot_forward(path_or_tensors, hidden, seed_ids, vis=None, vis_slot=None, wan
     bank_hidden (n_bank, in_dim) -> slots (P, out_dim) or the bank (n_bank, bank_dim). No
     masks anywhere: the engine runs one unpadded prompt."""
     t = _tensors(path_or_tensors)
-    width = t["slot_query"].shape[1]
-    heads = width // HEAD_DIM
-    depth = max(int(n.split(".")[1]) for n in t if n.startswith("blocks.")) + 1
     bank = "out_bank.weight" in t and "bank_query" in t  # bank_dim 0 turns n_bank off (752-755)
-    ids = np.asarray(seed_ids)
-    h = np.asarray(hidden, dtype=np.float64)
-    kv = _lin(t, "in_proj", h)
-    if vis is not None:
-        kv = np.concatenate([kv, np.asarray(vis, np.float64) @ t["vis_in.weight"].T], 0)
-    q = t["slot_query"][: len(ids)] + t["seed_embed.weight"][ids] @ t["seed_proj.weight"].T
-    if vis_slot is not None:
-        q = q + np.asarray(vis_slot, np.float64) @ t["vis_q.weight"].T
+    kv, q = slot_inputs(t, hidden, seed_ids, vis, vis_slot)
     n_bank = 0
     if bank:
         lead = t["bank_query"].copy()
@@ -268,13 +286,7 @@ def slot_forward(path_or_tensors, hidden, seed_ids, vis=None, vis_slot=None, wan
             lead = lead + np.asarray(bank_hidden, np.float64) @ t["bank_in.weight"].T
         n_bank = lead.shape[0]
         q = np.concatenate([lead, q], 0)
-    for i in range(depth):
-        b = f"blocks.{i}"
-        x = _ln(t, f"{b}.ln_self", q)
-        q = q + _mha(t, f"{b}.self_attn", x, x, heads)
-        q = q + _mha(t, f"{b}.cross_attn", _ln(t, f"{b}.ln_q", q), _ln(t, f"{b}.ln_kv", kv), heads)
-        q = q + _mlp(t, b, q)
-    q = _ln(t, "ln_out", q)
+    q = slot_blocks(t, q, kv)
     if want_bank:
         return _lin(t, "out_bank", q[:n_bank])
     return _lin(t, "out_proj", q[n_bank:])

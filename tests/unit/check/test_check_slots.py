@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from adapter_cases import export_random
-from engine_reference import _lin, _ln, _mha, _mlp, _tensors, slot_forward
+from engine_reference import _lin, _tensors, slot_blocks, slot_forward, slot_inputs
 
 from gguf_trainer.base.errors import UserError
 from gguf_trainer.check import format_check, run_check
@@ -31,24 +31,9 @@ def ming_forward(path, hidden, seed_ids, vis=None, vis_slot=None) -> np.ndarray:
     """MingAdapter (llm_adapter.hpp 565-599) from the file alone: cap_query ++ seeded slots
     through the blocks, the caption rows zero-padded to out_dim, then the direct rows."""
     t = _tensors(path)
-    heads = t["slot_query"].shape[1] // 64
-    depth = max(int(n.split(".")[1]) for n in t if n.startswith("blocks.")) + 1
-    ids = np.asarray(seed_ids)
-    kv = _lin(t, "in_proj", np.asarray(hidden, np.float64))
-    if vis is not None:
-        kv = np.concatenate([kv, np.asarray(vis, np.float64) @ t["vis_in.weight"].T], 0)
-    q = t["slot_query"][: len(ids)] + t["seed_embed.weight"][ids] @ t["seed_proj.weight"].T
-    if vis_slot is not None:
-        q = q + np.asarray(vis_slot, np.float64) @ t["vis_q.weight"].T
+    kv, q = slot_inputs(t, hidden, seed_ids, vis, vis_slot)
     n_cap = t["cap_query"].shape[0]
-    q = np.concatenate([t["cap_query"], q], 0)
-    for i in range(depth):
-        b = f"blocks.{i}"
-        x = _ln(t, f"{b}.ln_self", q)
-        q = q + _mha(t, f"{b}.self_attn", x, x, heads)
-        q = q + _mha(t, f"{b}.cross_attn", _ln(t, f"{b}.ln_q", q), _ln(t, f"{b}.ln_kv", kv), heads)
-        q = q + _mlp(t, b, q)
-    q = _ln(t, "ln_out", q)
+    q = slot_blocks(t, np.concatenate([t["cap_query"], q], 0), kv)
     cap = _lin(t, "out_cap", q[:n_cap])
     direct = _lin(t, "out_proj", q[n_cap:])
     cap = np.pad(cap, ((0, 0), (0, direct.shape[1] - cap.shape[1])))
