@@ -69,7 +69,7 @@ _GUI_WORDS = (
     (re.compile(r"`?gguf-trainer start --project \S+?`? continues"), "Start (Resume) continues"),
     (re.compile(r"\(?gguf-trainer download --project \S+ --id \S+, or Download under Setup → "
                 r"Materials\)?"), "(Download under Setup → Materials)"),
-    (re.compile(r"\(?`?gguf-trainer link --project \S+ (\S+) PATH`?\)?( or `gguf-trainer set "
+    (re.compile(r"\(?`?gguf-trainer link --project .+? (\w+) PATH`?\)?( or `gguf-trainer set "
                 r"--project \S+ materials\.\S+\.path=PATH`)?"),
      r"(Setup → Materials: Replace, or the \1 path field)"),
     (re.compile(r"`?gguf-trainer stop --project \S+?`?(?=[ ;,.)]|$)"), "Stop on the Train tab"),

@@ -33,6 +33,11 @@ def test_gui_words_replace_the_cli_commands():
         "materials.student.path=PATH`.")
     assert "gguf-trainer" not in said and "--project" not in said
     assert "Setup → Materials: Replace, or the student path field" in said
+    # a project folder with a space (render's missing student; a link-only teacher's row)
+    said = common.gui_words("the student pig_clip-f16.gguf: link it (`gguf-trainer link "
+                            "--project /my projects/p student PATH`)")
+    assert said == ("the student pig_clip-f16.gguf: link it (Setup → Materials: Replace, or "
+                    "the student path field)"), said
     said = common.gui_words("train.steps = 9; `gguf-trainer start --project /p` continues from "
                             "the last checkpoint")
     assert said == "train.steps = 9; Start (Resume) continues from the last checkpoint"
