@@ -18,7 +18,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from waiting import wait_for  # noqa: F401  (the ui tests import it from here)
+from waiting import PATIENCE, wait_for  # noqa: F401  (the ui tests import wait_for from here)
 
 CHROMIUM = os.environ.get("GGUF_TRAINER_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu"]
@@ -86,7 +86,9 @@ class GuiServer:
             )
         self._wait_up()
 
-    def _wait_up(self, timeout_s: float = 90.0) -> None:
+    def _wait_up(self, timeout_s: float = 300.0) -> None:
+        # a bound on a hang, not on speed: at a load of ~25 the GUI's imports alone took 90 s
+        timeout_s *= PATIENCE
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -142,7 +144,7 @@ def demo_project(env: dict, dest: Path, steps: int) -> Path:
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=600 * PATIENCE,  # a hang bound (the demo's preparation imports torch)
         check=False,
     )
     assert res.returncode == 0, res.stderr + res.stdout

@@ -68,7 +68,7 @@ def body(pg) -> str:
 
 def open_project(pg, gui, root) -> None:
     pg.goto(f"{gui.url}?project={root}")
-    wait_for(lambda: str(root) in pg.locator("#header").inner_text(), 180,
+    wait_for(lambda: str(root) in pg.locator("#header").inner_text(), 300,
              f"the project {root} to open (the header: {pg.locator('#header').inner_text()!r})")
 
 
@@ -76,7 +76,7 @@ def test_first_load_describes_the_pack_the_picker_shows(page, gui):
     """Item 6: the description was Boogu's while the picker showed PixArt."""
     pg = page
     pg.goto(gui.url)
-    wait_for(lambda: pg.locator("#pack-info").inner_text().strip() != "", 60, "the pack info")
+    wait_for(lambda: pg.locator("#pack-info").inner_text().strip() != "", 300, "the pack info")
     picked = pg.locator("#new-pack input").first.input_value()
     info = pg.locator("#pack-info").inner_text()
     assert "PixArt" in picked and "PixArt" in info and "Boogu" not in info, (picked, info)
@@ -88,11 +88,11 @@ def test_download_on_a_link_only_pack_says_what_to_link(page, gui, boogu):
     pg = page
     open_project(pg, gui, boogu)
     row = pg.locator("#materials-md tr", has_text="Teacher")
-    wait_for(lambda: "never downloaded" in row.first.inner_text(), 60, "the teacher's row")
-    wait_for(lambda: pg.locator("#btn-download").is_enabled(), 60, "Download missing")
+    wait_for(lambda: "never downloaded" in row.first.inner_text(), 300, "the teacher's row")
+    wait_for(lambda: pg.locator("#btn-download").is_enabled(), 300, "Download missing")
     pg.locator("#btn-download").click()
     wait_for(lambda: "never downloaded" in " ".join(
-        t.inner_text() for t in pg.locator(".toast-message-text").all()), 120,
+        t.inner_text() for t in pg.locator(".toast-message-text").all()), 300,
         "Download's answer for the teacher")
     text = body(pg)
     assert "internal error" not in text and "HFValidationError" not in text
@@ -118,15 +118,15 @@ def test_render_settings_survive_a_reload_and_a_save(page, gui, boogu):
     models_box.fill(str(models))
     pg.locator("#btn-render-save").click()
     settings = gui.base / "gt_home" / "settings.json"
-    wait_for(lambda: settings.is_file() and str(models) in settings.read_text(), 60, "the save")
+    wait_for(lambda: settings.is_file() and str(models) in settings.read_text(), 300, "the save")
     pg.reload()
-    wait_for(lambda: str(boogu) in pg.locator("#header").inner_text(), 60, "the reload")
+    wait_for(lambda: str(boogu) in pg.locator("#header").inner_text(), 300, "the reload")
     pg.get_by_role("tab", name="Output").click()
-    wait_for(lambda: ggk_box.input_value() == str(ggk), 60, "the ggk field to be filled again")
+    wait_for(lambda: ggk_box.input_value() == str(ggk), 300, "the ggk field to be filled again")
     assert models_box.input_value() == str(models)
     pg.locator("#btn-render-save").click()  # an untouched Save writes nothing back
     wait_for(lambda: "nothing changed" in " ".join(
-        t.inner_text() for t in pg.locator(".toast-message-text").all()), 60, "the answer")
+        t.inner_text() for t in pg.locator(".toast-message-text").all()), 300, "the answer")
     saved = json.loads(settings.read_text())
     assert str(ggk) in json.dumps(saved) and str(models) in json.dumps(saved)
     assert pg.errors == [], pg.errors
@@ -143,7 +143,7 @@ def test_verify_is_followed_to_its_end(page, gui):
     pg.locator("#btn-out-verify").click()
     running = VERIFY_RUNNING.split("\n", 1)[1]
     wait_for(lambda: running in pg.locator("#out-verify").inner_text()
-             or "nothing to verify yet" in pg.locator("#out-verify").inner_text(), 120,
+             or "nothing to verify yet" in pg.locator("#out-verify").inner_text(), 300,
              "the verify job to start")
     wait_for(lambda: "nothing to verify yet" in pg.locator("#out-verify").inner_text(), 300,
              f"the verify job's answer without Refresh (shown: "
@@ -162,11 +162,11 @@ def test_a_never_run_project_follows_its_planned_steps(page, gui, boogu):
     open_project(pg, gui, boogu)
     pg.get_by_role("tab", name="Train").click()
     steps = pg.locator("#steps-box textarea, #steps-box input").first
-    wait_for(lambda: steps.input_value().strip() != "", 60, "the planned steps")
+    wait_for(lambda: steps.input_value().strip() != "", 300, "the planned steps")
     new = int(steps.input_value()) + 777
     assert control.update_settings(boogu, {"train.steps": new}, None).ok  # as `set` does
     wait_for(lambda: str(new) in pg.locator("#train-banner").inner_text()
-             or steps.input_value() == str(new), 120, "the page to follow project.json")
+             or steps.input_value() == str(new), 300, "the page to follow project.json")
     assert pg.errors == [], pg.errors
 
 
@@ -178,12 +178,12 @@ def test_a_refused_start_saves_nothing(page, gui, boogu):
     before = control.read_settings(boogu).values["train"]["lr"]
     open_project(pg, gui, boogu)
     lr = pg.locator("#f-train-lr input").first
-    wait_for(lambda: lr.input_value().strip() != "", 60, "the form")
+    wait_for(lambda: lr.input_value().strip() != "", 300, "the form")
     lr.fill("0.000777")
     pg.get_by_role("tab", name="Train").click()
-    wait_for(lambda: pg.locator("#btn-start").is_enabled(), 60, "Start")
+    wait_for(lambda: pg.locator("#btn-start").is_enabled(), 300, "Start")
     pg.locator("#btn-start").click()
-    wait_for(lambda: "Not started" in body(pg), 120, "the refusal")
+    wait_for(lambda: "Not started" in body(pg), 300, "the refusal")
     assert control.read_settings(boogu).values["train"]["lr"] == before
     assert not (boogu / "state.json").exists() or control.status(boogu)["status"] != "running"
     assert pg.errors == [], pg.errors
