@@ -245,39 +245,12 @@ def test_cli_check_command(llada_case, tiny_materials, capsys):
     from gguf_trainer.cli import main
 
     root, adapter, _ = llada_case
-    code = main(
-        [
-            "check",
-            "--adapter",
-            str(adapter),
-            "--student",
-            str(tiny_materials["student"]),
-            "--dump",
-            str(root / "dump"),
-            "--prompt",
-            PROMPT,
-            "--tokenizer",
-            str(tiny_materials["tokenizer"]),
-            "--json",
-        ]
-    )
+    base = ["check", "--adapter", str(adapter), "--student", str(tiny_materials["student"]),
+            "--prompt", PROMPT]
+    code = main([*base, "--dump", str(root / "dump"), "--tokenizer",
+                 str(tiny_materials["tokenizer"]), "--json"])
     assert code == 0 and json.loads(capsys.readouterr().out)["verdict"].startswith("healthy")
-    assert (
-        main(
-            [
-                "check",
-                "--adapter",
-                str(adapter),
-                "--student",
-                str(tiny_materials["student"]),
-                "--dump",
-                str(root / "nothing"),
-                "--prompt",
-                PROMPT,
-            ]
-        )
-        == 1
-    )
+    assert main([*base, "--dump", str(root / "nothing")]) == 1
     assert "does not exist" in capsys.readouterr().err
 
 
