@@ -177,18 +177,16 @@ def score_bank(model, batches, stats, device, standardized: bool = True) -> dict
     return {f"bank_{k}": v for k, v in res.items() if isinstance(v, (int, float)) or v is None}
 
 
-def bank_stats_for(cfg, files: list[Path], sigma_floor: float, ranks=None):
+def bank_stats_for(cfg, files: list[Path], sigma_floor: float):
     """The bank's Stats for training an adapter of `cfg` (None when it has no bank); one
-    sentence when the shards hold no bank or the run is split over processes."""
+    sentence when the shards hold no bank. Every rank of a split run reads the same moments
+    (machine/distributed.TrainRanks.share_loss weighs the bank loss across ranks)."""
     from gguf_trainer.base.errors import UserError
 
     # Ming's config keeps its 256 caption queries in n_bank too (model/ming_adapter.py): those
     # are its own head, trained on the main targets, never a FLUX.3 bank.
     if cfg.kind != "qwen35_bridge" or not cfg.n_bank:
         return None
-    if ranks is not None:
-        raise UserError("the FLUX.3 bank head (train.bank_slots) trains in one process so far; "
-                        "set train.processes to 1.")
     stats = bank_stats(files, sigma_floor)
     if stats is None:
         raise UserError("the shards hold no FLUX.3 bank targets; run precompute again with "

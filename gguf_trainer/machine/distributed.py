@@ -216,23 +216,38 @@ class TrainRanks:
                 batch = collate(shard, mine or rows[:1], f, self.fixed_rows)
                 if not mine:  # a short last batch: this rank's slice is empty (weight 0)
                     batch.row_mask.zero_()
+                    if batch.bank is not None:  # the FLUX.3 bank's rows too
+                        batch.bank.weight.zero_()
                 return batch
 
         return RankStream(files, seed, batch_size, fixed_rows, pos)
 
-    def share_loss(self, loss, parts: dict, batch, cos_weight: float, n_rows=None):
+    def share_loss(self, loss, parts: dict, batch, cos_weight: float, n_rows=None, bank=None):
         """(this rank's weighted loss to backpropagate, the global parts, the global loss).
-        `n_rows`: this rank's loss weight (the recipe's row weights' sum; else its rows)."""
+        `n_rows`: this rank's loss weight (the recipe's row weights' sum; else its rows).
+        `bank`: the Qwen3.5 bridge's FLUX.3 bank loss already inside `loss` (data/bank_rows
+        bank_loss, its figures in `parts`): it is a mean over the bank's own row weights, so
+        it is weighted by this rank's share of the global batch's bank weight instead, and
+        the sum over ranks is the one-process loss of the global batch for both heads."""
         import torch
         import torch.distributed as dist
 
         n_r = float(batch.row_mask.sum()) if n_rows is None else float(n_rows)
-        t = torch.tensor([n_r, n_r * parts["mse"], n_r * parts["cos"]], dtype=torch.float64)
+        w_r = float(batch.bank.weight.sum()) if bank is not None else 0.0
+        sums = [n_r, n_r * parts["mse"], n_r * parts["cos"]]
+        if bank is not None:
+            sums += [w_r, w_r * parts["bank_mse"], w_r * parts["bank_cos"]]
+        t = torch.tensor(sums, dtype=torch.float64)
         collective(dist.all_reduce, t, group=self.ctrl)
         n = max(float(t[0]), 1.0)
         glob = {"mse": float(t[1]) / n, "cos": float(t[2]) / n}
-        shown = torch.tensor(glob["mse"] + cos_weight * (1.0 - glob["cos"]))
-        return loss * (n_r / n), glob, shown
+        shown = glob["mse"] + cos_weight * (1.0 - glob["cos"])
+        if bank is None:
+            return loss * (n_r / n), glob, torch.tensor(shown)
+        w = max(float(t[3]), 1e-12)  # bank_loss's own floor on a batch's total weight
+        glob.update(bank_mse=float(t[4]) / w, bank_cos=float(t[5]) / w)
+        shown += glob["bank_mse"] + cos_weight * (1.0 - glob["bank_cos"])
+        return (loss - bank) * (n_r / n) + bank * (w_r / w), glob, torch.tensor(shown)
 
     def sum_gradients(self, params: list) -> None:
         import torch

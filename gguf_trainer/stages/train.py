@@ -153,6 +153,7 @@ def train_step(
     with autocast:
         pred = forward_rows(model, batch)  # the rows the loss reads, nothing else
     loss, parts = compute_loss(pred.float(), batch, stats, standardized, cos_weight, fit)
+    bank = None
     if bank_stats is not None and batch.bank is not None:
         with autocast:
             bank, bank_parts = bank_loss(model, batch, bank_stats, cos_weight)
@@ -160,7 +161,7 @@ def train_step(
     shown = loss
     if ranks is not None:
         n_rows = None if fit is None else fit.weight_sum
-        loss, parts, shown = ranks.share_loss(loss, parts, batch, cos_weight, n_rows)
+        loss, parts, shown = ranks.share_loss(loss, parts, batch, cos_weight, n_rows, bank)
     if not math.isfinite(parts["mse"]) or not math.isfinite(parts["cos"]):
         return shown, parts
     opt.zero_grad(set_to_none=True)
@@ -243,7 +244,7 @@ def run_train(project, report, train_fp: str, skip=None) -> str:
     cfg = pack.adapter_config(s, **dims(train_files[0]))  # the adapter's dims come from the shards
     n_taps = max(1, len(cfg.taps))
     stats, scales = recipe_stats(train_files, recipe, n_taps)
-    bstats = bank_stats_for(cfg, train_files, s.sigma_floor, ranks)  # None without a bank
+    bstats = bank_stats_for(cfg, train_files, s.sigma_floor)  # None without a bank
     fit_recipe = recipe if recipe.needs_classes or recipe.cosine != "row" else None
     proj = load_vision_proj(paths.vision_proj) if pack.vis_dim and cfg.vis_dim else None
     # A slot kind's frozen seed table (None for the others); a resume takes it from last.pt, so
