@@ -207,7 +207,9 @@ class Qwen35BridgePack(TrainerPack):
     engine_teacher_args = "--llm <qwen3.5-9b .gguf>"
     engine_notes = (
         "The adapter carries the Qwen3.5 vocabulary: no Qwen3.5 GGUF is needed.",
-        "Text-to-image; FLUX.3 Klein needs a file with the bank head (train.bank_slots).",
+        ("Edits: add --llm_vision <mmproj-qwen3.5-9b .gguf> --ref-image ref.png (trained when "
+         "the corpus has reference images); FLUX.3 Klein needs a file with the bank head "
+         "(train.bank_slots)."),
     )
     export_kv = {
         "adapter.teacher": QWEN35_9B,
