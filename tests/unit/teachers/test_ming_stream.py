@@ -67,6 +67,14 @@ def test_streamed_layers_give_the_resident_teachers_outputs_bit_for_bit(
     assert _on_meta(streamed.model)  # each layer went back to meta after its forward
     assert _same(streamed.model(IDS), want)  # and is read again for the next batch
     assert torch.equal(streamed.embed_table(), tiny.thinker.embed_tokens.weight)
+    # precompute's own call (under inference_mode): the same target rows, twice
+    from gguf_trainer.data.samples import Sample
+
+    samples = [Sample("a sheep in sunglasses"), Sample("a red fox")]
+    want = whole.targets(samples, None)
+    for got in (streamed.targets(samples, None), streamed.targets(samples, None)):
+        assert all(torch.equal(a.rows, b.rows) and a.seed_ids == b.seed_ids
+                   for a, b in zip(got, want, strict=True))
 
 
 def test_a_bf16_release_streams_bit_identically_in_bf16(tiny, tmp_path):
