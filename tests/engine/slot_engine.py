@@ -15,6 +15,7 @@ from engine_build import EngineBuildError, build_root, engine_dir
 
 HERE = Path(__file__).resolve().parent
 SHARED_CMAKE = HERE / "slot_driver.cmake"
+SHARED_HEADER = HERE / "slot_probe.h"  # the probes' shared C++ (ResidentWeights, File, ...)
 
 
 def require(*tools: str) -> None:
@@ -47,7 +48,7 @@ def copy_if_changed(src: Path, dst: Path) -> bool:
 def build_driver(project: Path, target: str, jobs: int = 2,
                  cuts: Callable[[Path, Path], None] | None = None) -> Path:
     """`target` of the CMake project in tests/engine/<project> (its CMakeLists.txt and *.cpp,
-    with slot_driver.cmake beside them), built in the tier's cache (…/<sha>/<project>) when it
+    with slot_driver.cmake and slot_probe.h), built in the tier's cache (…/<sha>/<project>) when it
     lacks it. `cuts(engine, folder)` writes the engine lines the sources include into
     <work>/snippets (passed as SNIPPET_DIR)."""
     require("cmake", "g++")
@@ -59,7 +60,7 @@ def build_driver(project: Path, target: str, jobs: int = 2,
         defs.append(f"-DSNIPPET_DIR={work / 'snippets'}")
     driver = work / "driver"
     driver.mkdir(parents=True, exist_ok=True)
-    changed = {src.name for src in (SHARED_CMAKE, *sorted(project.glob("*.cpp")),
+    changed = {src.name for src in (SHARED_CMAKE, SHARED_HEADER, *sorted(project.glob("*.cpp")),
                                     project / "CMakeLists.txt")
                if copy_if_changed(src, driver / src.name)}
     build = work / "build"

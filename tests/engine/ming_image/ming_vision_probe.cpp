@@ -19,15 +19,9 @@
 #include "ggml-cpu.h"
 #include "model/te/ming_image_te.hpp"
 #include "model_loader.h"
+#include "slot_probe.h"  // ResidentWeights
 
 static const std::string PREFIX = "text_encoders.llm";
-
-struct ResidentWeights : public RunnerWeightManager {
-    bool assign_compute_backend(const std::vector<ggml_tensor*>&, ggml_backend_t) override { return true; }
-    bool prepare_params(const std::vector<ggml_tensor*>&) override { return true; }
-    void release_compute_backend_params(const std::vector<ggml_tensor*>&) override {}
-    void release_params_backend_params(const std::vector<ggml_tensor*>&) override {}
-};
 
 struct VisionRunner : public MingImageTE::MingImageVisionRunner {
     using MingImageTE::MingImageVisionRunner::MingImageVisionRunner;

@@ -26,51 +26,20 @@
 #include "model/te/llm_adapter.hpp"
 #include "tokenizers/qwen35_tokenizer.h"
 
+#include "slot_probe.h"  // ResidentWeights, File, copy_params, the protocol's helpers
+
 #include "read_gguf_tokenizer.inc"  // gguf_io.cpp read_gguf_tokenizer, cut verbatim
 
 static const std::string PREFIX = "text_encoders.llm_adapter.adapter";
-
-struct ResidentWeights : public RunnerWeightManager {
-    bool assign_compute_backend(const std::vector<ggml_tensor*>&, ggml_backend_t) override { return true; }
-    bool prepare_params(const std::vector<ggml_tensor*>&) override { return true; }
-    void release_compute_backend_params(const std::vector<ggml_tensor*>&) override {}
-    void release_params_backend_params(const std::vector<ggml_tensor*>&) override {}
-};
 
 struct ProbeRunner : public LLMAdapter::Qwen35BridgeRunner {
     using LLMAdapter::Qwen35BridgeRunner::Qwen35BridgeRunner;
     ggml_context* params() { return params_ctx; }
 };
 
-static std::string unhex(const std::string& h) {
-    std::string out;
-    if (h == "-") {
-        return out;
-    }
-    for (size_t i = 0; i + 1 < h.size(); i += 2) {
-        out.push_back(static_cast<char>(std::stoi(h.substr(i, 2), nullptr, 16)));
-    }
-    return out;
-}
-
-static void print_ids(const std::vector<int>& ids) {
-    for (size_t i = 0; i < ids.size(); ++i) {
-        printf(i ? " %d" : "%d", ids[i]);
-    }
-    printf("\n");
-    fflush(stdout);
-}
-
 static std::vector<int> moss_ids(Qwen35Tokenizer* qwen35_tokenizer, const std::string& text) {
 #include "moss_template.inc"
     return slot_tokens;
-}
-
-static std::vector<float> read_floats(const std::string& path, size_t n) {
-    std::vector<float> v(n);
-    std::ifstream f(path, std::ios::binary);
-    f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(n * sizeof(float)));
-    return v;
 }
 
 int main(int argc, char** argv) {
@@ -91,64 +60,25 @@ int main(int argc, char** argv) {
     }
     Qwen35Tokenizer tokenizer(Qwen35Tokenizer::vocab_json_from_tokens(tokens), Qwen35Tokenizer::merges_from_list(merges));
 
-    ggml_context* data_ctx = nullptr;
-    gguf_init_params gp    = {false, &data_ctx};
-    gguf_context* gctx     = gguf_init_from_file(argv[1], gp);
-    String2TensorStorage storage;
-    std::map<std::string, ggml_tensor*> file_tensors;
-    for (int64_t i = 0; i < gguf_get_n_tensors(gctx); ++i) {
-        std::string name = gguf_get_tensor_name(gctx, i);
-        ggml_tensor* t   = ggml_get_tensor(data_ctx, name.c_str());
-        std::string full = "text_encoders.llm_adapter." + name;
-        TensorStorage ts;
-        ts.name   = full;
-        ts.type   = t->type;
-        ts.n_dims = ggml_n_dims(t);
-        for (int d = 0; d < 4; ++d) {
-            ts.ne[d] = t->ne[d];
-        }
-        storage[full]      = ts;
-        file_tensors[full] = t;
+    File file;
+    if (!open_file(argv[1], "text_encoders.llm_adapter.", file)) {
+        return 1;
     }
-    if (!LLMAdapter::Qwen35BridgeConfig::present(storage, PREFIX)) {
+    if (!LLMAdapter::Qwen35BridgeConfig::present(file.storage, PREFIX)) {
         fprintf(stderr, "%s is not a qwen3.5 bridge adapter\n", argv[1]);
         return 1;
     }
     ggml_backend_t backend = ggml_backend_cpu_init();
     auto manager = std::make_shared<ResidentWeights>();  // the runner holds it weakly
-    ProbeRunner runner(backend, storage, PREFIX, manager);
+    ProbeRunner runner(backend, file.storage, PREFIX, manager);
     if (ggml_backend_alloc_ctx_tensors(runner.params(), backend) == nullptr) {
         fprintf(stderr, "cannot allocate the adapter's parameters\n");
         return 1;
     }
     std::map<std::string, ggml_tensor*> params;
     runner.get_param_tensors(params, PREFIX);
-    for (auto& [name, p] : params) {
-        auto it = file_tensors.find(name);
-        if (it == file_tensors.end()) {
-            fprintf(stderr, "tensor %s not in the file\n", name.c_str());
-            return 1;
-        }
-        ggml_tensor* src = it->second;
-        int64_t n        = ggml_nelements(p);
-        if (ggml_nelements(src) != n) {
-            fprintf(stderr, "tensor %s has the wrong shape\n", name.c_str());
-            return 1;
-        }
-        if (src->type == p->type) {
-            ggml_backend_tensor_set(p, src->data, 0, ggml_nbytes(p));
-        } else if (src->type == GGML_TYPE_F16 && p->type == GGML_TYPE_F32) {
-            std::vector<float> tmp(n);
-            ggml_fp16_to_fp32_row(static_cast<const ggml_fp16_t*>(src->data), tmp.data(), n);
-            ggml_backend_tensor_set(p, tmp.data(), 0, ggml_nbytes(p));
-        } else if (src->type == GGML_TYPE_F32 && p->type == GGML_TYPE_F16) {
-            std::vector<ggml_fp16_t> tmp(n);
-            ggml_fp32_to_fp16_row(static_cast<const float*>(src->data), tmp.data(), n);
-            ggml_backend_tensor_set(p, tmp.data(), 0, ggml_nbytes(p));
-        } else {
-            fprintf(stderr, "tensor %s: file type %d, runner type %d\n", name.c_str(), src->type, p->type);
-            return 1;
-        }
+    if (!copy_params(params, file)) {
+        return 1;
     }
     printf("ready in_dim %lld width %lld depth %lld max_slots %lld n_bank %lld bank_dim %lld bank_align %d vocab %zu\n",
            (long long)runner.config.in_dim, (long long)runner.config.width, (long long)runner.config.depth,
@@ -172,23 +102,14 @@ int main(int argc, char** argv) {
             in >> hpath >> L >> ids_path >> out_path >> bank >> bh_path;
             const int64_t in_dim = runner.config.in_dim;
             sd::Tensor<float> hidden({in_dim, L, 1}, read_floats(hpath, static_cast<size_t>(L * in_dim)));
-            std::vector<int32_t> ids;
-            std::ifstream idf(ids_path);
-            for (int32_t v; idf >> v;) {
-                ids.push_back(v);
-            }
+            std::vector<int32_t> ids = read_ids(ids_path);
             sd::Tensor<int32_t> seed_ids({static_cast<int64_t>(ids.size())}, ids);
             sd::Tensor<float> bank_hidden;
             if (!bh_path.empty()) {
                 const int64_t nb = runner.config.n_bank;
                 bank_hidden = sd::Tensor<float>({in_dim, nb}, read_floats(bh_path, static_cast<size_t>(nb * in_dim)));
             }
-            sd::Tensor<float> out = runner.compute(1, hidden, seed_ids, {}, {}, bank != 0, bank_hidden);
-            FILE* f = fopen(out_path.c_str(), "wb");
-            fwrite(out.data(), sizeof(float), static_cast<size_t>(out.numel()), f);
-            fclose(f);
-            printf("%lld\n", static_cast<long long>(out.numel()));
-            fflush(stdout);
+            write_floats(out_path, runner.compute(1, hidden, seed_ids, {}, {}, bank != 0, bank_hidden));
         } else {
             printf("error unknown command %s\n", cmd.c_str());
             fflush(stdout);
