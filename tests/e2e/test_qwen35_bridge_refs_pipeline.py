@@ -4,8 +4,9 @@ with two), precompute stores each image's rows at its `<|image_pad|>` slots of t
 template (vis_pos names teacher slots; the seed ids there are 248056), training reads them
 (cos_vis / cos_txt over the slot rows, vis_in and vis_q trained), and the export's forward in
 the engine's own layout (vis + vis_slot, conditioner.hpp 4401-4418) is the checkpoint's in
-training's compact one (vis + vis_at). A bridge project without references stores the
-text-only shard as before (no vision tensor)."""
+training's compact one (vis + vis_at). A run stopped mid-training resumes to the same file bit
+for bit. A bridge project without references stores the text-only shard as before (no vision
+tensor)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from pipeline_helpers import make_project, run_pipeline
+from pipeline_helpers import adapter_tensors, assert_same_tensors, make_project, run_pipeline
 
 from gguf_trainer.data.shards import Shard, collate, shard_files
 from gguf_trainer.model.adapters import AdapterConfig, build_adapter, load_gguf
@@ -120,6 +121,17 @@ def test_export_in_the_engines_layout_is_the_checkpoints(run):
     print(f"export (engine layout) vs checkpoint (vis_at): rel {rel:.2e}")
     assert rel < 5e-3  # f16 weights
     assert float((blind - got).norm() / got.norm()) > 10 * rel
+
+
+def test_a_stopped_run_with_references_resumes_bit_identically(run, tmp_path, tiny_materials):
+    corpus = write_demo_corpus(tmp_path / "materials", demo_prompts(40))
+    root = tmp_path / "p"
+    make_project(root, "qwen35_bridge", {**tiny_materials, "prompts": corpus}, **SETTINGS)
+    stop = lambda step, row, r: step == 14 and "loss" in row and r.request_stop()
+    assert run_pipeline(root, on_metrics=stop) == "stopped"
+    assert run_pipeline(root) == "done"
+    assert_same_tensors(adapter_tensors(load_project(root).final_gguf),
+                        adapter_tensors(run.final_gguf))
 
 
 def test_a_bridge_without_references_stores_the_text_only_shard(tmp_path, tiny_materials):
