@@ -567,34 +567,43 @@ def run(quick: bool, kinds=None, export_dir=None, log=log_line, only=None,
     _DATA["data"] = data = load_all(quick, kinds, log)
     log(f"activations ready in {time.time() - t0:.0f} s")
     steps = SIZES["quick" if quick else "full"][4]
-    tasks = []  # (kind, option, recipe, the option whose run measures it)
-    for kind in kinds or KINDS:
-        train_set, _ = samples_of(data, kind, quick)
-        seen, moments = {}, {}
-        for option, recipe in options(kind):
-            if only is None or option in only:
-                key = run_key(kind, recipe, train_set, moments)
-                tasks.append((kind, option, recipe, seen.setdefault(key, option)))
-    todo = [(k, o, r) for k, o, r, same in tasks if same == o]
-    log(f"{len(tasks)} options, {len(todo)} training runs ({time.time() - t0:.0f} s)")
-    done = {}
-    if jobs <= 1:
-        for k, o, r in todo:
-            done[(k, o)] = _measure(k, o, r, quick, export_dir)
-            log(f"{k:18s} {o:26s} {done[(k, o)][2]:5.1f} CPU s  " + _summary(done[(k, o)][0]))
-    else:
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor, as_completed
+    done, futs = {}, {}
+    with contextlib.ExitStack() as stack:
+        pool = None
+        if jobs > 1:
+            import multiprocessing as mp
+            from concurrent.futures import ProcessPoolExecutor
 
-        # the widest targets first, so the two processes end together
-        todo.sort(key=lambda t: -len(KINDS[t[0]]["taps"]))
-        with ProcessPoolExecutor(jobs, mp.get_context("spawn"), _init_worker,
-                                 (quick, kinds)) as pool:
-            futs = {pool.submit(_measure, k, o, r, quick, export_dir): (k, o) for k, o, r in todo}
+            pool = stack.enter_context(ProcessPoolExecutor(
+                jobs, mp.get_context("spawn"), _init_worker, (quick, kinds)))
+        # the widest targets first, so the processes end together; each kind's runs go to the
+        # pool as soon as its run keys are known, so the workers start (imports, the cached
+        # activations) and train while the keys of the kinds after it are computed
+        tasks = {}  # kind -> [(option, recipe, the option whose run measures it)]
+        for kind in sorted(kinds or KINDS, key=lambda k: -len(KINDS[k]["taps"])):
+            train_set, _ = samples_of(data, kind, quick)
+            seen, moments, tasks[kind] = {}, {}, []
+            for option, recipe in options(kind):
+                if only is None or option in only:
+                    same = seen.setdefault(run_key(kind, recipe, train_set, moments), option)
+                    tasks[kind].append((option, recipe, same))
+                    if same != option:
+                        continue
+                    if pool is None:
+                        done[(kind, option)] = _measure(kind, option, recipe, quick, export_dir)
+                        _log_run(log, kind, option, done[(kind, option)])
+                    else:
+                        futs[pool.submit(_measure, kind, option, recipe, quick,
+                                         export_dir)] = (kind, option)
+        log(f"{sum(map(len, tasks.values()))} options, {len(done) + len(futs)} training runs "
+            f"(keys done at {time.time() - t0:.0f} s)")
+        if pool is not None:
+            from concurrent.futures import as_completed
+
             for f in as_completed(futs):
-                k, o = futs[f]
-                done[(k, o)] = f.result()
-                log(f"{k:18s} {o:26s} {done[(k, o)][2]:5.1f} CPU s  " + _summary(done[(k, o)][0]))
+                done[futs[f]] = f.result()
+                _log_run(log, *futs[f], done[futs[f]])
+    tasks = [(k, o, r, same) for k in kinds or KINDS for o, r, same in tasks[k]]
     records, consts = [], {}
     for kind, option, _, same in tasks:
         figs, relerr, _ = done[(kind, same)]
@@ -609,6 +618,10 @@ def run(quick: bool, kinds=None, export_dir=None, log=log_line, only=None,
                             "baseline_rel_mse": f["baseline_rel_mse"], "cos": f["cos"],
                             "steps": steps, "prompts": bucket})
     return records, consts
+
+
+def _log_run(log, kind: str, option: str, result) -> None:
+    log(f"{kind:18s} {option:26s} {result[2]:5.1f} CPU s  " + _summary(result[0]))
 
 
 def _summary(figs: dict) -> str:
