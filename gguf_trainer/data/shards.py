@@ -346,8 +346,8 @@ class Batch:
     vis_mask [B, L] (True at image tokens, supervised or not). Token-aligned kinds: n_real [B],
     each template's length less its appended pads (data/recipe.py's row classes).
     Slot kinds with references: vis [B, V, vis_dim] each sample's rows first (zeros after),
-    vis_at [B, R] True at the image slots (row k of a sample sits on its k-th True), and
-    vis_mask = vis_at (cos_vis / cos_txt over the slot rows).
+    vis_at [B, S] True at the image slots (row k of a sample sits on its k-th True), and
+    vis_mask [B, R] True at those slots' target rows (cos_vis / cos_txt).
     """
 
     hidden: torch.Tensor
@@ -404,8 +404,7 @@ def collate(shard: Shard, rows: list[int], file_index: int, fixed_rows: int = 0)
     sup = shard.t.get("sup_start")
     vis_at = None
     if seed is not None and shard.v_off is not None:  # a slot kind's references
-        vis, vis_mask = _slot_vision(shard, rows, target.shape[1])
-        vis_at = None if vis is None else vis_mask
+        vis, vis_at, vis_mask = _slot_vision(shard, rows, seed[rows], target.shape[1])
     else:
         vis, vis_mask = _vision(shard, rows, hidden.shape[1])
     n_real = None
@@ -435,20 +434,26 @@ def _vision(shard: Shard, rows: list[int], length: int):
     return vis, mask
 
 
-def _slot_vision(shard: Shard, rows: list[int], width: int):
-    """(vis [B, V, vis_dim] or None, vis_at [B, width]) for a slot kind's shard: each sample's
-    rows in order from row 0 (the engine's `vis`, conditioner.hpp 4401-4418) and the slots
-    they sit on (its `vis_slot`, built from these by the adapter)."""
-    at = torch.zeros(len(rows), width, dtype=torch.bool)
+def _slot_vision(shard: Shard, rows: list[int], seed: torch.Tensor, width: int):
+    """(vis [B, V, vis_dim] or None, vis_at [B, S] or None, vis_mask [B, width]) for a slot
+    kind's shard: each sample's rows in order from row 0 (the engine's `vis`, conditioner.hpp
+    4401-4418), the slots they sit on (its `vis_slot`, built from these by the adapter), and
+    the target rows of those slots (after the rows a kind emits before its slots: Ming's
+    caption rows, target_len less the slots)."""
+    n_slots = (seed >= 0).sum(1)
+    at = torch.zeros(len(rows), max(int(n_slots.max()), 1), dtype=torch.bool)
+    tags = torch.zeros(len(rows), width, dtype=torch.bool)
     parts = [shard.vision(i) for i in rows]
     n = max(r.shape[0] for r, _ in parts)
     if not n:
-        return None, at
+        return None, None, tags
     vis = torch.zeros(len(rows), n, shard.t["vis_rows"].shape[1], dtype=torch.float32)
-    for b, (r, pos) in enumerate(parts):
+    for b, (i, (r, pos)) in enumerate(zip(rows, parts)):
         vis[b, : r.shape[0]] = r.float()
         at[b, pos.long()] = True
-    return vis, at
+        lead = int(shard.t["target_len"][i]) - int(n_slots[b])
+        tags[b, lead + pos.long()] = True
+    return vis, at, tags
 
 
 @dataclass

@@ -81,15 +81,17 @@ class MingAdapter(nn.Module):
         self.out_cap = nn.Linear(w, cfg.bank_dim)
         self.out_proj = nn.Linear(w, cfg.out_dim)
 
-    def trunk(self, hidden, mask=None, seed_ids=None, vis=None, *, vis_mask=None, vis_slot=None):
+    def trunk(self, hidden, mask=None, seed_ids=None, vis=None, *, vis_mask=None, vis_slot=None,
+              vis_at=None):
         """hidden (B, L, in_dim) student final-norm states, mask (B, L) True = real; seed_ids
         (B, S) Ling ids, PAD_SLOT (-1) past each sample's P; vis (B, V, vis_dim) the Ling vision
         rows with vis_mask; vis_slot (B, S, vis_dim) the row under each image slot, zeros
-        elsewhere. -> ln_out of the queries (B, n_cap + R, W) and the slot mask (B, R)."""
+        elsewhere, or `vis_at` (B, R) its compact form (slot_resampler.seeded_slots).
+        -> ln_out of the queries (B, n_cap + R, W) and the slot mask (B, R)."""
         if seed_ids is None:
             raise ValueError("a ming_image adapter needs seed_ids (the Ling ids, one per slot)")
         q, slot_mask, kv, kv_mask = seeded_slots(self, hidden, mask, seed_ids, vis, vis_mask,
-                                                 vis_slot)
+                                                 vis_slot, vis_at)
         b, n_cap = q.shape[0], self.config.n_bank
         q = torch.cat([self.cap_query.unsqueeze(0).expand(b, -1, -1), q], 1)
         q_mask = torch.cat([slot_mask.new_ones(b, n_cap), slot_mask], 1)

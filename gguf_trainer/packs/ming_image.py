@@ -18,8 +18,10 @@ Teacher: inclusionAI/Ming-Image-0.1-Design. Its Ling thinker (hidden states 5, 1
 norm through proj_directvlm) and connector (caption rows) are ported in teachers/ming.py and
 checked against the engine's own port (tests/engine/test_ming_teacher_engine.py); the released
 snapshot's mllm/, connector/ and mlp/ are read into that port (teachers/ming_release.py, checked
-on a tiny snapshot in the released layout). Edits (the Qwen2.5-VL tower into vis_in/vis_q, the
-pig_ming_vision companion) are the next step.
+on a tiny snapshot in the released layout). Edits: a sample's first reference through the
+release's Qwen2.5-VL tower + linear_proj (teachers/ming_vision.py), read by the thinker over the
+template's <imagePatch> run and stored at those slots for the adapter's vis_in / vis_q (the engine
+shows the text encoder one reference); the export writes the pig_ming_vision companion.
 
 Caption width: the connector's proj_out (2560) is two thirds of the direct width (3840); the
 adapter's out_cap follows that rule (the tiny teacher keeps it: 128 of 192), checked at load.
@@ -74,7 +76,8 @@ class MingImagePack(TrainerPack):
     out_dim = DIRECT
     num_queries = MAX_SLOTS
     seed_vocab = SEED_VOCAB
-    vis_dim = 0  # no reference images in the corpus yet (the adapter has vis_q/vis_in anyway)
+    vis_dim = 0  # no vision_proj: a reference reaches the adapter alone (vis_q / vis_in, always)
+    slot_vision = True  # an edit's reference: the tower's rows at its <imagePatch> slots
     default_name = "ming_adapter"
     shard_contract = "ming_image/1"
     max_len_student = 512
@@ -113,7 +116,7 @@ class MingImagePack(TrainerPack):
         "The adapter carries the Ling tokenizer.json: no Ling GGUF is needed.",
         "Design-Layer: the same adapter with the -layer DiT.",
         ("Edits: the export writes pig_ming_vision-f16.gguf from the released snapshot; add "
-         "--llm_vision <it> --ref-image ref.png (the adapter is trained text-only so far)."),
+         "--llm_vision <it> --ref-image ref.png (trained when the corpus has references)."),
     )
     export_kv = {
         "adapter.teacher": MING_DESIGN,
@@ -128,6 +131,10 @@ class MingImagePack(TrainerPack):
     def bytes_per_sample(self) -> int:  # type: ignore[override]
         return ((N_CAP + TYPICAL_SLOTS) * self.out_dim * 2 + STUDENT_ROWS * 1024 * 2
                 + self.num_queries * 4)
+
+    def takes_images(self, settings) -> bool:
+        """Edit samples: the engine shows Ming's text encoder the first reference."""
+        return True
 
     def format_prompt(self, text: str) -> str:
         from gguf_trainer.engine.ling_bpe import PREFIX, SUFFIX
@@ -260,14 +267,18 @@ class MingImagePack(TrainerPack):
         import torch
 
         from gguf_trainer.engine.ling_bpe import EngineLingBPE
-        from gguf_trainer.tiny.ming import build_tiny_ming, ling_tokenizer_json
+        from gguf_trainer.tiny.ming import (
+            build_tiny_ming,
+            build_tiny_ming_vision,
+            ling_tokenizer_json,
+        )
 
         from ..teachers.ming_snapshot import MingTeacher
         from .base import MockIdentity
 
         teacher = MingTeacher(build_tiny_ming(), EngineLingBPE(ling_tokenizer_json()),
                               torch.device("cpu"), self.num_queries,
-                              MockIdentity(self.id).as_dict())
+                              MockIdentity(self.id).as_dict(), build_tiny_ming_vision())
         teacher.is_mock = True
         return teacher
 

@@ -72,32 +72,61 @@ def read_config(root: Path):
 
 
 class MingTeacher:
+    """`tower`: the release's Qwen2.5-VL tower + linear_proj (ming_vision.py) for an edit's
+    reference, or None (a snapshot without one: text only)."""
+
     is_mock = False
 
-    def __init__(self, model, bpe: EngineLingBPE, device, max_slots: int, identity: dict):
+    def __init__(self, model, bpe: EngineLingBPE, device, max_slots: int, identity: dict,
+                 tower=None):
         self.model, self.bpe, self.device = model, bpe, device
         self.max_slots, self.identity = max_slots, identity
+        self.tower = tower
+        self.vis_dim = int(model.cfg.hidden) if tower is not None else 0
 
-    def slot_ids(self, sample) -> list[int]:
-        return ming_prompt_ids(self.bpe, sample.text)[0]
+    def slot_ids(self, sample, n_image: int = 0) -> list[int]:
+        return ming_prompt_ids(self.bpe, sample.text, n_image)[0]
 
-    def lengths(self, samples, student_ids) -> list[int]:
-        return [len(self.slot_ids(s)) for s in samples]
+    def lengths(self, samples, student_ids, vision=None) -> list[int]:
+        vision = vision or [()] * len(samples)
+        return [len(self.slot_ids(s, sum(g.rows.shape[0] for g in segs or ())))
+                for s, segs in zip(samples, vision)]
+
+    def vision(self, images) -> list:
+        """The tower's unit rows (n_i, hidden) per reference path, `.grid` on each."""
+        from .ming_vision import encode_paths
+
+        if self.tower is None:
+            raise UserError("this Ming-Image snapshot has no vision tower (mllm vision_config "
+                            "and vision.* tensors); download the release again or build the "
+                            "corpus without reference images.")
+        return encode_paths(self.tower, images, next(self.tower.parameters()).device)
+
+    def vision_segments(self, rows) -> list:
+        """The first reference only, on its <imagePatch> run (the engine shows Ming's text
+        encoder one reference and ignores the rest, conditioner.hpp 4059-4062)."""
+        from .qwen35 import SlotSegment
+
+        if not rows:
+            return []
+        start = ming_prompt_ids(self.bpe, "", rows[0].shape[0])[1]
+        return [SlotSegment(start, rows[0], rows[0].grid)]
 
     def targets(self, samples, student_ids, vision=None) -> list:
         import torch
 
         from .base import TargetRows
 
-        if vision and any(vision):
-            raise UserError("the ming_image pack is text-only so far; the corpus has reference "
-                            "images.")
-        ids = [self.slot_ids(s) for s in samples]
+        vision = vision or [()] * len(samples)
+        ids = [self.slot_ids(s, sum(g.rows.shape[0] for g in segs or ()))
+               for s, segs in zip(samples, vision)]
         if max(len(x) for x in ids) > self.max_slots:
             raise UserError(f"a prompt is over {self.max_slots} Ling tokens, more than the "
                             "adapter's slots; precompute drops such samples (max_len_teacher).")
+        images = [(segs[0].rows, segs[0].start, *segs[0].grid) if segs else None
+                  for segs in vision]
         with torch.inference_mode():
-            out = self.model(ids)
+            out = self.model(ids, images=images if any(images) else None)
         cfg = self.model.cfg
         rows = []
         for b, row in enumerate(ids):
@@ -112,6 +141,18 @@ class MingTeacher:
 
     def close(self) -> None:
         self.model = None
+
+
+def _tower(root: Path, dtype, device):
+    """The release's tower + linear_proj on `device` (~0.7 GB), or None when its mllm config
+    has no vision_config (references then get one sentence)."""
+    from gguf_trainer.teachers.ming_release import MLLM, _json
+
+    if not isinstance(_json(Path(root) / MLLM / "config.json").get("vision_config"), dict):
+        return None
+    from .ming_vision import load_ming_vision
+
+    return load_ming_vision(root, dtype).to(device)
 
 
 def embed_table(root: Path):
@@ -224,6 +265,7 @@ def load_ming_teacher(root: Path, device, max_slots: int, *, mode: str | None = 
              cfg.conn_layers, cfg.conn_hidden, cfg.caption_dim, cfg.diffusion_dim,
              str(dtype).removeprefix("torch."), device,
              "; layers streamed from the shards, one at a time" if stream else "")
-    teacher = MingTeacher(model, bpe, torch.device(device), max_slots, identity)
+    tower = _tower(root, dtype, device) if released else None
+    teacher = MingTeacher(model, bpe, torch.device(device), max_slots, identity, tower)
     teacher.is_mock = is_mock
     return teacher

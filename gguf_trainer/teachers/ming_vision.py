@@ -16,6 +16,7 @@ area) and CLIP-normalises; `patchify` turns such a (3, H, W) tensor into the tow
 
     vision = load_ming_vision(root)                      # from a released snapshot
     rows = vision.encode(image_chw_normalised)           # (H/28 * W/28, hidden) unit rows
+    rows = encode_paths(vision, paths)                   # per picture, .grid = (gh, gw)
 """
 
 from __future__ import annotations
@@ -159,3 +160,24 @@ def load_ming_vision(root, dtype=None) -> MingVision:
     if dtype is not None:
         model = model.to(dtype)
     return model.eval().requires_grad_(False)
+
+
+def encode_paths(model: MingVision, paths, device="cpu") -> list[torch.Tensor]:
+    """Each picture (a path) through `preprocess` and the tower: (gh * gw, hidden) float32 rows
+    on the CPU, the merged grid (gh, gw) riding on them as `.grid` (the thinker's M-RoPE block,
+    ming_image_te.hpp's ImageBlock grid_h / grid_w; conditioner.hpp 4069-4071)."""
+    import numpy as np
+    from PIL import Image, ImageOps
+
+    out = []
+    for path in paths:
+        try:
+            with Image.open(path) as im:
+                rgb = np.asarray(ImageOps.exif_transpose(im).convert("RGB"), dtype=np.float32)
+        except OSError as e:
+            raise UserError(f"{path} is not a readable image ({e}); rebuild the corpus.") from None
+        x = preprocess(torch.from_numpy(rgb / 255.0).permute(2, 0, 1))
+        rows = model.encode(x.to(device)).float().cpu()
+        rows.grid = (x.shape[1] // FACTOR, x.shape[2] // FACTOR)
+        out.append(rows)
+    return out
