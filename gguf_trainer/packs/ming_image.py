@@ -198,7 +198,7 @@ class MingImagePack(TrainerPack):
     def load_teacher(self, materials, plan, device):
         from ..teachers.ming_snapshot import load_ming_teacher
 
-        teacher = load_ming_teacher(materials["teacher"], device, self.num_queries)
+        teacher = load_ming_teacher(materials["teacher"], device, self.num_queries, mode=plan.mode)
         self._check_widths(teacher.model.cfg)
         return teacher
 

@@ -166,3 +166,17 @@ def test_a_broken_layer_is_one_sentence_before_any_layer_streams(released, tmp_p
     with pytest.raises(UserError, match=f"lacks {name}; ") as err:
         _load(root, "cpu")  # at load, before any forward streams that layer
     assert "\n" not in str(err.value)
+
+
+def test_the_pack_streams_the_release_in_the_planners_cpu_mode(released):
+    """precompute's planner picks cpu on a machine without a card: the ming_image pack hands
+    that mode to the loader, so its released teacher streams (layers on meta between reads)."""
+    from types import SimpleNamespace
+
+    from gguf_trainer.packs import get_pack
+
+    pack = get_pack("ming_image")
+    teacher = pack.load_teacher({"teacher": released}, SimpleNamespace(mode="cpu"), "cpu")
+    assert _on_meta(teacher.model)
+    resident = pack.load_teacher({"teacher": released}, SimpleNamespace(mode=None), "cpu")
+    assert not _on_meta(resident.model)
