@@ -244,8 +244,10 @@ CLOSE_MARGIN = 0.10  # a fit within 10 % of the limit is warned about
 # How a pack's offload mode holds the weights: "stream" keeps them all in RAM and streams one
 # block at a time through the card (T5, Qwen3-VL, the Qwen tap teacher: teachers/offload.py);
 # "split" places them once with a device map, the card filled up to its budget and the rest in
-# RAM (LLaDA).
-OFFLOAD_KINDS = ("stream", "split")
+# RAM (LLaDA); "disk" reads each layer from the snapshot's files just before it runs, in
+# offload and cpu alike, so RAM holds the resident parts and one layer (Ming-Image:
+# teachers/ming_stream.py).
+OFFLOAD_KINDS = ("stream", "split", "disk")
 
 
 @dataclass(frozen=True)
@@ -257,8 +259,8 @@ class Plan:
     gpu_gib    the GPU memory the teacher may take (a device_map max_memory), 0 = none
     cpu_gib    the RAM it may take
     placement  sequential (fill one card, then the next) or balanced (spread over cards)
-    offload    how offload holds the weights (OFFLOAD_KINDS): stream (all in RAM) or split
-               (the card's budget less headroom, then RAM)
+    offload    how offload holds the weights (OFFLOAD_KINDS): stream (all in RAM), split
+               (the card's budget less headroom, then RAM) or disk (one layer at a time)
     notes      warnings (an automatic fallback and why); info: plain facts for the log
     """
 
@@ -318,6 +320,7 @@ def plan_teacher(
         how = {
             "stream": "its weights stay in RAM and stream through the card",
             "split": "it is split between the card and RAM",
+            "disk": "its layers are read from the snapshot's files as they run",
         }[offload]
         note = (
             f"teacher mode {mode}: the teacher needs {need:.1f} GiB on a card and "
@@ -336,9 +339,12 @@ def plan_teacher(
     )
 
 
-def preflight(teacher_gib: float, plan: Plan, hw: Hardware) -> list[str]:
+def preflight(teacher_gib: float, plan: Plan, hw: Hardware,
+              streamed_gib: float | None = None) -> list[str]:
     """Before any weights load: refuse a plan that cannot fit (UserError naming both numbers
-    and the setting to change), or return warnings when it fits with under 10 % to spare."""
+    and the setting to change), or return warnings when it fits with under 10 % to spare.
+    `streamed_gib`: what a "disk" teacher holds in RAM in offload / cpu (resident parts + the
+    largest layer; None = its whole weights)."""
     if plan.mode == "mock":
         return []
     if plan.mode in ("gpu", "offload") and not hw.has_cuda:
@@ -359,8 +365,9 @@ def preflight(teacher_gib: float, plan: Plan, hw: Hardware) -> list[str]:
             "raise precompute.gpu_mem_gib or precompute.cpu_mem_gib, close other programs, "
             "or use a machine with more memory"
         )
-    else:  # streamed offload and cpu hold all the weights in RAM
-        need, have, where = teacher_gib, plan.cpu_gib, "RAM"
+    else:  # streamed offload and cpu hold all the weights in RAM, a "disk" teacher one layer
+        held = streamed_gib if plan.offload == "disk" and streamed_gib is not None else None
+        need, have, where = held if held is not None else teacher_gib, plan.cpu_gib, "RAM"
         fix = (
             "raise precompute.cpu_mem_gib, close other programs, or use a machine with more memory"
         )

@@ -250,6 +250,12 @@ class TrainerPack:
         pre-flight's need); default: the pack's reference figure."""
         return self.teacher_memory_gib
 
+    def teacher_streamed_gib(self, materials: dict[str, Path]) -> float | None:
+        """The RAM a teacher that reads its layers from disk as they run (teacher_offload
+        "disk") holds in offload / cpu: its resident parts + the largest layer. None (the
+        default): it holds its whole weights (teacher_gib)."""
+        return None
+
     def shard_extras(self, targets: Sequence) -> dict:
         """Tensors a shard stores beside the targets, from the teacher's per-sample output
         (the Qwen3.5 bridge's FLUX.3 bank, data/bank_rows.py); default none."""

@@ -90,7 +90,7 @@ class MingImagePack(TrainerPack):
     eval_keys = ("cos", "rel_mse", "worst_sample_cos", "roundtrip_cos", "baseline_cos")
     teacher_materials = (MING_TEACHER,)
     teacher_memory_gib = 32.0  # the thinker in bf16 (the anchor's ~32 GB)
-    teacher_offload = "stream"
+    teacher_offload = "disk"  # a release streams its layers from its shards (ming_stream.py)
     min_ggk = "0.7.7"  # the anchor's engine command needs ggk 0.7.7+; the tier checks 0.9.7's code
     verdict = None
     na_keys = ("cos",)
@@ -232,6 +232,17 @@ class MingImagePack(TrainerPack):
         if not files:
             return self.teacher_memory_gib
         return sum(f.stat().st_size for f in files) / 2**30
+
+    def teacher_streamed_gib(self, materials) -> float | None:
+        """A release in offload / cpu holds its resident tensors and one layer; gguf-trainer's
+        own layout (a tiny teacher) loads whole."""
+        from ..teachers.ming_release import is_released, streamed_bytes
+        from ..teachers.ming_snapshot import read_config
+
+        root = Path(materials["teacher"]) if materials.get("teacher") else None
+        if root is None or not is_released(root):
+            return None
+        return streamed_bytes(root, read_config(root)) / 2**30
 
     def write_companions(self, project, adapter_path, may_write=None):
         """`<base>_vision-f16.gguf` (pig_ming_vision-f16.gguf, ggk's --llm_vision for edits)

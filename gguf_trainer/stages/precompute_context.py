@@ -43,7 +43,9 @@ def plan_teacher(project, device) -> TeacherPlan:
     need_gib = pack.teacher_gib(folders, device) if folders else pack.teacher_memory_gib
     plan = hardware.plan_teacher(need_gib, pc, hw, is_mock=pc.mock_teacher,
                                  offload=pack.teacher_offload)
-    return TeacherPlan(hw, folders, need_gib, plan, list(hardware.preflight(need_gib, plan, hw)))
+    streamed = pack.teacher_streamed_gib(folders) if folders else None
+    warnings = hardware.preflight(need_gib, plan, hw, streamed_gib=streamed)
+    return TeacherPlan(hw, folders, need_gib, plan, list(warnings))
 
 
 class Context:

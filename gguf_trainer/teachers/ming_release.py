@@ -314,6 +314,27 @@ class ReleasedWeights:
         return out
 
 
+def streamed_bytes(root: Path, cfg) -> int:
+    """What the streamed teacher (ming_stream.py) holds in RAM, from the headers: the tensors
+    it keeps resident plus its largest layer (the experts fused as read), in the dtype it runs
+    in. The shards' other tensors (the vision tower, the DiT's) it never reads."""
+    import math
+
+    from safetensors import safe_open
+
+    weights, by_file, numel = ReleasedWeights(root, cfg), {}, 0
+    for (comp, name), src in weights.plain.items():
+        if not name.startswith(("thinker.layers.", "connector.layers.")):
+            by_file.setdefault((comp, weights.maps[comp][src]), []).append(src)
+    for (comp, file), names in sorted(by_file.items()):
+        with safe_open(str(Path(root) / comp / file), "pt") as f:
+            numel += sum(math.prod(f.get_slice(src).get_shape()) for src in names)
+    layers = [sum(math.prod(s) for s in weights.layer_shapes(stack, i).values())
+              for stack, n in (("thinker", cfg.layers), ("connector", cfg.conn_layers))
+              for i in range(n)]
+    return (numel + max(layers, default=0)) * stored_dtype(root).itemsize
+
+
 def _cast(t, dtype, device):
     return t.to(device=device, dtype=dtype or t.dtype)
 

@@ -143,6 +143,26 @@ def test_streamed_packs_keep_ram_alone(pack_id):
         preflight(pack.teacher_memory_gib, plan, hw)
 
 
+@pytest.mark.parametrize("hw", [LAPTOP, SMALL_CARD])
+def test_a_disk_teacher_needs_ram_for_one_layer_not_its_weights(hw):
+    """Ming-Image's release reads each layer from its shards as it runs (offload and cpu): a
+    32 GiB thinker fits beside 10-24 GiB of RAM when its resident parts + one layer do, and is
+    refused, with that figure, when they do not."""
+    ming = get_pack("ming_image")
+    assert ming.teacher_offload == "disk"
+    plan = plan_teacher(32.0, settings(), hw, offload="disk")
+    assert plan.mode in ("offload", "cpu")
+    with pytest.raises(UserError, match=r"needs 32\.0 GiB of RAM"):
+        preflight(32.0, plan, hw)  # no streamed figure: the whole weights, as before
+    assert preflight(32.0, plan, hw, streamed_gib=2.3) == list(plan.notes)
+    with pytest.raises(UserError, match=r"needs 40\.0 GiB of RAM"):
+        preflight(32.0, plan, hw, streamed_gib=40.0)
+    # a streamed figure means nothing to a teacher that holds its weights in RAM
+    whole = plan_teacher(32.0, settings(), hw)
+    with pytest.raises(UserError, match=r"needs 32\.0 GiB"):
+        preflight(32.0, whole, hw, streamed_gib=2.3)
+
+
 def test_preflight_refuses_a_card_mode_without_a_card():
     plan = plan_teacher(TEACHER_GIB, settings(teacher_mode="gpu"), LAPTOP)
     with pytest.raises(UserError, match="no CUDA device"):

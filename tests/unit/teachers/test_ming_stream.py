@@ -180,3 +180,19 @@ def test_the_pack_streams_the_release_in_the_planners_cpu_mode(released):
     assert _on_meta(teacher.model)
     resident = pack.load_teacher({"teacher": released}, SimpleNamespace(mode=None), "cpu")
     assert not _on_meta(resident.model)
+
+
+def test_the_packs_ram_figure_is_the_resident_tensors_and_the_largest_layer(tiny, released):
+    """The pre-flight's RAM need for a streamed release (ming_image.teacher_streamed_gib), from
+    the headers alone, equals the bytes of what the streamer keeps resident + its largest
+    layer."""
+    from gguf_trainer.packs import get_pack
+    from gguf_trainer.teachers.ming_release import ReleasedWeights
+
+    layers = _layer_bytes(released, tiny.cfg)  # fp32 as stored here: 4 bytes an element
+    w = ReleasedWeights(released, tiny.cfg)
+    resident = sum(t.numel() * t.element_size() for t in w.resident().values())
+    got = get_pack("ming_image").teacher_streamed_gib({"teacher": released}) * 2**30
+    assert got == resident + max(layers)
+    stored = sum(f.stat().st_size for c in w.maps for f in (released / c).glob("*.safetensors"))
+    assert got < 0.6 * stored  # the whole load's need, which the pre-flight asked before
