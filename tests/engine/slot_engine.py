@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from engine_build import EngineBuildError, build_root, engine_dir
+from engine_build import EngineBuildError, build_root, cache_lock, engine_dir
 
 HERE = Path(__file__).resolve().parent
 SHARED_CMAKE = HERE / "slot_driver.cmake"
@@ -50,7 +50,21 @@ def build_driver(project: Path, target: str, jobs: int = 2,
     """`target` of the CMake project in tests/engine/<project> (its CMakeLists.txt and *.cpp,
     with slot_driver.cmake and slot_probe.h), built in the tier's cache (…/<sha>/<project>) when it
     lacks it. `cuts(engine, folder)` writes the engine lines the sources include into
-    <work>/snippets (passed as SNIPPET_DIR)."""
+    <work>/snippets (passed as SNIPPET_DIR). Under the cache's lock (pytest-xdist may run two
+    modules building in one folder at once: Ming's four, the bridge's two) and once per process
+    and target (a no-op cmake run costs seconds on a loaded 2-core machine; tests ask per case)."""
+    key = (project.name, target)
+    if key not in _BUILT:
+        with cache_lock():
+            _BUILT[key] = _build_driver(project, target, jobs, cuts)
+    return _BUILT[key]
+
+
+_BUILT: dict[tuple[str, str], Path] = {}  # (project, target) this process built or found built
+
+
+def _build_driver(project: Path, target: str, jobs: int,
+                  cuts: Callable[[Path, Path], None] | None) -> Path:
     require("cmake", "g++")
     engine = engine_dir()
     work = build_root() / project.name
