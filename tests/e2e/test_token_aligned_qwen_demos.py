@@ -30,7 +30,7 @@ PACKS = ("qwen3_zimage",)
 
 @pytest.fixture(scope="module", params=PACKS)
 def demo(request, tmp_path_factory):
-    out = run_demo(tmp_path_factory.mktemp(request.param), request.param, timeout=1500)
+    out = run_demo(tmp_path_factory.mktemp(request.param), request.param, steps=20, timeout=1500)
     out["pack"] = request.param
     return out
 
@@ -40,7 +40,7 @@ def test_demo_trains_and_says_there_is_no_reference(demo):
     assert proj.settings.pack == demo["pack"] and proj.settings.precompute.mock_teacher is False
     ev = json.loads(proj.paths.eval_json.read_text())
     base = ev["baseline"]["baseline_cos"]
-    print(f"demo --pack {demo['pack']} --steps 40 (tiny real teacher): val cos {ev['val_cos']:.4f} "
+    print(f"demo --pack {demo['pack']} --steps 20 (tiny real teacher): val cos {ev['val_cos']:.4f} "
           f"vs mean baseline {base:.4f}")
     assert ev["mock"] is False and ev["val_cos"] > base
     assert ev["health"].startswith("n/a")
