@@ -17,7 +17,7 @@ def cmd_snapshot(args) -> int:
 
     paths = supervisor.project_paths(args.project)
     if args.checkpoint == "list":
-        for line in kept_lines(control.list_kept_steps(paths.root)):
+        for line in kept_lines(control.list_kept_steps(paths.root), paths.root):
             out(line)
         return EXIT_OK
     checkpoint = args.checkpoint if args.step is None else f"step{args.step}"
@@ -34,7 +34,7 @@ def cmd_snapshot(args) -> int:
     raise UserError(job.get("error") or f"the snapshot job ended {job['status']}; see {job['log']}")
 
 
-def kept_lines(kept: dict) -> list[str]:
+def kept_lines(kept: dict, project: object = "DIR") -> list[str]:
     """`snapshot --checkpoint list`: one line per kept step (step, val cos, MB, path), then
     the total on disk."""
     items = kept["items"]
@@ -46,7 +46,7 @@ def kept_lines(kept: dict) -> list[str]:
         cos = f"{cos:.4f}" if isinstance(cos, int | float) else "-"
         lines.append(f"{it['step']:>9}  {cos:>8}  {it['size'] / 1e6:>9.1f}  {it['path']}")
     lines.append(f"{len(items)} kept step(s), {kept['total'] / 1e6:.1f} MB on disk; export one "
-                 "with `gguf-trainer snapshot --project DIR --step N`")
+                 f"with `gguf-trainer snapshot --project {project} --step N`")
     return lines
 
 
