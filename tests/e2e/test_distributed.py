@@ -217,8 +217,11 @@ def test_two_machines_on_localhost_run_one_project(tmp_path, tiny_materials, hom
 
 def test_stop_and_kill_reach_every_rank_and_another_n_resumes(tmp_path, tiny_materials, home):
     root = tmp_path / "proj"
+    # far more steps than a run can train while a `stop`/`kill` process starts on a loaded
+    # machine (at 400 a busy box once finished the run first and read 'done')
+    steps = 1_000_000
     make_project(
-        root, PACK, tiny_materials, **{**TRAIN, "train.steps": 400, "train.val_every": 1000}
+        root, PACK, tiny_materials, **{**TRAIN, "train.steps": steps, "train.val_every": steps}
     )
     paths = ProjectPaths(root)
     assert cli("start", "--project", root, "--processes", "2").returncode == 0
@@ -227,7 +230,7 @@ def test_stop_and_kill_reach_every_rank_and_another_n_resumes(tmp_path, tiny_mat
     assert res.returncode == 0, res.stderr
     wait_idle(paths)
     st, last = read_state(root), json.loads((paths.checkpoints / "last.json").read_text())
-    assert st["status"] == "stopped" and last["step"] == st["step"] < 400
+    assert st["status"] == "stopped" and last["step"] == st["step"] < steps
     assert rank_record(root, 1)["status"] == "stopped"  # rank 1 stopped at the same step and left
     wait_for(lambda: locks.process_start_time(rank_record(root, 1)["pid"]) is None, timeout_s=300)
 
