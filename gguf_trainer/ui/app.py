@@ -83,6 +83,34 @@ CSS = """
 _tick_lock = threading.Lock()  # ticks take milliseconds; one at a time keeps cursors whole
 
 
+# Gradio closes a kind's toast box `duration` s after the FIRST toast in it (its timer starts
+# when the box holds one message), so a press's newest toast could vanish at once. Our toasts
+# carry no Gradio timer (common.info/warn: duration None); each box closes 10 s after its
+# newest message.
+TOAST_JS = """
+() => {
+  const timers = new WeakMap();
+  const arm = (box) => {
+    clearTimeout(timers.get(box));
+    timers.set(box, setTimeout(() => box.querySelector('.toast-close')?.click(), 10000));
+  };
+  const BOX = '[data-testid="toast-body"]';
+  new MutationObserver((records) => {
+    for (const r of records) {
+      if (!r.addedNodes.length) continue;
+      const box = r.target.closest?.(BOX);
+      if (box) arm(box);
+      for (const n of r.addedNodes) {
+        if (n.nodeType !== 1) continue;
+        if (n.matches(BOX)) arm(n);
+        n.querySelectorAll(BOX).forEach(arm);
+      }
+    }
+  }).observe(document.body, {childList: true, subtree: true});
+}
+"""
+
+
 def build_app(roots: list[str] | None = None, project: str | None = None) -> gr.Blocks:
     files.set_launch_roots(roots)
     start_project = project

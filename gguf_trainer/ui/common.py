@@ -37,13 +37,14 @@ def toast_html(text: str) -> str:
 
 
 def info(text: str, title: str | None = None) -> None:
-    """An information toast (Gradio shows the newest of a kind: see app.CSS)."""
-    gr.Info(toast_html(text), **({"title": title} if title else {}))
+    """An information toast (Gradio shows the newest of a kind: see app.CSS). No Gradio
+    timer (duration None): app.TOAST_JS closes the box 10 s after its newest toast."""
+    gr.Info(toast_html(text), duration=None, **({"title": title} if title else {}))
 
 
 def warn(text: str, title: str | None = None) -> None:
-    """A warning toast: what was not done and why."""
-    gr.Warning(toast_html(text), **({"title": title} if title else {}))
+    """A warning toast: what was not done and why (closed as info's)."""
+    gr.Warning(toast_html(text), duration=None, **({"title": title} if title else {}))
 
 
 def shown_errors(fn):

@@ -164,6 +164,7 @@ def launch_kwargs(opts: LaunchOptions, auth: tuple[str, str] | None, token: str)
         "quiet": False,
         "footer_links": ["api", "gradio"],
         "css": _css(),
+        "js": _toast_js(),
         # DNS rebinding: only the Host names this GUI was started for (ui/host_guard.py, 403),
         # then the token (ui/gui_token.py, 401)
         "app_kwargs": {
@@ -179,6 +180,12 @@ def _css() -> str:
     from gguf_trainer.ui.app import CSS
 
     return CSS
+
+
+def _toast_js() -> str:
+    from gguf_trainer.ui.app import TOAST_JS
+
+    return TOAST_JS
 
 
 def serve(opts: LaunchOptions, launch=None, say=print, opener=webbrowser.open) -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -398,13 +399,31 @@ def test_toasts_replace_each_other_and_the_render_box_fits_the_pack(page, gui, d
     assert "choose it" not in pg.locator("#render-status").inner_text()
     assert "--models" not in pg.locator("#render-status").inner_text()  # the GUI's field words
     save = pg.locator("#btn-render-save")
-    for n in range(3):  # three presses, three "nothing changed" toasts of one kind
+
+    def press_and_wait(what):
+        """Click Save and wait for a toast not on the page before (its box may have closed
+        since the last one: counting the box's items waited forever on a busy machine)."""
+        pg.evaluate("() => document.querySelectorAll('.toast-message-item')"
+                    ".forEach(e => { e.dataset.seen = '1'; })")
         save.click()
-        wait_for(lambda want=n + 1: pg.locator(".toast-message-item").count() >= want, 300,
-                 f"toast {n + 1}")
+        wait_for(lambda: pg.locator(".toast-message-item:not([data-seen])").count() >= 1, 300,
+                 what)
+
+    for n in range(3):  # three presses, three "nothing changed" toasts of one kind
+        press_and_wait(f"toast {n + 1}")
     shown = [t for t in pg.locator(".toast-message-text").all() if t.is_visible()]
     assert len(shown) == 1 and "nothing changed" in shown[0].inner_text()
     assert not any(c.is_visible() for c in pg.locator(".toast-count").all())  # no "(3)"
+    # Gradio closed a kind's box 10 s after its FIRST toast: a toast 7 s later was gone 3 s
+    # after it came. Each box now stays 10 s after its newest toast (app.TOAST_JS).
+    wait_for(lambda: pg.locator(".toast-message-item").count() == 0, 300, "the toasts to close")
+    press_and_wait("the first toast")
+    first = time.monotonic()
+    time.sleep(7)
+    press_and_wait("the second toast")
+    time.sleep(max(0.0, first + 12 - time.monotonic()))  # past the first toast's 10 s
+    assert any(t.is_visible() for t in pg.locator(".toast-message-text").all())
+    wait_for(lambda: pg.locator(".toast-message-item").count() == 0, 300, "the box to close")
     # a toast's lines and brackets, as common.info hands them to Gradio (which sets HTML)
     from gguf_trainer.ui.common import toast_html
 
