@@ -150,9 +150,8 @@ def format_status(info: dict) -> str:
     order = [s for s in STAGES if s in stages] + [s for s in stages if s not in STAGES]
     for name in order:
         st = stages[name]
-        text = f"  {name:<17} {st.get('status')}"
-        if st.get("skipped"):
-            text += " (already done)"
+        # a stage a resume found done: the GUI's word for it (ui/train_view.py)
+        text = f"  {name:<17} {'done earlier' if st.get('skipped') else st.get('status')}"
         if st.get("total") is not None:
             text += f"  {st.get('done')}/{st['total']} {st.get('unit') or ''}".rstrip()
         if st.get("status") == "running":

@@ -66,7 +66,7 @@ class ProgressBars:
         bar = self.bars.get(name)
         if stage["status"] != "running":
             if bar is None:
-                how = "done (already done)" if stage.get("skipped") else stage["status"]
+                how = "done earlier" if stage.get("skipped") else stage["status"]
                 tqdm.write(f"{name:<17} {how}", file=sys.stderr)
                 return
             bar.set_postfix_str(stage["status"], refresh=False)

@@ -315,7 +315,7 @@ class Report:
             return copy.deepcopy(stage)
 
         self._changed(name, self.writer.update(end), force=True)
-        how = "done (already done, not rerun)" if skipped else status
+        how = "done earlier, not rerun" if skipped else status
         self.log.info("stage %s: %s%s", name, how, f" — {detail}" if detail else "")
 
     def progress(self, done: float, total: float | None = None, unit: str | None = None,

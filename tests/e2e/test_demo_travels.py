@@ -103,7 +103,7 @@ def test_a_real_mv_redoes_nothing_not_even_the_eval(demo, tmp_path):
     ev = (copy / "eval.json").read_bytes()
     out = cli_at_home("run", "--project", copy, home=demo["home"], timeout=480)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "eval              done (already done)" in out.stderr
+    assert "eval              done earlier" in out.stderr
     assert (copy / "eval.json").read_bytes() == ev
 
 

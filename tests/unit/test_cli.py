@@ -221,3 +221,17 @@ def test_demo_refuses_a_folder_that_holds_files_but_no_project(capsys, tmp_path)
     code, out, _ = run_cli(capsys, "demo", "--dir", str(demo), "--no-run", "--steps", "9")
     assert code == 0 and "demo project ready" in out  # reused, not refused
     assert control.read_settings(demo).values["train"]["steps"] == 9
+
+
+def test_status_text_says_done_earlier_for_a_stage_a_resume_skipped():
+    """A stage the run found done reads as the GUI reads it ('done earlier'), not 'done
+    (already done)'; a stage done in this run stays plain 'done'."""
+    from gguf_trainer.cli.run import format_status
+
+    text = format_status({"project": "/p", "status": "done", "message": "done",
+                          "stages": {"corpus": {"status": "done", "skipped": True},
+                                     "eval": {"status": "done"}}})
+    corpus, ev = (next(ln for ln in text.splitlines() if ln.strip().startswith(s))
+                  for s in ("corpus", "eval"))
+    assert corpus.split() == ["corpus", "done", "earlier"] and ev.split() == ["eval", "done"]
+    assert "already" not in text
