@@ -179,6 +179,9 @@ def explain_hub_error(exc: Exception, repo: str, repo_type: str = "model") -> st
         if status == 401:
             return f"the Hub refused your token for {repo} (401); {LOGIN_HINT}"
         return f"the Hub answered {status} for {repo}; retry later (the partial download is kept)"
+    if isinstance(exc, e.OfflineModeIsEnabled):  # HF_HUB_OFFLINE=1 in the environment
+        return (f"the Hub is switched off in this shell (HF_HUB_OFFLINE is set), so {repo} cannot "
+                "be downloaded; unset HF_HUB_OFFLINE and retry, or link a local copy")
     if isinstance(exc, OSError) and exc.errno is not None:  # disk full, permissions
         return (
             f"downloading {repo} failed: {exc.strerror} ({exc.filename or 'the destination'}); "

@@ -309,3 +309,10 @@ def test_a_transfer_broken_mid_file_with_an_expired_url_is_asked_for_again(
     hub_server.break_after("weights.bin", 0, then_status=403)  # no progress: fail at once
     with pytest.raises(UserError, match="answered 403"):
         hub.fetch_listing(hub.list_remote("org/big2"), tmp_path / "big2")
+
+
+def test_offline_mode_is_a_sentence_naming_the_setting_not_an_exception_name():
+    from huggingface_hub import errors as e
+
+    why = hub.explain_hub_error(e.OfflineModeIsEnabled("offline"), "org/teacher")
+    assert "HF_HUB_OFFLINE" in why and "org/teacher" in why and "OfflineMode" not in why
